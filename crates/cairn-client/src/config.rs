@@ -1,0 +1,145 @@
+//! `cairn.toml`: which engine, and its settings. Found from an explicit path, else `$CAIRN_CONFIG`,
+//! else `./cairn.toml`, else defaults; keyword overrides from the caller win over all of them.
+
+use cairn_core::{Error, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// The engine a dataset is written and read with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// Each writer appends to its own data file; a global index per step (no servers).
+    #[default]
+    File,
+    /// Staging servers holding data in memory.
+    Staging,
+}
+
+/// Settings of the `file` engine (`[file]` in `cairn.toml`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    /// Directory holding datasets; a dataset `name` lives in `path/name`.
+    pub path: PathBuf,
+    /// Flush data and index to stable storage at every step end (survives power loss, not only
+    /// process crashes; costs a disk flush per step).
+    pub fsync: bool,
+    /// Checksum chunk size in bytes.
+    pub chunk_size: u32,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig { path: PathBuf::from("."), fsync: false, chunk_size: cairn_core::checksum::DEFAULT_CHUNK }
+    }
+}
+
+/// Settings of the `staging` engine (`[staging]` in `cairn.toml`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StagingConfig {
+    /// Cluster file written by `cairn cluster start`; none starts an embedded local cluster.
+    pub cluster: Option<PathBuf>,
+}
+
+/// A parsed `cairn.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Engine to use.
+    pub engine: EngineKind,
+    /// `file` engine settings.
+    pub file: FileConfig,
+    /// `staging` engine settings.
+    pub staging: StagingConfig,
+}
+
+/// Keys accepted as overrides, in the order the error message lists them.
+const OVERRIDES: &str = "engine, path, fsync, chunk_size, cluster";
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| {
+            Error::Config(format!("{origin}: {}; see docs/guide.md for the keys cairn.toml accepts", e.to_string().trim()))
+        })
+    }
+
+    /// Loads the configuration (explicit path, `$CAIRN_CONFIG`, `./cairn.toml`, defaults) and
+    /// applies `overrides` (`engine`, `path`, `fsync`, `chunk_size`, `cluster`).
+    pub fn load(path: Option<&Path>, overrides: &[(String, String)]) -> Result<Config> {
+        let env = std::env::var_os("CAIRN_CONFIG").map(PathBuf::from);
+        let chosen = path.map(Path::to_path_buf).or(env).or_else(|| {
+            let local = PathBuf::from("cairn.toml");
+            local.exists().then_some(local)
+        });
+        let mut cfg = match chosen {
+            Some(p) => {
+                let text = std::fs::read_to_string(&p).map_err(|e| {
+                    Error::Config(format!("cannot read config file {}: {e}; check the path (or $CAIRN_CONFIG)", p.display()))
+                })?;
+                Config::parse(&text, &p.display().to_string())?
+            }
+            None => Config::default(),
+        };
+        for (k, v) in overrides {
+            cfg.set(k, v)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Applies one override.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |what: &str| Error::Config(format!("override {key}={value:?}: {what}"));
+        match key {
+            "engine" => {
+                self.engine = match value {
+                    "file" => EngineKind::File,
+                    "staging" => EngineKind::Staging,
+                    _ => return Err(bad("unknown engine; use \"file\" or \"staging\"")),
+                }
+            }
+            "path" => self.file.path = PathBuf::from(value),
+            "fsync" => self.file.fsync = value.parse().map_err(|_| bad("expected true or false"))?,
+            "chunk_size" => {
+                self.file.chunk_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
+            }
+            "cluster" => self.staging.cluster = Some(PathBuf::from(value)),
+            _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_engine_settings() {
+        let c = Config::parse("engine = \"file\"\n[file]\npath = \"out\"\nfsync = true\n", "t").unwrap();
+        assert_eq!(c.engine, EngineKind::File);
+        assert_eq!(c.file.path, PathBuf::from("out"));
+        assert!(c.file.fsync);
+    }
+
+    #[test]
+    fn typos_are_named() {
+        let e = Config::parse("engine = \"stagign\"\n", "cairn.toml").unwrap_err().to_string();
+        assert!(e.contains("cairn.toml") && e.contains("stagign"), "{e}");
+        let e = Config::parse("[file]\npaht = \"x\"\n", "cairn.toml").unwrap_err().to_string();
+        assert!(e.contains("paht"), "{e}");
+        let mut c = Config::default();
+        assert!(c.set("engin", "file").unwrap_err().to_string().contains("accepted"));
+        assert!(c.set("engine", "nope").is_err());
+        c.set("path", "/tmp/x").unwrap();
+        assert_eq!(c.file.path, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn missing_file_is_a_config_error() {
+        let e = Config::load(Some(Path::new("/nonexistent/cairn.toml")), &[]).unwrap_err();
+        assert_eq!(e.kind(), cairn_core::ErrorKind::Config);
+    }
+}

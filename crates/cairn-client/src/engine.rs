@@ -1,0 +1,44 @@
+//! The engine interface: what the file and staging engines implement. The [`crate::Writer`] and
+//! [`crate::Reader`] in front of them do all argument checking, so engines see only valid requests.
+
+use cairn_core::index::{BlockRecord, VarDef};
+use cairn_core::{Region, Result};
+use std::collections::BTreeMap;
+
+/// A block handed to an engine: validated, C-order, little-endian.
+#[derive(Debug)]
+pub struct BlockData<'a> {
+    /// The variable it belongs to.
+    pub def: &'a VarDef,
+    /// Its box (local variables: offset zero).
+    pub region: Region,
+    /// Its bytes.
+    pub bytes: &'a [u8],
+}
+
+/// The writing side of an engine, for one writer rank.
+pub trait WriteEngine: Send {
+    /// Definition of a variable in steps already committed, to keep later definitions consistent.
+    fn committed_def(&self, name: &str) -> Result<Option<VarDef>>;
+    /// Whether a step is already committed (and so may not be written again).
+    fn is_committed(&self, step: u64) -> Result<bool>;
+    /// Stores one block of the open step.
+    fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()>;
+    /// Publishes this writer's part of `step`; the step commits once every rank has.
+    /// Returns whether this call committed it.
+    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool>;
+    /// Drops what this writer put in an open step; the step stays invisible.
+    fn abort_step(&mut self, step: u64) -> Result<()>;
+}
+
+/// The reading side of an engine.
+pub trait ReadEngine: Send + Sync {
+    /// Committed steps, sorted.
+    fn steps(&self) -> Result<Vec<u64>>;
+    /// Variables of a committed step.
+    fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>>;
+    /// Blocks of a variable in a committed step.
+    fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>>;
+    /// Copies `isect` of `block` into `out`, which is laid out as `dst`.
+    fn read_into(&self, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()>;
+}

@@ -1,0 +1,102 @@
+//! Paths inside a dataset directory and the write-then-rename publication they rely on.
+
+use cairn_core::error::IoContext;
+use cairn_core::index::{from_json, StepIndex};
+use cairn_core::{Error, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The directories and files of one dataset (`<path>/<name>`).
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The dataset directory.
+    pub root: PathBuf,
+}
+
+impl Layout {
+    /// Layout of dataset `name` under `path`.
+    pub fn new(path: &Path, name: &str) -> Layout {
+        Layout { root: path.join(name) }
+    }
+
+    /// Data file of a writer, relative to the root (as recorded in the index).
+    pub fn data_rel(rank: u32) -> String {
+        format!("data/rank-{rank:06}.bin")
+    }
+
+    /// Committed index of a step.
+    pub fn step_path(&self, step: u64) -> PathBuf {
+        self.root.join("steps").join(format!("{step:012}.json"))
+    }
+
+    /// A writer's fragment for a step.
+    pub fn fragment_path(&self, step: u64, rank: u32) -> PathBuf {
+        self.root.join("pending").join(format!("{}{rank:06}.json", Self::fragment_prefix(step)))
+    }
+
+    /// Prefix shared by all fragments of a step.
+    pub fn fragment_prefix(step: u64) -> String {
+        format!("step-{step:012}.rank-")
+    }
+
+    /// Creates the dataset directories.
+    pub fn create(&self) -> Result<()> {
+        for d in ["data", "pending", "steps"] {
+            let p = self.root.join(d);
+            std::fs::create_dir_all(&p).ctx(|| format!("creating dataset directory {}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Fails with a clear error unless the dataset exists.
+    pub fn require(&self) -> Result<()> {
+        if self.root.join("steps").is_dir() {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!(
+                "no Cairn dataset at {}; check the name and the [file] path in cairn.toml (or path=...)",
+                self.root.display()
+            )))
+        }
+    }
+
+    /// Committed steps, sorted (a directory listing: new commits show up without reopening).
+    pub fn steps(&self) -> Result<Vec<u64>> {
+        let dir = self.root.join("steps");
+        let mut steps: Vec<u64> = std::fs::read_dir(&dir)
+            .ctx(|| format!("listing {}", dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse().ok())
+            .collect();
+        steps.sort_unstable();
+        Ok(steps)
+    }
+
+    /// Reads and validates a committed step index.
+    pub fn read_step(&self, step: u64) -> Result<StepIndex> {
+        let p = self.step_path(step);
+        let bytes = std::fs::read(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(format!("step {step} is not committed in {}", self.root.display())),
+            _ => Error::io(format!("reading {}", p.display()), e),
+        })?;
+        let idx: StepIndex = from_json(&bytes, &format!("index of step {step} ({})", p.display()))?;
+        idx.validate()?;
+        Ok(idx)
+    }
+}
+
+/// Writes `bytes` to `dest` atomically: a uniquely named temporary file in the same directory,
+/// optionally flushed, then renamed over `dest`. Readers see the old file or the new one, never part.
+pub(super) fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<()> {
+    let dir = dest.parent().expect("published files live in a dataset directory");
+    let tmp = dir.join(format!(".tmp-{}-{tag}-{}", std::process::id(), dest.file_name().unwrap().to_string_lossy()));
+    let mut f = std::fs::File::create(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
+    f.write_all(bytes).ctx(|| format!("writing {}", tmp.display()))?;
+    if fsync {
+        f.sync_all().ctx(|| format!("flushing {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, dest).ctx(|| format!("publishing {}", dest.display()))?;
+    if fsync {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).ctx(|| format!("flushing directory {}", dir.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The writing side of the file engine, for one rank.
+
+use super::layout::{publish, Layout};
+use crate::engine::{BlockData, WriteEngine};
+use cairn_core::checksum::chunk_crcs;
+use cairn_core::error::IoContext;
+use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef, FORMAT_VERSION};
+use cairn_core::{stats, Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+
+/// Appends one rank's blocks to `data/rank-<r>.bin` and publishes its step fragments.
+#[derive(Debug)]
+pub struct FileWriter {
+    layout: Layout,
+    rank: u32,
+    nranks: u32,
+    data: File,
+    data_rel: String,
+    /// Bytes in the data file; the next block starts here.
+    end: u64,
+    fsync: bool,
+    chunk: u32,
+    blocks: Vec<BlockRecord>,
+}
+
+impl FileWriter {
+    /// Opens rank `rank` of `nranks` for writing. `append` keeps committed steps and adds to them;
+    /// otherwise the dataset must not hold committed steps yet (nothing is ever deleted silently).
+    pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, fsync: bool, chunk: u32) -> Result<FileWriter> {
+        layout.create()?;
+        let steps = layout.steps()?;
+        if !append && !steps.is_empty() {
+            return Err(Error::AlreadyExists(format!(
+                "dataset {} already holds committed steps {}..={}; open it with mode \"a\" to add steps, \
+                 or delete the directory to start over",
+                layout.root.display(),
+                steps[0],
+                steps[steps.len() - 1]
+            )));
+        }
+        let data_rel = Layout::data_rel(rank);
+        let path = layout.root.join(&data_rel);
+        // Appending never rewrites bytes a committed index points at; a fresh dataset starts empty.
+        let data = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .truncate(false)
+            .open(&path)
+            .ctx(|| format!("opening data file {}", path.display()))?;
+        if !append {
+            data.set_len(0).ctx(|| format!("truncating {}", path.display()))?;
+        }
+        let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
+        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, blocks: Vec::new() };
+        w.recover()?;
+        Ok(w)
+    }
+
+    /// Cleans up after a crashed run: drops this rank's fragments of steps that never committed
+    /// (they would mix old and new data) and completes merges whose fragments are all present.
+    fn recover(&self) -> Result<()> {
+        let dir = self.layout.root.join("pending");
+        let mine = format!(".rank-{:06}.json", self.rank);
+        let entries = std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(step) = name.strip_prefix("step-").and_then(|s| s.get(..12)).and_then(|s| s.parse::<u64>().ok()) else {
+                continue;
+            };
+            if self.layout.step_path(step).exists() {
+                let _ = std::fs::remove_file(e.path());
+            } else if self.try_commit(step).unwrap_or(false) {
+                continue;
+            } else if name.ends_with(&mine) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        Ok(())
+    }
+
+    /// Merges and publishes `step` if every rank's fragment is present. Returns whether it is
+    /// committed now.
+    fn try_commit(&self, step: u64) -> Result<bool> {
+        let dest = self.layout.step_path(step);
+        if dest.exists() {
+            return Ok(true);
+        }
+        let dir = self.layout.root.join("pending");
+        let prefix = Layout::fragment_prefix(step);
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .ctx(|| format!("listing {}", dir.display()))?
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)))
+            .collect();
+        let mut frags = Vec::with_capacity(names.len());
+        for p in &names {
+            match std::fs::read(p) {
+                Ok(bytes) => frags.push(from_json::<Fragment>(&bytes, &format!("fragment {}", p.display()))?),
+                // Another writer merged and cleaned up between our listing and this read.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dest.exists()),
+                Err(e) => return Err(Error::io(format!("reading {}", p.display()), e)),
+            }
+        }
+        let expected = frags.first().map(|f| f.nranks).unwrap_or(self.nranks);
+        if (frags.len() as u32) < expected {
+            return Ok(false);
+        }
+        let index = StepIndex::merge(step, frags)?;
+        publish(&dest, &to_json(&index), self.fsync, self.rank)?;
+        for p in names {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(true)
+    }
+}
+
+impl WriteEngine for FileWriter {
+    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
+        match self.layout.steps()?.last() {
+            Some(&s) => Ok(self.layout.read_step(s)?.vars.get(name).cloned()),
+            None => Ok(None),
+        }
+    }
+
+    fn is_committed(&self, step: u64) -> Result<bool> {
+        Ok(self.layout.step_path(step).exists())
+    }
+
+    fn put(&mut self, _step: u64, block: BlockData<'_>) -> Result<()> {
+        let (crcs, checksum) = chunk_crcs(block.bytes, self.chunk);
+        let stats = stats::compute(block.def.dtype, block.bytes);
+        self.data.write_all(block.bytes).map_err(|e| {
+            let what = format!(
+                "writing {} bytes of '{}' to {} (is the disk full? earlier steps are intact)",
+                block.bytes.len(),
+                block.def.name,
+                self.layout.root.join(&self.data_rel).display()
+            );
+            Error::io(what, e)
+        })?;
+        self.blocks.push(BlockRecord {
+            var: block.def.name.clone(),
+            writer: self.rank,
+            region: block.region,
+            file: self.data_rel.clone(),
+            pos: self.end,
+            len: block.bytes.len() as u64,
+            chunk: self.chunk,
+            crcs,
+            checksum,
+            stats,
+        });
+        self.end += block.bytes.len() as u64;
+        Ok(())
+    }
+
+    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
+        if self.fsync {
+            self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
+        }
+        let frag = Fragment {
+            format: FORMAT_VERSION,
+            step,
+            writer: self.rank,
+            nranks: self.nranks,
+            vars: defs.to_vec(),
+            blocks: std::mem::take(&mut self.blocks),
+        };
+        publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank)?;
+        self.try_commit(step)
+    }
+
+    fn abort_step(&mut self, _step: u64) -> Result<()> {
+        // The bytes stay in the data file unreferenced; no index will ever point at them.
+        self.blocks.clear();
+        Ok(())
+    }
+}

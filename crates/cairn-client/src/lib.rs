@@ -1,0 +1,20 @@
+//! Cairn's client: open a dataset with the engine `cairn.toml` names, write steps of named n-D
+//! arrays, read any box of any committed step. The C and Python bindings are thin layers over it.
+//!
+//! # Layout
+//! - [`config`]: `cairn.toml`, `$CAIRN_CONFIG` and keyword overrides.
+//! - [`writer`]: [`Writer`], one rank's handle; checks every request before an engine sees it.
+//! - [`reader`]: [`Reader`], box reads assembled from intersecting blocks (M×N).
+//! - [`engine`]: the traits engines implement.
+//! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
+
+pub mod config;
+pub mod engine;
+pub mod file;
+pub mod reader;
+pub mod writer;
+
+pub use cairn_core::{DType, Error, ErrorKind, Region, Result};
+pub use config::Config;
+pub use reader::Reader;
+pub use writer::Writer;

@@ -1,0 +1,130 @@
+//! [`Reader`]: reads any box of any committed step, from any number of processes.
+
+use crate::config::{Config, EngineKind};
+use crate::engine::ReadEngine;
+use crate::file::{FileReader, Layout};
+use crate::writer::{check_name, staging_unavailable, unknown_var};
+use cairn_core::index::{BlockRecord, VarDef};
+use cairn_core::{Error, Region, Result};
+use std::collections::BTreeMap;
+
+/// Reads committed steps of one dataset.
+pub struct Reader {
+    engine: Box<dyn ReadEngine>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    /// Opens dataset `name` with the engine `cfg` names.
+    pub fn open(name: &str, cfg: &Config) -> Result<Reader> {
+        check_name(name)?;
+        let engine: Box<dyn ReadEngine> = match cfg.engine {
+            EngineKind::File => Box::new(FileReader::open(Layout::new(&cfg.file.path, name))?),
+            EngineKind::Staging => return Err(staging_unavailable()),
+        };
+        Ok(Reader { engine })
+    }
+
+    /// Committed steps, sorted.
+    pub fn steps(&self) -> Result<Vec<u64>> {
+        self.engine.steps()
+    }
+
+    /// Variables across committed steps (the latest definition of each).
+    pub fn variables(&self) -> Result<BTreeMap<String, VarDef>> {
+        let mut all = BTreeMap::new();
+        for s in self.steps()? {
+            all.extend(self.engine.step_vars(s)?);
+        }
+        Ok(all)
+    }
+
+    /// Definition of `var` in a committed `step`.
+    pub fn var(&self, var: &str, step: u64) -> Result<VarDef> {
+        let vars = self.engine.step_vars(step).map_err(|e| self.not_committed(e, step))?;
+        vars.get(var).cloned().ok_or_else(|| unknown_var(var, vars.keys()))
+    }
+
+    fn not_committed(&self, e: Error, step: u64) -> Error {
+        match e {
+            Error::NotFound(_) => {
+                let steps = self.steps().unwrap_or_default();
+                let have = match (steps.first(), steps.last()) {
+                    (Some(a), Some(b)) => format!("committed: {} steps, {a}..={b}", steps.len()),
+                    _ => "no step is committed yet".into(),
+                };
+                Error::NotFound(format!("step {step} is not committed ({have}); wait for the writers to end it"))
+            }
+            e => e,
+        }
+    }
+
+    /// Blocks of `var` in `step`, in writer order.
+    pub fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
+        self.var(var, step)?;
+        let mut b = self.engine.blocks(var, step)?;
+        b.sort_by(|x, y| (x.writer, &x.region.offset).cmp(&(y.writer, &y.region.offset)));
+        Ok(b)
+    }
+
+    /// Reads the box `offset + count` of global variable `var` at `step` into `out` (C order).
+    /// Every element must have been written: a box reaching unwritten parts is refused.
+    pub fn get(&self, var: &str, step: u64, offset: &[u64], count: &[u64], out: &mut [u8]) -> Result<()> {
+        let def = self.var(var, step)?;
+        let Some(shape) = &def.shape else {
+            return Err(Error::InvalidArgument(format!("'{var}' is a local variable; read it with get_local(var, step, writer)")));
+        };
+        let want = Region::new(offset.to_vec(), count.to_vec())?;
+        want.check_within(shape, &format!("requested box of '{var}'"))?;
+        let elem = def.dtype.size();
+        if out.len() as u64 != want.volume() * elem as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "output buffer has {} bytes but the box {count:?} of {} needs {}",
+                out.len(),
+                def.dtype,
+                want.volume() * elem as u64
+            )));
+        }
+        let mut covered = 0u64;
+        for b in self.engine.blocks(var, step)? {
+            if let Some(isect) = b.region.intersect(&want) {
+                self.engine.read_into(&b, elem, &isect, &want, out)?;
+                covered += isect.volume();
+            }
+        }
+        if covered != want.volume() {
+            return Err(Error::NotFound(format!(
+                "box offset {offset:?} count {count:?} of '{var}' at step {step} is only partly written \
+                 ({covered} of {} elements); read a box inside the blocks listed by blocks()",
+                want.volume()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The block writer `writer` put for local variable `var` at `step`.
+    pub fn local_block(&self, var: &str, step: u64, writer: u32) -> Result<BlockRecord> {
+        let def = self.var(var, step)?;
+        if !def.is_local() {
+            return Err(Error::InvalidArgument(format!("'{var}' is a global array; read it with get(var, step, offset, count)")));
+        }
+        self.engine.blocks(var, step)?.into_iter().find(|b| b.writer == writer).ok_or_else(|| {
+            Error::NotFound(format!("writer {writer} put no block of '{var}' at step {step}"))
+        })
+    }
+
+    /// Reads writer `writer`'s block of local variable `var` at `step` into `out`.
+    pub fn get_local(&self, var: &str, step: u64, writer: u32, out: &mut [u8]) -> Result<()> {
+        let b = self.local_block(var, step, writer)?;
+        if out.len() as u64 != b.len {
+            return Err(Error::InvalidArgument(format!("output buffer has {} bytes but the block has {}", out.len(), b.len)));
+        }
+        let elem = self.var(var, step)?.dtype.size();
+        self.engine.read_into(&b, elem, &b.region.clone(), &b.region, out)
+    }
+}

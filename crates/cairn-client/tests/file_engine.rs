@@ -1,0 +1,187 @@
+//! The file engine end to end: writers as threads (each its own rank), readers of other shapes.
+
+use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
+use std::path::Path;
+
+fn cfg(dir: &Path) -> Config {
+    let mut c = Config::default();
+    c.set("path", dir.to_str().unwrap()).unwrap();
+    c.set("chunk_size", "64").unwrap(); // small chunks so partial reads cross many of them
+    c
+}
+
+/// Ground truth: value at a global index for a step.
+fn val(p: &[u64], shape: &[u64], step: u64) -> f64 {
+    p.iter().zip(shape).fold(0f64, |a, (i, n)| a * *n as f64 + *i as f64) + 1000.0 * step as f64
+}
+
+fn bytes_of(region_off: &[u64], count: &[u64], shape: &[u64], step: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let vol: u64 = count.iter().product();
+    for lin in 0..vol {
+        let mut rem = lin;
+        let mut p = vec![0u64; count.len()];
+        for d in (0..count.len()).rev() {
+            p[d] = region_off[d] + rem % count[d];
+            rem /= count[d];
+        }
+        out.extend_from_slice(&val(&p, shape, step).to_le_bytes());
+    }
+    out
+}
+
+/// Splits `n` into `parts` nearly equal pieces (irregular when it does not divide).
+fn split(n: u64, parts: u64) -> Vec<(u64, u64)> {
+    (0..parts).map(|i| (i * n / parts, (i + 1) * n / parts - i * n / parts)).collect()
+}
+
+fn write_all(dir: &Path, shape: &[u64], writers: u64, steps: u64) {
+    std::thread::scope(|s| {
+        for r in 0..writers {
+            let c = cfg(dir);
+            s.spawn(move || {
+                let mut w = Writer::open("ds", &c, r as u32, writers as u32, false).unwrap();
+                w.define("field", DType::F64, Some(shape.to_vec())).unwrap();
+                w.define("walkers", DType::F64, None).unwrap();
+                let (o, n) = split(shape[0], writers)[r as usize];
+                for step in 0..steps {
+                    w.begin_step(step).unwrap();
+                    let mut off = vec![0; shape.len()];
+                    let mut cnt = shape.to_vec();
+                    off[0] = o;
+                    cnt[0] = n;
+                    w.put("field", DType::F64, &bytes_of(&off, &cnt, shape, step), Some(&off), &cnt).unwrap();
+                    let walkers: Vec<u8> = (0..(r + step) * 3).flat_map(|i| (i as f64 + r as f64).to_le_bytes()).collect();
+                    w.put("walkers", DType::F64, &walkers, None, &[(r + step), 3]).unwrap();
+                    w.end_step().unwrap();
+                }
+                w.close().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn any_box_of_any_dimension_reads_back_exactly() {
+    for shape in [vec![100u64], vec![100, 7], vec![10, 9, 8], vec![5, 4, 6, 3], vec![7, 3, 2, 4, 3]] {
+        let dir = tempfile::tempdir().unwrap();
+        write_all(dir.path(), &shape, 3, 2);
+        let r = Reader::open("ds", &cfg(dir.path())).unwrap();
+        assert_eq!(r.steps().unwrap(), vec![0, 1]);
+        // Boxes that cut across writer boundaries in every dimension.
+        for k in 0..4u64 {
+            let off: Vec<u64> = shape.iter().map(|n| (k * 3) % n).collect();
+            let cnt: Vec<u64> = shape.iter().zip(&off).map(|(n, o)| ((n - o) / 2).max(1)).collect();
+            let mut out = vec![0u8; cnt.iter().product::<u64>() as usize * 8];
+            r.get("field", 1, &off, &cnt, &mut out).unwrap();
+            assert_eq!(out, bytes_of(&off, &cnt, &shape, 1), "shape {shape:?} box {off:?}+{cnt:?}");
+        }
+        let b = r.blocks("field", 1).unwrap();
+        assert_eq!(b.len(), 3);
+        let lo = b.iter().map(|b| b.stats.min.unwrap()).fold(f64::MAX, f64::min);
+        assert_eq!(lo, 1000.0);
+        let local = r.local_block("walkers", 1, 2).unwrap();
+        assert_eq!(local.region.count, vec![3, 3]);
+        let mut w = vec![0u8; local.len as usize];
+        r.get_local("walkers", 1, 2, &mut w).unwrap();
+        assert_eq!(f64::from_le_bytes(w[8..16].try_into().unwrap()), 3.0);
+    }
+}
+
+#[test]
+fn a_step_is_invisible_until_every_rank_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let mut w0 = Writer::open("ds", &c, 0, 2, false).unwrap();
+    let mut w1 = Writer::open("ds", &c, 1, 2, false).unwrap();
+    for w in [&mut w0, &mut w1] {
+        w.define("x", DType::I32, Some(vec![4])).unwrap();
+        w.begin_step(0).unwrap();
+    }
+    w0.put("x", DType::I32, &[0u8; 8], Some(&[0]), &[2]).unwrap();
+    assert!(!w0.end_step().unwrap());
+    let r = Reader::open("ds", &c).unwrap();
+    assert!(r.steps().unwrap().is_empty());
+    let e = r.get("x", 0, &[0], &[2], &mut [0u8; 8]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(e.to_string().contains("not committed"), "{e}");
+    w1.put("x", DType::I32, &[1u8; 8], Some(&[2]), &[2]).unwrap();
+    assert!(w1.end_step().unwrap());
+    assert_eq!(r.steps().unwrap(), vec![0]);
+}
+
+#[test]
+fn bad_requests_are_named_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let mut w = Writer::open("ds", &c, 0, 1, false).unwrap();
+    w.define("x", DType::F32, Some(vec![4, 4])).unwrap();
+    let err = |e: cairn_client::Error| e.to_string();
+    assert!(err(w.put("x", DType::F32, &[0; 16], Some(&[0, 0]), &[2, 2]).unwrap_err()).contains("outside a step"));
+    w.begin_step(0).unwrap();
+    assert!(err(w.put("y", DType::F32, &[0; 16], Some(&[0, 0]), &[2, 2]).unwrap_err()).contains("unknown variable 'y'"));
+    assert!(err(w.put("x", DType::F64, &[0; 32], Some(&[0, 0]), &[2, 2]).unwrap_err()).contains("dtype mismatch"));
+    assert!(err(w.put("x", DType::F32, &[0; 16], Some(&[3, 0]), &[2, 2]).unwrap_err()).contains("outside the global shape"));
+    assert!(err(w.define("x", DType::F64, Some(vec![4, 4])).unwrap_err()).contains("redefine"));
+    w.put("x", DType::F32, &[0; 16], Some(&[0, 0]), &[2, 2]).unwrap();
+    assert!(err(w.put("x", DType::F32, &[0; 16], Some(&[1, 1]), &[2, 2]).unwrap_err()).contains("overlaps"));
+    w.put("x", DType::F32, &[0; 16], Some(&[2, 2]), &[2, 2]).unwrap();
+    w.end_step().unwrap();
+    let r = Reader::open("ds", &c).unwrap();
+    // The step committed with its two good blocks; the refused ones left no trace.
+    assert_eq!(r.blocks("x", 0).unwrap().len(), 2);
+    let e = r.get("x", 0, &[0, 0], &[4, 4], &mut [0; 64]).unwrap_err();
+    assert!(e.to_string().contains("partly written"), "{e}");
+    assert!(Writer::open("ds", &c, 0, 1, false).unwrap_err().to_string().contains("mode \"a\""));
+    assert_eq!(Reader::open("nope", &c).unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+#[test]
+fn damaged_data_is_reported_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    write_all(dir.path(), &[64, 8], 2, 1);
+    let data = dir.path().join("ds/data/rank-000001.bin");
+    let mut bytes = std::fs::read(&data).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&data, &bytes).unwrap();
+    let r = Reader::open("ds", &cfg(dir.path())).unwrap();
+    let mut out = vec![0u8; 64 * 8 * 8];
+    let e = r.get("field", 0, &[0, 0], &[64, 8], &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt);
+    assert!(e.to_string().contains("rank-000001"), "{e}");
+    // Rank 0's half is intact and still readable.
+    r.get("field", 0, &[0, 0], &[32, 8], &mut out[..32 * 64]).unwrap();
+}
+
+#[test]
+fn append_recovers_after_a_crash_mid_step() {
+    let dir = tempfile::tempdir().unwrap();
+    write_all(dir.path(), &[8], 2, 1);
+    let c = cfg(dir.path());
+    // Rank 1 ended step 1, rank 0 "crashed" before ending it: step 1 must stay invisible.
+    let mut w1 = Writer::open("ds", &c, 1, 2, true).unwrap();
+    w1.define("field", DType::F64, Some(vec![8])).unwrap();
+    w1.begin_step(1).unwrap();
+    w1.put("field", DType::F64, &[0u8; 32], Some(&[4]), &[4]).unwrap();
+    assert!(!w1.end_step().unwrap());
+    drop(w1);
+    // The restarted run rewrites step 1 from both ranks; rank 1's stale fragment is dropped on open.
+    write_again(&c);
+    let r = Reader::open("ds", &c).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![0, 1]);
+    let mut out = vec![0u8; 64];
+    r.get("field", 1, &[0], &[8], &mut out).unwrap();
+    assert!(out.chunks(8).all(|v| f64::from_le_bytes(v.try_into().unwrap()) == 7.0));
+}
+
+fn write_again(c: &Config) {
+    for r in [1u32, 0] {
+        let mut w = Writer::open("ds", c, r, 2, true).unwrap();
+        w.define("field", DType::F64, Some(vec![8])).unwrap();
+        w.begin_step(1).unwrap();
+        let v: Vec<u8> = (0..4).flat_map(|_| 7.0f64.to_le_bytes()).collect();
+        w.put("field", DType::F64, &v, Some(&[4 * r as u64]), &[4]).unwrap();
+        w.end_step().unwrap();
+        w.close().unwrap();
+    }
+}

@@ -1,0 +1,98 @@
+//! Errors of the core, and the kinds every layer above maps onto.
+
+/// The small public set of error kinds; bindings map each to one exception class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Something named does not exist (variable, step, dataset, writer).
+    NotFound,
+    /// Something already exists and may not be created again.
+    AlreadyExists,
+    /// The request contradicts earlier state (overlapping blocks, redefinition, step order).
+    Conflict,
+    /// A resource is gone or full (server, disk, memory).
+    Unavailable,
+    /// Stored data failed a checksum or does not parse.
+    Corrupt,
+    /// The request itself is malformed (shape, dtype, box out of bounds).
+    InvalidArgument,
+    /// The configuration is wrong (unknown engine, missing path).
+    Config,
+}
+
+/// Errors raised by Cairn's core logic. Messages say what was wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A named thing is missing.
+    #[error("{0}")]
+    NotFound(String),
+    /// A thing exists already.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The request conflicts with what was written before.
+    #[error("{0}")]
+    Conflict(String),
+    /// A resource is unavailable.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Stored bytes are damaged.
+    #[error("{0}")]
+    Corrupt(String),
+    /// The request is malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The configuration is wrong.
+    #[error("{0}")]
+    Config(String),
+    /// An operating-system I/O error, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What Cairn was doing, e.g. "writing block of 'pressure' to data/rank-000003.bin".
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The public kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::AlreadyExists(_) => ErrorKind::AlreadyExists,
+            Error::Conflict(_) => ErrorKind::Conflict,
+            Error::Unavailable(_) => ErrorKind::Unavailable,
+            Error::Corrupt(_) => ErrorKind::Corrupt,
+            Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            Error::Config(_) => ErrorKind::Config,
+            Error::Io { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+                std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
+                    ErrorKind::Corrupt
+                }
+                _ => ErrorKind::Unavailable,
+            },
+        }
+    }
+
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}
+
+/// Result with Cairn's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attaches context to an I/O result.
+pub trait IoContext<T> {
+    /// Maps an I/O error into [`Error::Io`] with a lazily built context.
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::io(context(), e))
+    }
+}

@@ -1,0 +1,344 @@
+//! The index schema: variable definitions, block records, each writer's per-step fragment and the
+//! committed step index merged from them. Serialized as JSON (see `docs/format.md`).
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::region::{find_overlap, Region};
+use crate::stats::Stats;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the index format this build writes; readers refuse newer ones.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A variable: name, element type, and a global shape, or none for a *local* (per-writer,
+/// variable-size) variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VarDef {
+    /// Variable name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Global shape; `None` for a local variable.
+    pub shape: Option<Vec<u64>>,
+}
+
+impl VarDef {
+    /// Builds a definition, checking the name and the number of dimensions.
+    pub fn new(name: &str, dtype: DType, shape: Option<Vec<u64>>) -> Result<VarDef> {
+        if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control()) {
+            return Err(Error::InvalidArgument(format!(
+                "invalid variable name {name:?}: use 1 to 256 printable characters"
+            )));
+        }
+        if let Some(s) = &shape {
+            Region::new(vec![0; s.len()], s.clone())?;
+        }
+        Ok(VarDef { name: name.to_string(), dtype, shape })
+    }
+
+    /// Whether the variable is local (ragged, per writer).
+    pub fn is_local(&self) -> bool {
+        self.shape.is_none()
+    }
+
+    /// Human description, e.g. `f8 (256, 256)` or `f8 local`.
+    pub fn describe(&self) -> String {
+        match &self.shape {
+            Some(s) => format!("{} {s:?}", self.dtype),
+            None => format!("{} local", self.dtype),
+        }
+    }
+}
+
+/// Where one block's bytes are stored and what they hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    /// Variable name.
+    pub var: String,
+    /// Rank of the writer that put it.
+    pub writer: u32,
+    /// Box in the global index space (local variables: offset zero, count = the block's shape).
+    pub region: Region,
+    /// Data file, relative to the dataset directory.
+    pub file: String,
+    /// Byte offset of the block in the file.
+    pub pos: u64,
+    /// Length in bytes (`volume × element size`).
+    pub len: u64,
+    /// Checksum chunk size in bytes.
+    pub chunk: u32,
+    /// crc32c of each chunk.
+    pub crcs: Vec<u32>,
+    /// crc32c of the whole block.
+    pub checksum: u32,
+    /// Min/max/mean of the values.
+    #[serde(flatten)]
+    pub stats: Stats,
+}
+
+impl BlockRecord {
+    /// Checks the record's internal consistency against its variable, so that a damaged index is
+    /// reported as corrupt instead of steering a read out of bounds.
+    pub fn validate(&self, def: &VarDef) -> Result<()> {
+        let bad = |why: String| Err(Error::Corrupt(format!("index entry for a block of '{}' by writer {}: {why}", self.var, self.writer)));
+        if self.region.offset.len() != self.region.count.len() {
+            return bad("offset and count differ in length".into());
+        }
+        if let Some(shape) = &def.shape {
+            if self.region.check_within(shape, "block").is_err() {
+                return bad(format!("box {:?}+{:?} lies outside shape {shape:?}", self.region.offset, self.region.count));
+            }
+        }
+        let want = self.region.volume().checked_mul(def.dtype.size() as u64);
+        if want != Some(self.len) {
+            return bad(format!("length {} does not match its box ({:?} bytes)", self.len, want));
+        }
+        if self.chunk == 0 || self.crcs.len() as u64 != self.len.div_ceil(self.chunk as u64) {
+            return bad("checksum list does not cover the block".into());
+        }
+        if self.pos.checked_add(self.len).is_none() {
+            return bad("position overflows".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one writer commits for one step: its definitions and blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fragment {
+    /// Index format version.
+    pub format: u32,
+    /// Step number.
+    pub step: u64,
+    /// Writer rank.
+    pub writer: u32,
+    /// Number of writers the step waits for.
+    pub nranks: u32,
+    /// Variables this writer defined.
+    pub vars: Vec<VarDef>,
+    /// Blocks this writer put in the step.
+    pub blocks: Vec<BlockRecord>,
+}
+
+/// The committed index of one step: every writer's blocks, validated together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepIndex {
+    /// Index format version.
+    pub format: u32,
+    /// Step number.
+    pub step: u64,
+    /// Number of writers that committed it.
+    pub nranks: u32,
+    /// Variables defined in the step, by name.
+    pub vars: BTreeMap<String, VarDef>,
+    /// All blocks of the step.
+    pub blocks: Vec<BlockRecord>,
+}
+
+impl StepIndex {
+    /// Merges the fragments of all writers, checking that every rank `0..nranks` is present once,
+    /// that definitions agree, and that no two blocks of a global variable overlap.
+    pub fn merge(step: u64, mut frags: Vec<Fragment>) -> Result<StepIndex> {
+        frags.sort_by_key(|f| f.writer);
+        let nranks = frags.first().map(|f| f.nranks).unwrap_or(0);
+        let ranks: Vec<u32> = frags.iter().map(|f| f.writer).collect();
+        if frags.iter().any(|f| f.nranks != nranks) || ranks != (0..nranks).collect::<Vec<_>>() {
+            return Err(Error::Conflict(format!(
+                "step {step}: writers disagree on the number of ranks or a rank is repeated \
+                 (fragments from ranks {ranks:?}, nranks {:?}); open every writer with the same nranks",
+                frags.iter().map(|f| f.nranks).collect::<Vec<_>>()
+            )));
+        }
+        let mut vars: BTreeMap<String, (VarDef, u32)> = BTreeMap::new();
+        for f in &frags {
+            for v in &f.vars {
+                match vars.get(&v.name) {
+                    Some((prev, r)) if prev != v => {
+                        return Err(Error::Conflict(format!(
+                            "step {step}: rank {r} defined '{}' as {} but rank {} as {}; every rank must \
+                             define a variable the same way",
+                            v.name, prev.describe(), f.writer, v.describe()
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        vars.insert(v.name.clone(), (v.clone(), f.writer));
+                    }
+                }
+            }
+        }
+        let index = StepIndex {
+            format: FORMAT_VERSION,
+            step,
+            nranks,
+            vars: vars.into_iter().map(|(k, (v, _))| (k, v)).collect(),
+            blocks: frags.into_iter().flat_map(|f| f.blocks).collect(),
+        };
+        index.validate()?;
+        Ok(index)
+    }
+
+    /// Checks blocks against definitions and each other.
+    pub fn validate(&self) -> Result<()> {
+        let mut by_var: BTreeMap<&str, Vec<&BlockRecord>> = BTreeMap::new();
+        for b in &self.blocks {
+            let def = self.vars.get(&b.var).ok_or_else(|| {
+                Error::Corrupt(format!("step {}: block of undefined variable '{}'", self.step, b.var))
+            })?;
+            b.validate(def)?;
+            by_var.entry(&b.var).or_default().push(b);
+        }
+        for (name, blocks) in by_var {
+            if self.vars[name].is_local() {
+                let mut writers: Vec<u32> = blocks.iter().map(|b| b.writer).collect();
+                writers.sort_unstable();
+                if let Some(w) = writers.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(Error::Conflict(format!(
+                        "step {}: writer {} put local variable '{name}' twice; put one block per writer per step",
+                        self.step, w[0]
+                    )));
+                }
+                continue;
+            }
+            let regions: Vec<&Region> = blocks.iter().map(|b| &b.region).collect();
+            if let Some((i, j)) = find_overlap(&regions) {
+                let (a, b) = (blocks[i], blocks[j]);
+                return Err(Error::Conflict(format!(
+                    "step {}: blocks of '{name}' overlap: writer {} put offset {:?} count {:?} and writer {} \
+                     put offset {:?} count {:?}; each element may be written once per step",
+                    self.step, a.writer, a.region.offset, a.region.count, b.writer, b.region.offset, b.region.count
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks of one variable.
+    pub fn blocks_of<'a>(&'a self, var: &'a str) -> impl Iterator<Item = &'a BlockRecord> + 'a {
+        self.blocks.iter().filter(move |b| b.var == var)
+    }
+}
+
+/// Serializes an index document.
+pub fn to_json<T: Serialize>(doc: &T) -> Vec<u8> {
+    serde_json::to_vec(doc).expect("index documents always serialize")
+}
+
+/// Parses an index document, reporting damage as [`Error::Corrupt`] naming `what`.
+pub fn from_json<T: for<'de> Deserialize<'de> + HasFormat>(bytes: &[u8], what: &str) -> Result<T> {
+    let doc: T = serde_json::from_slice(bytes)
+        .map_err(|e| Error::Corrupt(format!("{what} does not parse ({e}); the file is damaged or truncated")))?;
+    if doc.format() > FORMAT_VERSION {
+        return Err(Error::Corrupt(format!(
+            "{what} has format version {} but this Cairn reads up to {FORMAT_VERSION}; upgrade Cairn",
+            doc.format()
+        )));
+    }
+    Ok(doc)
+}
+
+/// Documents that carry a format version.
+pub trait HasFormat {
+    /// The document's format version.
+    fn format(&self) -> u32;
+}
+impl HasFormat for Fragment {
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+impl HasFormat for StepIndex {
+    fn format(&self) -> u32 {
+        self.format
+    }
+}
+
+/// Serde for `Option<f64>` that keeps non-finite values (JSON has no NaN or infinity).
+pub mod opt_f64 {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Text(String),
+    }
+
+    /// Writes finite values as numbers and others as `"inf"`, `"-inf"`, `"nan"`.
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            None => s.serialize_none(),
+            Some(x) if x.is_finite() => s.serialize_some(x),
+            Some(x) => s.serialize_some(&x.to_string().to_lowercase()),
+        }
+    }
+
+    /// Reads what [`serialize`] wrote.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Ok(match Option::<Repr>::deserialize(d)? {
+            None => None,
+            Some(Repr::Num(x)) => Some(x),
+            Some(Repr::Text(t)) => Some(t.parse().map_err(serde::de::Error::custom)?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(var: &str, writer: u32, o: &[u64], c: &[u64]) -> BlockRecord {
+        let region = Region::new(o.to_vec(), c.to_vec()).unwrap();
+        let len = region.volume() * 8;
+        BlockRecord {
+            var: var.into(), writer, region, file: format!("data/rank-{writer}.bin"), pos: 0, len,
+            chunk: 1 << 20, crcs: vec![0; len.div_ceil(1 << 20) as usize], checksum: 0,
+            stats: Stats { min: Some(f64::NEG_INFINITY), max: Some(f64::NAN), mean: None },
+        }
+    }
+
+    fn frag(writer: u32, nranks: u32, blocks: Vec<BlockRecord>) -> Fragment {
+        let vars = vec![
+            VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap(),
+            VarDef::new("w", DType::F64, None).unwrap(),
+        ];
+        Fragment { format: FORMAT_VERSION, step: 3, writer, nranks, vars, blocks }
+    }
+
+    #[test]
+    fn merge_round_trips_through_json_with_non_finite_stats() {
+        let idx = StepIndex::merge(3, vec![
+            frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4]), block("w", 1, &[0], &[7])]),
+            frag(0, 2, vec![block("p", 0, &[0, 0], &[5, 4])]),
+        ]).unwrap();
+        let back: StepIndex = from_json(&to_json(&idx), "step 3").unwrap();
+        assert_eq!(back.blocks.len(), 3);
+        assert!(back.blocks[0].stats.max.unwrap().is_nan());
+        assert_eq!(back.blocks[0].stats.min, Some(f64::NEG_INFINITY));
+    }
+
+    #[test]
+    fn merge_refuses_overlaps_missing_ranks_and_conflicting_definitions() {
+        let e = StepIndex::merge(3, vec![
+            frag(0, 2, vec![block("p", 0, &[0, 0], &[6, 4])]),
+            frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4])]),
+        ]).unwrap_err();
+        assert!(e.to_string().contains("overlap") && e.to_string().contains("writer 1"), "{e}");
+        assert!(StepIndex::merge(3, vec![frag(0, 3, vec![]), frag(1, 3, vec![])]).is_err());
+        let mut other = frag(1, 2, vec![]);
+        other.vars[0].dtype = DType::F32;
+        let e = StepIndex::merge(3, vec![frag(0, 2, vec![]), other]).unwrap_err().to_string();
+        assert!(e.contains("'p'") && e.contains("f4"), "{e}");
+    }
+
+    #[test]
+    fn damaged_documents_are_corrupt_not_panics() {
+        let mut idx = StepIndex::merge(3, vec![frag(0, 1, vec![block("p", 0, &[0, 0], &[10, 4])])]).unwrap();
+        idx.blocks[0].len += 8;
+        let e = from_json::<StepIndex>(&to_json(&idx), "step 3").and_then(|i| i.validate()).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Corrupt);
+        let e = from_json::<StepIndex>(b"{\"format\":1,\"st", "step 3").unwrap_err();
+        assert!(e.to_string().contains("truncated"));
+    }
+}

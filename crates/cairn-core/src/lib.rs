@@ -1,0 +1,28 @@
+//! Cairn's pure logic, with no I/O: everything the engines (file, staging) and the bindings share.
+//!
+//! A simulation writes *blocks* (a box of a named variable at one step); readers ask for any box and
+//! Cairn assembles it from the intersecting blocks. This crate owns the vocabulary and the math.
+//!
+//! # Layout
+//! - [`dtype`]: element types and their names (`f8`, `i4`, …), parsing of user spellings.
+//! - [`region`]: n-D boxes (`offset + count`), intersection, bounds checks, overlap detection.
+//! - [`assemble`]: copying a sub-box between two C-order buffers (the M×N redistribution kernel).
+//! - [`stats`]: per-block min/max/mean, computed while data is written.
+//! - [`checksum`]: crc32c per fixed-size chunk, so partial reads verify exactly what they return.
+//! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
+//! - [`error`]: the crate's error type and the small public set of error kinds.
+
+pub mod assemble;
+pub mod checksum;
+pub mod dtype;
+pub mod error;
+pub mod index;
+pub mod region;
+pub mod stats;
+
+pub use dtype::DType;
+pub use error::{Error, ErrorKind, Result};
+pub use region::Region;
+
+/// The most dimensions a variable may have.
+pub const MAX_DIMS: usize = 8;
