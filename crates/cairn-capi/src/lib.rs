@@ -1,1 +1,257 @@
-//! placeholder
+//! The C ABI of Cairn (`libcairn`), a thin layer over `cairn-client`: every function returns a
+//! [`Status`] and, on failure, leaves a message for [`cairn_last_error`]. Panics never cross the
+//! boundary. The header `include/cairn.h` is generated from this file by cbindgen.
+//!
+//! # Layout
+//! - this file: the handle type, status codes, the last-error slot and the functions.
+
+use cairn_client::{Config, DType, Error, ErrorKind, Reader, Writer};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Result of every call. `OK` is 0; other values name the kind of failure.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Success.
+    CairnOk = 0,
+    /// A variable, step, writer or dataset does not exist.
+    CairnErrNotFound = 1,
+    /// The thing to create exists already (a committed step, a dataset).
+    CairnErrAlreadyExists = 2,
+    /// The request contradicts earlier writes (overlap, redefinition, step order).
+    CairnErrConflict = 3,
+    /// A resource is gone or full (server, disk, memory).
+    CairnErrUnavailable = 4,
+    /// Stored data failed a checksum or does not parse.
+    CairnErrCorrupt = 5,
+    /// The request is malformed (null pointer, shape, dtype, box out of bounds).
+    CairnErrInvalidArgument = 6,
+    /// The configuration is wrong.
+    CairnErrConfig = 7,
+    /// A bug in Cairn (a caught panic); please report it with the message.
+    CairnErrInternal = 8,
+}
+
+/// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
+pub enum CairnFile {
+    /// Write handle.
+    W(Writer),
+    /// Read handle.
+    R(Reader),
+}
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn fail(kind: Status, msg: String) -> Status {
+    LAST.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default());
+    kind
+}
+
+fn status(r: Result<(), Error>) -> Status {
+    match r {
+        Ok(()) => Status::CairnOk,
+        Err(e) => {
+            let kind = match e.kind() {
+                ErrorKind::NotFound => Status::CairnErrNotFound,
+                ErrorKind::AlreadyExists => Status::CairnErrAlreadyExists,
+                ErrorKind::Conflict => Status::CairnErrConflict,
+                ErrorKind::Unavailable => Status::CairnErrUnavailable,
+                ErrorKind::Corrupt => Status::CairnErrCorrupt,
+                ErrorKind::InvalidArgument => Status::CairnErrInvalidArgument,
+                ErrorKind::Config => Status::CairnErrConfig,
+            };
+            fail(kind, e.to_string())
+        }
+    }
+}
+
+/// Runs `f`, converting errors and panics into a status.
+fn guard(f: impl FnOnce() -> Result<(), Error>) -> Status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => status(r),
+        Err(_) => fail(Status::CairnErrInternal, "internal error (panic) in Cairn; please report it".into()),
+    }
+}
+
+fn invalid(msg: &str) -> Error {
+    Error::InvalidArgument(msg.to_string())
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, Error> {
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| invalid(&format!("{what} is not UTF-8")))
+}
+
+/// # Safety
+/// `p` is null or points to `n` values.
+unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Error> {
+    if n < 0 || n as usize > cairn_core::MAX_DIMS {
+        return Err(invalid(&format!("{what}: ndim {n} is outside 0..={}", cairn_core::MAX_DIMS)));
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(invalid(&format!("{what} is NULL")));
+    }
+    // SAFETY: the caller passes `n` values.
+    Ok(unsafe { std::slice::from_raw_parts(p, n as usize) })
+}
+
+/// # Safety
+/// `f` is null or a handle from [`cairn_open`].
+unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
+    // SAFETY: the caller passes a live handle.
+    match unsafe { f.as_mut() } {
+        Some(CairnFile::W(w)) => Ok(w),
+        Some(CairnFile::R(_)) => Err(invalid("this handle was opened for reading (mode \"r\"); open with \"w\" or \"a\" to write")),
+        None => Err(invalid("file handle is NULL")),
+    }
+}
+
+/// The message of the last failed call on this thread (empty if none). Valid until the next call.
+#[no_mangle]
+pub extern "C" fn cairn_last_error() -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+/// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
+/// of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
+/// `nranks`; readers ignore both. On success `*out` holds a handle to pass to [`cairn_close`].
+///
+/// # Safety
+/// String arguments are NUL-terminated or NULL (`config` only); `out` is valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_open(name: *const c_char, mode: *const c_char, config: *const c_char, rank: c_int, nranks: c_int, out: *mut *mut CairnFile) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (name, mode) = unsafe { (text(name, "name")?, text(mode, "mode")?) };
+        let cfg_path = if config.is_null() { None } else { Some(unsafe { text(config, "config") }?) };
+        if out.is_null() {
+            return Err(invalid("out (the handle pointer) is NULL"));
+        }
+        let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
+        let file = match mode {
+            "r" => CairnFile::R(Reader::open(name, &cfg)?),
+            "w" | "a" => {
+                if rank < 0 || nranks < 1 {
+                    return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
+                }
+                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a")?)
+            }
+            m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
+        };
+        // SAFETY: `out` was checked non-null and is valid for a write per the contract.
+        unsafe { *out = Box::into_raw(Box::new(file)) };
+        Ok(())
+    })
+}
+
+/// Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
+/// `ndim` dimensions of extents `shape`; pass `ndim` = -1 for a local (per-writer, ragged) variable.
+///
+/// # Safety
+/// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_define(f: *mut CairnFile, name: *const c_char, dtype: *const c_char, ndim: c_int, shape: *const u64) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
+        let shape = if ndim < 0 { None } else { Some(unsafe { dims(shape, ndim, "shape")? }.to_vec()) };
+        w.define(name, DType::parse(dtype)?, shape)
+    })
+}
+
+/// Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
+///
+/// # Safety
+/// `f` is a write handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_begin_step(f: *mut CairnFile, step: u64) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { writer(f) }?.begin_step(step))
+}
+
+/// Puts a block of variable `var` (C order, the variable's element type): `ndim` extents in
+/// `count`, at `offset` in the global array, or `offset` NULL for a local variable's block.
+///
+/// # Safety
+/// `f` is a write handle; `data` holds the block; `offset` (unless NULL) and `count` hold `ndim` values.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_put(f: *mut CairnFile, var: *const c_char, data: *const c_void, ndim: c_int, offset: *const u64, count: *const u64) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let var = unsafe { text(var, "var")? };
+        let count = unsafe { dims(count, ndim, "count")? };
+        let offset = if offset.is_null() { None } else { Some(unsafe { dims(offset, ndim, "offset")? }) };
+        let dtype = w.dtype_of(var)?;
+        let len = count.iter().product::<u64>() as usize * dtype.size();
+        if data.is_null() && len > 0 {
+            return Err(invalid("data is NULL"));
+        }
+        let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(data as *const u8, len) } };
+        w.put(var, dtype, bytes, offset, count)
+    })
+}
+
+/// Ends the open step.
+///
+/// # Safety
+/// `f` is a write handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_end_step(f: *mut CairnFile) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { writer(f) }?.end_step().map(|_| ()))
+}
+
+/// Reads the box `offset + count` (`ndim` values each) of `var` at committed `step` into `out`,
+/// which has room for `out_bytes` bytes (the box's element count × element size).
+///
+/// # Safety
+/// `f` is a read handle; `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_get(f: *mut CairnFile, var: *const c_char, step: u64, ndim: c_int, offset: *const u64, count: *const u64, out: *mut c_void, out_bytes: usize) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = match unsafe { f.as_ref() } {
+            Some(CairnFile::R(r)) => r,
+            Some(CairnFile::W(_)) => return Err(invalid("this handle was opened for writing; open with \"r\" to read")),
+            None => return Err(invalid("file handle is NULL")),
+        };
+        let var = unsafe { text(var, "var")? };
+        let (offset, count) = unsafe { (dims(offset, ndim, "offset")?, dims(count, ndim, "count")?) };
+        if out.is_null() && out_bytes > 0 {
+            return Err(invalid("out is NULL"));
+        }
+        let out = if out_bytes == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(out as *mut u8, out_bytes) } };
+        r.get(var, step, offset, count, out)
+    })
+}
+
+/// Closes the handle and frees it. A writer's open step is abandoned (and reported).
+///
+/// # Safety
+/// `f` is NULL or a handle from [`cairn_open`], not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_close(f: *mut CairnFile) -> Status {
+    if f.is_null() {
+        return Status::CairnOk;
+    }
+    // SAFETY: per this function's contract, `f` came from Box::into_raw in cairn_open.
+    let file = unsafe { Box::from_raw(f) };
+    guard(move || match *file {
+        CairnFile::W(w) => w.close(),
+        CairnFile::R(_) => Ok(()),
+    })
+}

@@ -75,6 +75,11 @@ impl Writer {
         Ok(())
     }
 
+    /// Element type of a defined variable.
+    pub fn dtype_of(&self, var: &str) -> Result<DType> {
+        self.vars.get(var).map(|d| d.dtype).ok_or_else(|| unknown_var(var, self.vars.keys()))
+    }
+
     /// Opens step `step`. Its blocks become visible only when every rank has ended it.
     pub fn begin_step(&mut self, step: u64) -> Result<()> {
         if let Some(open) = self.step {

@@ -1,1 +1,28 @@
-//! placeholder
+//! `cairn._native`: PyO3 bindings over `cairn-client`. Thin by design: argument conversion and
+//! GIL release only; checks and logic live in Rust, docstrings and ergonomics in `python/cairn`.
+//!
+//! # Layout
+//! - `errors`: the exception classes and the one conversion from Cairn errors.
+//! - `writer`: `Writer`, over `cairn_client::Writer`.
+//! - `reader`: `Reader`, over `cairn_client::Reader`.
+//! - `buffer`: borrowing numpy buffers without copying.
+
+mod buffer;
+mod errors;
+mod reader;
+mod writer;
+
+use pyo3::prelude::*;
+
+/// Builds a configuration from an optional file path and keyword overrides.
+fn config(path: Option<String>, overrides: Vec<(String, String)>) -> PyResult<cairn_client::Config> {
+    cairn_client::Config::load(path.as_deref().map(std::path::Path::new), &overrides).map_err(errors::to_py)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<writer::PyWriter>()?;
+    m.add_class::<reader::PyReader>()?;
+    errors::register(m)
+}

@@ -1,0 +1,63 @@
+//! `Reader`: read handle over committed steps.
+
+use crate::buffer::bytes_of;
+use crate::errors::to_py;
+use cairn_client::Reader;
+use numpy::PyUntypedArray;
+use pyo3::prelude::*;
+
+/// A block's description: (writer, offset, count, min, max, mean, checksum).
+type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32);
+
+/// Native read handle; see `cairn.Reader` for the documented API.
+#[pyclass(name = "Reader", module = "cairn._native")]
+pub(crate) struct PyReader {
+    inner: Reader,
+}
+
+#[pymethods]
+impl PyReader {
+    #[new]
+    #[pyo3(signature = (name, config, overrides))]
+    fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>) -> PyResult<Self> {
+        let cfg = crate::config(config, overrides)?;
+        Ok(PyReader { inner: Reader::open(name, &cfg).map_err(to_py)? })
+    }
+
+    fn steps(&self) -> PyResult<Vec<u64>> {
+        self.inner.steps().map_err(to_py)
+    }
+
+    /// name -> (dtype name, shape or None)
+    fn variables(&self) -> PyResult<Vec<(String, String, Option<Vec<u64>>)>> {
+        let vars = self.inner.variables().map_err(to_py)?;
+        Ok(vars.into_values().map(|v| (v.name, v.dtype.name().to_string(), v.shape)).collect())
+    }
+
+    fn var(&self, var: &str, step: u64) -> PyResult<(String, Option<Vec<u64>>)> {
+        let v = self.inner.var(var, step).map_err(to_py)?;
+        Ok((v.dtype.name().to_string(), v.shape))
+    }
+
+    fn blocks(&self, var: &str, step: u64) -> PyResult<Vec<BlockTuple>> {
+        let blocks = self.inner.blocks(var, step).map_err(to_py)?;
+        Ok(blocks
+            .into_iter()
+            .map(|b| (b.writer, b.region.offset, b.region.count, b.stats.min, b.stats.max, b.stats.mean, b.checksum))
+            .collect())
+    }
+
+    fn get_into(&self, py: Python<'_>, var: &str, step: u64, offset: Vec<u64>, count: Vec<u64>, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let out = bytes_of(out, true)?;
+        py.detach(|| self.inner.get(var, step, &offset, &count, out)).map_err(to_py)
+    }
+
+    fn local_count(&self, var: &str, step: u64, writer: u32) -> PyResult<Vec<u64>> {
+        Ok(self.inner.local_block(var, step, writer).map_err(to_py)?.region.count)
+    }
+
+    fn get_local_into(&self, py: Python<'_>, var: &str, step: u64, writer: u32, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let out = bytes_of(out, true)?;
+        py.detach(|| self.inner.get_local(var, step, writer, out)).map_err(to_py)
+    }
+}

@@ -1,0 +1,67 @@
+//! `Writer`: one rank's write handle.
+
+use crate::buffer::bytes_of;
+use crate::errors::to_py;
+use cairn_client::{DType, Writer};
+use numpy::PyUntypedArray;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use std::sync::Mutex;
+
+/// Native write handle; see `cairn.Writer` for the documented API.
+#[pyclass(name = "Writer", module = "cairn._native")]
+pub(crate) struct PyWriter {
+    inner: Mutex<Option<Writer>>,
+}
+
+impl PyWriter {
+    fn with<T>(&self, f: impl FnOnce(&mut Writer) -> cairn_client::Result<T>) -> PyResult<T> {
+        let mut g = self.inner.lock().unwrap();
+        let w = g.as_mut().ok_or_else(|| PyRuntimeError::new_err("the writer is closed"))?;
+        f(w).map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl PyWriter {
+    #[new]
+    #[pyo3(signature = (name, config, overrides, rank, nranks, append))]
+    fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>, rank: u32, nranks: u32, append: bool) -> PyResult<Self> {
+        let cfg = crate::config(config, overrides)?;
+        let w = Writer::open(name, &cfg, rank, nranks, append).map_err(to_py)?;
+        Ok(PyWriter { inner: Mutex::new(Some(w)) })
+    }
+
+    #[pyo3(signature = (name, dtype, shape))]
+    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>) -> PyResult<()> {
+        let dtype = DType::parse(dtype).map_err(to_py)?;
+        self.with(|w| w.define(name, dtype, shape))
+    }
+
+    fn begin_step(&self, step: u64) -> PyResult<()> {
+        self.with(|w| w.begin_step(step))
+    }
+
+    #[pyo3(signature = (var, dtype, data, offset))]
+    fn put(&self, py: Python<'_>, var: &str, dtype: &str, data: &Bound<'_, PyUntypedArray>, offset: Option<Vec<u64>>) -> PyResult<()> {
+        let dtype = DType::parse(dtype).map_err(to_py)?;
+        let count: Vec<u64> = numpy::PyUntypedArrayMethods::shape(data).iter().map(|&n| n as u64).collect();
+        let bytes: &[u8] = bytes_of(data, false)?;
+        py.detach(|| self.with(|w| w.put(var, dtype, bytes, offset.as_deref(), &count)))
+    }
+
+    fn end_step(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.with(|w| w.end_step()))
+    }
+
+    fn abort_step(&self) -> PyResult<()> {
+        self.with(|w| w.abort_step())
+    }
+
+    fn close(&self) -> PyResult<()> {
+        match self.inner.lock().unwrap().take() {
+            Some(w) => w.close().map_err(to_py),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+"""Cairn: resilient in-memory data staging and checkpoint/restart for scientific workflows.
+
+>>> with cairn.open("run1", "w", rank=r, nranks=M) as f:
+...     f.define("pressure", dtype="f8", shape=(256, 256, 256))
+...     with f.step(0):
+...         f.put("pressure", block, offset=(x0, 0, 0))
+>>> with cairn.open("run1", "r") as f:
+...     a = f.get("pressure", step=0, offset=(0, 0, 0), count=(128, 256, 256))
+
+The engine (``file`` or ``staging``) comes from ``cairn.toml``, never from code.
+"""
+
+from ._api import BlockInfo, Reader, VariableInfo, Writer, open
+from ._native import __version__
+from .exceptions import *  # noqa: F403
+from .exceptions import __all__ as _exc_all
+
+__all__ = ["open", "Writer", "Reader", "VariableInfo", "BlockInfo", "__version__", *_exc_all]

@@ -1,0 +1,198 @@
+"""The user-facing API: :func:`open`, :class:`Writer` and :class:`Reader` over ``cairn._native``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from . import _native
+from .exceptions import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """A variable's element type, global shape (``None`` if local) and whether it is local."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...] | None
+    local: bool
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One block a writer put: its box and statistics (``None`` where undefined)."""
+
+    writer: int
+    offset: tuple[int, ...]
+    count: tuple[int, ...]
+    min: float | None
+    max: float | None
+    mean: float | None
+    checksum: int
+
+
+def _dtype(spec: Any) -> str:
+    """Canonical dtype name for the native layer (``f8``, ``i4``, ``c16`` …)."""
+    if isinstance(spec, str) and spec == "bytes":
+        return spec
+    try:
+        dt = np.dtype(spec)
+    except TypeError as e:
+        raise InvalidArgumentError(f"unknown dtype {spec!r}: {e}") from None
+    return f"{dt.kind}{dt.itemsize}"
+
+
+def _overrides(kw: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(k, str(v).lower() if isinstance(v, bool) else os.fspath(v) if isinstance(v, os.PathLike) else str(v))
+            for k, v in kw.items() if v is not None]
+
+
+def open(  # noqa: A001 - mirrors builtins.open on purpose
+    name: str,
+    mode: str = "r",
+    config: str | os.PathLike[str] | None = None,
+    *,
+    rank: int | None = None,
+    nranks: int | None = None,
+    comm: Any = None,
+    **overrides: Any,
+) -> Writer | Reader:
+    """Open dataset ``name``.
+
+    ``mode`` is ``"w"`` (new dataset), ``"a"`` (add steps to an existing one, e.g. after a restart)
+    or ``"r"``. Writers are rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``);
+    a step commits when every rank has ended it. ``config`` names a ``cairn.toml`` (else
+    ``$CAIRN_CONFIG``, else ``./cairn.toml``); keyword ``overrides`` such as ``engine="file"`` or
+    ``path="out"`` win over it. Readers may run on any number of processes.
+    """
+    cfg = os.fspath(config) if config is not None else None
+    ov = _overrides(overrides)
+    if mode == "r":
+        return Reader(_native.Reader(name, cfg, ov))
+    if mode not in ("w", "a"):
+        raise InvalidArgumentError(f"mode {mode!r}: use 'w' (write), 'a' (append) or 'r' (read)")
+    if comm is not None:
+        rank, nranks = comm.Get_rank(), comm.Get_size()
+    rank = 0 if rank is None else rank
+    nranks = 1 if nranks is None else nranks
+    if rank < 0 or nranks < 1 or rank >= nranks:
+        raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
+    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a"), comm)
+
+
+class Writer:
+    """One rank's handle for writing steps. Use as a context manager; see :func:`open`."""
+
+    def __init__(self, inner: _native.Writer, comm: Any = None) -> None:
+        self._inner = inner
+        self._comm = comm
+        self._local: dict[str, bool] = {}
+
+    def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False) -> None:
+        """Define a variable: a global array of ``shape``, or with ``local=True`` a per-writer
+        block of any size (ragged). Every rank must define it identically."""
+        if local and shape is not None:
+            raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
+        if not local and shape is None:
+            raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
+        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape])
+        self._local[name] = local
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[Writer]:
+        """Write step ``step`` inside the ``with`` block. It commits (becomes visible) once every
+        rank has left the block; an exception abandons this rank's part and the step stays hidden."""
+        self._inner.begin_step(step)
+        try:
+            yield self
+        except BaseException:
+            self._inner.abort_step()
+            raise
+        self._inner.end_step()
+
+    def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
+        """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
+        this rank's block of a local variable (no offset). C- and Fortran-ordered arrays both work;
+        C-contiguous native-endian arrays cross into Rust without a copy."""
+        arr = np.asarray(data)
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        arr = np.ascontiguousarray(arr)
+        off = None if offset is None else [int(o) for o in offset]
+        self._inner.put(name, _dtype(arr.dtype), arr, off)
+
+    def close(self) -> None:
+        """Close the writer. With an MPI ``comm``, waits for all ranks so that every step they
+        ended is committed when ``close`` returns."""
+        self._inner.close()
+        if self._comm is not None:
+            self._comm.Barrier()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self._inner.abort_step()
+        self.close()
+
+
+class Reader:
+    """Read handle over committed steps; any number of processes may read at once."""
+
+    def __init__(self, inner: _native.Reader) -> None:
+        self._inner = inner
+
+    def steps(self) -> list[int]:
+        """Committed steps, sorted. Re-read on every call, so new commits appear."""
+        return self._inner.steps()
+
+    def variables(self) -> dict[str, VariableInfo]:
+        """Variables of the committed steps: name -> :class:`VariableInfo`."""
+        return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None)
+                for n, d, s in self._inner.variables()}
+
+    def blocks(self, name: str, step: int) -> list[BlockInfo]:
+        """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
+        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc)
+                for w, o, c, lo, hi, mean, crc in self._inner.blocks(name, step)]
+
+    def get(self, name: str, step: int, offset: Sequence[int] | None = None,
+            count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
+        assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill."""
+        dtype, shape = self._inner.var(name, step)
+        if shape is None:
+            raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
+        off = [0] * len(shape) if offset is None else [int(o) for o in offset]
+        cnt = [n - o for n, o in zip(shape, off)] if count is None else [int(c) for c in count]
+        if out is None:
+            out = np.empty(cnt, dtype=_np_name(dtype))
+        elif out.shape != tuple(cnt) or out.dtype != np.dtype(_np_name(dtype)):
+            raise InvalidArgumentError(f"out has shape {out.shape} {out.dtype}; need {tuple(cnt)} {_np_name(dtype)}")
+        self._inner.get_into(name, step, off, cnt, out)
+        return out
+
+    def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
+        """The block writer ``writer`` put for local variable ``name`` at ``step``."""
+        dtype, _ = self._inner.var(name, step)
+        out = np.empty(self._inner.local_count(name, step, writer), dtype=_np_name(dtype))
+        self._inner.get_local_into(name, step, writer, out)
+        return out
+
+    def close(self) -> None:
+        """Release the handle (files are closed when it is collected)."""
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _np_name(dtype: str) -> str:
+    return "V1" if dtype == "bytes" else "<" + dtype
