@@ -1,0 +1,38 @@
+# Cairn task runner. `make help` lists the targets.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+MPIRUN := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+
+.PHONY: help setup build demo test test-rust test-python bench check clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: ## install system packages, the venv and build everything (idempotent)
+	@scripts/setup.sh
+
+build: ## rebuild the Python extension and the C library after code changes
+	$(VENV)/bin/maturin develop --release -q
+	cargo build --release -q -p cairn-capi
+
+demo: setup ## the main job: 4 MPI ranks write a 3-D field, 3 ranks read boxes back
+	$(PY) -m cairn.demo
+
+test: setup test-rust test-python ## run every test (what CI runs)
+
+test-rust: ## Rust unit, property and integration tests
+	cargo test --release --workspace --exclude cairn-py
+
+test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
+	$(PY) -m pytest
+
+bench: setup ## benchmarks with same-run baselines; results in bench/results/
+	$(PY) -m cairn.bench file
+
+check: test ## everything CI runs
+	cargo clippy --workspace --release -q -- -D warnings
+
+clean: ## remove build outputs
+	cargo clean
+	rm -rf $(VENV) .pytest_cache

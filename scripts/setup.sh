@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up everything on a fresh Debian machine: system packages, a virtualenv with the Python
+# dependencies, the Rust extension (cairn._native) and the C library. Idempotent and quick when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null; then
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    libopenmpi-dev openmpi-bin redis-server >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "cargo not found: install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2
+# Release build of the extension, installed editable into the venv (python/ is the package source).
+.venv/bin/maturin develop --release -q
+cargo build --release -q -p cairn-capi
+echo "setup done: .venv ready, target/release/libcairn.so built"
