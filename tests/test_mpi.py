@@ -70,7 +70,7 @@ def test_four_mpi_writers_three_mpi_readers(tmp_path, cfg):
 KILLED = textwrap.dedent("""
     import os, signal, sys, numpy as np, cairn
     cfg, rank, nranks, mode, die_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-    f = cairn.open("sim", mode, config=cfg, rank=rank, nranks=nranks)
+    f = cairn.open("sim", mode, config=cfg, rank=rank, nranks=nranks, session=mode)
     f.define("u", dtype="f8", shape=(nranks * 10,))
     for s in range(5):
         if mode == "a" and s < die_at:
@@ -96,9 +96,15 @@ def test_writer_killed_mid_step_leaves_earlier_steps_and_hides_that_step(tmp_pat
             assert np.array_equal(f.get("u", s), np.full(30, float(s)))
         with pytest.raises(cairn.NotFoundError):
             f.get("u", 3)
-    # Restart: all ranks resume at the crashed step in append mode; it commits with the new data.
-    procs = [subprocess.Popen([PY, str(script), str(cfg), str(r), "3", "a", "3"]) for r in range(3)]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    # Restart in append mode from the crashed step. Rank 0 runs first and alone: the crashed run's
+    # step-3 and step-4 fragments of ranks 1 and 2 are still there, but belong to the old session,
+    # so nothing may commit until ranks 1 and 2 of the new session end those steps.
+    restart = [PY, str(script), str(cfg), "RANK", "3", "a", "3"]
+    assert subprocess.run([x.replace("RANK", "0") for x in restart], timeout=60).returncode == 0
+    with cairn.open("sim", "r", config=cfg) as f:
+        assert f.steps() == [0, 1, 2]
+    procs = [subprocess.Popen([x.replace("RANK", str(r)) for x in restart]) for r in (1, 2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
     with cairn.open("sim", "r", config=cfg) as f:
         assert f.steps() == [0, 1, 2, 3, 4]
         assert np.array_equal(f.get("u", 3), np.full(30, 3.5))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -59,6 +60,7 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     rank: int | None = None,
     nranks: int | None = None,
     comm: Any = None,
+    session: str | None = None,
     **overrides: Any,
 ) -> Writer | Reader:
     """Open dataset ``name``.
@@ -68,6 +70,11 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     a step commits when every rank has ended it. ``config`` names a ``cairn.toml`` (else
     ``$CAIRN_CONFIG``, else ``./cairn.toml``); keyword ``overrides`` such as ``engine="file"`` or
     ``path="out"`` win over it. Readers may run on any number of processes.
+
+    ``session`` names this launch of the application: all writer ranks of one launch share it and
+    a restart uses a new one, so fragments a crashed run left behind never mix into its restart.
+    With ``comm`` rank 0 draws one and broadcasts it; otherwise the launcher's (``mpirun``, Slurm)
+    is used. Ranks started separately by hand should pass the same ``session``.
     """
     cfg = os.fspath(config) if config is not None else None
     ov = _overrides(overrides)
@@ -77,11 +84,13 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
         raise InvalidArgumentError(f"mode {mode!r}: use 'w' (write), 'a' (append) or 'r' (read)")
     if comm is not None:
         rank, nranks = comm.Get_rank(), comm.Get_size()
+        if session is None:
+            session = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
     rank = 0 if rank is None else rank
     nranks = 1 if nranks is None else nranks
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
-    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a"), comm)
+    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session), comm)
 
 
 class Writer:

@@ -126,7 +126,8 @@ pub extern "C" fn cairn_last_error() -> *const c_char {
 
 /// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
 /// of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
-/// `nranks`; readers ignore both. On success `*out` holds a handle to pass to [`cairn_close`].
+/// `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by
+/// the launcher's session (PMIx namespace, Slurm step). On success `*out` holds a handle to pass to [`cairn_close`].
 ///
 /// # Safety
 /// String arguments are NUL-terminated or NULL (`config` only); `out` is valid for a write.
@@ -146,7 +147,7 @@ pub unsafe extern "C" fn cairn_open(name: *const c_char, mode: *const c_char, co
                 if rank < 0 || nranks < 1 {
                     return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
                 }
-                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a")?)
+                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &cairn_client::writer::default_session())?)
             }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };

@@ -40,7 +40,7 @@ fn write_all(dir: &Path, shape: &[u64], writers: u64, steps: u64) {
         for r in 0..writers {
             let c = cfg(dir);
             s.spawn(move || {
-                let mut w = Writer::open("ds", &c, r as u32, writers as u32, false).unwrap();
+                let mut w = Writer::open("ds", &c, r as u32, writers as u32, false, "s1").unwrap();
                 w.define("field", DType::F64, Some(shape.to_vec())).unwrap();
                 w.define("walkers", DType::F64, None).unwrap();
                 let (o, n) = split(shape[0], writers)[r as usize];
@@ -92,8 +92,8 @@ fn any_box_of_any_dimension_reads_back_exactly() {
 fn a_step_is_invisible_until_every_rank_ends_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path());
-    let mut w0 = Writer::open("ds", &c, 0, 2, false).unwrap();
-    let mut w1 = Writer::open("ds", &c, 1, 2, false).unwrap();
+    let mut w0 = Writer::open("ds", &c, 0, 2, false, "s1").unwrap();
+    let mut w1 = Writer::open("ds", &c, 1, 2, false, "s1").unwrap();
     for w in [&mut w0, &mut w1] {
         w.define("x", DType::I32, Some(vec![4])).unwrap();
         w.begin_step(0).unwrap();
@@ -114,7 +114,7 @@ fn a_step_is_invisible_until_every_rank_ends_it() {
 fn bad_requests_are_named_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg(dir.path());
-    let mut w = Writer::open("ds", &c, 0, 1, false).unwrap();
+    let mut w = Writer::open("ds", &c, 0, 1, false, "s1").unwrap();
     w.define("x", DType::F32, Some(vec![4, 4])).unwrap();
     let err = |e: cairn_client::Error| e.to_string();
     assert!(err(w.put("x", DType::F32, &[0; 16], Some(&[0, 0]), &[2, 2]).unwrap_err()).contains("outside a step"));
@@ -132,7 +132,7 @@ fn bad_requests_are_named_and_lose_nothing() {
     assert_eq!(r.blocks("x", 0).unwrap().len(), 2);
     let e = r.get("x", 0, &[0, 0], &[4, 4], &mut [0; 64]).unwrap_err();
     assert!(e.to_string().contains("partly written"), "{e}");
-    assert!(Writer::open("ds", &c, 0, 1, false).unwrap_err().to_string().contains("mode \"a\""));
+    assert!(Writer::open("ds", &c, 0, 1, false, "s1").unwrap_err().to_string().contains("mode \"a\""));
     assert_eq!(Reader::open("nope", &c).unwrap_err().kind(), ErrorKind::NotFound);
 }
 
@@ -159,7 +159,7 @@ fn append_recovers_after_a_crash_mid_step() {
     write_all(dir.path(), &[8], 2, 1);
     let c = cfg(dir.path());
     // Rank 1 ended step 1, rank 0 "crashed" before ending it: step 1 must stay invisible.
-    let mut w1 = Writer::open("ds", &c, 1, 2, true).unwrap();
+    let mut w1 = Writer::open("ds", &c, 1, 2, true, "crashed").unwrap();
     w1.define("field", DType::F64, Some(vec![8])).unwrap();
     w1.begin_step(1).unwrap();
     w1.put("field", DType::F64, &[0u8; 32], Some(&[4]), &[4]).unwrap();
@@ -176,7 +176,7 @@ fn append_recovers_after_a_crash_mid_step() {
 
 fn write_again(c: &Config) {
     for r in [1u32, 0] {
-        let mut w = Writer::open("ds", c, r, 2, true).unwrap();
+        let mut w = Writer::open("ds", c, r, 2, true, "restart").unwrap();
         w.define("field", DType::F64, Some(vec![8])).unwrap();
         w.begin_step(1).unwrap();
         let v: Vec<u8> = (0..4).flat_map(|_| 7.0f64.to_le_bytes()).collect();

@@ -13,50 +13,26 @@ pub struct Layout<'a> {
     pub base: u64,
 }
 
-/// Copies `isect` (contained in both layouts) from `src` to `dst`, one contiguous run at a time.
-/// Trailing dimensions that both buffers hold whole are merged into one run, so a slab copy is a
-/// single `memcpy`.
-///
-/// # Panics
-/// If `isect` is not inside both layouts or the buffers are too short: callers derive all three
-/// boxes from validated metadata, so a mismatch is a bug, not bad input.
-pub fn copy_box(src: &[u8], from: Layout<'_>, dst: &mut [u8], to: Layout<'_>, isect: &Region, elem: usize) {
+/// Calls `f(src_byte, dst_byte, len)` for each contiguous run of `isect` (contained in both
+/// boxes) in two C-order buffers laid out as `from` and `to`. Trailing dimensions that both hold
+/// whole are merged into one run, so a slab is a single run.
+pub fn for_each_run(from: &Region, to: &Region, isect: &Region, elem: usize, mut f: impl FnMut(u64, u64, usize)) {
     let n = isect.ndim();
     if n == 0 {
-        let s = (0 - from.base) as usize;
-        let d = (0 - to.base) as usize;
-        dst[d..d + elem].copy_from_slice(&src[s..s + elem]);
-        return;
+        return f(0, 0, elem);
     }
-    // Merge trailing dimensions that are complete in the intersection and in both buffers.
     let mut k = n - 1;
-    while k > 0
-        && isect.count[k] == from.layout.count[k]
-        && isect.count[k] == to.layout.count[k]
-    {
+    while k > 0 && isect.count[k] == from.count[k] && isect.count[k] == to.count[k] {
         k -= 1;
     }
-    let run_elems: u64 = isect.count[k..].iter().product();
-    let run = run_elems as usize * elem;
-    let ss = c_strides(&from.layout.count);
-    let ds = c_strides(&to.layout.count);
-    let mut idx = vec![0u64; k]; // odometer over dims 0..k, relative to isect.offset
+    let run = isect.count[k..].iter().product::<u64>() as usize * elem;
+    let (ss, ds) = (c_strides(&from.count), c_strides(&to.count));
+    // Offsets of the intersection's first element, then steps along the odometer dims 0..k.
+    let mut so: u64 = (0..n).map(|d| (isect.offset[d] - from.offset[d]) * ss[d]).sum();
+    let mut dof: u64 = (0..n).map(|d| (isect.offset[d] - to.offset[d]) * ds[d]).sum();
+    let mut idx = vec![0u64; k];
     loop {
-        let mut so = 0u64;
-        let mut dof = 0u64;
-        for d in 0..=k {
-            let i = isect.offset[d] + if d < k { idx[d] } else { 0 };
-            so += (i - from.layout.offset[d]) * ss[d];
-            dof += (i - to.layout.offset[d]) * ds[d];
-        }
-        for d in k + 1..n {
-            so += (isect.offset[d] - from.layout.offset[d]) * ss[d];
-            dof += (isect.offset[d] - to.layout.offset[d]) * ds[d];
-        }
-        let s = (so * elem as u64 - from.base) as usize;
-        let d = (dof * elem as u64 - to.base) as usize;
-        dst[d..d + run].copy_from_slice(&src[s..s + run]);
-        // Advance the odometer.
+        f(so * elem as u64, dof * elem as u64, run);
         let mut d = k;
         loop {
             if d == 0 {
@@ -64,12 +40,42 @@ pub fn copy_box(src: &[u8], from: Layout<'_>, dst: &mut [u8], to: Layout<'_>, is
             }
             d -= 1;
             idx[d] += 1;
+            so += ss[d];
+            dof += ds[d];
             if idx[d] < isect.count[d] {
                 break;
             }
+            so -= ss[d] * idx[d];
+            dof -= ds[d] * idx[d];
             idx[d] = 0;
         }
     }
+}
+
+/// Copies `isect` (contained in both layouts) from `src` to `dst`, one contiguous run at a time.
+///
+/// # Panics
+/// If `isect` is not inside both layouts or the buffers are too short: callers derive all three
+/// boxes from validated metadata, so a mismatch is a bug, not bad input.
+pub fn copy_box(src: &[u8], from: Layout<'_>, dst: &mut [u8], to: Layout<'_>, isect: &Region, elem: usize) {
+    for_each_run(from.layout, to.layout, isect, elem, |s, d, len| {
+        let (s, d) = ((s - from.base) as usize, (d - to.base) as usize);
+        dst[d..d + len].copy_from_slice(&src[s..s + len]);
+    });
+}
+
+/// Chunk ranges `[first, last)` of a buffer laid out as `layout` that hold bytes of `sub`,
+/// merged where they touch: what a reader must fetch (and verify) to serve `sub`.
+pub fn chunks_touched(layout: &Region, sub: &Region, elem: usize, chunk: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for_each_run(layout, layout, sub, elem, |s, _, len| {
+        let (lo, hi) = (s / chunk, (s + len as u64).div_ceil(chunk));
+        match out.last_mut() {
+            Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -136,6 +142,20 @@ mod tests {
                 i += 1;
             });
             prop_assert!(ok);
+        }
+
+        #[test]
+        fn touched_chunks_cover_every_run_and_only_those(
+            (outer, sub) in (1usize..=4).prop_flat_map(|n| (region(n, 3, 7), region(n, 3, 7))),
+            chunk in 1u64..50,
+        ) {
+            let Some(isect) = outer.intersect(&sub) else { return Ok(()) };
+            let ranges = chunks_touched(&outer, &isect, 4, chunk);
+            let mut needed = std::collections::BTreeSet::new();
+            for_each_run(&outer, &outer, &isect, 4, |s, _, len| needed.extend(s / chunk..(s + len as u64).div_ceil(chunk)));
+            let got: std::collections::BTreeSet<u64> = ranges.iter().flat_map(|&(a, b)| a..b).collect();
+            prop_assert_eq!(got, needed);
+            prop_assert!(ranges.windows(2).all(|w| w[0].1 < w[1].0));
         }
     }
 }

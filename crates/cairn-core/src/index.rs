@@ -115,6 +115,10 @@ pub struct Fragment {
     pub writer: u32,
     /// Number of writers the step waits for.
     pub nranks: u32,
+    /// The writer session (one launch of the application); only fragments of one session merge,
+    /// so fragments a crashed run left behind never mix with those of its restart.
+    #[serde(default)]
+    pub session: String,
     /// Variables this writer defined.
     pub vars: Vec<VarDef>,
     /// Blocks this writer put in the step.
@@ -303,7 +307,7 @@ mod tests {
             VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap(),
             VarDef::new("w", DType::F64, None).unwrap(),
         ];
-        Fragment { format: FORMAT_VERSION, step: 3, writer, nranks, vars, blocks }
+        Fragment { format: FORMAT_VERSION, step: 3, writer, nranks, session: String::new(), vars, blocks }
     }
 
     #[test]

@@ -25,10 +25,11 @@ impl PyWriter {
 #[pymethods]
 impl PyWriter {
     #[new]
-    #[pyo3(signature = (name, config, overrides, rank, nranks, append))]
-    fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>, rank: u32, nranks: u32, append: bool) -> PyResult<Self> {
+    #[pyo3(signature = (name, config, overrides, rank, nranks, append, session))]
+    fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>, rank: u32, nranks: u32, append: bool, session: Option<String>) -> PyResult<Self> {
         let cfg = crate::config(config, overrides)?;
-        let w = Writer::open(name, &cfg, rank, nranks, append).map_err(to_py)?;
+        let session = session.unwrap_or_else(cairn_client::writer::default_session);
+        let w = Writer::open(name, &cfg, rank, nranks, append, &session).map_err(to_py)?;
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 

@@ -3,7 +3,7 @@
 
 use super::layout::Layout;
 use crate::engine::ReadEngine;
-use cairn_core::assemble::{copy_box, Layout as BufLayout};
+use cairn_core::assemble::{chunks_touched, copy_box, Layout as BufLayout};
 use cairn_core::checksum::verify;
 use cairn_core::error::IoContext;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
@@ -50,32 +50,32 @@ impl FileReader {
         Ok(f)
     }
 
-    /// Reads bytes `[lo, hi)` of a block, widened to whole checksum chunks and verified.
-    /// Returns the buffer and the block offset its first byte has.
-    fn fetch(&self, b: &BlockRecord, lo: u64, hi: u64, into: Option<&mut [u8]>) -> Result<Option<(Vec<u8>, u64)>> {
-        let chunk = b.chunk as u64;
-        let c0 = lo / chunk;
-        let start = c0 * chunk;
-        let end = (hi.div_ceil(chunk) * chunk).min(b.len);
+    /// Reads `buf.len()` bytes of block `b` from block offset `at` (a chunk boundary) and
+    /// verifies them against the block's chunk checksums.
+    fn read_verified(&self, b: &BlockRecord, at: u64, buf: &mut [u8]) -> Result<()> {
         let f = self.file(&b.file)?;
         let what = || format!("block of '{}' by writer {} in {}", b.var, b.writer, b.file);
-        let read = |buf: &mut [u8]| -> Result<()> {
-            f.read_exact_at(buf, b.pos + start).map_err(|e| match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
-                    Error::Corrupt(format!("{} is truncated: the index points past its end", what()))
-                }
-                _ => Error::io(format!("reading {}", what()), e),
-            })?;
-            verify(buf, c0 as usize, b.chunk, &b.crcs, &what)
-        };
-        match into {
-            Some(out) => read(out).map(|_| None),
-            None => {
-                let mut buf = vec![0u8; (end - start) as usize];
-                read(&mut buf)?;
-                Ok(Some((buf, start)))
-            }
+        f.read_exact_at(buf, b.pos + at).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::Corrupt(format!("{} is truncated: the index points past its end", what())),
+            _ => Error::io(format!("reading {}", what()), e),
+        })?;
+        verify(buf, (at / b.chunk as u64) as usize, b.chunk, &b.crcs, &what)
+    }
+
+    /// Fetches the checksum chunks of `b` that hold `isect`, verified, into a buffer starting at
+    /// the first such chunk (returned as its block offset). Chunks in between that hold none of
+    /// `isect` are neither read nor touched (a large zeroed allocation costs no page until used).
+    fn fetch_part(&self, b: &BlockRecord, isect: &Region, elem: usize) -> Result<(Vec<u8>, u64)> {
+        let chunk = b.chunk as u64;
+        let ranges = chunks_touched(&b.region, isect, elem, chunk);
+        let start = ranges.first().map_or(0, |r| r.0 * chunk);
+        let end = ranges.last().map_or(0, |r| (r.1 * chunk).min(b.len));
+        let mut buf = vec![0u8; (end - start) as usize];
+        for (c0, c1) in ranges {
+            let (lo, hi) = (c0 * chunk, (c1 * chunk).min(b.len));
+            self.read_verified(b, lo, &mut buf[(lo - start) as usize..(hi - start) as usize])?;
         }
+        Ok((buf, start))
     }
 }
 
@@ -96,11 +96,10 @@ impl ReadEngine for FileReader {
         // A whole block that is one contiguous run of the output is read straight into it.
         if *isect == b.region {
             if let Some(range) = contiguous_run(dst, isect, elem) {
-                return self.fetch(b, 0, b.len, Some(&mut out[range])).map(|_| ());
+                return self.read_verified(b, 0, &mut out[range]);
             }
         }
-        let (lo, hi) = b.region.byte_span(isect, elem);
-        let (buf, base) = self.fetch(b, lo, hi, None)?.expect("fetch without a target returns a buffer");
+        let (buf, base) = self.fetch_part(b, isect, elem)?;
         copy_box(&buf, BufLayout { layout: &b.region, base }, out, BufLayout { layout: dst, base: 0 }, isect, elem);
         Ok(())
     }

@@ -6,6 +6,7 @@ use cairn_core::checksum::chunk_crcs;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef, FORMAT_VERSION};
 use cairn_core::{stats, Error, Result};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 
@@ -21,13 +22,14 @@ pub struct FileWriter {
     end: u64,
     fsync: bool,
     chunk: u32,
+    session: String,
     blocks: Vec<BlockRecord>,
 }
 
 impl FileWriter {
     /// Opens rank `rank` of `nranks` for writing. `append` keeps committed steps and adds to them;
     /// otherwise the dataset must not hold committed steps yet (nothing is ever deleted silently).
-    pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, fsync: bool, chunk: u32) -> Result<FileWriter> {
+    pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, fsync: bool, chunk: u32, session: String) -> Result<FileWriter> {
         layout.create()?;
         let steps = layout.steps()?;
         if !append && !steps.is_empty() {
@@ -52,36 +54,38 @@ impl FileWriter {
             data.set_len(0).ctx(|| format!("truncating {}", path.display()))?;
         }
         let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
-        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, blocks: Vec::new() };
+        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, session, blocks: Vec::new() };
         w.recover()?;
         Ok(w)
     }
 
-    /// Cleans up after a crashed run: drops this rank's fragments of steps that never committed
-    /// (they would mix old and new data) and completes merges whose fragments are all present.
+    /// Cleans up after a crashed run: completes merges whose fragments (of one session) are all
+    /// present, and drops this rank's fragments of other sessions for steps that never committed.
     fn recover(&self) -> Result<()> {
         let dir = self.layout.root.join("pending");
         let mine = format!(".rank-{:06}.json", self.rank);
-        let entries = std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))?;
-        for e in entries.flatten() {
+        let entries: Vec<_> = std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))?.flatten().collect();
+        for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(step) = name.strip_prefix("step-").and_then(|s| s.get(..12)).and_then(|s| s.parse::<u64>().ok()) else {
                 continue;
             };
-            if self.layout.step_path(step).exists() {
-                let _ = std::fs::remove_file(e.path());
-            } else if self.try_commit(step).unwrap_or(false) {
+            if self.try_commit(step, None).unwrap_or(false) {
                 continue;
-            } else if name.ends_with(&mine) {
-                let _ = std::fs::remove_file(e.path());
+            }
+            if name.ends_with(&mine) {
+                let stale = std::fs::read(e.path()).ok().and_then(|b| from_json::<Fragment>(&b, "fragment").ok());
+                if stale.is_none_or(|f| f.session != self.session) {
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
         }
         Ok(())
     }
 
-    /// Merges and publishes `step` if every rank's fragment is present. Returns whether it is
-    /// committed now.
-    fn try_commit(&self, step: u64) -> Result<bool> {
+    /// Merges and publishes `step` if every rank's fragment of one session is present: of
+    /// `session` if given, else of any session. Returns whether the step is committed now.
+    fn try_commit(&self, step: u64, session: Option<&str>) -> Result<bool> {
         let dest = self.layout.step_path(step);
         if dest.exists() {
             return Ok(true);
@@ -93,21 +97,25 @@ impl FileWriter {
             .filter_map(|e| Some(e.ok()?.path()))
             .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)))
             .collect();
-        let mut frags = Vec::with_capacity(names.len());
+        let mut sessions: BTreeMap<String, Vec<Fragment>> = BTreeMap::new();
         for p in &names {
             match std::fs::read(p) {
-                Ok(bytes) => frags.push(from_json::<Fragment>(&bytes, &format!("fragment {}", p.display()))?),
+                Ok(bytes) => {
+                    let f = from_json::<Fragment>(&bytes, &format!("fragment {}", p.display()))?;
+                    sessions.entry(f.session.clone()).or_default().push(f);
+                }
                 // Another writer merged and cleaned up between our listing and this read.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dest.exists()),
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()), e)),
             }
         }
-        let expected = frags.first().map(|f| f.nranks).unwrap_or(self.nranks);
-        if (frags.len() as u32) < expected {
-            return Ok(false);
-        }
+        let complete = sessions.into_iter().find(|(s, frags)| {
+            session.is_none_or(|want| want == s) && frags.first().is_some_and(|f| frags.len() as u32 >= f.nranks)
+        });
+        let Some((_, frags)) = complete else { return Ok(false) };
         let index = StepIndex::merge(step, frags)?;
         publish(&dest, &to_json(&index), self.fsync, self.rank)?;
+        // Fragments of every session are done with: the step is committed and immutable.
         for p in names {
             let _ = std::fs::remove_file(p);
         }
@@ -164,11 +172,12 @@ impl WriteEngine for FileWriter {
             step,
             writer: self.rank,
             nranks: self.nranks,
+            session: self.session.clone(),
             vars: defs.to_vec(),
             blocks: std::mem::take(&mut self.blocks),
         };
         publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank)?;
-        self.try_commit(step)
+        self.try_commit(step, Some(&self.session))
     }
 
     fn abort_step(&mut self, _step: u64) -> Result<()> {

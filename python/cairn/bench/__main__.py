@@ -1,0 +1,17 @@
+"""``python -m cairn.bench NAME [options]``: run one benchmark."""
+
+import sys
+
+BENCHES = {"file": "cairn.bench.file"}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHES:
+        sys.exit(f"usage: python -m cairn.bench {{{','.join(BENCHES)}}} [options]")
+    import importlib
+
+    name = sys.argv.pop(1)
+    importlib.import_module(BENCHES[name]).main(sys.argv[1:])
+
+
+main()

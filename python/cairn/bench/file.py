@@ -1,0 +1,150 @@
+"""The ``file`` engine against ADIOS2 BP5 on the same data, in the same run.
+
+W writer processes (1 and 2) each write their slab of a float64 field for S steps (default
+256 MiB per step, 10 steps): Cairn through one dataset, BP5 N→N through one file per writer
+(the pip adios2 has no MPI). Then one reader reads every step whole, and a 1/8 box (half along
+each dimension) of every step. Reports MB/s and the ratio Cairn ÷ BP5 for each.
+Both read from the page cache after writing; the same conditions hold for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+import cairn
+
+from . import save, table
+
+
+def shape_for(mib: int) -> tuple[int, int, int]:
+    n = mib * (1 << 20) // 8 // (256 * 256)
+    return (max(2, n), 256, 256)
+
+
+def slab(shape, rank, nw):
+    return rank * shape[0] // nw, (rank + 1) * shape[0] // nw
+
+
+def data_for(shape, rank, nw) -> np.ndarray:
+    x0, x1 = slab(shape, rank, nw)
+    rng = np.random.default_rng(rank)
+    return np.cumsum(rng.normal(size=(x1 - x0, *shape[1:])), axis=2)
+
+
+def cairn_writer(d, shape, steps, rank, nw, barrier, q):
+    a = data_for(shape, rank, nw)
+    x0, _ = slab(shape, rank, nw)
+    barrier.wait()
+    t = time.perf_counter()
+    with cairn.open("bench", "w", path=d, engine="file", rank=rank, nranks=nw) as f:
+        f.define("field", "f8", shape)
+        for s in range(steps):
+            with f.step(s):
+                f.put("field", a, offset=(x0, 0, 0))
+    q.put(time.perf_counter() - t)
+
+
+def bp5_writer(d, shape, steps, rank, nw, barrier, q):
+    from adios2 import Stream
+
+    a = data_for(shape, rank, nw)
+    x0, _ = slab(shape, rank, nw)
+    barrier.wait()
+    t = time.perf_counter()
+    with Stream(os.path.join(d, f"bench.{rank}.bp"), "w") as s:
+        for _ in s.steps(steps):
+            s.write("field", a, list(shape), [x0, 0, 0], list(a.shape))
+    q.put(time.perf_counter() - t)
+
+
+def run_writers(fn, d, shape, steps, nw) -> float:
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(nw), ctx.Queue()
+    ps = [ctx.Process(target=fn, args=(d, shape, steps, r, nw, barrier, q)) for r in range(nw)]
+    for p in ps:
+        p.start()
+    times = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"{fn.__name__} exited with {p.exitcode}")
+    return max(times)
+
+
+def cairn_read(d, shape, steps, box) -> float:
+    off, cnt = box
+    out = np.empty(cnt)
+    t = time.perf_counter()
+    with cairn.open("bench", "r", path=d, engine="file") as f:
+        for s in range(steps):
+            f.get("field", s, off, cnt, out=out)
+    return time.perf_counter() - t
+
+
+def bp5_read(d, shape, steps, box, nw) -> float:
+    from adios2 import FileReader
+
+    off, cnt = box
+    out = np.empty(cnt)
+    t = time.perf_counter()
+    readers = [FileReader(os.path.join(d, f"bench.{r}.bp")) for r in range(nw)]
+    try:
+        for s in range(steps):
+            for r, fr in enumerate(readers):
+                x0, x1 = slab(shape, r, nw)
+                lo, hi = max(x0, off[0]), min(x1, off[0] + cnt[0])
+                if hi <= lo:
+                    continue
+                var = fr.inquire_variable("field")
+                part = np.empty((hi - lo, *cnt[1:]))
+                fr.read_in_buffer(var, part, [lo, *off[1:]], [hi - lo, *cnt[1:]], step_selection=[s, 1])
+                out[lo - off[0]:hi - off[0]] = part
+    finally:
+        for fr in readers:
+            fr.close()
+    return time.perf_counter() - t
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m cairn.bench file", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=256, help="MiB per step (whole field)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--writers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--dir", help="scratch directory (default: a temporary one)")
+    args = p.parse_args(argv)
+    shape = shape_for(args.mib)
+    nbytes = int(np.prod(shape)) * 8
+    whole = ([0, 0, 0], list(shape))
+    eighth = ([0, 0, 0], [n // 2 for n in shape])
+    rows: list[dict[str, Any]] = []
+    for nw in args.writers:
+        d = tempfile.mkdtemp(prefix="cairn-bench-", dir=args.dir)
+        try:
+            # Alternate who goes first so neither always meets a colder disk.
+            order = [("cairn", cairn_writer), ("bp5", bp5_writer)]
+            if nw % 2 == 0:
+                order.reverse()
+            w = {name: run_writers(fn, d, shape, args.steps, nw) for name, fn in order}
+            r_full = {"cairn": cairn_read(d, shape, args.steps, whole), "bp5": bp5_read(d, shape, args.steps, whole, nw)}
+            r_box = {"cairn": cairn_read(d, shape, args.steps, eighth), "bp5": bp5_read(d, shape, args.steps, eighth, nw)}
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        total = nbytes * args.steps / 1e6
+        box_mb = total / 8
+        for op, t, mb in (("write", w, total), ("read full", r_full, total), ("read 1/8 box", r_box, box_mb)):
+            rows.append({"writers": nw, "op": op, "cairn_MBps": mb / t["cairn"], "bp5_MBps": mb / t["bp5"],
+                         "ratio": t["bp5"] / t["cairn"]})
+        print(table(rows[-3:], ["writers", "op", "cairn_MBps", "bp5_MBps", "ratio"]), flush=True)
+    print("\nratio = Cairn ÷ ADIOS2 BP5 throughput (same data, same run); target ≥ 1.0")
+    print(table(rows, ["writers", "op", "cairn_MBps", "bp5_MBps", "ratio"]))
+    path = save("file", rows, {"mib_per_step": args.mib, "steps": args.steps, "shape": shape, "baseline": "ADIOS2 BP5 (pip adios2, no MPI)"})
+    print(f"saved {path}")
