@@ -185,3 +185,25 @@ fn write_again(c: &Config) {
         w.close().unwrap();
     }
 }
+
+#[test]
+fn large_reads_shared_among_threads_are_exact_and_verified() {
+    // 12 MiB blocks: above the threshold where reads are split among threads.
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [1536u64, 1024];
+    write_all(dir.path(), &shape, 1, 1);
+    let r = Reader::open("ds", &cfg(dir.path())).unwrap();
+    for (off, cnt) in [([0u64, 0u64], shape), ([7, 3], [1500, 1000])] {
+        let mut out = vec![0u8; (cnt[0] * cnt[1] * 8) as usize];
+        r.get("field", 0, &off, &cnt, &mut out).unwrap();
+        assert!(out == bytes_of(&off, &cnt, &shape, 0), "box {off:?}+{cnt:?}");
+    }
+    let data = dir.path().join("ds/data/rank-000000.bin");
+    let mut bytes = std::fs::read(&data).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 1; // damage near the end: read by the last thread
+    std::fs::write(&data, &bytes).unwrap();
+    let r = Reader::open("ds", &cfg(dir.path())).unwrap();
+    let mut out = vec![0u8; (shape[0] * shape[1] * 8) as usize];
+    assert_eq!(r.get("field", 0, &[0, 0], &shape, &mut out).unwrap_err().kind(), ErrorKind::Corrupt);
+}

@@ -71,13 +71,61 @@ impl FileReader {
         let start = ranges.first().map_or(0, |r| r.0 * chunk);
         let end = ranges.last().map_or(0, |r| (r.1 * chunk).min(b.len));
         let mut buf = vec![0u8; (end - start) as usize];
+        let mut pieces = Vec::new();
+        let mut rest: &mut [u8] = &mut buf;
+        let mut at = start;
         for (c0, c1) in ranges {
             let (lo, hi) = (c0 * chunk, (c1 * chunk).min(b.len));
-            self.read_verified(b, lo, &mut buf[(lo - start) as usize..(hi - start) as usize])?;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut((lo - at) as usize);
+            let (piece, tail) = tail.split_at_mut((hi - lo) as usize);
+            pieces.push((lo, piece));
+            rest = tail;
+            at = hi;
         }
+        self.read_pieces(b, pieces)?;
         Ok((buf, start))
     }
+
+    /// Reads and verifies `(block offset, buffer)` pieces, sharing large reads among threads:
+    /// data usually comes from the page cache, so copying and checksumming scale with cores.
+    fn read_pieces(&self, b: &BlockRecord, pieces: Vec<(u64, &mut [u8])>) -> Result<()> {
+        let total: usize = pieces.iter().map(|p| p.1.len()).sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let threads = cores.min(total / PARALLEL_MIN_BYTES + 1);
+        if threads <= 1 {
+            return pieces.into_iter().try_for_each(|(at, buf)| self.read_verified(b, at, buf));
+        }
+        // Groups of about `per` bytes each; pieces are cut at chunk boundaries to fit.
+        let chunk = b.chunk as usize;
+        let per = total.div_ceil(threads).div_ceil(chunk) * chunk;
+        let mut groups: Vec<Vec<(u64, &mut [u8])>> = vec![Vec::new()];
+        let mut room = per;
+        for (mut at, mut buf) in pieces {
+            while !buf.is_empty() {
+                if room == 0 {
+                    groups.push(Vec::new());
+                    room = per;
+                }
+                let take = buf.len().min(room);
+                let (head, tail) = buf.split_at_mut(take);
+                groups.last_mut().unwrap().push((at, head));
+                room -= take;
+                at += take as u64;
+                buf = tail;
+            }
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|g| s.spawn(move || g.into_iter().try_for_each(|(at, buf)| self.read_verified(b, at, buf))))
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().expect("reader threads do not panic"))
+        })
+    }
 }
+
+/// Reads smaller than this stay on the calling thread (thread start-up would cost more).
+const PARALLEL_MIN_BYTES: usize = 8 << 20;
 
 impl ReadEngine for FileReader {
     fn steps(&self) -> Result<Vec<u64>> {
@@ -96,7 +144,7 @@ impl ReadEngine for FileReader {
         // A whole block that is one contiguous run of the output is read straight into it.
         if *isect == b.region {
             if let Some(range) = contiguous_run(dst, isect, elem) {
-                return self.read_verified(b, 0, &mut out[range]);
+                return self.read_pieces(b, vec![(0, &mut out[range])]);
             }
         }
         let (buf, base) = self.fetch_part(b, isect, elem)?;
