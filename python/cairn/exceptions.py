@@ -4,6 +4,7 @@ that fits (``NotFoundError`` is a ``KeyError``, ``InvalidArgumentError`` a ``Val
 from ._native import (
     AlreadyExistsError,
     CairnError,
+    CapacityError,
     ConfigError,
     ConflictError,
     CorruptError,
@@ -21,4 +22,5 @@ __all__ = [
     "CorruptError",
     "InvalidArgumentError",
     "ConfigError",
+    "CapacityError",
 ]

@@ -32,6 +32,8 @@ pub enum Status {
     CairnErrConfig = 7,
     /// A bug in Cairn (a caught panic); please report it with the message.
     CairnErrInternal = 8,
+    /// A staging server's memory limit would be exceeded; release old steps and retry.
+    CairnErrCapacity = 9,
 }
 
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
@@ -63,6 +65,7 @@ fn status(r: Result<(), Error>) -> Status {
                 ErrorKind::Corrupt => Status::CairnErrCorrupt,
                 ErrorKind::InvalidArgument => Status::CairnErrInvalidArgument,
                 ErrorKind::Config => Status::CairnErrConfig,
+                ErrorKind::Capacity => Status::CairnErrCapacity,
             };
             fail(kind, e.to_string())
         }

@@ -1,7 +1,8 @@
 //! Errors of the core, and the kinds every layer above maps onto.
 
 /// The small public set of error kinds; bindings map each to one exception class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// Something named does not exist (variable, step, dataset, writer).
     NotFound,
@@ -17,6 +18,8 @@ pub enum ErrorKind {
     InvalidArgument,
     /// The configuration is wrong (unknown engine, missing path).
     Config,
+    /// A staging server's memory limit would be exceeded; release old steps and retry.
+    Capacity,
 }
 
 /// Errors raised by Cairn's core logic. Messages say what was wrong and what to do.
@@ -43,6 +46,9 @@ pub enum Error {
     /// The configuration is wrong.
     #[error("{0}")]
     Config(String),
+    /// A server is out of memory for the request.
+    #[error("{0}")]
+    Capacity(String),
     /// An operating-system I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -65,6 +71,7 @@ impl Error {
             Error::Corrupt(_) => ErrorKind::Corrupt,
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Config(_) => ErrorKind::Config,
+            Error::Capacity(_) => ErrorKind::Capacity,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
@@ -73,6 +80,20 @@ impl Error {
                 }
                 _ => ErrorKind::Unavailable,
             },
+        }
+    }
+
+    /// Builds an error of `kind` (used to rebuild errors that crossed the network).
+    pub fn from_kind(kind: ErrorKind, message: String) -> Self {
+        match kind {
+            ErrorKind::NotFound => Error::NotFound(message),
+            ErrorKind::AlreadyExists => Error::AlreadyExists(message),
+            ErrorKind::Conflict => Error::Conflict(message),
+            ErrorKind::Unavailable => Error::Unavailable(message),
+            ErrorKind::Corrupt => Error::Corrupt(message),
+            ErrorKind::InvalidArgument => Error::InvalidArgument(message),
+            ErrorKind::Config => Error::Config(message),
+            ErrorKind::Capacity => Error::Capacity(message),
         }
     }
 

@@ -75,6 +75,22 @@ pub struct BlockRecord {
     /// Min/max/mean of the values.
     #[serde(flatten)]
     pub stats: Stats,
+    /// Staging engine: the objects the block was split into, in place of `file`/`pos`/`crcs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectRef>,
+}
+
+/// One staged object: a piece of a block held by a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRef {
+    /// Object id, unique within a dataset step: the writer rank in the high 32 bits.
+    pub id: u64,
+    /// Its box (inside the block's).
+    pub region: Region,
+    /// Server holding it.
+    pub server: u32,
+    /// crc32c of its bytes (C order of `region`).
+    pub checksum: u32,
 }
 
 impl BlockRecord {
@@ -94,7 +110,18 @@ impl BlockRecord {
         if want != Some(self.len) {
             return bad(format!("length {} does not match its box ({:?} bytes)", self.len, want));
         }
-        if self.chunk == 0 || self.crcs.len() as u64 != self.len.div_ceil(self.chunk as u64) {
+        if !self.objects.is_empty() {
+            let mut volume = 0u64;
+            for o in &self.objects {
+                if o.region.ndim() != self.region.ndim() || o.region.intersect(&self.region).as_ref() != Some(&o.region) {
+                    return bad(format!("object {:?}+{:?} lies outside its block", o.region.offset, o.region.count));
+                }
+                volume += o.region.volume();
+            }
+            if volume != self.region.volume() {
+                return bad("its objects do not cover the block".into());
+            }
+        } else if self.chunk == 0 || self.crcs.len() as u64 != self.len.div_ceil(self.chunk as u64) {
             return bad("checksum list does not cover the block".into());
         }
         if self.pos.checked_add(self.len).is_none() {
@@ -299,6 +326,7 @@ mod tests {
             var: var.into(), writer, region, file: format!("data/rank-{writer}.bin"), pos: 0, len,
             chunk: 1 << 20, crcs: vec![0; len.div_ceil(1 << 20) as usize], checksum: 0,
             stats: Stats { min: Some(f64::NEG_INFINITY), max: Some(f64::NAN), mean: None },
+            objects: Vec::new(),
         }
     }
 

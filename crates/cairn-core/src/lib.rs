@@ -7,6 +7,8 @@
 //! - [`dtype`]: element types and their names (`f8`, `i4`, …), parsing of user spellings.
 //! - [`region`]: n-D boxes (`offset + count`), intersection, bounds checks, overlap detection.
 //! - [`assemble`]: copying a sub-box between two C-order buffers (the M×N redistribution kernel).
+//! - [`partition`]: splitting blocks into objects of a target size (CoREC Algorithm 1).
+//! - [`placement`]: the server ring ordered by failure domain, and where each object goes.
 //! - [`stats`]: per-block min/max/mean, computed while data is written.
 //! - [`checksum`]: crc32c per fixed-size chunk, so partial reads verify exactly what they return.
 //! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
@@ -17,6 +19,8 @@ pub mod checksum;
 pub mod dtype;
 pub mod error;
 pub mod index;
+pub mod partition;
+pub mod placement;
 pub mod region;
 pub mod stats;
 

@@ -158,6 +158,7 @@ impl WriteEngine for FileWriter {
             crcs,
             checksum,
             stats,
+            objects: Vec::new(),
         });
         self.end += block.bytes.len() as u64;
         Ok(())

@@ -1,0 +1,111 @@
+//! Splitting a block into staging objects: CoREC Algorithm 1. A block larger than the target object
+//! size is halved along its longest dimension until every piece fits, so objects stay within
+//! `[max/2, max]` (blocks already smaller are kept whole) and keep a compact n-D shape, which keeps
+//! box reads touching few objects.
+
+use crate::region::Region;
+
+/// Splits `block` (elements of `elem` bytes) into pieces of at most `max_bytes` each, in C order
+/// of their offsets. A single element larger than `max_bytes` stays one piece.
+pub fn split(block: &Region, elem: usize, max_bytes: u64) -> Vec<Region> {
+    let max_bytes = max_bytes.max(1);
+    let mut out = Vec::new();
+    let mut todo = vec![block.clone()];
+    while let Some(r) = todo.pop() {
+        let bytes = r.volume().saturating_mul(elem as u64);
+        // Longest dimension; ties go to the slowest-varying one, so pieces stay as contiguous as the
+        // shape allows.
+        let longest = (0..r.ndim()).max_by_key(|&d| (r.count[d], std::cmp::Reverse(d)));
+        match longest {
+            Some(d) if bytes > max_bytes && r.count[d] > 1 => {
+                let half = r.count[d] / 2;
+                let mut lo = r.clone();
+                lo.count[d] = half;
+                let mut hi = r;
+                hi.offset[d] += half;
+                hi.count[d] -= half;
+                todo.push(hi);
+                todo.push(lo);
+            }
+            _ => out.push(r),
+        }
+    }
+    out.sort_by(|a, b| a.offset.cmp(&b.offset));
+    out
+}
+
+/// Whether `sub` (inside `block`) occupies one contiguous byte range of `block`'s C-order buffer.
+pub fn is_contiguous(block: &Region, sub: &Region) -> bool {
+    let (lo, hi) = block.byte_span(sub, 1);
+    hi - lo == sub.volume()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn halves_along_the_longest_dimension() {
+        let b = Region::new(vec![0, 0], vec![8, 32]).unwrap();
+        let p = split(&b, 8, 8 * 64);
+        assert_eq!(p.len(), 4);
+        assert!(p.iter().all(|r| r.count == vec![8, 8]), "{p:?}");
+    }
+
+    #[test]
+    fn small_blocks_and_single_elements_stay_whole() {
+        let b = Region::new(vec![3], vec![5]).unwrap();
+        assert_eq!(split(&b, 8, 1 << 20), vec![b.clone()]);
+        let one = Region::new(vec![0, 0], vec![1, 1]).unwrap();
+        assert_eq!(split(&one, 1 << 20, 16).len(), 1);
+    }
+
+    #[test]
+    fn contiguity() {
+        let b = Region::new(vec![0, 0, 0], vec![4, 6, 8]).unwrap();
+        let slab = Region::new(vec![1, 0, 0], vec![2, 6, 8]).unwrap();
+        let row = Region::new(vec![1, 2, 0], vec![1, 3, 8]).unwrap();
+        let cube = Region::new(vec![0, 0, 0], vec![2, 3, 4]).unwrap();
+        assert!(is_contiguous(&b, &slab) && is_contiguous(&b, &row) && is_contiguous(&b, &b));
+        assert!(!is_contiguous(&b, &cube));
+    }
+
+    fn block() -> impl Strategy<Value = Region> {
+        prop::collection::vec((0u64..50, 1u64..40), 1..5)
+            .prop_map(|d| Region::new(d.iter().map(|x| x.0).collect(), d.iter().map(|x| x.1).collect()).unwrap())
+    }
+
+    proptest! {
+        /// Pieces tile the block exactly, each fits, and none is needlessly small.
+        #[test]
+        fn pieces_tile_the_block(b in block(), elem in 1usize..9, parts in 1u64..100) {
+            let max = (b.volume() * elem as u64 / parts).max(1);
+            let pieces = split(&b, elem, max);
+            let total: u64 = pieces.iter().map(Region::volume).sum();
+            prop_assert_eq!(total, b.volume());
+            for (i, p) in pieces.iter().enumerate() {
+                prop_assert_eq!(p.intersect(&b), Some(p.clone()));
+                let bytes = p.volume() * elem as u64;
+                prop_assert!(bytes <= max || p.volume() == 1);
+                for q in &pieces[i + 1..] {
+                    prop_assert!(p.intersect(q).is_none());
+                }
+                if (b.volume() * elem as u64) > max {
+                    // A piece is at least a third of the limit (halving an odd extent rounds down).
+                    prop_assert!(bytes * 3 >= max.min(b.volume() * elem as u64) || p.volume() * 3 <= 4, "{:?} {}", p, bytes);
+                }
+            }
+        }
+
+        /// A contiguous piece is one run when copied out of its block.
+        #[test]
+        fn contiguous_pieces_are_one_run(b in block(), parts in 1u64..100) {
+            for p in split(&b, 1, (b.volume() / parts).max(1)) {
+                let mut runs = 0;
+                crate::assemble::for_each_run(&b, &p, &p, 1, |_, _, _| runs += 1);
+                prop_assert_eq!(is_contiguous(&b, &p), runs == 1);
+            }
+        }
+    }
+}

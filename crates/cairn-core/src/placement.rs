@@ -1,0 +1,162 @@
+//! Where objects live: the servers on a logical ring ordered by failure domain (rack, then node),
+//! so that consecutive ring positions sit in different domains. An object's primary position comes
+//! from a stable hash of its place in the data; replication and erasure-coding groups (later) are
+//! the consecutive positions after it, and so never share a domain while enough domains exist.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One staging server as the cluster file lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerSpec {
+    /// Server id, unique in the cluster.
+    pub id: u32,
+    /// Node (host) it runs on: a failure domain.
+    #[serde(default)]
+    pub node: String,
+    /// Rack of that node: the wider failure domain.
+    #[serde(default)]
+    pub rack: String,
+    /// Spare servers hold nothing until they replace a failed one.
+    #[serde(default)]
+    pub spare: bool,
+}
+
+/// The active servers in ring order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ring {
+    order: Vec<u32>,
+}
+
+impl Ring {
+    /// Orders the non-spare servers so that neighbours differ in rack, then node, as far as the
+    /// topology allows: racks take turns, and within a rack its nodes take turns.
+    pub fn new(servers: &[ServerSpec]) -> Ring {
+        let mut racks: BTreeMap<&str, BTreeMap<&str, Vec<u32>>> = BTreeMap::new();
+        for s in servers.iter().filter(|s| !s.spare) {
+            racks.entry(&s.rack).or_default().entry(&s.node).or_default().push(s.id);
+        }
+        // Each rack becomes a queue of servers in which its nodes alternate.
+        let mut queues: Vec<std::collections::VecDeque<u32>> = racks
+            .into_values()
+            .map(|nodes| {
+                let mut nodes: Vec<std::collections::VecDeque<u32>> = nodes
+                    .into_values()
+                    .map(|mut ids| {
+                        ids.sort_unstable();
+                        ids.into()
+                    })
+                    .collect();
+                let mut q = std::collections::VecDeque::new();
+                while nodes.iter().any(|n| !n.is_empty()) {
+                    for n in nodes.iter_mut() {
+                        q.extend(n.pop_front());
+                    }
+                }
+                q
+            })
+            .collect();
+        let mut order = Vec::new();
+        while queues.iter().any(|q| !q.is_empty()) {
+            for q in queues.iter_mut() {
+                order.extend(q.pop_front());
+            }
+        }
+        Ring { order }
+    }
+
+    /// Number of active servers.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether the ring has no servers.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Server ids in ring order.
+    pub fn servers(&self) -> &[u32] {
+        &self.order
+    }
+
+    /// The server at the ring position `key` hashes to.
+    ///
+    /// # Panics
+    /// On an empty ring (a cluster always has at least one active server).
+    pub fn place(&self, key: u64) -> u32 {
+        self.order[(key % self.order.len() as u64) as usize]
+    }
+
+    /// The `n` servers at consecutive ring positions from `key`'s (n capped at the ring size).
+    pub fn group(&self, key: u64, n: usize) -> Vec<u32> {
+        let start = (key % self.order.len() as u64) as usize;
+        (0..n.min(self.order.len())).map(|i| self.order[(start + i) % self.order.len()]).collect()
+    }
+}
+
+/// A hash of an object's place in the data that every process computes alike: FNV-1a over the
+/// dataset, variable and block offset. (std's hasher is not promised stable across builds, and
+/// clients and servers of different builds must agree.)
+pub fn place_key(dataset: &str, var: &str, offset: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(dataset.as_bytes());
+    eat(&[0]);
+    eat(var.as_bytes());
+    eat(&[0]);
+    for o in offset {
+        eat(&o.to_le_bytes());
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: u32, node: &str, rack: &str) -> ServerSpec {
+        ServerSpec { id, node: node.into(), rack: rack.into(), spare: false }
+    }
+
+    #[test]
+    fn neighbours_sit_in_different_racks_and_nodes() {
+        let servers = vec![
+            spec(0, "n0", "r0"),
+            spec(1, "n0", "r0"),
+            spec(2, "n1", "r0"),
+            spec(3, "n2", "r1"),
+            spec(4, "n2", "r1"),
+            spec(5, "n3", "r1"),
+        ];
+        let ring = Ring::new(&servers);
+        assert_eq!(ring.len(), 6);
+        let rack = |id: u32| &servers[id as usize].rack;
+        let o = ring.servers();
+        for i in 0..o.len() {
+            assert_ne!(rack(o[i]), rack(o[(i + 1) % o.len()]), "{o:?}");
+        }
+        // Groups of 2 never share a node.
+        for k in 0..6 {
+            let g = ring.group(k, 2);
+            assert_ne!(servers[g[0] as usize].node, servers[g[1] as usize].node);
+        }
+    }
+
+    #[test]
+    fn spares_hold_nothing_and_keys_are_stable() {
+        let mut s = vec![spec(0, "a", ""), spec(1, "a", ""), spec(2, "b", "")];
+        s[2].spare = true;
+        let ring = Ring::new(&s);
+        assert_eq!(ring.servers(), &[0, 1]);
+        assert_eq!(place_key("d", "v", &[1, 2]), place_key("d", "v", &[1, 2]));
+        assert_ne!(place_key("d", "v", &[1, 2]), place_key("d", "v", &[2, 1]));
+        assert_ne!(place_key("dv", "", &[]), place_key("d", "v", &[]));
+        assert_eq!(ring.group(5, 9).len(), 2);
+    }
+}

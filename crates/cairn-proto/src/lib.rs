@@ -1,0 +1,26 @@
+//! Cairn's wire protocol (spec: `docs/protocol.md`). Every message is a frame:
+//!
+//! ```text
+//! magic "CRN1" | header length u32 LE | payload length u64 LE | header (JSON) | payload (raw bytes)
+//! ```
+//!
+//! Headers are small serde messages ([`Request`], [`Response`]); array bytes travel as the raw
+//! payload, written from and read into the caller's buffers, never re-encoded. Every length read
+//! from the network is bounded before anything is allocated.
+//!
+//! # Layout
+//! - [`cluster`]: the cluster file through which clients and servers meet, and the secret.
+//! - [`frame`]: the prefix, bounds, encoding and decoding of one frame (pure; fuzzed).
+//! - [`message`]: requests and responses.
+//! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
+//! - `async_io` (feature `tokio`): the same over tokio streams (servers).
+
+pub mod cluster;
+pub mod frame;
+pub mod message;
+pub mod sync_io;
+#[cfg(feature = "tokio")]
+pub mod async_io;
+
+pub use frame::{Prefix, MAX_HEADER, PREFIX_LEN};
+pub use message::{Request, Response};

@@ -1,0 +1,68 @@
+//! Blocking frame I/O for clients: the payload is written from and read into caller buffers,
+//! gathered/scattered in place when the bytes are not contiguous.
+
+use crate::frame::{decode_header, encode_head, Prefix, PREFIX_LEN};
+use cairn_core::{Error, Result};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| Error::Unavailable(format!("{what}: {e}; is the staging server up? (`cairn cluster status`)"))
+}
+
+/// Writes a frame whose payload is the concatenation of `payload`.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T, payload: &[&[u8]]) -> Result<()> {
+    let len: u64 = payload.iter().map(|p| p.len() as u64).sum();
+    let head = encode_head(msg, len);
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(payload.len() + 1);
+    slices.push(IoSlice::new(&head));
+    slices.extend(payload.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)));
+    write_all_vectored(w, &mut slices).map_err(io("sending a request"))
+}
+
+/// `write_all` over many slices, at most 1024 (IOV_MAX) per system call.
+fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        let n = slices.len().min(1024);
+        match w.write_vectored(&slices[..n]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(k) => IoSlice::advance_slices(&mut slices, k),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    w.flush()
+}
+
+/// Reads a frame's prefix and header; the caller then reads exactly `payload_len` bytes.
+pub fn read_head<T: DeserializeOwned>(r: &mut impl Read, max_payload: u64) -> Result<(T, u64)> {
+    let mut prefix = [0u8; PREFIX_LEN];
+    r.read_exact(&mut prefix).map_err(io("reading a reply"))?;
+    let p = Prefix::parse(&prefix, max_payload)?;
+    let mut header = vec![0u8; p.header_len as usize];
+    r.read_exact(&mut header).map_err(io("reading a reply"))?;
+    Ok((decode_header(&header)?, p.payload_len))
+}
+
+/// Reads a payload scattered into `parts` (whose lengths sum to the payload length).
+pub fn read_payload(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<()> {
+    let mut slices: Vec<IoSliceMut<'_>> = parts.iter_mut().filter(|p| !p.is_empty()).map(|p| IoSliceMut::new(p)).collect();
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        let n = slices.len().min(1024);
+        match r.read_vectored(&mut slices[..n]) {
+            Ok(0) => return Err(Error::Unavailable("the server closed the connection mid-reply; is it up?".into())),
+            Ok(k) => IoSliceMut::advance_slices(&mut slices, k),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("reading a reply")(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Reads and discards `len` payload bytes.
+pub fn skip_payload(r: &mut impl Read, len: u64) -> Result<()> {
+    std::io::copy(&mut r.take(len), &mut std::io::sink()).map_err(io("reading a reply"))?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! Status of a server.
+
+use crate::state::State;
+use cairn_proto::message::{Response, ServerStatus};
+use std::sync::atomic::Ordering;
+
+/// Counters for `cairn cluster status`.
+pub fn status(state: &State) -> Response {
+    let (objects, steps) = state.store.counts();
+    Response::Status {
+        status: ServerStatus {
+            server: state.id,
+            memory_used: state.store.used(),
+            memory_limit: state.store.limit(),
+            objects,
+            steps,
+            requests: state.requests.load(Ordering::Relaxed),
+            uptime_s: state.started.elapsed().as_secs_f64(),
+        },
+    }
+}

@@ -1,0 +1,107 @@
+//! Step commits on the dataset's coordinator: collect fragments, have every server holding objects
+//! of the step verify and seal them, then make the step visible at once; release and wait.
+
+use crate::peer;
+use crate::state::State;
+use cairn_core::index::{Fragment, StepIndex};
+use cairn_core::{Error, Result};
+use cairn_proto::message::{Request, Response, Share};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Sends `req` to server `to`, or runs it here when `to` is this server.
+async fn on(state: &Arc<State>, to: u32, req: Request) -> Result<()> {
+    if to == state.id {
+        match req {
+            Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
+            Request::Drop { dataset, step, session, writer } => {
+                state.store.drop_objects(&dataset, step, session.as_deref(), writer);
+                Ok(())
+            }
+            other => unreachable!("only seal and drop are sent to peers, not {other:?}"),
+        }
+    } else {
+        peer::call(state, to, &req).await.map(|_| ())
+    }
+}
+
+/// Runs `req(server)` on every server in `servers` at once; returns the first error.
+async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> Request) -> Result<()> {
+    let mut set = tokio::task::JoinSet::new();
+    for s in servers {
+        let (state, r) = (state.clone(), req(s));
+        set.spawn(async move { on(&state, s, r).await });
+    }
+    let mut first = Ok(());
+    while let Some(r) = set.join_next().await {
+        let r = r.unwrap_or_else(|e| Err(Error::Unavailable(format!("commit task failed: {e}"))));
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// Records a writer's fragment; the last one commits the step.
+pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
+    let coordinator = state.cluster()?.coordinator(dataset);
+    if coordinator != state.id {
+        return Err(Error::Conflict(format!(
+            "server {} does not coordinate '{dataset}' (server {coordinator} does); client and cluster file disagree",
+            state.id
+        )));
+    }
+    let Some(ready) = state.meta.add_fragment(dataset, frag, shares)? else {
+        return Ok(Response::Committed { committed: false });
+    };
+    let (step, session) = (ready.index.step, ready.session.clone());
+    let sealed = on_all(state, ready.shares.keys().copied(), |s| {
+        let (objects, bytes) = ready.shares[&s];
+        Request::Seal { dataset: dataset.into(), step, session: session.clone(), objects, bytes }
+    })
+    .await;
+    if let Err(e) = sealed {
+        let _ = on_all(state, ready.shares.keys().copied(), |_| Request::Drop {
+            dataset: dataset.into(),
+            step,
+            session: Some(session.clone()),
+            writer: None,
+        })
+        .await;
+        return Err(e);
+    }
+    for old in state.meta.commit(dataset, ready.index, keep_last) {
+        free(state, dataset, &old).await?;
+    }
+    Ok(Response::Committed { committed: true })
+}
+
+/// Frees the objects of a released step on every server that holds some.
+async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()> {
+    let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
+    let step = index.step;
+    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None }).await
+}
+
+/// Releases a committed step.
+pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
+    let index = state.meta.release(dataset, step)?;
+    free(state, dataset, &index).await?;
+    Ok(Response::Ok)
+}
+
+/// Waits until `step` commits or the timeout passes.
+pub async fn wait_step(state: &State, dataset: &str, step: u64, timeout_ms: u64) -> Response {
+    let mut rx = state.meta.watch(dataset);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        if state.meta.is_committed(dataset, step) {
+            return Response::Committed { committed: true };
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Response::Committed { committed: false },
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Objects in and out: put (payload read straight into the object's buffer after its space is
+//! reserved), get (a whole object shared without copying, or a sub-box cut out of it), drop.
+
+use super::{Payload, Reply};
+use crate::state::State;
+use cairn_core::assemble::{copy_box, Layout};
+use cairn_core::{Error, Region, Result};
+use cairn_proto::message::Response;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// The header fields of a put.
+#[derive(Debug)]
+pub struct PutHeader {
+    /// Dataset.
+    pub dataset: String,
+    /// Step.
+    pub step: u64,
+    /// Writer session.
+    pub session: String,
+    /// Variable.
+    pub var: String,
+    /// Object id.
+    pub id: u64,
+    /// Its box.
+    pub region: Region,
+    /// Element size.
+    pub elem: u32,
+    /// crc32c of the payload.
+    pub checksum: u32,
+}
+
+/// Stores one object. On a refusal the payload is read and discarded so the connection stays usable.
+pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: PutHeader) -> Result<Response> {
+    let checked = Region::new(h.region.offset.clone(), h.region.count.clone())
+        .and_then(|r| {
+            r.volume().checked_mul(u64::from(h.elem)).filter(|want| *want == len && h.elem > 0).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "object {:#x}: payload of {len} bytes does not match its box {:?} of {}-byte elements",
+                    h.id, h.region.count, h.elem
+                ))
+            })
+        })
+        .and_then(|_| state.store.reserve(len));
+    let reservation = match checked {
+        Ok(r) => r,
+        Err(e) => {
+            tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink()).await.map_err(|e| Error::io("discarding a refused payload", e))?;
+            return Err(e);
+        }
+    };
+    let mut data = vec![0u8; len as usize];
+    stream.read_exact(&mut data).await.map_err(|e| Error::io("reading an object payload", e))?;
+    let crc = crc32c::crc32c(&data);
+    if crc != h.checksum {
+        return Err(Error::Corrupt(format!(
+            "object {:#x} of '{}' arrived damaged (crc32c {crc:#x}, sender computed {:#x}); put it again",
+            h.id, h.var, h.checksum
+        )));
+    }
+    let obj = crate::store::Object {
+        var: h.var,
+        region: h.region,
+        elem: h.elem,
+        session: h.session,
+        checksum: crc,
+        data: Arc::new(data),
+        sealed: false,
+    };
+    state.store.insert(&h.dataset, h.step, h.id, obj, reservation);
+    Ok(Response::Ok)
+}
+
+/// Returns the box `want` of an object.
+pub fn get(state: &State, dataset: &str, step: u64, id: u64, want: &Region) -> Result<Reply> {
+    Region::new(want.offset.clone(), want.count.clone())?;
+    let (data, region, elem, checksum) = state.store.get(dataset, step, id)?;
+    if want == &region {
+        return Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Shared(data)));
+    }
+    if want.ndim() != region.ndim() || want.intersect(&region).as_ref() != Some(want) {
+        return Err(Error::InvalidArgument(format!(
+            "box {:?}+{:?} is not inside object {id:#x} ({:?}+{:?})",
+            want.offset, want.count, region.offset, region.count
+        )));
+    }
+    let mut out = vec![0u8; (want.volume() * u64::from(elem)) as usize];
+    copy_box(&data, Layout { layout: &region, base: 0 }, &mut out, Layout { layout: want, base: 0 }, want, elem as usize);
+    let checksum = crc32c::crc32c(&out);
+    Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Owned(out)))
+}
+
+/// Frees objects of a step.
+pub fn drop_objects(state: &State, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>) -> Response {
+    state.store.drop_objects(dataset, step, session, writer);
+    Response::Ok
+}

@@ -1,0 +1,80 @@
+//! One module per kind of request, dispatched from a decoded frame.
+//!
+//! - [`data`]: put, get and drop of objects.
+//! - [`commit`]: end of step, seal, release, and the step queries readers make.
+//! - [`admin`]: status, object listing, datasets, shutdown.
+
+pub mod admin;
+pub mod commit;
+pub mod data;
+
+use crate::state::State;
+use cairn_core::{Error, Result};
+use cairn_proto::frame::Prefix;
+use cairn_proto::message::{Request, Response};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// What a request produced: a response, or a response with payload bytes.
+#[derive(Debug)]
+pub enum Reply {
+    /// A response without payload.
+    Plain(Response),
+    /// A response followed by raw bytes.
+    WithPayload(Response, Payload),
+}
+
+/// Payload bytes of a reply: a stored object shared without copying, or bytes cut out of one.
+#[derive(Debug)]
+pub enum Payload {
+    /// A whole stored object.
+    Shared(Arc<Vec<u8>>),
+    /// A sub-box copied out of an object.
+    Owned(Vec<u8>),
+}
+
+impl Payload {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Shared(b) => b,
+            Payload::Owned(b) => b,
+        }
+    }
+}
+
+/// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
+pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
+    if p.payload_len > 0 && !matches!(req, Request::Put { .. }) {
+        return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {} bytes", op_name(&req), p.payload_len)));
+    }
+    let plain = |r: Result<Response>| r.map(Reply::Plain);
+    match req {
+        Request::Hello { .. } => Err(Error::Conflict("hello sent twice on one connection".into())),
+        Request::Put { dataset, step, session, var, id, region, elem, checksum } => {
+            plain(data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await)
+        }
+        Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
+        Request::Drop { dataset, step, session, writer } => plain(Ok(data::drop_objects(state, &dataset, step, session.as_deref(), writer))),
+        Request::EndStep { dataset, fragment, shares, keep_last } => plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await),
+        Request::Seal { dataset, step, session, objects, bytes } => {
+            plain(state.store.seal(&dataset, step, &session, objects, bytes).map(|_| Response::Ok))
+        }
+        Request::Steps { dataset } => plain(Ok(Response::Steps { steps: state.meta.steps(&dataset) })),
+        Request::Index { dataset, step } => plain(state.meta.index(&dataset, step).map(|i| Response::Index { index: (*i).clone() })),
+        Request::WaitStep { dataset, step, timeout_ms } => plain(Ok(commit::wait_step(state, &dataset, step, timeout_ms).await)),
+        Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
+        Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
+        Request::Status => plain(Ok(admin::status(state))),
+        Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),
+        Request::Shutdown => {
+            let _ = state.shutdown.send(());
+            plain(Ok(Response::Ok))
+        }
+    }
+}
+
+/// The request's name as it appears on the wire.
+pub fn op_name(req: &Request) -> String {
+    serde_json::to_value(req).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
+}

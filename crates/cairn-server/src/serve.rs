@@ -1,0 +1,127 @@
+//! Starting one server of a cluster: read the secret, bind, publish this server's entry next to
+//! the cluster file, and (server 0) assemble the cluster file once every server has published.
+//! Servers started by `cairn cluster start`, `mpirun` or `srun` all meet this way.
+
+use crate::server::run;
+use crate::state::State;
+use cairn_core::placement::ServerSpec;
+use cairn_core::{Error, Result};
+use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How to start a server.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Cluster file to join (entries go to `FILE.d/`).
+    pub cluster: PathBuf,
+    /// This server's id.
+    pub id: u32,
+    /// Active servers in the cluster (ids `0..servers`), then `spares` spares.
+    pub servers: u32,
+    /// Spare servers (ids `servers..servers+spares`).
+    pub spares: u32,
+    /// Memory limit in bytes.
+    pub memory: u64,
+    /// Address to bind (`127.0.0.1` for a local cluster, `0.0.0.0` across nodes).
+    pub bind: String,
+    /// Node name (failure domain); the host name when empty.
+    pub node: String,
+    /// Rack name (wider failure domain).
+    pub rack: String,
+    /// How long to wait for the secret and, on server 0, for the other servers.
+    pub timeout: Duration,
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            return Err(Error::Unavailable(format!("gave up after {timeout:?} waiting for {what}")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs a server until it is told to shut down (a shutdown request, SIGTERM or SIGINT).
+pub fn serve(opts: ServeOptions) -> Result<()> {
+    let dir = ClusterFile::entries_dir(&opts.cluster);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let secret_path = dir.join("secret");
+    let secret = wait_for(&format!("the cluster secret in {}", secret_path.display()), opts.timeout, || {
+        std::fs::read_to_string(&secret_path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::io("starting the runtime", e))?;
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpListener::bind((opts.bind.as_str(), 0))
+            .await
+            .map_err(|e| Error::io(format!("binding {}", opts.bind), e))?;
+        let port = tcp.local_addr().map_err(|e| Error::io("reading the bound address", e))?.port();
+        let sock = dir.join(format!("server-{}.sock", opts.id));
+        let _ = std::fs::remove_file(&sock);
+        // Unix socket paths are limited to ~108 bytes; without one clients use TCP.
+        let unix = tokio::net::UnixListener::bind(&sock).ok();
+        let host = hostname();
+        let advertised = if opts.bind == "0.0.0.0" || opts.bind == "::" { host.clone() } else { opts.bind.clone() };
+        let entry = ServerEntry {
+            spec: ServerSpec {
+                id: opts.id,
+                node: if opts.node.is_empty() { host.clone() } else { opts.node.clone() },
+                rack: opts.rack.clone(),
+                spare: opts.id >= opts.servers,
+            },
+            addr: format!("{advertised}:{port}"),
+            unix: unix.as_ref().map(|_| sock.clone()),
+            host,
+            pid: std::process::id(),
+            memory: opts.memory,
+        };
+        write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
+        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory);
+        if opts.id == 0 {
+            let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout) {
+                    eprintln!("cairn server 0: {e}");
+                }
+            });
+        }
+        let stop = state.shutdown.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else { return };
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            let _ = stop.send(());
+        });
+        run(state, tcp, unix).await;
+        let _ = std::fs::remove_file(&sock);
+        Ok(())
+    })
+}
+
+/// Waits for `n` entries in `dir`, then writes the cluster file.
+fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration) -> Result<()> {
+    let servers = wait_for(&format!("{n} servers to publish their entries in {}", dir.display()), timeout, || {
+        (0..n)
+            .map(|id| {
+                let text = std::fs::read(dir.join(format!("server-{id}.json"))).ok()?;
+                serde_json::from_slice::<ServerEntry>(&text).ok()
+            })
+            .collect::<Option<Vec<_>>>()
+    })?;
+    let file = ClusterFile { secret: secret.to_string(), servers };
+    write_private(cluster, &serde_json::to_vec_pretty(&file).expect("serializes"))
+}

@@ -1,0 +1,230 @@
+//! The object store: objects by (dataset, step, id), with memory accounting. Space is reserved
+//! before a payload is read, so a put that would pass the limit is refused without allocating.
+
+use cairn_core::{Error, Region, Result};
+use cairn_proto::message::ObjectInfo;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One stored object.
+#[derive(Debug)]
+pub struct Object {
+    /// Variable.
+    pub var: String,
+    /// Its box.
+    pub region: Region,
+    /// Element size.
+    pub elem: u32,
+    /// Writer session that put it.
+    pub session: String,
+    /// crc32c of `data`.
+    pub checksum: u32,
+    /// C-order bytes of `region`.
+    pub data: Arc<Vec<u8>>,
+    /// Whether its step committed.
+    pub sealed: bool,
+}
+
+type StepKey = (String, u64);
+
+/// Objects held by this server.
+#[derive(Debug)]
+pub struct Store {
+    server: u32,
+    limit: u64,
+    used: AtomicU64,
+    steps: Mutex<HashMap<StepKey, HashMap<u64, Object>>>,
+}
+
+/// Space reserved for a payload being received; given back unless [`Store::insert`] consumes it.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    store: &'a Store,
+    bytes: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.store.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl Store {
+    /// An empty store of server `server` holding at most `limit` bytes.
+    pub fn new(server: u32, limit: u64) -> Store {
+        Store { server, limit, used: AtomicU64::new(0), steps: Mutex::new(HashMap::new()) }
+    }
+
+    /// Bytes held or reserved.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Reserves `bytes`, or fails with [`Error::Capacity`] naming the server and the sizes.
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
+        let mut cur = self.used.load(Ordering::Acquire);
+        loop {
+            let next = cur.saturating_add(bytes);
+            if next > self.limit {
+                return Err(Error::Capacity(format!(
+                    "server {} is full: {} of {} bytes in use, a put of {} bytes does not fit; release old steps \
+                     (f.release(step) or keep_last) and retry, or start servers with more --memory",
+                    self.server, cur, self.limit, bytes
+                )));
+            }
+            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Reservation { store: self, bytes }),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Stores an object under `(dataset, step, id)`, consuming the reservation of its bytes. An
+    /// object put again (a writer retrying) replaces the earlier one.
+    pub fn insert(&self, dataset: &str, step: u64, id: u64, obj: Object, r: Reservation<'_>) {
+        std::mem::forget(r);
+        let mut steps = self.steps.lock().expect("store lock");
+        let old = steps.entry((dataset.to_string(), step)).or_default().insert(id, obj);
+        if let Some(old) = old {
+            self.used.fetch_sub(old.data.len() as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// The bytes, box and checksum of an object.
+    pub fn get(&self, dataset: &str, step: u64, id: u64) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
+        let steps = self.steps.lock().expect("store lock");
+        let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&id)).ok_or_else(|| {
+            Error::NotFound(format!(
+                "server {} holds no object {id:#x} of dataset '{dataset}' step {step}; the step may have been released",
+                self.server
+            ))
+        })?;
+        Ok((o.data.clone(), o.region.clone(), o.elem, o.checksum))
+    }
+
+    /// Checks that exactly `objects` objects of `bytes` bytes of `session` are held for the step,
+    /// seals them, and frees objects other sessions left in it.
+    pub fn seal(&self, dataset: &str, step: u64, session: &str, objects: u64, bytes: u64) -> Result<()> {
+        let mut steps = self.steps.lock().expect("store lock");
+        let held = steps.entry((dataset.to_string(), step)).or_default();
+        let (n, b) = held.values().filter(|o| o.session == session).fold((0u64, 0u64), |(n, b), o| (n + 1, b + o.data.len() as u64));
+        if (n, b) != (objects, bytes) {
+            return Err(Error::Conflict(format!(
+                "server {} holds {n} objects ({b} bytes) of dataset '{dataset}' step {step}, but the writers put \
+                 {objects} ({bytes} bytes); the step was not committed, write it again",
+                self.server
+            )));
+        }
+        let mut freed = 0;
+        held.retain(|_, o| {
+            let keep = o.session == session;
+            if !keep {
+                freed += o.data.len() as u64;
+            }
+            keep
+        });
+        held.values_mut().for_each(|o| o.sealed = true);
+        self.used.fetch_sub(freed, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Frees objects of a step (only a session's, or only a writer's, if given). Returns bytes freed.
+    pub fn drop_objects(&self, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>) -> u64 {
+        let mut steps = self.steps.lock().expect("store lock");
+        let key = (dataset.to_string(), step);
+        let Some(held) = steps.get_mut(&key) else { return 0 };
+        let mut freed = 0;
+        held.retain(|id, o| {
+            let hit = session.is_none_or(|s| o.session == s) && writer.is_none_or(|w| (*id >> 32) as u32 == w);
+            if hit {
+                freed += o.data.len() as u64;
+            }
+            !hit
+        });
+        if held.is_empty() {
+            steps.remove(&key);
+        }
+        self.used.fetch_sub(freed, Ordering::AcqRel);
+        freed
+    }
+
+    /// (objects, distinct steps) held.
+    pub fn counts(&self) -> (u64, u64) {
+        let steps = self.steps.lock().expect("store lock");
+        (steps.values().map(|s| s.len() as u64).sum(), steps.len() as u64)
+    }
+
+    /// Every object, for the placement view.
+    pub fn list(&self) -> Vec<ObjectInfo> {
+        let steps = self.steps.lock().expect("store lock");
+        let mut out: Vec<ObjectInfo> = steps
+            .iter()
+            .flat_map(|((d, s), objs)| {
+                objs.iter().map(move |(id, o)| ObjectInfo {
+                    dataset: d.clone(),
+                    step: *s,
+                    var: o.var.clone(),
+                    id: *id,
+                    region: o.region.clone(),
+                    bytes: o.data.len() as u64,
+                    sealed: o.sealed,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.dataset, a.step, &a.var, a.id).cmp(&(&b.dataset, b.step, &b.var, b.id)));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(session: &str, n: usize) -> Object {
+        Object {
+            var: "v".into(),
+            region: Region::new(vec![0], vec![n as u64]).unwrap(),
+            elem: 1,
+            session: session.into(),
+            checksum: 0,
+            data: Arc::new(vec![0; n]),
+            sealed: false,
+        }
+    }
+
+    #[test]
+    fn limit_is_enforced_and_space_comes_back() {
+        let s = Store::new(3, 100);
+        let r = s.reserve(60).unwrap();
+        let e = s.reserve(50).unwrap_err();
+        assert_eq!(e.kind(), cairn_core::ErrorKind::Capacity);
+        assert!(e.to_string().contains("server 3") && e.to_string().contains("50 bytes"), "{e}");
+        s.insert("d", 1, 7, obj("a", 60), r);
+        assert_eq!(s.used(), 60);
+        drop(s.reserve(40).unwrap());
+        assert_eq!(s.used(), 60);
+        assert_eq!(s.drop_objects("d", 1, None, None), 60);
+        assert_eq!((s.used(), s.counts()), (0, (0, 0)));
+    }
+
+    #[test]
+    fn seal_checks_counts_and_drops_stale_sessions() {
+        let s = Store::new(0, 1000);
+        s.insert("d", 1, 1, obj("old", 10), s.reserve(10).unwrap());
+        s.insert("d", 1, 2, obj("new", 20), s.reserve(20).unwrap());
+        assert!(s.seal("d", 1, "new", 2, 40).unwrap_err().to_string().contains("holds 1 objects"));
+        s.seal("d", 1, "new", 1, 20).unwrap();
+        assert_eq!(s.used(), 20);
+        assert!(s.list().iter().all(|o| o.sealed));
+        // Replacing an object accounts for the old bytes.
+        s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap());
+        assert_eq!(s.used(), 5);
+        assert_eq!(s.drop_objects("d", 1, None, Some(0)), 5);
+    }
+}
