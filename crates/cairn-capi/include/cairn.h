@@ -32,6 +32,8 @@ typedef enum cairn_status {
   CAIRN_ERR_CONFIG = 7,
   // A bug in Cairn (a caught panic); please report it with the message.
   CAIRN_ERR_INTERNAL = 8,
+  // A staging server's memory limit would be exceeded; release old steps and retry.
+  CAIRN_ERR_CAPACITY = 9,
 } cairn_status;
 
 // An open dataset: a writer (mode "w" or "a") or a reader (mode "r").

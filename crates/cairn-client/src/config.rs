@@ -36,11 +36,31 @@ impl Default for FileConfig {
 }
 
 /// Settings of the `staging` engine (`[staging]` in `cairn.toml`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StagingConfig {
     /// Cluster file written by `cairn cluster start`; none starts an embedded local cluster.
     pub cluster: Option<PathBuf>,
+    /// Target object size in bytes: larger blocks are halved until their pieces fit.
+    pub object_size: u64,
+    /// Keep only this many newest committed steps; older ones are released at each commit.
+    pub keep_last: Option<u64>,
+    /// Embedded cluster: keep it running after the program ends (for readers in other processes).
+    pub keep: bool,
+    /// Embedded cluster: number of servers.
+    pub servers: u32,
+    /// Embedded cluster: memory limit per server, e.g. "4GiB".
+    pub memory: String,
+}
+
+/// Default target object size: large enough that per-object overhead vanishes next to the bytes,
+/// small enough that objects spread over servers and rebuild quickly.
+pub const DEFAULT_OBJECT_SIZE: u64 = 16 << 20;
+
+impl Default for StagingConfig {
+    fn default() -> Self {
+        StagingConfig { cluster: None, object_size: DEFAULT_OBJECT_SIZE, keep_last: None, keep: false, servers: 2, memory: "4GiB".into() }
+    }
 }
 
 /// A parsed `cairn.toml`.
@@ -56,7 +76,7 @@ pub struct Config {
 }
 
 /// Keys accepted as overrides, in the order the error message lists them.
-const OVERRIDES: &str = "engine, path, fsync, chunk_size, cluster";
+const OVERRIDES: &str = "engine, path, fsync, chunk_size, cluster, object_size, keep_last, keep, servers, memory";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -67,7 +87,7 @@ impl Config {
     }
 
     /// Loads the configuration (explicit path, `$CAIRN_CONFIG`, `./cairn.toml`, defaults) and
-    /// applies `overrides` (`engine`, `path`, `fsync`, `chunk_size`, `cluster`).
+    /// applies `overrides` (keys as in `cairn.toml`, without the table name).
     pub fn load(path: Option<&Path>, overrides: &[(String, String)]) -> Result<Config> {
         let env = std::env::var_os("CAIRN_CONFIG").map(PathBuf::from);
         let chosen = path.map(Path::to_path_buf).or(env).or_else(|| {
@@ -106,6 +126,13 @@ impl Config {
                 self.file.chunk_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
             }
             "cluster" => self.staging.cluster = Some(PathBuf::from(value)),
+            "object_size" => {
+                self.staging.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
+            }
+            "keep_last" => self.staging.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?),
+            "keep" => self.staging.keep = value.parse().map_err(|_| bad("expected true or false"))?,
+            "servers" => self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?,
+            "memory" => self.staging.memory = value.to_string(),
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
         Ok(())

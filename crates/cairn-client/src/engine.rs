@@ -4,6 +4,7 @@
 use cairn_core::index::{BlockRecord, VarDef};
 use cairn_core::{Region, Result};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// A block handed to an engine: validated, C-order, little-endian.
 #[derive(Debug)]
@@ -39,6 +40,25 @@ pub trait ReadEngine: Send + Sync {
     fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>>;
     /// Blocks of a variable in a committed step.
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>>;
-    /// Copies `isect` of `block` into `out`, which is laid out as `dst`.
-    fn read_into(&self, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()>;
+    /// Copies `isect` of `block` (of `step`) into `out`, which is laid out as `dst`.
+    fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()>;
+    /// Waits until `step` is committed or `timeout` passes; returns whether it is.
+    fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.steps()?.contains(&step) {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
+        }
+    }
+    /// Frees a committed step (its data is gone for every reader).
+    fn release(&self, step: u64) -> Result<()> {
+        Err(cairn_core::Error::InvalidArgument(format!(
+            "cannot release step {step}: this engine keeps every step; release applies to the staging engine"
+        )))
+    }
 }

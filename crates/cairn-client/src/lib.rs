@@ -7,11 +7,13 @@
 //! - [`reader`]: [`Reader`], box reads assembled from intersecting blocks (M×N).
 //! - [`engine`]: the traits engines implement.
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
+//! - [`staging`]: the `staging` engine (objects in staging servers' memory, coordinator commits).
 
 pub mod config;
 pub mod engine;
 pub mod file;
 pub mod reader;
+pub mod staging;
 pub mod writer;
 
 pub use cairn_core::{DType, Error, ErrorKind, Region, Result};

@@ -3,7 +3,8 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::ReadEngine;
 use crate::file::{FileReader, Layout};
-use crate::writer::{check_name, staging_unavailable, unknown_var};
+use crate::staging::{self, StagingReader};
+use crate::writer::{check_name, unknown_var};
 use cairn_core::index::{BlockRecord, VarDef};
 use cairn_core::{Error, Region, Result};
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ impl Reader {
         check_name(name)?;
         let engine: Box<dyn ReadEngine> = match cfg.engine {
             EngineKind::File => Box::new(FileReader::open(Layout::new(&cfg.file.path, name))?),
-            EngineKind::Staging => return Err(staging_unavailable()),
+            EngineKind::Staging => Box::new(StagingReader::open(staging::cluster(&cfg.staging)?, name)),
         };
         Ok(Reader { engine })
     }
@@ -33,6 +34,16 @@ impl Reader {
     /// Committed steps, sorted.
     pub fn steps(&self) -> Result<Vec<u64>> {
         self.engine.steps()
+    }
+
+    /// Waits until `step` is committed or `timeout` passes; returns whether it is.
+    pub fn wait_step(&self, step: u64, timeout: std::time::Duration) -> Result<bool> {
+        self.engine.wait_step(step, timeout)
+    }
+
+    /// Frees a committed step in every server (staging engine); later reads of it fail.
+    pub fn release(&self, step: u64) -> Result<()> {
+        self.engine.release(step)
     }
 
     /// Variables across committed steps (the latest definition of each).
@@ -93,7 +104,7 @@ impl Reader {
         let mut covered = 0u64;
         for b in self.engine.blocks(var, step)? {
             if let Some(isect) = b.region.intersect(&want) {
-                self.engine.read_into(&b, elem, &isect, &want, out)?;
+                self.engine.read_into(step, &b, elem, &isect, &want, out)?;
                 covered += isect.volume();
             }
         }
@@ -125,6 +136,6 @@ impl Reader {
             return Err(Error::InvalidArgument(format!("output buffer has {} bytes but the block has {}", out.len(), b.len)));
         }
         let elem = self.var(var, step)?.dtype.size();
-        self.engine.read_into(&b, elem, &b.region.clone(), &b.region, out)
+        self.engine.read_into(step, &b, elem, &b.region.clone(), &b.region, out)
     }
 }

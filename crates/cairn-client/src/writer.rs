@@ -4,6 +4,7 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, WriteEngine};
 use crate::file::{FileWriter, Layout};
+use crate::staging::{self, StagingWriter};
 use cairn_core::index::VarDef;
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
@@ -47,7 +48,16 @@ impl Writer {
                 cfg.file.chunk_size,
                 session.to_string(),
             )?),
-            EngineKind::Staging => return Err(staging_unavailable()),
+            EngineKind::Staging => Box::new(StagingWriter::open(
+                staging::cluster(&cfg.staging)?,
+                name,
+                rank,
+                nranks,
+                append,
+                session.to_string(),
+                cfg.staging.object_size,
+                cfg.staging.keep_last,
+            )?),
         };
         Ok(Writer { engine, vars: BTreeMap::new(), rank, nranks, step: None, put: BTreeMap::new() })
     }
@@ -139,7 +149,7 @@ impl Writer {
                 bytes.len()
             )));
         }
-        let mine = self.put.entry(var.to_string()).or_default();
+        let mine = self.put.get(var).map(Vec::as_slice).unwrap_or_default();
         if def.is_local() && !mine.is_empty() {
             return Err(Error::Conflict(format!("local variable '{var}' was already put in step {step} by this writer")));
         }
@@ -150,8 +160,10 @@ impl Writer {
                 region.offset, region.count, prev.offset, prev.count
             )));
         }
-        mine.push(region.clone());
-        self.engine.put(step, BlockData { def, region, bytes })
+        // Recorded only once stored, so a put refused for lack of space can be retried.
+        self.engine.put(step, BlockData { def, region: region.clone(), bytes })?;
+        self.put.entry(var.to_string()).or_default().push(region);
+        Ok(())
     }
 
     /// Ends the open step. Returns whether this call committed it (this rank was the last).
@@ -203,8 +215,4 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
         return Err(Error::InvalidArgument(format!("invalid dataset name {name:?}: use a plain name without '/'")));
     }
     Ok(())
-}
-
-pub(crate) fn staging_unavailable() -> Error {
-    Error::Config("engine = \"staging\" is not available in this build yet; use engine = \"file\"".into())
 }

@@ -91,6 +91,9 @@ pub enum Request {
         session: Option<String>,
         /// Only this writer's.
         writer: Option<u32>,
+        /// Only these objects (when not empty).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ids: Vec<u64>,
     },
     /// Committed steps of a dataset.
     Steps {

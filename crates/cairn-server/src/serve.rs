@@ -6,7 +6,7 @@ use crate::server::run;
 use crate::state::State;
 use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
-use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
+use cairn_proto::cluster::{hostname, write_private, ClusterFile, ServerEntry};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -31,16 +31,6 @@ pub struct ServeOptions {
     pub rack: String,
     /// How long to wait for the secret and, on server 0, for the other servers.
     pub timeout: Duration,
-}
-
-/// This machine's host name.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".into())
 }
 
 fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {

@@ -134,14 +134,17 @@ impl Store {
         Ok(())
     }
 
-    /// Frees objects of a step (only a session's, or only a writer's, if given). Returns bytes freed.
-    pub fn drop_objects(&self, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>) -> u64 {
+    /// Frees objects of a step (only a session's, a writer's, or the listed ones, if given).
+    /// Returns bytes freed.
+    pub fn drop_objects(&self, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>, ids: &[u64]) -> u64 {
         let mut steps = self.steps.lock().expect("store lock");
         let key = (dataset.to_string(), step);
         let Some(held) = steps.get_mut(&key) else { return 0 };
         let mut freed = 0;
         held.retain(|id, o| {
-            let hit = session.is_none_or(|s| o.session == s) && writer.is_none_or(|w| (*id >> 32) as u32 == w);
+            let hit = session.is_none_or(|s| o.session == s)
+                && writer.is_none_or(|w| (*id >> 32) as u32 == w)
+                && (ids.is_empty() || ids.contains(id));
             if hit {
                 freed += o.data.len() as u64;
             }
@@ -209,7 +212,7 @@ mod tests {
         assert_eq!(s.used(), 60);
         drop(s.reserve(40).unwrap());
         assert_eq!(s.used(), 60);
-        assert_eq!(s.drop_objects("d", 1, None, None), 60);
+        assert_eq!(s.drop_objects("d", 1, None, None, &[]), 60);
         assert_eq!((s.used(), s.counts()), (0, (0, 0)));
     }
 
@@ -225,6 +228,6 @@ mod tests {
         // Replacing an object accounts for the old bytes.
         s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap());
         assert_eq!(s.used(), 5);
-        assert_eq!(s.drop_objects("d", 1, None, Some(0)), 5);
+        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[]), 5);
     }
 }

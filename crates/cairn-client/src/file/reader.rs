@@ -140,7 +140,7 @@ impl ReadEngine for FileReader {
         Ok(self.index(step)?.blocks_of(var).cloned().collect())
     }
 
-    fn read_into(&self, b: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+    fn read_into(&self, _step: u64, b: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
         // A whole block that is one contiguous run of the output is read straight into it.
         if *isect == b.region {
             if let Some(range) = contiguous_run(dst, isect, elem) {

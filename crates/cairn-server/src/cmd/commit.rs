@@ -15,8 +15,8 @@ async fn on(state: &Arc<State>, to: u32, req: Request) -> Result<()> {
     if to == state.id {
         match req {
             Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
-            Request::Drop { dataset, step, session, writer } => {
-                state.store.drop_objects(&dataset, step, session.as_deref(), writer);
+            Request::Drop { dataset, step, session, writer, ids } => {
+                state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
                 Ok(())
             }
             other => unreachable!("only seal and drop are sent to peers, not {other:?}"),
@@ -67,6 +67,7 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
             step,
             session: Some(session.clone()),
             writer: None,
+            ids: Vec::new(),
         })
         .await;
         return Err(e);
@@ -81,7 +82,7 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
 async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()> {
     let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
     let step = index.step;
-    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None }).await
+    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None, ids: Vec::new() }).await
 }
 
 /// Releases a committed step.

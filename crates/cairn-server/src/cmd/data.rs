@@ -1,5 +1,5 @@
 //! Objects in and out: put (payload read straight into the object's buffer after its space is
-//! reserved), get (a whole object shared without copying, or a sub-box cut out of it), drop.
+//! reserved), get (a whole object shared without copying, or a sub-box cut out of it).
 
 use super::{Payload, Reply};
 use crate::state::State;
@@ -88,10 +88,4 @@ pub fn get(state: &State, dataset: &str, step: u64, id: u64, want: &Region) -> R
     copy_box(&data, Layout { layout: &region, base: 0 }, &mut out, Layout { layout: want, base: 0 }, want, elem as usize);
     let checksum = crc32c::crc32c(&out);
     Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Owned(out)))
-}
-
-/// Frees objects of a step.
-pub fn drop_objects(state: &State, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>) -> Response {
-    state.store.drop_objects(dataset, step, session, writer);
-    Response::Ok
 }

@@ -55,7 +55,10 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             plain(data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await)
         }
         Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
-        Request::Drop { dataset, step, session, writer } => plain(Ok(data::drop_objects(state, &dataset, step, session.as_deref(), writer))),
+        Request::Drop { dataset, step, session, writer, ids } => {
+            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
+            plain(Ok(Response::Ok))
+        }
         Request::EndStep { dataset, fragment, shares, keep_last } => plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await),
         Request::Seal { dataset, step, session, objects, bytes } => {
             plain(state.store.seal(&dataset, step, &session, objects, bytes).map(|_| Response::Ok))

@@ -1,0 +1,46 @@
+//! The `staging` engine: blocks go to staging servers that hold them in memory; a step commits
+//! on the dataset's coordinator server when every writer has ended it and every server holding
+//! its objects has sealed them.
+
+mod conn;
+mod reader;
+mod writer;
+
+pub use reader::StagingReader;
+pub use writer::StagingWriter;
+
+use crate::config::StagingConfig;
+use cairn_core::index::StepIndex;
+use cairn_core::{Error, Result};
+use cairn_proto::message::{unexpected, Request, Response};
+use conn::Cluster;
+use std::sync::Arc;
+
+/// Opens the cluster the configuration names.
+pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
+    let path = cfg.cluster.as_ref().ok_or_else(|| {
+        Error::Config(
+            "engine = \"staging\" needs a cluster: set [staging] cluster = \"cluster.json\" (from `cairn cluster start`); \
+             Python's cairn.open starts an embedded one when none is named"
+                .into(),
+        )
+    })?;
+    Cluster::open(path)
+}
+
+pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
+    match c.coord(dataset, &Request::Steps { dataset: dataset.to_string() })? {
+        Response::Steps { steps } => Ok(steps),
+        other => Err(unexpected("steps", &other)),
+    }
+}
+
+pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepIndex> {
+    match c.coord(dataset, &Request::Index { dataset: dataset.to_string(), step })? {
+        Response::Index { index } => {
+            index.validate()?;
+            Ok(index)
+        }
+        other => Err(unexpected("index", &other)),
+    }
+}

@@ -1,0 +1,150 @@
+//! The staging engine's reader: step indexes come from the dataset's coordinator (cached, since
+//! committed steps are immutable); each object a box touches is fetched from its server cut to
+//! the intersection, and scattered straight into the caller's buffer. Objects on different servers
+//! are fetched in parallel.
+
+use super::conn::Cluster;
+use super::{index_of, steps_of};
+use crate::engine::ReadEngine;
+use cairn_core::assemble::for_each_run;
+use cairn_core::index::{BlockRecord, StepIndex, VarDef};
+use cairn_core::{Error, Region, Result};
+use cairn_proto::message::{unexpected, Request, Response};
+use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Reads committed steps of one dataset from a staging cluster.
+#[derive(Debug)]
+pub struct StagingReader {
+    cluster: Arc<Cluster>,
+    dataset: String,
+    cache: Mutex<HashMap<u64, Arc<StepIndex>>>,
+}
+
+/// One object fetch: the request and where each run of the reply goes in the output.
+struct Fetch<'a> {
+    req: Request,
+    what: String,
+    parts: Vec<&'a mut [u8]>,
+}
+
+impl StagingReader {
+    pub(crate) fn open(cluster: Arc<Cluster>, dataset: &str) -> StagingReader {
+        StagingReader { cluster, dataset: dataset.to_string(), cache: Mutex::new(HashMap::new()) }
+    }
+
+    fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
+        if let Some(i) = self.cache.lock().expect("cache lock").get(&step) {
+            return Ok(i.clone());
+        }
+        let i = Arc::new(index_of(&self.cluster, &self.dataset, step)?);
+        self.cache.lock().expect("cache lock").insert(step, i.clone());
+        Ok(i)
+    }
+
+    fn fetch_all(&self, server: u32, fetches: &mut [Fetch<'_>]) -> Result<()> {
+        self.cluster.with(server, |c| {
+            for f in fetches.iter() {
+                write_frame(&mut c.stream, &f.req, &[])?;
+            }
+            let mut first_err = None;
+            for f in fetches.iter_mut() {
+                let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
+                let (resp, len) = read_head::<Response>(&mut c.stream, want)?;
+                match resp.into_result() {
+                    Ok(Response::Data { checksum }) if len == want => {
+                        read_payload(&mut c.stream, &mut f.parts)?;
+                        let got = f.parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
+                        if got != checksum {
+                            first_err.get_or_insert(Error::Corrupt(format!(
+                                "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
+                                f.what
+                            )));
+                        }
+                    }
+                    Ok(other) => {
+                        skip_payload(&mut c.stream, len)?;
+                        first_err.get_or_insert(unexpected("get", &other));
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        })
+    }
+}
+
+impl ReadEngine for StagingReader {
+    fn steps(&self) -> Result<Vec<u64>> {
+        steps_of(&self.cluster, &self.dataset)
+    }
+
+    fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
+        Ok(self.index(step)?.vars.clone())
+    }
+
+    fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
+        Ok(self.index(step)?.blocks_of(var).cloned().collect())
+    }
+
+    fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        // The runs each object contributes to `out`, cut from it as disjoint slices in order.
+        let mut runs: Vec<(u64, usize, usize)> = Vec::new(); // (object id, dst offset, len)
+        let mut wants = Vec::new();
+        for o in &block.objects {
+            if let Some(want) = o.region.intersect(isect) {
+                for_each_run(&want, dst, &want, elem, |_, d, len| runs.push((o.id, d as usize, len)));
+                wants.push((o, want));
+            }
+        }
+        let mut order: Vec<usize> = (0..runs.len()).collect();
+        order.sort_by_key(|&i| runs[i].1);
+        let mut slices: Vec<Option<&mut [u8]>> = (0..runs.len()).map(|_| None).collect();
+        let mut rest = &mut out[..];
+        let mut pos = 0usize;
+        for &i in &order {
+            let (_, d, len) = runs[i];
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(d - pos);
+            let (run, tail) = tail.split_at_mut(len);
+            slices[i] = Some(run);
+            rest = tail;
+            pos = d + len;
+        }
+        let mut slices = slices.into_iter().map(|s| s.expect("every run cut"));
+        let mut by_server: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
+        for (o, want) in wants {
+            let n = runs.iter().filter(|r| r.0 == o.id).count();
+            let what = format!("object {:#x} of '{}' step {step}", o.id, block.var);
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want };
+            by_server.entry(o.server).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect() });
+        }
+        if by_server.len() == 1 {
+            let (server, mut f) = by_server.into_iter().next().expect("one server");
+            return self.fetch_all(server, &mut f);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = by_server.iter_mut().map(|(srv, f)| s.spawn(move || self.fetch_all(*srv, f))).collect();
+            handles.into_iter().map(|h| h.join().expect("fetch thread panicked")).collect()
+        })
+    }
+
+    fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
+        let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis() as u64 };
+        match self.cluster.coord(&self.dataset, &req)? {
+            Response::Committed { committed } => Ok(committed),
+            other => Err(unexpected("wait", &other)),
+        }
+    }
+
+    fn release(&self, step: u64) -> Result<()> {
+        self.cache.lock().expect("cache lock").remove(&step);
+        match self.cluster.coord(&self.dataset, &Request::Release { dataset: self.dataset.clone(), step })? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected("release", &other)),
+        }
+    }
+}

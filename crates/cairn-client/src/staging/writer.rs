@@ -1,0 +1,222 @@
+//! The staging engine's writer: each block is split into objects (CoREC Algorithm 1) and sent
+//! to the servers the ring places them on, one thread per server, with the bytes gathered straight
+//! from the caller's buffer. At the end of a step the fragment goes to the dataset's coordinator.
+
+use super::conn::Cluster;
+use super::{index_of, steps_of};
+use crate::engine::{BlockData, WriteEngine};
+use cairn_core::assemble::for_each_run;
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef, FORMAT_VERSION};
+use cairn_core::partition::{is_contiguous, split};
+use cairn_core::placement::place_key;
+use cairn_core::{stats, Error, Region, Result};
+use cairn_proto::message::{unexpected, Request, Response, Share};
+use cairn_proto::sync_io::{read_head, write_frame};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Puts in flight per server before waiting for acknowledgements (bounded so neither side's
+/// socket buffer fills with unread replies).
+const WINDOW: usize = 16;
+
+/// Writes one rank's blocks into a staging cluster.
+#[derive(Debug)]
+pub struct StagingWriter {
+    cluster: Arc<Cluster>,
+    dataset: String,
+    rank: u32,
+    nranks: u32,
+    session: String,
+    object_size: u64,
+    keep_last: Option<u64>,
+    blocks: Vec<BlockRecord>,
+    shares: BTreeMap<u32, (u64, u64)>,
+    seq: u32,
+}
+
+/// One object to send: its header and its bytes as slices of the caller's buffer.
+struct Outgoing<'a> {
+    req: Request,
+    parts: Vec<&'a [u8]>,
+}
+
+impl StagingWriter {
+    pub(crate) fn open(
+        cluster: Arc<Cluster>,
+        dataset: &str,
+        rank: u32,
+        nranks: u32,
+        append: bool,
+        session: String,
+        object_size: u64,
+        keep_last: Option<u64>,
+    ) -> Result<StagingWriter> {
+        let w = StagingWriter {
+            cluster,
+            dataset: dataset.to_string(),
+            rank,
+            nranks,
+            session,
+            object_size,
+            keep_last,
+            blocks: Vec::new(),
+            shares: BTreeMap::new(),
+            seq: 0,
+        };
+        if !append {
+            if let Some(last) = steps_of(&w.cluster, dataset)?.last() {
+                return Err(Error::AlreadyExists(format!(
+                    "dataset '{dataset}' already has committed steps (up to {last}) in this cluster; open it with mode \"a\" to add steps"
+                )));
+            }
+        }
+        Ok(w)
+    }
+
+    fn send_all(&self, server: u32, objects: &[Outgoing<'_>]) -> Result<()> {
+        self.cluster.with(server, |c| {
+            let mut first_err = None;
+            let mut acked = 0;
+            let mut ack = |c: &mut super::conn::Conn| -> Result<()> {
+                let (resp, _) = read_head::<Response>(&mut c.stream, 0)?;
+                match resp.into_result() {
+                    Ok(Response::Ok) => {}
+                    Ok(other) => return Err(unexpected("put", &other)),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                Ok(())
+            };
+            for (i, o) in objects.iter().enumerate() {
+                write_frame(&mut c.stream, &o.req, &o.parts)?;
+                if i + 1 - acked >= WINDOW {
+                    ack(c)?;
+                    acked += 1;
+                }
+            }
+            while acked < objects.len() {
+                ack(c)?;
+                acked += 1;
+            }
+            first_err.map_or(Ok(()), Err)
+        })
+    }
+}
+
+impl WriteEngine for StagingWriter {
+    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
+        match steps_of(&self.cluster, &self.dataset)?.last() {
+            Some(&last) => Ok(index_of(&self.cluster, &self.dataset, last)?.vars.get(name).cloned()),
+            None => Ok(None),
+        }
+    }
+
+    fn is_committed(&self, step: u64) -> Result<bool> {
+        Ok(steps_of(&self.cluster, &self.dataset)?.contains(&step))
+    }
+
+    fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
+        let elem = block.def.dtype.size();
+        let pieces = split(&block.region, elem, self.object_size);
+        let base = place_key(&self.dataset, &block.def.name, &block.region.offset);
+        let mut by_server: BTreeMap<u32, Vec<Outgoing<'_>>> = BTreeMap::new();
+        let mut refs = Vec::with_capacity(pieces.len());
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let parts = gather(block.bytes, &block.region, &piece, elem);
+            let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
+            let server = self.cluster.ring.place(base.wrapping_add(i as u64));
+            let id = (u64::from(self.rank) << 32) | u64::from(self.seq);
+            self.seq = self.seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
+            let req = Request::Put {
+                dataset: self.dataset.clone(),
+                step,
+                session: self.session.clone(),
+                var: block.def.name.clone(),
+                id,
+                region: piece.clone(),
+                elem: elem as u32,
+                checksum,
+            };
+            refs.push(ObjectRef { id, region: piece, server, checksum });
+            by_server.entry(server).or_default().push(Outgoing { req, parts });
+        }
+        // Servers receive in parallel while this thread computes the block's statistics.
+        let this = &*self;
+        let (sent, st) = std::thread::scope(|s| {
+            let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
+            let st = stats::compute(block.def.dtype, block.bytes);
+            let sent: Result<()> = handles.into_iter().map(|h| h.join().expect("sender thread panicked")).collect();
+            (sent, st)
+        });
+        if let Err(e) = sent {
+            // Free what did arrive, so that a retry (after releasing old steps) starts clean.
+            for &server in by_server.keys() {
+                let ids = refs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
+                let req = Request::Drop { dataset: self.dataset.clone(), step, session: Some(self.session.clone()), writer: None, ids };
+                let _ = self.cluster.call(server, &req);
+            }
+            return Err(e);
+        }
+        for o in &refs {
+            let share = self.shares.entry(o.server).or_default();
+            share.0 += 1;
+            share.1 += o.region.volume() * elem as u64;
+        }
+        self.blocks.push(BlockRecord {
+            var: block.def.name.clone(),
+            writer: self.rank,
+            region: block.region,
+            file: String::new(),
+            pos: 0,
+            len: block.bytes.len() as u64,
+            chunk: 0,
+            crcs: Vec::new(),
+            checksum: refs.iter().fold(0, |c, o| c ^ o.checksum),
+            stats: st,
+            objects: refs,
+        });
+        Ok(())
+    }
+
+    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
+        let fragment = Fragment {
+            format: FORMAT_VERSION,
+            step,
+            writer: self.rank,
+            nranks: self.nranks,
+            session: self.session.clone(),
+            vars: defs.to_vec(),
+            blocks: std::mem::take(&mut self.blocks),
+        };
+        let shares = std::mem::take(&mut self.shares).into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
+        self.seq = 0;
+        let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
+        match self.cluster.coord(&self.dataset, &req)? {
+            Response::Committed { committed } => Ok(committed),
+            other => Err(unexpected("end of step", &other)),
+        }
+    }
+
+    fn abort_step(&mut self, step: u64) -> Result<()> {
+        self.blocks.clear();
+        self.seq = 0;
+        let req = Request::Drop { dataset: self.dataset.clone(), step, session: Some(self.session.clone()), writer: Some(self.rank), ids: Vec::new() };
+        for (server, _) in std::mem::take(&mut self.shares) {
+            self.cluster.call(server, &req)?;
+        }
+        Ok(())
+    }
+}
+
+/// The bytes of `piece` (inside `block`) as slices of the block's buffer, in C order of the piece:
+/// one slice when they are contiguous, else one per run (sent with vectored writes, not copied).
+fn gather<'a>(bytes: &'a [u8], block: &Region, piece: &Region, elem: usize) -> Vec<&'a [u8]> {
+    if is_contiguous(block, piece) {
+        let (lo, hi) = block.byte_span(piece, elem);
+        return vec![&bytes[lo as usize..hi as usize]];
+    }
+    let mut parts = Vec::new();
+    for_each_run(block, piece, piece, elem, |src, _, len| parts.push(&bytes[src as usize..src as usize + len]));
+    parts
+}

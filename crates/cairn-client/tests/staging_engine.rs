@@ -1,0 +1,208 @@
+//! The staging engine end to end against real servers on loopback (in-process server threads with
+//! their own runtimes; the Python suite runs them as separate processes and kills them).
+
+use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
+use cairn_proto::cluster::ClusterFile;
+use cairn_server::{serve, ServeOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+fn start(servers: u32, memory: u64) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.json");
+    let entries = ClusterFile::entries_dir(&file);
+    std::fs::create_dir_all(&entries).unwrap();
+    std::fs::write(entries.join("secret"), "s3cret-token").unwrap();
+    for id in 0..servers {
+        let opts = ServeOptions {
+            cluster: file.clone(),
+            id,
+            servers,
+            spares: 0,
+            memory,
+            bind: "127.0.0.1".into(),
+            node: format!("n{id}"),
+            rack: String::new(),
+            timeout: Duration::from_secs(20),
+        };
+        std::thread::spawn(move || serve(opts).unwrap());
+    }
+    for _ in 0..1000 {
+        if file.exists() {
+            return Cluster { _dir: dir, file };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("cluster did not come up");
+}
+
+fn cfg(c: &Cluster, object_size: u64) -> Config {
+    let mut cfg = Config::default();
+    cfg.set("engine", "staging").unwrap();
+    cfg.set("cluster", c.file.to_str().unwrap()).unwrap();
+    cfg.set("object_size", &object_size.to_string()).unwrap();
+    cfg
+}
+
+fn val(i: u64, j: u64, k: u64, step: u64) -> f64 {
+    (i * 10_000 + j * 100 + k) as f64 + step as f64 * 0.5
+}
+
+fn block(x0: u64, x1: u64, ny: u64, nz: u64, step: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in x0..x1 {
+        for j in 0..ny {
+            for k in 0..nz {
+                out.extend_from_slice(&val(i, j, k, step).to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn many_writers_any_box_back_and_atomic_commit() {
+    let c = start(3, 64 << 20);
+    let cfg = cfg(&c, 512); // tiny objects: every block splits into many, over every server
+    let shape = [20u64, 9, 7];
+    let writers = 3u32;
+    std::thread::scope(|s| {
+        for r in 0..writers {
+            let cfg = cfg.clone();
+            s.spawn(move || {
+                let mut w = Writer::open("sim", &cfg, r, writers, false, "run-1").unwrap();
+                w.define("t", DType::F64, Some(shape.to_vec())).unwrap();
+                w.define("walkers", DType::I32, None).unwrap();
+                let (x0, x1) = (r as u64 * 20 / 3, (r as u64 + 1) * 20 / 3);
+                for step in 0..4 {
+                    w.begin_step(step).unwrap();
+                    w.put("t", DType::F64, &block(x0, x1, 9, 7, step), Some(&[x0, 0, 0]), &[x1 - x0, 9, 7]).unwrap();
+                    let ragged: Vec<u8> = (0..(r + 1) * 5 + step as u32).flat_map(|v| (v as i32).to_le_bytes()).collect();
+                    w.put("walkers", DType::I32, &ragged, None, &[ragged.len() as u64 / 4]).unwrap();
+                    w.end_step().unwrap();
+                }
+                w.close().unwrap();
+            });
+        }
+    });
+    let r = Reader::open("sim", &cfg).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![0, 1, 2, 3]);
+    for (off, cnt) in [([0u64, 0, 0], [20u64, 9, 7]), ([5, 2, 1], [10, 5, 5]), ([19, 8, 6], [1, 1, 1]), ([3, 0, 2], [14, 9, 1])] {
+        let mut out = vec![0u8; (cnt.iter().product::<u64>() * 8) as usize];
+        r.get("t", 2, &off, &cnt, &mut out).unwrap();
+        let mut want = Vec::new();
+        for i in off[0]..off[0] + cnt[0] {
+            for j in off[1]..off[1] + cnt[1] {
+                for k in off[2]..off[2] + cnt[2] {
+                    want.extend_from_slice(&val(i, j, k, 2).to_le_bytes());
+                }
+            }
+        }
+        assert_eq!(out, want, "box {off:?}+{cnt:?}");
+    }
+    let b = r.local_block("walkers", 3, 2).unwrap();
+    let mut out = vec![0u8; b.len as usize];
+    r.get_local("walkers", 3, 2, &mut out).unwrap();
+    assert_eq!(out.len(), (15 + 3) * 4);
+    assert_eq!(&out[4..8], &1i32.to_le_bytes());
+    let blocks = r.blocks("t", 0).unwrap();
+    assert_eq!(blocks.len(), 3);
+    assert!(blocks.iter().all(|b| b.objects.len() > 1 && b.stats.min.is_some()));
+
+    // A step two of three writers ended stays invisible, and a writer's restart under a new
+    // session replaces the crashed run's leftovers.
+    let mut ws: Vec<Writer> = (0..3).map(|r| Writer::open("sim", &cfg, r, 3, true, "run-2").unwrap()).collect();
+    for (rank, w) in ws.iter_mut().enumerate() {
+        let (x0, x1) = (rank as u64 * 20 / 3, (rank as u64 + 1) * 20 / 3);
+        w.define("t", DType::F64, Some(shape.to_vec())).unwrap();
+        w.begin_step(4).unwrap();
+        w.put("t", DType::F64, &block(x0, x1, 9, 7, 4), Some(&[x0, 0, 0]), &[x1 - x0, 9, 7]).unwrap();
+    }
+    assert!(!ws[0].end_step().unwrap());
+    assert!(!ws[1].end_step().unwrap());
+    assert!(!r.wait_step(4, Duration::from_millis(50)).unwrap());
+    assert_eq!(r.steps().unwrap().len(), 4);
+    assert!(ws[2].end_step().unwrap());
+    assert!(r.wait_step(4, Duration::from_secs(5)).unwrap());
+
+    r.release(0).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![1, 2, 3, 4]);
+    let mut out = vec![0u8; 8];
+    assert_eq!(r.get("t", 0, &[0, 0, 0], &[1, 1, 1], &mut out).unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+#[test]
+fn full_server_refuses_with_capacity_error_and_stays_up() {
+    let c = start(1, 1 << 20);
+    let mut cfg = cfg(&c, 256 << 10);
+    cfg.set("keep_last", "2").unwrap();
+    let mut w = Writer::open("big", &cfg, 0, 1, false, "s").unwrap();
+    w.define("x", DType::U8, Some(vec![4 << 20])).unwrap();
+    w.define("y", DType::U8, Some(vec![300 << 10])).unwrap();
+    w.begin_step(0).unwrap();
+    let e = w.put("x", DType::U8, &vec![7u8; 4 << 20], None, &[4 << 20]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("server 0") && e.to_string().contains("release"), "{e}");
+    // What arrived before the refusal was freed, and the server still serves: steps rotate
+    // under keep_last without ever filling it.
+    for step in 0..6 {
+        if step > 0 {
+            w.begin_step(step).unwrap();
+        }
+        w.put("y", DType::U8, &vec![step as u8; 300 << 10], None, &[300 << 10]).unwrap();
+        w.end_step().unwrap();
+    }
+    let r = Reader::open("big", &cfg).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![4, 5]);
+    let mut out = vec![0u8; 300 << 10];
+    r.get("y", 5, &[0], &[300 << 10], &mut out).unwrap();
+    assert!(out.iter().all(|v| *v == 5));
+}
+
+fn raw_exchange(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(bytes).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+#[test]
+fn bad_frames_and_wrong_secrets_are_refused_and_the_server_stays_up() {
+    let c = start(1, 16 << 20);
+    let file = ClusterFile::load(&c.file).unwrap();
+    let addr = &file.servers[0].addr;
+    let reply = raw_exchange(addr, b"GET / HTTP/1.1\r\n\r\n");
+    assert!(String::from_utf8_lossy(&reply).contains("magic"), "{}", String::from_utf8_lossy(&reply));
+    let hello = cairn_proto::frame::encode_head(&cairn_proto::Request::Hello { secret: "wrong".into(), client: "t".into() }, 0);
+    let reply = raw_exchange(addr, &hello);
+    assert!(String::from_utf8_lossy(&reply).contains("wrong cluster secret"));
+    // A frame announcing a huge header or payload is refused before anything is allocated.
+    let mut huge = hello.clone();
+    huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(String::from_utf8_lossy(&raw_exchange(addr, &huge)).contains("exceeds"));
+    let cfg = cfg(&c, 1 << 20);
+    let mut w = Writer::open("ok", &cfg, 0, 1, false, "s").unwrap();
+    w.define("v", DType::F32, Some(vec![4])).unwrap();
+    w.begin_step(0).unwrap();
+    w.put("v", DType::F32, &[0u8; 16], None, &[4]).unwrap();
+    assert!(w.end_step().unwrap());
+}
+
+#[test]
+fn a_cluster_file_that_names_nothing_is_a_clear_error() {
+    let mut cfg = Config::default();
+    cfg.set("engine", "staging").unwrap();
+    assert_eq!(Writer::open("x", &cfg, 0, 1, false, "").unwrap_err().kind(), ErrorKind::Config);
+    cfg.set("cluster", "/nonexistent/cluster.json").unwrap();
+    let e = Reader::open("x", &cfg).unwrap_err();
+    assert!(e.to_string().contains("cairn cluster start"), "{e}");
+    let _ = Path::new("");
+}
