@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -11,7 +13,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import _native
-from .exceptions import InvalidArgumentError
+from .exceptions import ConfigError, InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -78,19 +80,45 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     """
     cfg = os.fspath(config) if config is not None else None
     ov = _overrides(overrides)
-    if mode == "r":
-        return Reader(_native.Reader(name, cfg, ov))
-    if mode not in ("w", "a"):
+    if mode not in ("w", "a", "r"):
         raise InvalidArgumentError(f"mode {mode!r}: use 'w' (write), 'a' (append) or 'r' (read)")
     if comm is not None:
         rank, nranks = comm.Get_rank(), comm.Get_size()
-        if session is None:
+        if session is None and mode != "r":
             session = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
     rank = 0 if rank is None else rank
     nranks = 1 if nranks is None else nranks
+    ov += _embedded_cluster(cfg, ov, mode, rank, nranks, comm)
+    if mode == "r":
+        return Reader(_native.Reader(name, cfg, ov))
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
     return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session), comm)
+
+
+def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, rank: int, nranks: int, comm: Any) -> list[tuple[str, str]]:
+    """``cluster=`` for the staging engine when the configuration names none: this process's
+    embedded cluster (started by rank 0 and shared over ``comm``), or for readers a kept one in
+    ``./cluster.json``."""
+    resolved = json.loads(_native.config_json(cfg, ov))
+    st = resolved["staging"]
+    if resolved["engine"] != "staging" or st["cluster"] is not None:
+        return []
+    from . import cluster
+
+    if mode == "r" and cluster._embedded is None:
+        if not os.path.exists("cluster.json"):
+            raise ConfigError("engine = \"staging\" names no cluster and none runs here: set [staging] cluster = \"cluster.json\" "
+                              "(from `cairn cluster start`) or write with keep = true first")
+        return [("cluster", os.path.abspath("cluster.json"))]
+    if comm is not None and nranks > 1:
+        path = comm.bcast(str(cluster.embedded(st["servers"], st["memory"], st["keep"])) if rank == 0 else None, root=0)
+    elif nranks > 1:
+        raise ConfigError(f"{nranks} writer ranks and no staging cluster: pass comm= so rank 0 starts the embedded one, "
+                          "or start one with `cairn cluster start` and set [staging] cluster")
+    else:
+        path = str(cluster.embedded(st["servers"], st["memory"], st["keep"]))
+    return [("cluster", path)]
 
 
 class Writer:
@@ -159,6 +187,44 @@ class Reader:
     def steps(self) -> list[int]:
         """Committed steps, sorted. Re-read on every call, so new commits appear."""
         return self._inner.steps()
+
+    def wait_step(self, step: int, timeout: float | None = None) -> bool:
+        """Wait until ``step`` is committed (at most ``timeout`` seconds; ``None`` waits for ever).
+        Returns whether it is."""
+        forever = timeout is None
+        deadline = time.monotonic() + (0 if forever else timeout)
+        while True:
+            # Wait in slices so Ctrl-C is honoured while blocked in native code.
+            left = 1.0 if forever else max(0.0, min(1.0, deadline - time.monotonic()))
+            if self._inner.wait_step(step, left):
+                return True
+            if not forever and time.monotonic() >= deadline:
+                return False
+
+    def stream(self, start: int | None = None, timeout: float | None = None) -> Iterator[int]:
+        """Yield committed steps in order as they commit, from ``start`` (default: the first kept
+        step), for in-situ analysis. Ends once no new step has committed for ``timeout`` seconds
+        (``None``: never)."""
+        nxt = start
+        last = time.monotonic()
+        while True:
+            new = [s for s in self.steps() if nxt is None or s >= nxt]
+            if new:
+                for s in new:
+                    yield s
+                nxt = new[-1] + 1
+                last = time.monotonic()
+                continue
+            if timeout is not None and time.monotonic() - last >= timeout:
+                return
+            # Wake at once when the next step number commits; re-list now and then for gaps.
+            slice_ = 0.5 if timeout is None else max(0.0, min(0.5, timeout - (time.monotonic() - last)))
+            self._inner.wait_step(0 if nxt is None else nxt, slice_)
+
+    def release(self, step: int) -> None:
+        """Free a committed step in the staging servers (for every reader). The ``file`` engine
+        keeps all steps and refuses."""
+        self._inner.release(step)
 
     def variables(self) -> dict[str, VariableInfo]:
         """Variables of the committed steps: name -> :class:`VariableInfo`."""

@@ -2,6 +2,10 @@
 
     cairn ls PATH [--blocks]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
+    cairn serve --cluster cluster.json [--id N --servers S --memory 4GiB]
+    cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
+    cairn cluster status [--objects] [--file cluster.json]
+    cairn cluster stop [--file cluster.json]
     cairn --version
 """
 
@@ -13,7 +17,7 @@ import sys
 
 import numpy as np
 
-from . import __version__
+from . import __version__, cluster_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     get.add_argument("--writer", type=int, default=0, help="writer rank, for a local variable")
     get.add_argument("-o", "--output", help="write a .npy file instead of printing")
     get.set_defaults(func=cmd_get)
+    cluster_cli.add(sub)
     args = p.parse_args(argv)
     try:
         args.func(args)

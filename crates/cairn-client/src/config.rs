@@ -2,11 +2,11 @@
 //! else `./cairn.toml`, else defaults; keyword overrides from the caller win over all of them.
 
 use cairn_core::{Error, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The engine a dataset is written and read with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
     /// Each writer appends to its own data file; a global index per step (no servers).
@@ -17,7 +17,7 @@ pub enum EngineKind {
 }
 
 /// Settings of the `file` engine (`[file]` in `cairn.toml`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FileConfig {
     /// Directory holding datasets; a dataset `name` lives in `path/name`.
@@ -36,7 +36,7 @@ impl Default for FileConfig {
 }
 
 /// Settings of the `staging` engine (`[staging]` in `cairn.toml`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StagingConfig {
     /// Cluster file written by `cairn cluster start`; none starts an embedded local cluster.
@@ -64,7 +64,7 @@ impl Default for StagingConfig {
 }
 
 /// A parsed `cairn.toml`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Engine to use.

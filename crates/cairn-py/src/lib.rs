@@ -6,10 +6,12 @@
 //! - `writer`: `Writer`, over `cairn_client::Writer`.
 //! - `reader`: `Reader`, over `cairn_client::Reader`.
 //! - `buffer`: borrowing numpy buffers without copying.
+//! - `staging`: running a staging server, admin requests to a cluster.
 
 mod buffer;
 mod errors;
 mod reader;
+mod staging;
 mod writer;
 
 use pyo3::prelude::*;
@@ -19,10 +21,21 @@ fn config(path: Option<String>, overrides: Vec<(String, String)>) -> PyResult<ca
     cairn_client::Config::load(path.as_deref().map(std::path::Path::new), &overrides).map_err(errors::to_py)
 }
 
+/// The resolved configuration (file, environment and overrides) as JSON, for the Python side's
+/// embedded cluster launcher.
+#[pyfunction]
+#[pyo3(signature = (path, overrides))]
+fn config_json(path: Option<String>, overrides: Vec<(String, String)>) -> PyResult<String> {
+    Ok(serde_json::to_string(&config(path, overrides)?).expect("configs serialize"))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<reader::PyReader>()?;
+    m.add_function(wrap_pyfunction!(config_json, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
     errors::register(m)
 }

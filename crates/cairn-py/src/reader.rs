@@ -24,8 +24,17 @@ impl PyReader {
         Ok(PyReader { inner: Reader::open(name, &cfg).map_err(to_py)? })
     }
 
-    fn steps(&self) -> PyResult<Vec<u64>> {
-        self.inner.steps().map_err(to_py)
+    fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.inner.steps()).map_err(to_py)
+    }
+
+    fn wait_step(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<bool> {
+        let t = std::time::Duration::from_secs_f64(timeout_s.clamp(0.0, 1e9));
+        py.detach(|| self.inner.wait_step(step, t)).map_err(to_py)
+    }
+
+    fn release(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        py.detach(|| self.inner.release(step)).map_err(to_py)
     }
 
     /// name -> (dtype name, shape or None)

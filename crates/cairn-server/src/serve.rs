@@ -97,6 +97,8 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             let _ = stop.send(());
         });
         run(state, tcp, unix).await;
+        // Let in-flight replies (the shutdown's own) reach their clients before the runtime drops.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let _ = std::fs::remove_file(&sock);
         Ok(())
     })

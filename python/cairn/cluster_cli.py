@@ -1,0 +1,82 @@
+"""``cairn serve`` and ``cairn cluster start|stop|status``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from . import _native, cluster
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f}"
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
+    sid = args.id if args.id is not None else int(rank or 0)
+    _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
+                  args.bind, args.node or "", args.rack, args.timeout)
+
+
+def cmd_start(args: argparse.Namespace) -> None:
+    c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
+                      memory=args.memory, bind=args.bind)
+    print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    n = len(cluster.servers_of(args.file))
+    cluster.stop(args.file)
+    print(f"stopped {n} servers of {args.file}")
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects)
+    print(f"{'server':>6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
+          f"{'objects':>8} {'steps':>6} {'req/s':>8}")
+    for r in rows:
+        role = " (spare)" if r["spare"] else ""
+        print(f"{r['id']:>6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {_mib(r['memory_used']):>10} "
+              f"{_mib(r['memory_limit']):>10} {r['objects']:>8} {r['steps']:>6} {r['requests_per_s']:>8.1f}{role}")
+    if args.objects:
+        print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
+        for r in rows:
+            for o in r["object_list"]:
+                reg = o["region"]
+                print(f"{r['id']:>6} {o['dataset']:<12} {o['step']:>5} {o['var']:<14} {o['id']:>#18x} "
+                      f"{str(reg['offset']):<16} {str(reg['count']):<16} {o['bytes'] / 1024:>9.1f} "
+                      f"{'committed' if o['sealed'] else 'pending'}")
+
+
+def add(sub: Any) -> None:
+    """Adds the subcommands to the ``cairn`` parser."""
+    s = sub.add_parser("serve", help="run one staging server (in the foreground; mpirun/srun may start many)")
+    s.add_argument("--cluster", default="cluster.json", help="cluster file to meet the others through")
+    s.add_argument("--id", type=int, help="server id (default: the MPI/Slurm rank)")
+    s.add_argument("--servers", type=int, default=1, help="active servers in the cluster")
+    s.add_argument("--spares", type=int, default=0)
+    s.add_argument("--memory", default="4GiB", help="memory limit of this server")
+    s.add_argument("--bind", default="0.0.0.0", help="address to listen on")
+    s.add_argument("--node", help="node name (default: host name)")
+    s.add_argument("--rack", default="")
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
+    s.set_defaults(func=cmd_serve)
+    c = sub.add_parser("cluster", help="start, stop or inspect a local staging cluster")
+    csub = c.add_subparsers(dest="cluster_cmd", required=True)
+    st = csub.add_parser("start", help="launch servers in the background; returns once they serve")
+    st.add_argument("--servers", type=int, default=4)
+    st.add_argument("--spares", type=int, default=0)
+    st.add_argument("--topology", help="TOML/JSON file: [[server]] id, node, rack")
+    st.add_argument("--memory", default="4GiB", help="memory limit per server")
+    st.add_argument("--bind", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
+    st.add_argument("--file", default="cluster.json")
+    st.set_defaults(func=cmd_start)
+    sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
+    sp.add_argument("--file", default="cluster.json")
+    sp.set_defaults(func=cmd_stop)
+    ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
+    ss.add_argument("--file", default="cluster.json")
+    ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
+    ss.set_defaults(func=cmd_status)
