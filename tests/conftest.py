@@ -27,12 +27,34 @@ def check(p: subprocess.CompletedProcess) -> str:
     return p.stdout
 
 
-@pytest.fixture
-def cfg(tmp_path: Path) -> Path:
-    """A cairn.toml selecting the file engine under tmp_path."""
+def _file_cfg(tmp_path: Path) -> Path:
     c = tmp_path / "cairn.toml"
     c.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\nchunk_size = 4096\n')
     return c
+
+
+@pytest.fixture
+def file_cfg(tmp_path: Path) -> Path:
+    """A cairn.toml selecting the file engine under tmp_path."""
+    return _file_cfg(tmp_path)
+
+
+@pytest.fixture(params=["file", "staging"])
+def cfg(request: pytest.FixtureRequest, tmp_path: Path):
+    """A cairn.toml for each engine: the same tests run on both (file engine under tmp_path; a
+    real 2-server staging cluster, separate processes, with small objects so blocks split)."""
+    if request.param == "file":
+        yield _file_cfg(tmp_path)
+        return
+    from cairn import cluster
+
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
+    conf = tmp_path / "cairn.toml"
+    conf.write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\n')
+    try:
+        yield conf
+    finally:
+        c.stop()
 
 
 PY = sys.executable

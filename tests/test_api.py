@@ -136,7 +136,8 @@ def test_exception_inside_a_step_abandons_it(cfg):
         assert f.steps() == [0]
 
 
-def test_corrupt_data_is_reported_and_other_blocks_stay_readable(cfg, tmp_path):
+def test_corrupt_data_is_reported_and_other_blocks_stay_readable(file_cfg, tmp_path):
+    cfg = file_cfg
     for r in range(2):
         with write(cfg, nranks=2, rank=r) as f:
             f.define("p", "f8", (1000,))

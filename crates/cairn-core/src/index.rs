@@ -113,7 +113,12 @@ impl BlockRecord {
         if !self.objects.is_empty() {
             let mut volume = 0u64;
             for o in &self.objects {
-                if o.region.ndim() != self.region.ndim() || o.region.intersect(&self.region).as_ref() != Some(&o.region) {
+                let inside = o.region.ndim() == self.region.ndim()
+                    && (0..o.region.ndim()).all(|d| {
+                        o.region.offset[d] >= self.region.offset[d]
+                            && o.region.offset[d].checked_add(o.region.count[d]).is_some_and(|e| e <= self.region.offset[d] + self.region.count[d])
+                    });
+                if !inside {
                     return bad(format!("object {:?}+{:?} lies outside its block", o.region.offset, o.region.count));
                 }
                 volume += o.region.volume();

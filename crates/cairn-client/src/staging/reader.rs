@@ -92,6 +92,9 @@ impl ReadEngine for StagingReader {
     }
 
     fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        if isect.volume() == 0 {
+            return Ok(());
+        }
         // The runs each object contributes to `out`, cut from it as disjoint slices in order.
         let mut runs: Vec<(u64, usize, usize)> = Vec::new(); // (object id, dst offset, len)
         let mut wants = Vec::new();
