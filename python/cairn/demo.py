@@ -1,7 +1,8 @@
 """The main job: a simulation of 4 MPI ranks writes a multi-step 3-D field (plus ragged per-rank
 walkers) through ``cairn.toml``; 3 MPI ranks then read boxes back and check them. Prints throughput.
+By default it starts a local 2-server staging cluster for the run and stops it at the end.
 
-    python -m cairn.demo [--writers 4] [--readers 3] [--steps 10] [--n 128] [--config cairn.toml]
+    python -m cairn.demo [--engine staging|file] [--writers 4] [--readers 3] [--steps 10] [--n 128] [--config cairn.toml]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import numpy as np
 
 import cairn
+from cairn import cluster
 
 NAME = "demo"
 
@@ -90,24 +92,37 @@ def main() -> None:
     p.add_argument("--readers", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--n", type=int, default=128, help="edge of the cubic field")
-    p.add_argument("--config", help="cairn.toml (default: a file engine config in a temporary directory)")
+    p.add_argument("--config", help="cairn.toml (default: one for --engine in a temporary directory)")
+    p.add_argument("--engine", choices=["staging", "file"], default="staging")
     args = p.parse_args()
     if args.role == "write":
         return writer(args)
     if args.role == "read":
         return reader(args)
     with tempfile.TemporaryDirectory(prefix="cairn-demo-") as tmp:
+        local = None
         if args.config is None:
             args.config = os.path.join(tmp, "cairn.toml")
+            if args.engine == "staging":
+                local = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="2GiB")
+                text = f'engine = "staging"\n\n[staging]\ncluster = "{local.file}"\n'
+            else:
+                text = f'engine = "file"\n\n[file]\npath = "{tmp}"\n'
             with open(args.config, "w") as fh:
-                fh.write(f'engine = "file"\n\n[file]\npath = "{tmp}"\n')
-        print(f"cairn {cairn.__version__} demo, config {args.config}:")
-        print(open(args.config).read().strip().replace("\n", "\n  ").join(["  ", ""]))
-        common = ["--writers", str(args.writers), "--steps", str(args.steps), "--n", str(args.n), "--config", args.config]
-        for role, n in (("write", args.writers), ("read", args.readers)):
-            subprocess.run([*mpirun(n), sys.executable, "-m", "cairn.demo", role, *common], check=True)
-        subprocess.run([sys.executable, "-m", "cairn", "ls", os.path.join(tmp, NAME)], check=True)
-
+                fh.write(text)
+        try:
+            print(f"cairn {cairn.__version__} demo, config {args.config}:")
+            print(open(args.config).read().strip().replace("\n", "\n  ").join(["  ", ""]))
+            common = ["--writers", str(args.writers), "--steps", str(args.steps), "--n", str(args.n), "--config", args.config]
+            for role, n in (("write", args.writers), ("read", args.readers)):
+                subprocess.run([*mpirun(n), sys.executable, "-m", "cairn.demo", role, *common], check=True)
+            if local is not None:
+                subprocess.run([sys.executable, "-m", "cairn", "cluster", "status", "--file", str(local.file)], check=True)
+            elif args.engine == "file":
+                subprocess.run([sys.executable, "-m", "cairn", "ls", os.path.join(tmp, NAME)], check=True)
+        finally:
+            if local is not None:
+                local.stop()
 
 if __name__ == "__main__":
     main()

@@ -113,7 +113,13 @@ pub fn place_key(dataset: &str, var: &str, offset: &[u64]) -> u64 {
     for o in offset {
         eat(&o.to_le_bytes());
     }
-    h
+    // FNV's low bits barely change between neighbouring offsets; a final avalanche (murmur3's
+    // fmix64) spreads them, since placement takes the hash modulo a small server count.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 #[cfg(test)]
@@ -158,5 +164,15 @@ mod tests {
         assert_ne!(place_key("d", "v", &[1, 2]), place_key("d", "v", &[2, 1]));
         assert_ne!(place_key("dv", "", &[]), place_key("d", "v", &[]));
         assert_eq!(ring.group(5, 9).len(), 2);
+    }
+
+    #[test]
+    fn neighbouring_blocks_spread_over_servers() {
+        let ring = Ring::new(&(0..4).map(|i| spec(i, &format!("n{i}"), "")).collect::<Vec<_>>());
+        let mut per = [0; 4];
+        for x in 0..64u64 {
+            per[ring.place(place_key("demo", "t", &[x * 32, 0, 0])) as usize] += 1;
+        }
+        assert!(per.iter().all(|&n| n >= 8), "{per:?}");
     }
 }

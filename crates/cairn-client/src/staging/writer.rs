@@ -119,7 +119,12 @@ impl WriteEngine for StagingWriter {
     fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
         let elem = block.def.dtype.size();
         let pieces = split(&block.region, elem, self.object_size);
-        let base = place_key(&self.dataset, &block.def.name, &block.region.offset);
+        // Local blocks all sit at offset zero: their writer tells them apart.
+        let mut at = block.region.offset.clone();
+        if block.def.is_local() {
+            at.push(u64::from(self.rank));
+        }
+        let base = place_key(&self.dataset, &block.def.name, &at);
         let mut by_server: BTreeMap<u32, Vec<Outgoing<'_>>> = BTreeMap::new();
         let mut refs = Vec::with_capacity(pieces.len());
         for (i, piece) in pieces.into_iter().enumerate() {

@@ -1,0 +1,142 @@
+"""Staging-only behaviour against real server processes: capacity, a server killed, the embedded
+default cluster, waiting and streaming, the cluster CLI. (Everything the file engine does too is
+in the shared suite, which runs on both engines.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cairn
+from cairn import cluster
+
+from .conftest import PY
+
+
+@pytest.fixture
+def small(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="4MiB")
+    yield c
+    c.stop()
+
+
+def test_full_servers_raise_capacity_error_stay_up_and_accept_after_release(small):
+    w = cairn.open("cap", "w", engine="staging", cluster=small.file, object_size=1 << 20)
+    w.define("x", "u1", (3 << 20,))
+    for s in range(2):
+        with w.step(s):
+            w.put("x", np.full(3 << 20, s, "u1"), offset=(0,))
+    with pytest.raises(cairn.CapacityError, match=r"server \d is full.*release old steps") as e:
+        with w.step(2):
+            w.put("x", np.full(3 << 20, 2, "u1"), offset=(0,))
+    assert isinstance(e.value, MemoryError)
+    r = cairn.open("cap", "r", engine="staging", cluster=small.file)
+    assert r.steps() == [0, 1]
+    r.release(0)
+    with w.step(2):
+        w.put("x", np.full(3 << 20, 2, "u1"), offset=(0,))
+    assert r.steps() == [1, 2] and (r.get("x", 2) == 2).all()
+    assert sum(s["memory_used"] for s in cluster.status(small.file)) == 6 << 20
+
+
+def test_keep_last_frees_old_steps(small):
+    with cairn.open("k", "w", engine="staging", cluster=small.file, keep_last=2) as w:
+        w.define("x", "f8", (100_000,))
+        for s in range(20):
+            with w.step(s):
+                w.put("x", np.full(100_000, float(s)), offset=(0,))
+    r = cairn.open("k", "r", engine="staging", cluster=small.file)
+    assert r.steps() == [18, 19]
+    assert r.get("x", 19)[-1] == 19.0
+
+
+def test_a_killed_server_gives_a_clear_error_not_a_hang(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="64MiB")
+    try:
+        with cairn.open("d", "w", engine="staging", cluster=c.file, object_size=4096) as w:
+            w.define("x", "f8", (10_000,))
+            with w.step(0):
+                w.put("x", np.arange(10_000.0), offset=(0,))
+        r = cairn.open("d", "r", engine="staging", cluster=c.file)
+        entries = json.loads(c.file.read_text())["servers"]
+        victim = next(e for e in entries if e["id"] == 1)
+        os.kill(victim["pid"], signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(cairn.UnavailableError, match="server 1"):
+            r.get("x", 0)
+    finally:
+        c.stop()
+
+
+def test_embedded_cluster_starts_for_the_run_and_stops_at_exit(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np, cairn, json
+        from cairn import cluster
+        with cairn.open("e", "w", engine="staging") as f:
+            f.define("x", "i8", (50,))
+            with f.step(0):
+                f.put("x", np.arange(50), offset=(0,))
+        r = cairn.open("e", "r", engine="staging")
+        assert (r.get("x", 0) == np.arange(50)).all()
+        print(json.dumps([s["pid"] for s in cluster.servers_of(cluster._embedded.file)]))
+    """)
+    out = subprocess.run([PY, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pids = json.loads(out.stdout.strip().splitlines()[-1])
+    time.sleep(0.3)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_wait_step_and_stream_follow_the_writer(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="64MiB")
+    try:
+        r = cairn.open("s", "r", engine="staging", cluster=c.file)
+        assert r.wait_step(0, timeout=0.1) is False
+
+        def write() -> None:
+            with cairn.open("s", "w", engine="staging", cluster=c.file) as w:
+                w.define("x", "f8", (4,))
+                for s in range(5):
+                    time.sleep(0.05)
+                    with w.step(s):
+                        w.put("x", np.full(4, float(s)), offset=(0,))
+
+        t = threading.Thread(target=write)
+        t.start()
+        seen = [(s, float(r.get("x", s)[0])) for s in r.stream(timeout=2.0)]
+        t.join()
+        assert seen == [(s, float(s)) for s in range(5)]
+    finally:
+        c.stop()
+
+
+def test_cluster_cli_start_status_objects_stop(tmp_path):
+    run = lambda *a: subprocess.run([PY, "-m", "cairn", *a], cwd=tmp_path, capture_output=True, text=True, timeout=60)  # noqa: E731
+    topo = tmp_path / "topo.json"
+    topo.write_text(json.dumps({"server": [{"id": i, "node": f"n{i // 2}", "rack": f"r{i % 2}"} for i in range(4)]}))
+    out = run("cluster", "start", "--servers", "3", "--spares", "1", "--topology", str(topo), "--memory", "32MiB")
+    assert out.returncode == 0 and "3 servers (+1 spares) up" in out.stdout, out.stderr
+    with cairn.open("cli", "w", engine="staging", cluster=tmp_path / "cluster.json", object_size=2048) as w:
+        w.define("x", "f4", (64, 64))
+        with w.step(0):
+            w.put("x", np.ones((64, 64), "f4"), offset=(0, 0))
+    st = run("cluster", "status", "--objects")
+    assert st.returncode == 0, st.stderr
+    assert "(spare)" in st.stdout and "committed" in st.stdout and "32.0" in st.stdout
+    held = {line.split()[0] for line in st.stdout.splitlines() if " cli " in line}
+    assert held == {"0", "1", "2"}  # spread over the active servers, none on the spare
+    assert run("cluster", "start").returncode != 0  # refuses to start over a running cluster
+    assert run("cluster", "stop").returncode == 0
+    assert not (tmp_path / "cluster.json").exists()
+    assert "no cluster file" in run("cluster", "status").stderr
