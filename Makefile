@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MPIRUN := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
-.PHONY: help setup build demo test test-rust test-python bench check clean
+.PHONY: help setup build demo test test-rust test-python bench fuzz check clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -16,7 +16,7 @@ build: ## rebuild the Python extension and the C library after code changes
 	$(VENV)/bin/maturin develop --release -q
 	cargo build --release -q -p cairn-capi
 
-demo: setup ## the main job: 4 MPI ranks write a 3-D field, 3 ranks read boxes back
+demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D field, 3 ranks read boxes back
 	$(PY) -m cairn.demo
 
 test: setup test-rust test-python ## run every test (what CI runs)
@@ -29,6 +29,10 @@ test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
 
 bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench file
+	$(PY) -m cairn.bench staging
+
+fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
+	scripts/fuzz.sh
 
 check: test ## everything CI runs
 	cargo clippy --workspace --release -q -- -D warnings

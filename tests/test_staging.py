@@ -140,3 +140,25 @@ def test_cluster_cli_start_status_objects_stop(tmp_path):
     assert run("cluster", "stop").returncode == 0
     assert not (tmp_path / "cluster.json").exists()
     assert "no cluster file" in run("cluster", "status").stderr
+
+
+def test_bad_frames_and_wrong_secret_are_refused_by_a_real_server(small):
+    import socket
+    import struct
+
+    host, port = json.loads(small.file.read_text())["servers"][0]["addr"].rsplit(":", 1)
+
+    def exchange(data: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(data)
+            out = b""
+            while chunk := s.recv(4096):
+                out += chunk
+            return out
+
+    assert b"magic" in exchange(b"\x00" * 64)
+    hello = json.dumps({"op": "hello", "secret": "0" * 64, "client": "intruder"}).encode()
+    assert b"wrong cluster secret" in exchange(b"CRN1" + struct.pack("<IQ", len(hello), 0) + hello)
+    assert b"exceeds" in exchange(b"CRN1" + struct.pack("<IQ", len(hello), 1 << 62) + hello)
+    assert b"header length" in exchange(b"CRN1" + struct.pack("<IQ", 0xFFFFFFFF, 0))
+    assert all(s["memory_used"] == 0 for s in cluster.status(small.file))  # still up, nothing held

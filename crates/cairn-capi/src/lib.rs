@@ -135,7 +135,14 @@ pub extern "C" fn cairn_last_error() -> *const c_char {
 /// # Safety
 /// String arguments are NUL-terminated or NULL (`config` only); `out` is valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn cairn_open(name: *const c_char, mode: *const c_char, config: *const c_char, rank: c_int, nranks: c_int, out: *mut *mut CairnFile) -> Status {
+pub unsafe extern "C" fn cairn_open(
+    name: *const c_char,
+    mode: *const c_char,
+    config: *const c_char,
+    rank: c_int,
+    nranks: c_int,
+    out: *mut *mut CairnFile,
+) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
         let (name, mode) = unsafe { (text(name, "name")?, text(mode, "mode")?) };
@@ -166,7 +173,13 @@ pub unsafe extern "C" fn cairn_open(name: *const c_char, mode: *const c_char, co
 /// # Safety
 /// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
 #[no_mangle]
-pub unsafe extern "C" fn cairn_define(f: *mut CairnFile, name: *const c_char, dtype: *const c_char, ndim: c_int, shape: *const u64) -> Status {
+pub unsafe extern "C" fn cairn_define(
+    f: *mut CairnFile,
+    name: *const c_char,
+    dtype: *const c_char,
+    ndim: c_int,
+    shape: *const u64,
+) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
         let w = unsafe { writer(f)? };
@@ -192,7 +205,14 @@ pub unsafe extern "C" fn cairn_begin_step(f: *mut CairnFile, step: u64) -> Statu
 /// # Safety
 /// `f` is a write handle; `data` holds the block; `offset` (unless NULL) and `count` hold `ndim` values.
 #[no_mangle]
-pub unsafe extern "C" fn cairn_put(f: *mut CairnFile, var: *const c_char, data: *const c_void, ndim: c_int, offset: *const u64, count: *const u64) -> Status {
+pub unsafe extern "C" fn cairn_put(
+    f: *mut CairnFile,
+    var: *const c_char,
+    data: *const c_void,
+    ndim: c_int,
+    offset: *const u64,
+    count: *const u64,
+) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
         let w = unsafe { writer(f)? };
@@ -225,7 +245,16 @@ pub unsafe extern "C" fn cairn_end_step(f: *mut CairnFile) -> Status {
 /// # Safety
 /// `f` is a read handle; `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cairn_get(f: *mut CairnFile, var: *const c_char, step: u64, ndim: c_int, offset: *const u64, count: *const u64, out: *mut c_void, out_bytes: usize) -> Status {
+pub unsafe extern "C" fn cairn_get(
+    f: *mut CairnFile,
+    var: *const c_char,
+    step: u64,
+    ndim: c_int,
+    offset: *const u64,
+    count: *const u64,
+    out: *mut c_void,
+    out_bytes: usize,
+) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
         let r = match unsafe { f.as_ref() } {

@@ -81,9 +81,8 @@ const OVERRIDES: &str = "engine, path, fsync, chunk_size, cluster, object_size, 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text).map_err(|e| {
-            Error::Config(format!("{origin}: {}; see docs/guide.md for the keys cairn.toml accepts", e.to_string().trim()))
-        })
+        toml::from_str(text)
+            .map_err(|e| Error::Config(format!("{origin}: {}; see docs/guide.md for the keys cairn.toml accepts", e.to_string().trim())))
     }
 
     /// Loads the configuration (explicit path, `$CAIRN_CONFIG`, `./cairn.toml`, defaults) and
@@ -129,9 +128,13 @@ impl Config {
             "object_size" => {
                 self.staging.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
             }
-            "keep_last" => self.staging.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?),
+            "keep_last" => {
+                self.staging.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?)
+            }
             "keep" => self.staging.keep = value.parse().map_err(|_| bad("expected true or false"))?,
-            "servers" => self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?,
+            "servers" => {
+                self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?
+            }
             "memory" => self.staging.memory = value.to_string(),
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }

@@ -124,9 +124,11 @@ impl Reader {
         if !def.is_local() {
             return Err(Error::InvalidArgument(format!("'{var}' is a global array; read it with get(var, step, offset, count)")));
         }
-        self.engine.blocks(var, step)?.into_iter().find(|b| b.writer == writer).ok_or_else(|| {
-            Error::NotFound(format!("writer {writer} put no block of '{var}' at step {step}"))
-        })
+        self.engine
+            .blocks(var, step)?
+            .into_iter()
+            .find(|b| b.writer == writer)
+            .ok_or_else(|| Error::NotFound(format!("writer {writer} put no block of '{var}' at step {step}")))
     }
 
     /// Reads writer `writer`'s block of local variable `var` at `step` into `out`.

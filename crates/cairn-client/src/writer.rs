@@ -111,9 +111,9 @@ impl Writer {
     /// Puts a block: `bytes` (C order, little-endian) of `dtype` with extents `count`, at `offset`
     /// of a global variable, or (offset `None`) as this rank's block of a local variable.
     pub fn put(&mut self, var: &str, dtype: DType, bytes: &[u8], offset: Option<&[u64]>, count: &[u64]) -> Result<()> {
-        let step = self.step.ok_or_else(|| {
-            Error::Conflict(format!("put of '{var}' outside a step; call begin_step (Python: `with f.step(n):`) first"))
-        })?;
+        let step = self
+            .step
+            .ok_or_else(|| Error::Conflict(format!("put of '{var}' outside a step; call begin_step (Python: `with f.step(n):`) first")))?;
         let def = self.vars.get(var).ok_or_else(|| unknown_var(var, self.vars.keys()))?;
         if dtype != def.dtype {
             return Err(Error::InvalidArgument(format!(

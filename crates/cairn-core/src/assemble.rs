@@ -117,8 +117,7 @@ mod tests {
     }
 
     fn region(ndim: usize, lo: u64, hi: u64) -> impl Strategy<Value = Region> {
-        (prop::collection::vec(0u64..lo, ndim), prop::collection::vec(1u64..hi, ndim))
-            .prop_map(|(o, c)| Region::new(o, c).unwrap())
+        (prop::collection::vec(0u64..lo, ndim), prop::collection::vec(1u64..hi, ndim)).prop_map(|(o, c)| Region::new(o, c).unwrap())
     }
 
     proptest! {

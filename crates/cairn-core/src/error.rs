@@ -75,9 +75,7 @@ impl Error {
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
-                    ErrorKind::Corrupt
-                }
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => ErrorKind::Corrupt,
                 _ => ErrorKind::Unavailable,
             },
         }

@@ -27,9 +27,7 @@ impl VarDef {
     /// Builds a definition, checking the name and the number of dimensions.
     pub fn new(name: &str, dtype: DType, shape: Option<Vec<u64>>) -> Result<VarDef> {
         if name.is_empty() || name.len() > 256 || name.chars().any(|c| c.is_control()) {
-            return Err(Error::InvalidArgument(format!(
-                "invalid variable name {name:?}: use 1 to 256 printable characters"
-            )));
+            return Err(Error::InvalidArgument(format!("invalid variable name {name:?}: use 1 to 256 printable characters")));
         }
         if let Some(s) = &shape {
             Region::new(vec![0; s.len()], s.clone())?;
@@ -116,7 +114,9 @@ impl BlockRecord {
                 let inside = o.region.ndim() == self.region.ndim()
                     && (0..o.region.ndim()).all(|d| {
                         o.region.offset[d] >= self.region.offset[d]
-                            && o.region.offset[d].checked_add(o.region.count[d]).is_some_and(|e| e <= self.region.offset[d] + self.region.count[d])
+                            && o.region.offset[d]
+                                .checked_add(o.region.count[d])
+                                .is_some_and(|e| e <= self.region.offset[d] + self.region.count[d])
                     });
                 if !inside {
                     return bad(format!("object {:?}+{:?} lies outside its block", o.region.offset, o.region.count));
@@ -194,7 +194,10 @@ impl StepIndex {
                         return Err(Error::Conflict(format!(
                             "step {step}: rank {r} defined '{}' as {} but rank {} as {}; every rank must \
                              define a variable the same way",
-                            v.name, prev.describe(), f.writer, v.describe()
+                            v.name,
+                            prev.describe(),
+                            f.writer,
+                            v.describe()
                         )))
                     }
                     Some(_) => {}
@@ -219,9 +222,10 @@ impl StepIndex {
     pub fn validate(&self) -> Result<()> {
         let mut by_var: BTreeMap<&str, Vec<&BlockRecord>> = BTreeMap::new();
         for b in &self.blocks {
-            let def = self.vars.get(&b.var).ok_or_else(|| {
-                Error::Corrupt(format!("step {}: block of undefined variable '{}'", self.step, b.var))
-            })?;
+            let def = self
+                .vars
+                .get(&b.var)
+                .ok_or_else(|| Error::Corrupt(format!("step {}: block of undefined variable '{}'", self.step, b.var)))?;
             b.validate(def)?;
             by_var.entry(&b.var).or_default().push(b);
         }
@@ -328,27 +332,35 @@ mod tests {
         let region = Region::new(o.to_vec(), c.to_vec()).unwrap();
         let len = region.volume() * 8;
         BlockRecord {
-            var: var.into(), writer, region, file: format!("data/rank-{writer}.bin"), pos: 0, len,
-            chunk: 1 << 20, crcs: vec![0; len.div_ceil(1 << 20) as usize], checksum: 0,
+            var: var.into(),
+            writer,
+            region,
+            file: format!("data/rank-{writer}.bin"),
+            pos: 0,
+            len,
+            chunk: 1 << 20,
+            crcs: vec![0; len.div_ceil(1 << 20) as usize],
+            checksum: 0,
             stats: Stats { min: Some(f64::NEG_INFINITY), max: Some(f64::NAN), mean: None },
             objects: Vec::new(),
         }
     }
 
     fn frag(writer: u32, nranks: u32, blocks: Vec<BlockRecord>) -> Fragment {
-        let vars = vec![
-            VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap(),
-            VarDef::new("w", DType::F64, None).unwrap(),
-        ];
+        let vars = vec![VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap(), VarDef::new("w", DType::F64, None).unwrap()];
         Fragment { format: FORMAT_VERSION, step: 3, writer, nranks, session: String::new(), vars, blocks }
     }
 
     #[test]
     fn merge_round_trips_through_json_with_non_finite_stats() {
-        let idx = StepIndex::merge(3, vec![
-            frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4]), block("w", 1, &[0], &[7])]),
-            frag(0, 2, vec![block("p", 0, &[0, 0], &[5, 4])]),
-        ]).unwrap();
+        let idx = StepIndex::merge(
+            3,
+            vec![
+                frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4]), block("w", 1, &[0], &[7])]),
+                frag(0, 2, vec![block("p", 0, &[0, 0], &[5, 4])]),
+            ],
+        )
+        .unwrap();
         let back: StepIndex = from_json(&to_json(&idx), "step 3").unwrap();
         assert_eq!(back.blocks.len(), 3);
         assert!(back.blocks[0].stats.max.unwrap().is_nan());
@@ -357,10 +369,9 @@ mod tests {
 
     #[test]
     fn merge_refuses_overlaps_missing_ranks_and_conflicting_definitions() {
-        let e = StepIndex::merge(3, vec![
-            frag(0, 2, vec![block("p", 0, &[0, 0], &[6, 4])]),
-            frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4])]),
-        ]).unwrap_err();
+        let e =
+            StepIndex::merge(3, vec![frag(0, 2, vec![block("p", 0, &[0, 0], &[6, 4])]), frag(1, 2, vec![block("p", 1, &[5, 0], &[5, 4])])])
+                .unwrap_err();
         assert!(e.to_string().contains("overlap") && e.to_string().contains("writer 1"), "{e}");
         assert!(StepIndex::merge(3, vec![frag(0, 3, vec![]), frag(1, 3, vec![])]).is_err());
         let mut other = frag(1, 2, vec![]);

@@ -24,16 +24,11 @@ impl Region {
             )));
         }
         if offset.len() > MAX_DIMS {
-            return Err(Error::InvalidArgument(format!(
-                "{} dimensions requested; Cairn supports at most {MAX_DIMS}",
-                offset.len()
-            )));
+            return Err(Error::InvalidArgument(format!("{} dimensions requested; Cairn supports at most {MAX_DIMS}", offset.len())));
         }
         for (d, (o, c)) in offset.iter().zip(&count).enumerate() {
             if o.checked_add(*c).is_none() {
-                return Err(Error::InvalidArgument(format!(
-                    "offset {o} + count {c} overflows along dimension {d}"
-                )));
+                return Err(Error::InvalidArgument(format!("offset {o} + count {c} overflows along dimension {d}")));
             }
         }
         Ok(Region { offset, count })
@@ -167,8 +162,7 @@ mod tests {
 
     fn boxes(ndim: usize) -> impl Strategy<Value = Vec<Region>> {
         prop::collection::vec(
-            (prop::collection::vec(0u64..20, ndim), prop::collection::vec(1u64..8, ndim))
-                .prop_map(|(o, c)| Region::new(o, c).unwrap()),
+            (prop::collection::vec(0u64..20, ndim), prop::collection::vec(1u64..8, ndim)).prop_map(|(o, c)| Region::new(o, c).unwrap()),
             0..12,
         )
     }

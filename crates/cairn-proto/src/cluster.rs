@@ -48,8 +48,8 @@ impl ClusterFile {
                 path.display()
             ))
         })?;
-        let c: ClusterFile = serde_json::from_slice(&text)
-            .map_err(|e| Error::Corrupt(format!("cluster file {} does not parse: {e}", path.display())))?;
+        let c: ClusterFile =
+            serde_json::from_slice(&text).map_err(|e| Error::Corrupt(format!("cluster file {} does not parse: {e}", path.display())))?;
         if c.servers.iter().all(|s| s.spec.spare) {
             return Err(Error::Config(format!("cluster file {} lists no active server", path.display())));
         }
@@ -70,10 +70,7 @@ impl ClusterFile {
 
     /// The entry of server `id`.
     pub fn server(&self, id: u32) -> Result<&ServerEntry> {
-        self.servers
-            .iter()
-            .find(|s| s.spec.id == id)
-            .ok_or_else(|| Error::NotFound(format!("server {id} is not in the cluster file")))
+        self.servers.iter().find(|s| s.spec.id == id).ok_or_else(|| Error::NotFound(format!("server {id} is not in the cluster file")))
     }
 
     /// The server that coordinates commits of `dataset` and keeps its step index.
@@ -88,7 +85,8 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let what = || format!("writing {}", path.display());
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(|e| Error::io(what(), e))?;
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(|e| Error::io(what(), e))?;
     f.write_all(bytes).map_err(|e| Error::io(what(), e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(what(), e))
 }

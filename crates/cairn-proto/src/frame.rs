@@ -70,9 +70,10 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8], max_payload: u64) -> Result<(T, &
         .ok_or_else(|| Error::Corrupt(format!("bad frame: {} bytes, shorter than the {PREFIX_LEN}-byte prefix", buf.len())))?;
     let p = Prefix::parse(prefix, max_payload)?;
     let h_end = PREFIX_LEN + p.header_len as usize;
-    let end = (h_end as u64).checked_add(p.payload_len).filter(|e| *e <= buf.len() as u64).ok_or_else(|| {
-        Error::Corrupt(format!("bad frame: truncated ({} bytes, frame needs {} + {})", buf.len(), h_end, p.payload_len))
-    })? as usize;
+    let end =
+        (h_end as u64).checked_add(p.payload_len).filter(|e| *e <= buf.len() as u64).ok_or_else(|| {
+            Error::Corrupt(format!("bad frame: truncated ({} bytes, frame needs {} + {})", buf.len(), h_end, p.payload_len))
+        })? as usize;
     let msg = decode_header(&buf[PREFIX_LEN..h_end])?;
     Ok((msg, &buf[h_end..end], end))
 }
@@ -100,5 +101,33 @@ mod tests {
         let mut junk = buf;
         junk[PREFIX_LEN] = b'#';
         assert!(decode::<Request>(&junk, 10).unwrap_err().to_string().contains("parse"));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::message::{Request, Response};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The stable-toolchain twin of the cargo-fuzz target: arbitrary bytes, and valid frames
+        /// with arbitrary corruption, decode to a frame or an error and never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode::<Request>(&bytes, 1 << 20);
+            let _ = decode::<Response>(&bytes, 1 << 20);
+        }
+
+        #[test]
+        fn corrupted_frames_never_panic(pos in 0usize..200, flip in any::<u8>(), cut in 0usize..200) {
+            let msg = Request::Get { dataset: "d".into(), step: 3, id: 9, want: cairn_core::Region::new(vec![1, 2], vec![3, 4]).unwrap() };
+            let mut buf = encode_head(&msg, 0);
+            let n = buf.len();
+            buf[pos % n] ^= flip;
+            buf.truncate(cut.min(n));
+            let _ = decode::<Request>(&buf, 1 << 20);
+        }
     }
 }

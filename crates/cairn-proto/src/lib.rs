@@ -15,12 +15,12 @@
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
 //! - `async_io` (feature `tokio`): the same over tokio streams (servers).
 
+#[cfg(feature = "tokio")]
+pub mod async_io;
 pub mod cluster;
 pub mod frame;
 pub mod message;
 pub mod sync_io;
-#[cfg(feature = "tokio")]
-pub mod async_io;
 
 pub use frame::{Prefix, MAX_HEADER, PREFIX_LEN};
 pub use message::{Request, Response};

@@ -56,7 +56,15 @@ impl PyReader {
             .collect())
     }
 
-    fn get_into(&self, py: Python<'_>, var: &str, step: u64, offset: Vec<u64>, count: Vec<u64>, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        var: &str,
+        step: u64,
+        offset: Vec<u64>,
+        count: Vec<u64>,
+        out: &Bound<'_, PyUntypedArray>,
+    ) -> PyResult<()> {
         let out = bytes_of(out, true)?;
         py.detach(|| self.inner.get(var, step, &offset, &count, out)).map_err(to_py)
     }

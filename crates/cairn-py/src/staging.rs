@@ -22,7 +22,8 @@ pub(crate) fn serve(
     rack: String,
     timeout_s: f64,
 ) -> PyResult<()> {
-    let opts = cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: Duration::from_secs_f64(timeout_s) };
+    let opts =
+        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: Duration::from_secs_f64(timeout_s) };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }
 

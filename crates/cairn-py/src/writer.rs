@@ -26,7 +26,15 @@ impl PyWriter {
 impl PyWriter {
     #[new]
     #[pyo3(signature = (name, config, overrides, rank, nranks, append, session))]
-    fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>, rank: u32, nranks: u32, append: bool, session: Option<String>) -> PyResult<Self> {
+    fn new(
+        name: &str,
+        config: Option<String>,
+        overrides: Vec<(String, String)>,
+        rank: u32,
+        nranks: u32,
+        append: bool,
+        session: Option<String>,
+    ) -> PyResult<Self> {
         let cfg = crate::config(config, overrides)?;
         let session = session.unwrap_or_else(cairn_client::writer::default_session);
         let w = Writer::open(name, &cfg, rank, nranks, append, &session).map_err(to_py)?;

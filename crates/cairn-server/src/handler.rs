@@ -9,14 +9,13 @@ use cairn_proto::cluster::secret_matches;
 use cairn_proto::message::{Request, Response};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Serves one connection until the peer leaves, sends something malformed, or the server stops.
 pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, mut stream: S) {
     let mut shutdown = state.shutdown.subscribe();
     if let Err(e) = hello(&state, &mut stream).await {
-        let _ = write_frame(&mut stream, &Response::error(&e), &[]).await;
-        return;
+        return refuse(&mut stream, &e).await;
     }
     loop {
         let head = tokio::select! {
@@ -26,11 +25,8 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, mut st
         let (req, prefix) = match head {
             Ok(Some(h)) => h,
             Ok(None) => return,
-            Err(e) => {
-                // The stream is out of step with the frames now: answer, then hang up.
-                let _ = write_frame(&mut stream, &Response::error(&e), &[]).await;
-                return;
-            }
+            // The stream is out of step with the frames now: answer, then hang up.
+            Err(e) => return refuse(&mut stream, &e).await,
         };
         state.requests.fetch_add(1, Ordering::Relaxed);
         let reply = cmd::dispatch(&state, req, prefix, &mut stream).await;
@@ -44,6 +40,24 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, mut st
             return;
         }
     }
+}
+
+/// Sends the error, then closes gracefully: closing with unread input would reset the connection
+/// and could destroy the reply before the peer reads it, so unread bytes are drained briefly first.
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, e: &Error) {
+    let _ = write_frame(stream, &Response::error(e), &[]).await;
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 8192];
+        let mut left = 1usize << 20;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
 }
 
 async fn hello<S: AsyncRead + AsyncWrite + Unpin>(state: &State, stream: &mut S) -> Result<()> {

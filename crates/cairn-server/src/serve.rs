@@ -56,9 +56,8 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::io("starting the runtime", e))?;
     rt.block_on(async move {
-        let tcp = tokio::net::TcpListener::bind((opts.bind.as_str(), 0))
-            .await
-            .map_err(|e| Error::io(format!("binding {}", opts.bind), e))?;
+        let tcp =
+            tokio::net::TcpListener::bind((opts.bind.as_str(), 0)).await.map_err(|e| Error::io(format!("binding {}", opts.bind), e))?;
         let port = tcp.local_addr().map_err(|e| Error::io("reading the bound address", e))?.port();
         let sock = dir.join(format!("server-{}.sock", opts.id));
         let _ = std::fs::remove_file(&sock);

@@ -35,6 +35,17 @@ pub struct Store {
     limit: u64,
     used: AtomicU64,
     steps: Mutex<HashMap<StepKey, HashMap<u64, Object>>>,
+    pool: Pool,
+}
+
+/// Buffers of freed objects kept for reuse by size. Writing into fresh memory costs a page fault
+/// per 4 KiB (measured: puts at ~1.1 GB/s with fresh buffers vs the loopback socket's ~2.8 GB/s);
+/// steady-state steps (keep_last) free exactly the sizes the next step needs. Pooled bytes count
+/// against the limit, and are given back to the system first when space runs short.
+#[derive(Debug, Default)]
+struct Pool {
+    bufs: Mutex<HashMap<usize, Vec<Vec<u8>>>>,
+    bytes: AtomicU64,
 }
 
 /// Space reserved for a payload being received; given back unless [`Store::insert`] consumes it.
@@ -53,7 +64,7 @@ impl Drop for Reservation<'_> {
 impl Store {
     /// An empty store of server `server` holding at most `limit` bytes.
     pub fn new(server: u32, limit: u64) -> Store {
-        Store { server, limit, used: AtomicU64::new(0), steps: Mutex::new(HashMap::new()) }
+        Store { server, limit, used: AtomicU64::new(0), steps: Mutex::new(HashMap::new()), pool: Pool::default() }
     }
 
     /// Bytes held or reserved.
@@ -69,6 +80,11 @@ impl Store {
     /// Reserves `bytes`, or fails with [`Error::Capacity`] naming the server and the sizes.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
         let mut cur = self.used.load(Ordering::Acquire);
+        if cur.saturating_add(bytes).saturating_add(self.pool.bytes.load(Ordering::Acquire)) > self.limit {
+            let mut bufs = self.pool.bufs.lock().expect("pool lock");
+            bufs.clear();
+            self.pool.bytes.store(0, Ordering::Release);
+        }
         loop {
             let next = cur.saturating_add(bytes);
             if next > self.limit {
@@ -81,6 +97,32 @@ impl Store {
             match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(Reservation { store: self, bytes }),
                 Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// A zeroed-or-recycled buffer of exactly `len` bytes to receive a payload into (its old
+    /// contents are overwritten entirely by the payload).
+    pub fn buffer(&self, len: usize) -> Vec<u8> {
+        let mut bufs = self.pool.bufs.lock().expect("pool lock");
+        if let Some(b) = bufs.get_mut(&len).and_then(Vec::pop) {
+            self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
+            return b;
+        }
+        drop(bufs);
+        vec![0u8; len]
+    }
+
+    fn recycle(&self, objs: impl IntoIterator<Item = Object>) {
+        let mut bufs = self.pool.bufs.lock().expect("pool lock");
+        for o in objs {
+            // Only buffers no reader still holds, and only while pool + used stay within the limit.
+            if let Ok(b) = Arc::try_unwrap(o.data) {
+                let n = b.len() as u64;
+                if n >= 64 << 10 && self.used() + self.pool.bytes.load(Ordering::Acquire) + n <= self.limit {
+                    self.pool.bytes.fetch_add(n, Ordering::AcqRel);
+                    bufs.entry(b.len()).or_default().push(b);
+                }
             }
         }
     }
@@ -140,20 +182,23 @@ impl Store {
         let mut steps = self.steps.lock().expect("store lock");
         let key = (dataset.to_string(), step);
         let Some(held) = steps.get_mut(&key) else { return 0 };
-        let mut freed = 0;
-        held.retain(|id, o| {
-            let hit = session.is_none_or(|s| o.session == s)
-                && writer.is_none_or(|w| (*id >> 32) as u32 == w)
-                && (ids.is_empty() || ids.contains(id));
-            if hit {
-                freed += o.data.len() as u64;
-            }
-            !hit
-        });
+        let hits: Vec<u64> = held
+            .iter()
+            .filter(|(id, o)| {
+                session.is_none_or(|s| o.session == s)
+                    && writer.is_none_or(|w| (**id >> 32) as u32 == w)
+                    && (ids.is_empty() || ids.contains(id))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        let gone: Vec<Object> = hits.iter().filter_map(|id| held.remove(id)).collect();
         if held.is_empty() {
             steps.remove(&key);
         }
+        drop(steps);
+        let freed = gone.iter().map(|o| o.data.len() as u64).sum();
         self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.recycle(gone);
         freed
     }
 

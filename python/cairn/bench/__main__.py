@@ -2,7 +2,7 @@
 
 import sys
 
-BENCHES = {"file": "cairn.bench.file"}
+BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging"}
 
 
 def main() -> None:

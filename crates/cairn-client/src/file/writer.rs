@@ -109,10 +109,12 @@ impl FileWriter {
                 Err(e) => return Err(Error::io(format!("reading {}", p.display()), e)),
             }
         }
-        let complete = sessions.into_iter().find(|(s, frags)| {
-            session.is_none_or(|want| want == s) && frags.first().is_some_and(|f| frags.len() as u32 >= f.nranks)
-        });
-        let Some((_, frags)) = complete else { return Ok(false) };
+        let complete = sessions
+            .into_iter()
+            .find(|(s, frags)| session.is_none_or(|want| want == s) && frags.first().is_some_and(|f| frags.len() as u32 >= f.nranks));
+        let Some((_, frags)) = complete else {
+            return Ok(false);
+        };
         let index = StepIndex::merge(step, frags)?;
         publish(&dest, &to_json(&index), self.fsync, self.rank)?;
         // Fragments of every session are done with: the step is committed and immutable.

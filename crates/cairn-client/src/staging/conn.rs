@@ -62,7 +62,10 @@ impl Conn {
     fn open(entry: &ServerEntry, secret: &str, transport: Transport) -> Result<Conn> {
         let id = entry.spec.id;
         let gone = |e: std::io::Error| {
-            Error::Unavailable(format!("cannot reach staging server {id} at {}: {e}; is the cluster up? (`cairn cluster status`)", entry.addr))
+            Error::Unavailable(format!(
+                "cannot reach staging server {id} at {}: {e}; is the cluster up? (`cairn cluster status`)",
+                entry.addr
+            ))
         };
         let unix = entry.unix.as_deref().filter(|p| transport == Transport::Auto && entry.host == hostname() && p.exists());
         let stream = match unix {

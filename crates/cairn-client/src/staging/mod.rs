@@ -48,7 +48,8 @@ pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepInde
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,
 /// `shutdown`), to server `server` of the cluster in `cluster`; returns the reply as JSON.
 pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str) -> Result<String> {
-    let req: Request = serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
+    let req: Request =
+        serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
     if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::Shutdown) {
         return Err(Error::InvalidArgument(format!("{request:?} is not an administrative request (status, objects, datasets, shutdown)")));
     }

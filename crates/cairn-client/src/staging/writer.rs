@@ -148,12 +148,18 @@ impl WriteEngine for StagingWriter {
         }
         // Servers receive in parallel while this thread computes the block's statistics.
         let this = &*self;
-        let (sent, st) = std::thread::scope(|s| {
-            let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
-            let st = stats::compute(block.def.dtype, block.bytes);
-            let sent: Result<()> = handles.into_iter().map(|h| h.join().expect("sender thread panicked")).collect();
-            (sent, st)
-        });
+        let (sent, st) = if by_server.len() == 1 {
+            // One server (small blocks): no thread to start; a put costs one round trip.
+            let (srv, objs) = by_server.iter().next().expect("one server");
+            (this.send_all(*srv, objs), stats::compute(block.def.dtype, block.bytes))
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
+                let st = stats::compute(block.def.dtype, block.bytes);
+                let sent: Result<()> = handles.into_iter().map(|h| h.join().expect("sender thread panicked")).collect();
+                (sent, st)
+            })
+        };
         if let Err(e) = sent {
             // Free what did arrive, so that a retry (after releasing old steps) starts clean.
             for &server in by_server.keys() {
@@ -194,7 +200,8 @@ impl WriteEngine for StagingWriter {
             vars: defs.to_vec(),
             blocks: std::mem::take(&mut self.blocks),
         };
-        let shares = std::mem::take(&mut self.shares).into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
+        let shares =
+            std::mem::take(&mut self.shares).into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         self.seq = 0;
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
         match self.cluster.coord(&self.dataset, &req)? {
@@ -206,7 +213,13 @@ impl WriteEngine for StagingWriter {
     fn abort_step(&mut self, step: u64) -> Result<()> {
         self.blocks.clear();
         self.seq = 0;
-        let req = Request::Drop { dataset: self.dataset.clone(), step, session: Some(self.session.clone()), writer: Some(self.rank), ids: Vec::new() };
+        let req = Request::Drop {
+            dataset: self.dataset.clone(),
+            step,
+            session: Some(self.session.clone()),
+            writer: Some(self.rank),
+            ids: Vec::new(),
+        };
         for (server, _) in std::mem::take(&mut self.shares) {
             self.cluster.call(server, &req)?;
         }

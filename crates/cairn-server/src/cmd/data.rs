@@ -45,11 +45,13 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
     let reservation = match checked {
         Ok(r) => r,
         Err(e) => {
-            tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink()).await.map_err(|e| Error::io("discarding a refused payload", e))?;
+            tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
+                .await
+                .map_err(|e| Error::io("discarding a refused payload", e))?;
             return Err(e);
         }
     };
-    let mut data = vec![0u8; len as usize];
+    let mut data = state.store.buffer(len as usize);
     stream.read_exact(&mut data).await.map_err(|e| Error::io("reading an object payload", e))?;
     let crc = crc32c::crc32c(&data);
     if crc != h.checksum {

@@ -51,15 +51,17 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
     let plain = |r: Result<Response>| r.map(Reply::Plain);
     match req {
         Request::Hello { .. } => Err(Error::Conflict("hello sent twice on one connection".into())),
-        Request::Put { dataset, step, session, var, id, region, elem, checksum } => {
-            plain(data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await)
-        }
+        Request::Put { dataset, step, session, var, id, region, elem, checksum } => plain(
+            data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await,
+        ),
         Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
         Request::Drop { dataset, step, session, writer, ids } => {
             state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
             plain(Ok(Response::Ok))
         }
-        Request::EndStep { dataset, fragment, shares, keep_last } => plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await),
+        Request::EndStep { dataset, fragment, shares, keep_last } => {
+            plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
+        }
         Request::Seal { dataset, step, session, objects, bytes } => {
             plain(state.store.seal(&dataset, step, &session, objects, bytes).map(|_| Response::Ok))
         }

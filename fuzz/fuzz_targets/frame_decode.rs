@@ -1,0 +1,12 @@
+//! Any bytes from the network: decoding must return a frame or an error, never panic or allocate
+//! beyond the bounds. Run: `cargo +nightly fuzz run frame_decode -- -max_total_time=60`.
+#![no_main]
+
+use cairn_proto::frame::decode;
+use cairn_proto::{Request, Response};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = decode::<Request>(data, 1 << 20);
+    let _ = decode::<Response>(data, 1 << 20);
+});

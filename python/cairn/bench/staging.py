@@ -1,0 +1,304 @@
+"""The ``staging`` engine against a raw loopback socket and Redis, on the same bytes, in one run.
+
+W writer processes (1 and 2) each put their slab of a float64 field (default 256 MiB per step in
+all) into a local 2-server cluster for S steps; then one reader gets every step whole and a 1/8
+box (half along each dimension). Baselines: the same bytes sent once over a plain loopback TCP
+socket into a reused buffer (the ceiling for any staging over TCP), and Redis SET/GET of the same
+bytes in 64 MiB values on a real ``redis-server``. Also the latency of 4 KiB puts (one object each)
+vs a 4 KiB socket round trip and a Redis SET. Prints MB/s and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+import cairn
+from cairn import cluster
+
+from . import save, table
+from .file import data_for, shape_for, slab
+
+CHUNK = 64 << 20
+
+
+# ---- baselines --------------------------------------------------------------------------------
+
+def _sock_sink(port_q, nconn, nbytes, q):
+    srv = socket.create_server(("127.0.0.1", 0))
+    port_q.put(srv.getsockname()[1])
+    conns = [srv.accept()[0] for _ in range(nconn)]
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+
+    def drain(c):
+        left = nbytes
+        while left:
+            n = c.recv_into(view[: min(left, len(buf))])
+            if not n:
+                return
+            left -= n
+        c.sendall(b"k")
+
+    import threading
+
+    ts = [threading.Thread(target=drain, args=(c,)) for c in conns]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _sock_sender(port, a, steps, barrier, q):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    barrier.wait()
+    t = time.perf_counter()
+    for _ in range(steps):
+        c.sendall(memoryview(a).cast("B"))
+    c.recv(1)
+    q.put(time.perf_counter() - t)
+
+
+def raw_socket(shape, steps, nw) -> float:
+    """Seconds for nw senders to push their slabs, steps times, through loopback TCP."""
+    ctx = mp.get_context("fork")
+    port_q, q, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(nw)
+    per = [data_for(shape, r, nw) for r in range(nw)]
+    sink = ctx.Process(target=_sock_sink, args=(port_q, nw, per[0].nbytes * steps, q))
+    sink.start()
+    port = port_q.get()
+    ps = [ctx.Process(target=_sock_sender, args=(port, per[r], steps, barrier, q)) for r in range(nw)]
+    for p in ps:
+        p.start()
+    dt = max(q.get() for _ in ps)
+    for p in [*ps, sink]:
+        p.join()
+    return dt
+
+
+def _redis_writer(port, a, steps, rank, barrier, q):
+    import redis
+
+    r = redis.Redis(port=port)
+    raw = memoryview(a).cast("B")
+    barrier.wait()
+    t = time.perf_counter()
+    for s in range(steps):
+        for i in range(0, len(raw), CHUNK):
+            r.set(f"f:{s}:{rank}:{i}", bytes(raw[i:i + CHUNK]))
+    q.put(time.perf_counter() - t)
+
+
+def start_redis(tmp) -> tuple[subprocess.Popen, int]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server not found: run `make setup` (installs it)")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen([exe, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp,
+                          "--proto-max-bulk-len", "1gb", "--client-query-buffer-limit", "1gb"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    for _ in range(200):
+        try:
+            redis.Redis(port=port).ping()
+            return p, port
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise SystemExit("redis-server did not start")
+
+
+def redis_put_get(tmp, shape, steps, nw, boxes) -> dict[str, float]:
+    import redis
+
+    p, port = start_redis(tmp)
+    try:
+        ctx = mp.get_context("fork")
+        q, barrier = ctx.Queue(), ctx.Barrier(nw)
+        ps = [ctx.Process(target=_redis_writer, args=(port, data_for(shape, r, nw), steps, r, barrier, q)) for r in range(nw)]
+        for x in ps:
+            x.start()
+        put = max(q.get() for _ in ps)
+        for x in ps:
+            x.join()
+        r = redis.Redis(port=port)
+        out = {"put": put}
+        # A whole-step GET fetches every value; a box read must too (values are opaque bytes).
+        t = time.perf_counter()
+        for s in range(steps):
+            for w in range(nw):
+                for k in r.scan_iter(f"f:{s}:{w}:*"):
+                    r.get(k)
+        out["get"] = time.perf_counter() - t
+        small = os.urandom(4096)
+        t = time.perf_counter()
+        for i in range(2000):
+            r.set(f"s:{i}", small)
+        out["small"] = (time.perf_counter() - t) / 2000
+        return out
+    finally:
+        p.kill()
+        p.wait()
+
+
+def socket_rtt_4k() -> float:
+    srv = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(srv.getsockname())
+    s, _ = srv.accept()
+    for x in (c, s):
+        x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    import threading
+
+    def echo():
+        buf = bytearray(4096)
+        while True:
+            n = 0
+            while n < 4096:
+                k = s.recv_into(memoryview(buf)[n:])
+                if not k:
+                    return
+                n += k
+            s.sendall(b"k")
+
+    t0 = threading.Thread(target=echo, daemon=True)
+    t0.start()
+    msg = os.urandom(4096)
+    t = time.perf_counter()
+    for _ in range(2000):
+        c.sendall(msg)
+        c.recv(1)
+    dt = (time.perf_counter() - t) / 2000
+    c.close()
+    for x in (s, srv):
+        x.close()
+    return dt
+
+
+# ---- cairn ------------------------------------------------------------------------------------
+
+def _cairn_writer(cl, shape, steps, rank, nw, barrier, q):
+    a = data_for(shape, rank, nw)
+    x0, _ = slab(shape, rank, nw)
+    f = cairn.open("bench", "w", engine="staging", cluster=cl, rank=rank, nranks=nw, session="b", keep_last=2)
+    f.define("field", "f8", shape)
+    barrier.wait()
+    t = time.perf_counter()
+    for s in range(steps):
+        with f.step(s):
+            f.put("field", a, offset=(x0, 0, 0))
+    q.put(time.perf_counter() - t)
+    f.close()
+
+
+def cairn_put(cl, shape, steps, nw) -> float:
+    ctx = mp.get_context("spawn")
+    q, barrier = ctx.Queue(), ctx.Barrier(nw)
+    ps = [ctx.Process(target=_cairn_writer, args=(cl, shape, steps, r, nw, barrier, q)) for r in range(nw)]
+    for p in ps:
+        p.start()
+    dt = max(q.get() for _ in ps)
+    for p in ps:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"writer exited with {p.exitcode}")
+    return dt
+
+
+def cairn_get(cl, box) -> tuple[float, int]:
+    off, cnt = box
+    out = np.empty(cnt)
+    f = cairn.open("bench", "r", engine="staging", cluster=cl)
+    steps = f.steps()
+    t = time.perf_counter()
+    for s in steps:
+        f.get("field", s, off, cnt, out=out)
+    return time.perf_counter() - t, len(steps)
+
+
+def cairn_small(cl) -> float:
+    f = cairn.open("small", "w", engine="staging", cluster=cl)
+    f.define("b", "u1", (100 * 4096,))
+    blk = np.frombuffer(os.urandom(4096), "u1")
+    n = 2000
+    t = time.perf_counter()
+    for s in range(n // 100):
+        with f.step(s):
+            for i in range(100):
+                f.put("b", blk, offset=(i * 4096,))  # one object each
+    return (time.perf_counter() - t) / n
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m cairn.bench staging", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=256, help="MiB per step (whole field)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--writers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeat", type=int, default=2, help="runs per configuration; best kept")
+    args = p.parse_args(argv)
+    shape = shape_for(args.mib)
+    nbytes = int(np.prod(shape)) * 8
+    whole = ([0, 0, 0], list(shape))
+    eighth = ([0, 0, 0], [n // 2 for n in shape])
+    rows: list[dict[str, Any]] = []
+    tmp = tempfile.mkdtemp(prefix="cairn-bench-")
+    mem = f"{(3 * args.mib + 64)}MiB"  # keep_last=2 plus the step being written, per server at worst
+    try:
+        for nw in args.writers:
+            best: dict[str, float] = {}
+            for _ in range(args.repeat):
+                c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem)
+                try:
+                    cl = str(c.file)
+                    res = {"put": cairn_put(cl, shape, args.steps, nw)}
+                    res["get"], kept = cairn_get(cl, whole)
+                    res["get_box"], _ = cairn_get(cl, eighth)
+                finally:
+                    c.stop()
+                res["get"] /= kept
+                res["get_box"] /= kept
+                res["raw"] = raw_socket(shape, args.steps, nw) / args.steps
+                rd = redis_put_get(tmp, shape, args.steps, nw, None)
+                res["redis_put"], res["redis_get"] = rd["put"] / args.steps, rd["get"] / args.steps
+                res["put"] /= args.steps
+                for k, v in res.items():
+                    best[k] = min(best.get(k, float("inf")), v)
+            mb = nbytes / 1e6
+            rows.append({
+                "writers": nw,
+                "put_MBps": mb / best["put"], "raw_MBps": mb / best["raw"], "redis_set_MBps": mb / best["redis_put"],
+                "put_vs_raw": best["raw"] / best["put"], "put_vs_redis": best["redis_put"] / best["put"],
+                "get_MBps": mb / best["get"], "redis_get_MBps": mb / best["redis_get"],
+                "get_vs_raw": best["raw"] / best["get"], "get_vs_redis": best["redis_get"] / best["get"],
+                "box_MBps": mb / 8 / best["get_box"],
+            })
+        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="1GiB")
+        try:
+            small = cairn_small(str(c.file))
+        finally:
+            c.stop()
+        rtt = socket_rtt_4k()
+        rd_small = redis_put_get(tmp, (2, 2, 2), 1, 1, None)["small"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"staging: {args.mib} MiB per step, {args.steps} steps, 2 servers on loopback, best of {args.repeat}")
+    print(table(rows, ["writers", "put_MBps", "raw_MBps", "redis_set_MBps", "put_vs_raw", "put_vs_redis",
+                       "get_MBps", "redis_get_MBps", "get_vs_raw", "get_vs_redis", "box_MBps"]))
+    lat = {"cairn_put_4k_us": small * 1e6, "socket_rtt_4k_us": rtt * 1e6, "redis_set_4k_us": rd_small * 1e6}
+    print("4 KiB put latency: cairn {cairn_put_4k_us:.0f} us, raw socket round trip {socket_rtt_4k_us:.0f} us, "
+          "redis SET {redis_set_4k_us:.0f} us".format(**lat))
+    path = save("staging", rows + [lat], vars(args))
+    print(f"saved {path}")

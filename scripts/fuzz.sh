@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the frame-decoder fuzz target briefly (default 30 s). Needs a nightly toolchain and
+# cargo-fuzz; installs cargo-fuzz if missing. Without nightly it says so and leaves the check to
+# the stable property-test twin in crates/cairn-proto (run by `make test`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS="${FUZZ_SECONDS:-30}"
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "fuzz: no nightly toolchain; skipped (the proptest twin ran in make test)"
+    exit 0
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install -q --locked cargo-fuzz || { echo "fuzz: cargo-fuzz could not be installed; skipped"; exit 0; }
+fi
+cargo +nightly fuzz run frame_decode -- -max_total_time="$SECS" -rss_limit_mb=2048 2>&1 | tail -5
