@@ -4,7 +4,7 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, WriteEngine};
 use crate::file::{FileWriter, Layout};
-use crate::staging::{self, StagingWriter};
+use crate::staging::StagingWriter;
 use cairn_core::index::VarDef;
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
@@ -48,16 +48,7 @@ impl Writer {
                 cfg.file.chunk_size,
                 session.to_string(),
             )?),
-            EngineKind::Staging => Box::new(StagingWriter::open(
-                staging::cluster(&cfg.staging)?,
-                name,
-                rank,
-                nranks,
-                append,
-                session.to_string(),
-                cfg.staging.object_size,
-                cfg.staging.keep_last,
-            )?),
+            EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, append, session.to_string())?),
         };
         Ok(Writer { engine, vars: BTreeMap::new(), rank, nranks, step: None, put: BTreeMap::new() })
     }

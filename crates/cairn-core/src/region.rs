@@ -98,10 +98,10 @@ impl Region {
         let strides = c_strides(&self.count);
         let mut lo = 0u64;
         let mut hi = 0u64;
-        for d in 0..self.ndim() {
+        for (d, stride) in strides.iter().enumerate() {
             let rel = sub.offset[d] - self.offset[d];
-            lo += rel * strides[d];
-            hi += (rel + sub.count[d] - 1) * strides[d];
+            lo += rel * stride;
+            hi += (rel + sub.count[d].max(1) - 1) * stride;
         }
         (lo * elem as u64, (hi + 1) * elem as u64)
     }

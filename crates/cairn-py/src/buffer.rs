@@ -6,6 +6,9 @@ use pyo3::prelude::*;
 
 /// A C-contiguous numpy array's bytes. The Python layer makes arrays contiguous and native-endian
 /// before calling in, so this only checks.
+// The array owns its memory, not the Python reference we borrow it through; `writable` is checked
+// against the array's flags before a mutable view is handed out.
+#[allow(clippy::mut_from_ref)]
 pub(crate) fn bytes_of<'a>(a: &'a Bound<'_, PyUntypedArray>, writable: bool) -> PyResult<&'a mut [u8]> {
     if !a.is_c_contiguous() {
         return Err(PyValueError::new_err("array must be C-contiguous (use numpy.ascontiguousarray)"));

@@ -9,6 +9,9 @@ use pyo3::prelude::*;
 /// A block's description: (writer, offset, count, min, max, mean, checksum).
 type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32);
 
+/// A variable's description: (name, dtype name, shape or None).
+type VarTuple = (String, String, Option<Vec<u64>>);
+
 /// Native read handle; see `cairn.Reader` for the documented API.
 #[pyclass(name = "Reader", module = "cairn._native")]
 pub(crate) struct PyReader {
@@ -38,7 +41,7 @@ impl PyReader {
     }
 
     /// name -> (dtype name, shape or None)
-    fn variables(&self) -> PyResult<Vec<(String, String, Option<Vec<u64>>)>> {
+    fn variables(&self) -> PyResult<Vec<VarTuple>> {
         let vars = self.inner.variables().map_err(to_py)?;
         Ok(vars.into_values().map(|v| (v.name, v.dtype.name().to_string(), v.shape)).collect())
     }

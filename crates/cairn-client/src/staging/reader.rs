@@ -131,7 +131,7 @@ impl ReadEngine for StagingReader {
         }
         std::thread::scope(|s| {
             let handles: Vec<_> = by_server.iter_mut().map(|(srv, f)| s.spawn(move || self.fetch_all(*srv, f))).collect();
-            handles.into_iter().map(|h| h.join().expect("fetch thread panicked")).collect()
+            handles.into_iter().try_for_each(|h| h.join().expect("fetch thread panicked"))
         })
     }
 

@@ -4,6 +4,7 @@
 
 use super::conn::Cluster;
 use super::{index_of, steps_of};
+use crate::config::StagingConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::assemble::for_each_run;
 use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef, FORMAT_VERSION};
@@ -41,24 +42,15 @@ struct Outgoing<'a> {
 }
 
 impl StagingWriter {
-    pub(crate) fn open(
-        cluster: Arc<Cluster>,
-        dataset: &str,
-        rank: u32,
-        nranks: u32,
-        append: bool,
-        session: String,
-        object_size: u64,
-        keep_last: Option<u64>,
-    ) -> Result<StagingWriter> {
+    pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, append: bool, session: String) -> Result<StagingWriter> {
         let w = StagingWriter {
-            cluster,
+            cluster: super::cluster(cfg)?,
             dataset: dataset.to_string(),
             rank,
             nranks,
             session,
-            object_size,
-            keep_last,
+            object_size: cfg.object_size,
+            keep_last: cfg.keep_last,
             blocks: Vec::new(),
             shares: BTreeMap::new(),
             seq: 0,
@@ -156,7 +148,7 @@ impl WriteEngine for StagingWriter {
             std::thread::scope(|s| {
                 let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
                 let st = stats::compute(block.def.dtype, block.bytes);
-                let sent: Result<()> = handles.into_iter().map(|h| h.join().expect("sender thread panicked")).collect();
+                let sent: Result<()> = handles.into_iter().try_for_each(|h| h.join().expect("sender thread panicked"));
                 (sent, st)
             })
         };
@@ -230,6 +222,9 @@ impl WriteEngine for StagingWriter {
 /// The bytes of `piece` (inside `block`) as slices of the block's buffer, in C order of the piece:
 /// one slice when they are contiguous, else one per run (sent with vectored writes, not copied).
 fn gather<'a>(bytes: &'a [u8], block: &Region, piece: &Region, elem: usize) -> Vec<&'a [u8]> {
+    if piece.volume() == 0 {
+        return Vec::new();
+    }
     if is_contiguous(block, piece) {
         let (lo, hi) = block.byte_span(piece, elem);
         return vec![&bytes[lo as usize..hi as usize]];
