@@ -68,7 +68,8 @@ pub struct BlockRecord {
     pub chunk: u32,
     /// crc32c of each chunk.
     pub crcs: Vec<u32>,
-    /// crc32c of the whole block.
+    /// crc32c of the whole block; for a staged block, the XOR of its objects' checksums (each
+    /// object carries its own crc32c, which readers verify).
     pub checksum: u32,
     /// Min/max/mean of the values.
     #[serde(flatten)]
@@ -155,6 +156,13 @@ pub struct Fragment {
     pub vars: Vec<VarDef>,
     /// Blocks this writer put in the step.
     pub blocks: Vec<BlockRecord>,
+}
+
+impl Fragment {
+    /// A fragment in the current format version.
+    pub fn new(step: u64, writer: u32, nranks: u32, session: String, vars: Vec<VarDef>, blocks: Vec<BlockRecord>) -> Fragment {
+        Fragment { format: FORMAT_VERSION, step, writer, nranks, session, vars, blocks }
+    }
 }
 
 /// The committed index of one step: every writer's blocks, validated together.
@@ -348,7 +356,7 @@ mod tests {
 
     fn frag(writer: u32, nranks: u32, blocks: Vec<BlockRecord>) -> Fragment {
         let vars = vec![VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap(), VarDef::new("w", DType::F64, None).unwrap()];
-        Fragment { format: FORMAT_VERSION, step: 3, writer, nranks, session: String::new(), vars, blocks }
+        Fragment::new(3, writer, nranks, String::new(), vars, blocks)
     }
 
     #[test]

@@ -4,7 +4,7 @@ use super::layout::{publish, Layout};
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::checksum::chunk_crcs;
 use cairn_core::error::IoContext;
-use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef, FORMAT_VERSION};
+use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef};
 use cairn_core::{stats, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -170,15 +170,7 @@ impl WriteEngine for FileWriter {
         if self.fsync {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }
-        let frag = Fragment {
-            format: FORMAT_VERSION,
-            step,
-            writer: self.rank,
-            nranks: self.nranks,
-            session: self.session.clone(),
-            vars: defs.to_vec(),
-            blocks: std::mem::take(&mut self.blocks),
-        };
+        let frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), std::mem::take(&mut self.blocks));
         publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank)?;
         self.try_commit(step, Some(&self.session))
     }

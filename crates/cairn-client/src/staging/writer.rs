@@ -7,7 +7,7 @@ use super::{index_of, steps_of};
 use crate::config::StagingConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::assemble::for_each_run;
-use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef, FORMAT_VERSION};
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, Region, Result};
@@ -183,15 +183,7 @@ impl WriteEngine for StagingWriter {
     }
 
     fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
-        let fragment = Fragment {
-            format: FORMAT_VERSION,
-            step,
-            writer: self.rank,
-            nranks: self.nranks,
-            session: self.session.clone(),
-            vars: defs.to_vec(),
-            blocks: std::mem::take(&mut self.blocks),
-        };
+        let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), std::mem::take(&mut self.blocks));
         let shares =
             std::mem::take(&mut self.shares).into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         self.seq = 0;
