@@ -10,7 +10,6 @@ Both read from the page cache after writing; the same conditions hold for both.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -22,21 +21,7 @@ import numpy as np
 import cairn
 
 from . import save, table
-
-
-def shape_for(mib: int) -> tuple[int, int, int]:
-    n = mib * (1 << 20) // 8 // (256 * 256)
-    return (max(2, n), 256, 256)
-
-
-def slab(shape, rank, nw):
-    return rank * shape[0] // nw, (rank + 1) * shape[0] // nw
-
-
-def data_for(shape, rank, nw) -> np.ndarray:
-    x0, x1 = slab(shape, rank, nw)
-    rng = np.random.default_rng(rank)
-    return np.cumsum(rng.normal(size=(x1 - x0, *shape[1:])), axis=2)
+from .field import add_field_args, boxes, data_for, run_writers, slab
 
 
 def cairn_writer(d, shape, steps, rank, nw, barrier, q):
@@ -63,20 +48,6 @@ def bp5_writer(d, shape, steps, rank, nw, barrier, q):
         for _ in s.steps(steps):
             s.write("field", a, list(shape), [x0, 0, 0], list(a.shape))
     q.put(time.perf_counter() - t)
-
-
-def run_writers(fn, d, shape, steps, nw) -> float:
-    ctx = mp.get_context("spawn")
-    barrier, q = ctx.Barrier(nw), ctx.Queue()
-    ps = [ctx.Process(target=fn, args=(d, shape, steps, r, nw, barrier, q)) for r in range(nw)]
-    for p in ps:
-        p.start()
-    times = [q.get() for _ in ps]
-    for p in ps:
-        p.join()
-        if p.exitcode:
-            raise RuntimeError(f"{fn.__name__} exited with {p.exitcode}")
-    return max(times)
 
 
 def cairn_read(d, shape, steps, box) -> float:
@@ -116,16 +87,10 @@ def bp5_read(d, shape, steps, box, nw) -> float:
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m cairn.bench file", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mib", type=int, default=256, help="MiB per step (whole field)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--writers", type=int, nargs="+", default=[1, 2])
+    add_field_args(p, steps=10)
     p.add_argument("--dir", help="scratch directory (default: a temporary one)")
-    p.add_argument("--repeat", type=int, default=2, help="runs per configuration, order alternated; best kept")
     args = p.parse_args(argv)
-    shape = shape_for(args.mib)
-    nbytes = int(np.prod(shape)) * 8
-    whole = ([0, 0, 0], list(shape))
-    eighth = ([0, 0, 0], [n // 2 for n in shape])
+    shape, nbytes, whole, eighth = boxes(args.mib)
     rows: list[dict[str, Any]] = []
     for nw in args.writers:
         w: dict[str, float] = {}

@@ -26,14 +26,14 @@ import cairn
 from cairn import cluster
 
 from . import save, table
-from .file import data_for, shape_for, slab
+from .field import add_field_args, boxes, data_for, run_writers, slab
 
 CHUNK = 64 << 20
 
 
 # ---- baselines --------------------------------------------------------------------------------
 
-def _sock_sink(port_q, nconn, nbytes, q):
+def _sock_sink(port_q, nconn, nbytes):
     srv = socket.create_server(("127.0.0.1", 0))
     port_q.put(srv.getsockname()[1])
     conns = [srv.accept()[0] for _ in range(nconn)]
@@ -74,7 +74,7 @@ def raw_socket(shape, steps, nw) -> float:
     ctx = mp.get_context("fork")
     port_q, q, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(nw)
     per = [data_for(shape, r, nw) for r in range(nw)]
-    sink = ctx.Process(target=_sock_sink, args=(port_q, nw, per[0].nbytes * steps, q))
+    sink = ctx.Process(target=_sock_sink, args=(port_q, nw, per[0].nbytes * steps))
     sink.start()
     port = port_q.get()
     ps = [ctx.Process(target=_sock_sender, args=(port, per[r], steps, barrier, q)) for r in range(nw)]
@@ -121,7 +121,7 @@ def start_redis(tmp) -> tuple[subprocess.Popen, int]:
     raise SystemExit("redis-server did not start")
 
 
-def redis_put_get(tmp, shape, steps, nw, boxes) -> dict[str, float]:
+def redis_put_get(tmp, shape, steps, nw) -> dict[str, float]:
     import redis
 
     p, port = start_redis(tmp)
@@ -203,20 +203,6 @@ def _cairn_writer(cl, shape, steps, rank, nw, barrier, q):
     f.close()
 
 
-def cairn_put(cl, shape, steps, nw) -> float:
-    ctx = mp.get_context("spawn")
-    q, barrier = ctx.Queue(), ctx.Barrier(nw)
-    ps = [ctx.Process(target=_cairn_writer, args=(cl, shape, steps, r, nw, barrier, q)) for r in range(nw)]
-    for p in ps:
-        p.start()
-    dt = max(q.get() for _ in ps)
-    for p in ps:
-        p.join()
-        if p.exitcode:
-            raise RuntimeError(f"writer exited with {p.exitcode}")
-    return dt
-
-
 def cairn_get(cl, box) -> tuple[float, int]:
     off, cnt = box
     out = np.empty(cnt)
@@ -244,15 +230,9 @@ def cairn_small(cl) -> float:
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m cairn.bench staging", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mib", type=int, default=256, help="MiB per step (whole field)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--writers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--repeat", type=int, default=2, help="runs per configuration; best kept")
+    add_field_args(p, steps=5)
     args = p.parse_args(argv)
-    shape = shape_for(args.mib)
-    nbytes = int(np.prod(shape)) * 8
-    whole = ([0, 0, 0], list(shape))
-    eighth = ([0, 0, 0], [n // 2 for n in shape])
+    shape, nbytes, whole, eighth = boxes(args.mib)
     rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="cairn-bench-")
     mem = f"{(3 * args.mib + 64)}MiB"  # keep_last=2 plus the step being written, per server at worst
@@ -263,7 +243,7 @@ def main(argv: list[str]) -> None:
                 c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem)
                 try:
                     cl = str(c.file)
-                    res = {"put": cairn_put(cl, shape, args.steps, nw)}
+                    res = {"put": run_writers(_cairn_writer, cl, shape, args.steps, nw)}
                     res["get"], kept = cairn_get(cl, whole)
                     res["get_box"], _ = cairn_get(cl, eighth)
                 finally:
@@ -271,7 +251,7 @@ def main(argv: list[str]) -> None:
                 res["get"] /= kept
                 res["get_box"] /= kept
                 res["raw"] = raw_socket(shape, args.steps, nw) / args.steps
-                rd = redis_put_get(tmp, shape, args.steps, nw, None)
+                rd = redis_put_get(tmp, shape, args.steps, nw)
                 res["redis_put"], res["redis_get"] = rd["put"] / args.steps, rd["get"] / args.steps
                 res["put"] /= args.steps
                 for k, v in res.items():
@@ -291,7 +271,7 @@ def main(argv: list[str]) -> None:
         finally:
             c.stop()
         rtt = socket_rtt_4k()
-        rd_small = redis_put_get(tmp, (2, 2, 2), 1, 1, None)["small"]
+        rd_small = redis_put_get(tmp, (2, 2, 2), 1, 1)["small"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"staging: {args.mib} MiB per step, {args.steps} steps, 2 servers on loopback, best of {args.repeat}")

@@ -1,0 +1,55 @@
+"""The workload the benchmarks share: a float64 3-D field split into x-slabs over W writer processes,
+and the command-line options that size it."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+from typing import Any, Callable
+
+import numpy as np
+
+
+def shape_for(mib: int) -> tuple[int, int, int]:
+    n = mib * (1 << 20) // 8 // (256 * 256)
+    return (max(2, n), 256, 256)
+
+
+def slab(shape, rank, nw):
+    return rank * shape[0] // nw, (rank + 1) * shape[0] // nw
+
+
+def data_for(shape, rank, nw) -> np.ndarray:
+    x0, x1 = slab(shape, rank, nw)
+    rng = np.random.default_rng(rank)
+    return np.cumsum(rng.normal(size=(x1 - x0, *shape[1:])), axis=2)
+
+
+def boxes(mib: int) -> tuple[tuple[int, int, int], int, Any, Any]:
+    """The field's shape, its bytes, and the two read boxes: whole, and 1/8 (half along each axis)."""
+    shape = shape_for(mib)
+    return shape, int(np.prod(shape)) * 8, ([0, 0, 0], list(shape)), ([0, 0, 0], [n // 2 for n in shape])
+
+
+def add_field_args(p: argparse.ArgumentParser, steps: int) -> None:
+    """--mib, --steps, --writers and --repeat."""
+    p.add_argument("--mib", type=int, default=256, help="MiB per step (whole field)")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--writers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeat", type=int, default=2, help="runs per configuration; best kept")
+
+
+def run_writers(fn: Callable[..., None], where: str, shape, steps: int, nw: int) -> float:
+    """Runs ``fn(where, shape, steps, rank, nw, barrier, queue)`` in nw spawned processes, each
+    putting its elapsed seconds on the queue; returns the slowest."""
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(nw), ctx.Queue()
+    ps = [ctx.Process(target=fn, args=(where, shape, steps, r, nw, barrier, q)) for r in range(nw)]
+    for p in ps:
+        p.start()
+    times = [q.get() for _ in ps]
+    for p in ps:
+        p.join()
+        if p.exitcode:
+            raise RuntimeError(f"{fn.__name__} exited with {p.exitcode}")
+    return max(times)
