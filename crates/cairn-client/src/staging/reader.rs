@@ -96,21 +96,22 @@ impl ReadEngine for StagingReader {
             return Ok(());
         }
         // The runs each object contributes to `out`, cut from it as disjoint slices in order.
-        let mut runs: Vec<(u64, usize, usize)> = Vec::new(); // (object id, dst offset, len)
-        let mut wants = Vec::new();
+        let mut runs: Vec<(usize, usize)> = Vec::new(); // (dst offset, len), object after object
+        let mut wants = Vec::new(); // (object, its box to fetch, how many runs it fills)
         for o in &block.objects {
             if let Some(want) = o.region.intersect(isect) {
-                for_each_run(&want, dst, &want, elem, |_, d, len| runs.push((o.id, d as usize, len)));
-                wants.push((o, want));
+                let before = runs.len();
+                for_each_run(&want, dst, &want, elem, |_, d, len| runs.push((d as usize, len)));
+                wants.push((o, want, runs.len() - before));
             }
         }
         let mut order: Vec<usize> = (0..runs.len()).collect();
-        order.sort_by_key(|&i| runs[i].1);
+        order.sort_by_key(|&i| runs[i].0);
         let mut slices: Vec<Option<&mut [u8]>> = (0..runs.len()).map(|_| None).collect();
         let mut rest = &mut out[..];
         let mut pos = 0usize;
         for &i in &order {
-            let (_, d, len) = runs[i];
+            let (d, len) = runs[i];
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(d - pos);
             let (run, tail) = tail.split_at_mut(len);
             slices[i] = Some(run);
@@ -119,8 +120,7 @@ impl ReadEngine for StagingReader {
         }
         let mut slices = slices.into_iter().map(|s| s.expect("every run cut"));
         let mut by_server: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
-        for (o, want) in wants {
-            let n = runs.iter().filter(|r| r.0 == o.id).count();
+        for (o, want, n) in wants {
             let what = format!("object {:#x} of '{}' step {step}", o.id, block.var);
             let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want };
             by_server.entry(o.server).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect() });

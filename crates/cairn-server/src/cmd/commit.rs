@@ -10,17 +10,22 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Sends `req` to server `to`, or runs it here when `to` is this server.
+/// Applies a seal or drop to this server's store, whether it came from a peer or from itself.
+pub fn seal_or_drop(state: &State, req: Request) -> Result<()> {
+    match req {
+        Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
+        Request::Drop { dataset, step, session, writer, ids } => {
+            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
+            Ok(())
+        }
+        other => Err(Error::InvalidArgument(format!("expected a seal or drop request, got {other:?}"))),
+    }
+}
+
+/// Sends `req` (a seal or drop) to server `to`, or applies it here when `to` is this server.
 async fn on(state: &Arc<State>, to: u32, req: Request) -> Result<()> {
     if to == state.id {
-        match req {
-            Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
-            Request::Drop { dataset, step, session, writer, ids } => {
-                state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
-                Ok(())
-            }
-            other => unreachable!("only seal and drop are sent to peers, not {other:?}"),
-        }
+        seal_or_drop(state, req)
     } else {
         peer::call(state, to, &req).await.map(|_| ())
     }

@@ -55,15 +55,9 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await,
         ),
         Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
-        Request::Drop { dataset, step, session, writer, ids } => {
-            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
-            plain(Ok(Response::Ok))
-        }
+        req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
-        }
-        Request::Seal { dataset, step, session, objects, bytes } => {
-            plain(state.store.seal(&dataset, step, &session, objects, bytes).map(|_| Response::Ok))
         }
         Request::Steps { dataset } => plain(Ok(Response::Steps { steps: state.meta.steps(&dataset) })),
         Request::Index { dataset, step } => plain(state.meta.index(&dataset, step).map(|i| Response::Index { index: (*i).clone() })),
