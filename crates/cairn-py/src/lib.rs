@@ -6,9 +6,11 @@
 //! - `writer`: `Writer`, over `cairn_client::Writer`.
 //! - `reader`: `Reader`, over `cairn_client::Reader`.
 //! - `buffer`: borrowing numpy buffers without copying.
+//! - `codec`: the compression pipeline (type-specific first pass, byte codec second).
 //! - `staging`: running a staging server, admin requests to a cluster.
 
 mod buffer;
+mod codec;
 mod errors;
 mod reader;
 mod staging;
@@ -35,6 +37,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<reader::PyReader>()?;
     m.add_function(wrap_pyfunction!(config_json, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::compress, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
     errors::register(m)

@@ -1,0 +1,43 @@
+//! The compression pipeline of `cairn-core`, for `cairn.pack` and the benchmarks.
+
+use crate::buffer::bytes_of;
+use crate::errors::to_py;
+use cairn_core::codec::{self, Element, Pipeline, Policy};
+use numpy::PyUntypedArray;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// Compresses a uint8 array as `policy` says (`aware`, `zstd[:L]`, `gzip[:L]`, `raw`); `elem` is the
+/// numpy dtype string of the values (`<f8`, `>i4`) when known. Returns `(spec, bytes)`.
+#[pyfunction]
+#[pyo3(signature = (data, elem, policy))]
+pub(crate) fn compress<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyUntypedArray>,
+    elem: Option<&str>,
+    policy: &str,
+) -> PyResult<(String, Bound<'py, PyBytes>)> {
+    let policy = Policy::parse(policy).map_err(to_py)?;
+    // Element types the model does not know (strings, compounds) are compressed as bytes.
+    let elem = elem.and_then(|e| Element::parse(e).ok());
+    let src: &[u8] = bytes_of(data, false)?;
+    let (pipe, out) = py.detach(|| codec::compress(src, elem, policy)).map_err(to_py)?;
+    Ok((pipe.to_string(), PyBytes::new(py, &out)))
+}
+
+/// Decodes `data` (compressed by `spec`) into `out`, a writable uint8 array of the raw length.
+#[pyfunction]
+pub(crate) fn decompress(py: Python<'_>, spec: &str, data: &Bound<'_, PyUntypedArray>, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    let pipe = Pipeline::parse(spec).map_err(to_py)?;
+    let src: &[u8] = bytes_of(data, false)?;
+    let dst = bytes_of(out, true)?;
+    py.detach(|| pipe.decode_into(src, dst)).map_err(to_py)
+}
+
+/// crc32c of a uint8 array (hardware-accelerated), continuing from `seed`.
+#[pyfunction]
+#[pyo3(signature = (data, seed = 0))]
+pub(crate) fn crc32c(py: Python<'_>, data: &Bound<'_, PyUntypedArray>, seed: u32) -> PyResult<u32> {
+    let src: &[u8] = bytes_of(data, false)?;
+    Ok(py.detach(|| ::crc32c::crc32c_append(seed, src)))
+}

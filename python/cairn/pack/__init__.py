@@ -1,0 +1,38 @@
+"""Data-aware aggregation and compression of checkpoint sets (mcrEngine).
+
+>>> from cairn import pack
+>>> pack.pack("ckpt/", "packed/", group_size=32, scheme="aware-block")   # N files → N/32 containers
+>>> pack.unpack("packed/", "restored/")                                  # every file, byte for byte
+>>> print(pack.table(pack.compare("ckpt/")))                             # pick a scheme
+
+Modules: ``scan`` (variables and their file ranges; HDF5, netCDF-4, netCDF classic in
+``netcdf3``), ``layout`` (the four merging schemes as streams of parts), ``container`` (the file
+format), ``aggregate`` (packing), ``restore`` (unpacking), ``compare`` (the scheme table).
+Compression itself (pco for numbers, zstd/gzip for bytes) is ``cairn-core``'s codec pipeline.
+"""
+
+from __future__ import annotations
+
+import io
+
+from .aggregate import PackReport, pack
+from .compare import compare, table
+from .container import Container
+from .layout import SCHEMES
+from .restore import UnpackReport, read_member, unpack
+
+__all__ = ["pack", "unpack", "compare", "table", "Container", "read_member", "open_member", "SCHEMES", "PackReport", "UnpackReport"]
+
+
+def open_member(c: Container, name: str) -> object:
+    """One member opened in memory, without unpacking the rest: an ``h5py.File`` for HDF5 and
+    netCDF-4 members, a ``netCDF4.Dataset`` for netCDF classic ones."""
+    data = read_member(c, name)
+    fmt = next(m["format"] for m in c.members if m["name"] == name)
+    if fmt == "netcdf3":
+        import netCDF4
+
+        return netCDF4.Dataset(name, mode="r", memory=data)
+    import h5py
+
+    return h5py.File(io.BytesIO(data), "r")

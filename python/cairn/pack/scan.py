@@ -1,0 +1,162 @@
+"""Finding the variables of a checkpoint file and where their values lie in it.
+
+A *member* is one process's checkpoint file. Scanning lists its variables (path, element type,
+class) and the byte ranges of the file that hold their raw values. Everything else in the file
+(headers, attributes, B-trees, padding, data stored filtered) is the *residual*. Packing moves
+values and residual into separate streams and unpacking splices them back, so every file is
+restored byte for byte; the scanner only has to be right for compression to be good, never for
+restoration to be exact (ranges that are out of bounds or overlap are left in the residual).
+
+Formats: HDF5 (including netCDF-4, which is HDF5) through h5py, and netCDF classic (CDF-1, -2 and
+-5) from its header. Other files are packed as opaque bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+@dataclass
+class Variable:
+    """One dataset of a member and the file ranges holding its values, in value order."""
+
+    path: str
+    dtype: str  # numpy dtype.str of the stored values ('<f8', '>i4', '|S8', '|O' …)
+    shape: tuple[int, ...]
+    regions: list[tuple[int, int]] = field(default_factory=list)  # (file offset, length)
+
+    @property
+    def klass(self) -> str:
+        """mcrEngine's class: ``Atomic`` for scalars, ``ArrayND`` otherwise."""
+        return "Atomic" if not self.shape else f"Array{len(self.shape)}D"
+
+    @property
+    def numeric(self) -> bool:
+        return np.dtype(self.dtype).kind in "iufc"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.regions)
+
+    def key(self, match: re.Pattern[str] | None = None) -> str:
+        """The similarity key ``Group/Name_Type_Class``; with ``match``, the text of each capture
+        group of a full match is replaced by ``*`` so that e.g. per-patch copies become similar."""
+        path = self.path
+        m = match.fullmatch(path) if match else None
+        if m:
+            for g in range(m.re.groups, 0, -1):
+                a, b = m.span(g)
+                if a >= 0:
+                    path = path[:a] + "*" + path[b:]
+        return f"{path}_{type_code(self.dtype)}_{self.klass}"
+
+
+@dataclass
+class Member:
+    """One checkpoint file of the set."""
+
+    name: str  # path relative to the set's directory, '/'-separated
+    path: str
+    format: str  # hdf5 | netcdf4 | netcdf3 | opaque
+    size: int
+    variables: list[Variable]
+
+
+def type_code(dtype: str) -> str:
+    """``<f8`` → ``F64LE``, ``>i4`` → ``I32BE``, ``|u1`` → ``U8``, ``|S10`` → ``S10``."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iufc":
+        order = {"<": "LE", ">": "BE"}.get(dt.str[0], "")
+        return f"{dt.kind.upper()}{dt.itemsize * 8}{order}"
+    return f"{dt.kind.upper()}{dt.itemsize}"
+
+
+def detect(path: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head == HDF5_SIGNATURE:
+        return "hdf5"
+    if head[:3] == b"CDF" and head[3:4] in (b"\x01", b"\x02", b"\x05"):
+        return "netcdf3"
+    return "opaque"
+
+
+def scan(path: str, name: str) -> Member:
+    """Scans one file. Unknown formats become opaque members (all residual)."""
+    size = os.path.getsize(path)
+    fmt = detect(path) if size >= 8 else "opaque"
+    variables: list[Variable] = []
+    if fmt == "hdf5":
+        fmt, variables = _scan_hdf5(path)
+    elif fmt == "netcdf3":
+        from .netcdf3 import scan_classic
+
+        variables = scan_classic(path, size)
+    return Member(name, path, fmt, size, _keep_valid(variables, size))
+
+
+def _keep_valid(variables: list[Variable], size: int) -> list[Variable]:
+    """Drops variables with a range outside the file or overlapping another's (hard links, a
+    misread header): their bytes then stay in the residual."""
+    taken: list[tuple[int, int, int]] = sorted(
+        (off, off + n, i) for i, v in enumerate(variables) for off, n in v.regions if n > 0
+    )
+    bad = {i for a, b, i in taken if a < 0 or b > size}
+    end, owner = -1, -1
+    for a, b, i in taken:
+        if a < end:
+            bad.update((i, owner))
+        if b > end:
+            end, owner = b, i
+    return [
+        Variable(v.path, v.dtype, v.shape, [r for r in v.regions if r[1] > 0])
+        for i, v in enumerate(variables)
+        if i not in bad and v.nbytes > 0
+    ]
+
+
+def _scan_hdf5(path: str) -> tuple[str, list[Variable]]:
+    import h5py
+
+    found: list[Variable] = []
+    with h5py.File(path, "r") as f:
+        fmt = "netcdf4" if "_NCProperties" in f.attrs else "hdf5"
+
+        def visit(name: str, obj: object) -> None:
+            if isinstance(obj, h5py.Dataset):
+                regions = _dataset_regions(obj)
+                if regions:
+                    found.append(Variable("/" + name, obj.dtype.str, tuple(obj.shape or ()), regions))
+
+        f.visititems(visit)
+    return fmt, found
+
+
+def _dataset_regions(ds: object) -> list[tuple[int, int]]:
+    """File ranges of a dataset's raw values: its contiguous block, or its chunks in index order.
+    Filtered data (gzip, shuffle…) is already transformed, so it stays opaque, as do compact,
+    virtual and external layouts."""
+    import h5py
+
+    dsid = ds.id  # type: ignore[attr-defined]
+    dcpl = dsid.get_create_plist()
+    if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:
+        return []
+    layout = dcpl.get_layout()
+    if layout == h5py.h5d.CONTIGUOUS:
+        off = dsid.get_offset()
+        return [] if off is None else [(int(off), int(dsid.get_storage_size()))]
+    if layout == h5py.h5d.CHUNKED:
+        out = []
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            if info.byte_offset is not None and info.filter_mask == 0:
+                out.append((int(info.byte_offset), int(info.size)))
+        return out
+    return []
