@@ -401,7 +401,7 @@ fn pco_decoded_len(elem: Element, src: &[u8]) -> Result<usize> {
 fn pco_decode(elem: Element, src: &[u8], out: &mut [u8]) -> Result<()> {
     let (coded, tail) = pco_parts(src)?;
     with_number!(elem, T => {
-        let whole = out.len().checked_sub(tail.len()).filter(|w| w % T::N == 0).ok_or_else(|| {
+        let whole = out.len().checked_sub(tail.len()).filter(|w| w.is_multiple_of(T::N)).ok_or_else(|| {
             Error::Corrupt(format!("pco data has a {}-byte tail that does not fit {} recorded bytes", tail.len(), out.len()))
         })?;
         let nums: Vec<T> = if coded.is_empty() { Vec::new() } else {
