@@ -1,6 +1,8 @@
 """The ``cairn`` command: inspect and extract datasets.
 
     cairn ls PATH [--blocks]
+    cairn pack SET_DIR -o OUT [--group-size 32 --scheme aware-block] | --compare
+    cairn unpack OUT -o RESTORED [--member NAME]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
     cairn serve --cluster cluster.json [--id N --servers S --memory 4GiB]
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
@@ -17,7 +19,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, cluster_cli
+from . import __version__, cluster_cli, pack_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -38,6 +40,9 @@ def _fmt(v: float | None) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> None:
+    if pack_cli.is_packed(args.path):
+        pack_cli.ls(args.path)
+        return
     f = _open_path(args.path)
     steps = f.steps()
     span = f"{len(steps)} committed: {steps[0]}..{steps[-1]}" if steps else "none committed"
@@ -113,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cairn", description="Cairn: staging and checkpoint/restart for n-D arrays")
     p.add_argument("--version", action="version", version=f"cairn {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset")
-    ls.add_argument("path", help="dataset directory (the [file] path joined with the dataset name)")
+    ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, or packed containers")
+    ls.add_argument("path", help="dataset directory (the [file] path joined with the dataset name), or a pack folder")
     ls.add_argument("--blocks", action="store_true", help="show the blocks of every step, not only the last")
     ls.set_defaults(func=cmd_ls)
     get = sub.add_parser("get", help="read a box of a variable and print it or save it as .npy")
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     get.add_argument("--writer", type=int, default=0, help="writer rank, for a local variable")
     get.add_argument("-o", "--output", help="write a .npy file instead of printing")
     get.set_defaults(func=cmd_get)
+    pack_cli.add(sub)
     cluster_cli.add(sub)
     args = p.parse_args(argv)
     try:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import io
 
 from .aggregate import PackReport, pack
+from .compare import as_json as compare_json
 from .compare import compare, table
 from .container import Container
 from .layout import SCHEMES
-from .restore import UnpackReport, read_member, unpack
+from .restore import UnpackReport, containers_in, read_member, unpack
 
-__all__ = ["pack", "unpack", "compare", "table", "Container", "read_member", "open_member", "SCHEMES", "PackReport", "UnpackReport"]
+__all__ = ["pack", "unpack", "compare", "compare_json", "table", "Container", "read_member", "containers_in", "open_member", "SCHEMES", "PackReport", "UnpackReport"]
 
 
 def open_member(c: Container, name: str) -> object:

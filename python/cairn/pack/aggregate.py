@@ -89,12 +89,16 @@ def pack(
     workers: int | None = None,
     progress: bool = False,
     fsync: bool = True,
+    frame: int = FRAME,
 ) -> PackReport:
     """Packs every file under `src` into ``out/group-NNNNN.cpk`` containers of `group_size`
     members each (in natural rank order). `codec` is ``aware`` (by element type) or one byte codec
     for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is a regex whose capture groups
-    are ignored when matching variable names."""
+    are ignored when matching variable names. `frame` is the raw size of a compressed frame (the
+    unit of partial reads and of damage)."""
     layout.check_scheme(scheme, block)
+    if frame < 4096 or frame % 4096:
+        raise InvalidArgumentError(f"frame size {frame}: give a multiple of 4096 bytes")
     if group_size < 1:
         raise InvalidArgumentError(f"--group-size {group_size}: give at least 1")
     _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
@@ -112,7 +116,7 @@ def pack(
             t0 = time.perf_counter()
             members = [scan(p, name) for name, p in files[g : g + group_size]]
             path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
-            size = pack_group(members, path, scheme, block, codec, pattern, pool, bar, fsync)
+            size = pack_group(members, path, scheme, block, codec, pattern, pool, bar, fsync, frame)
             report.groups.append(GroupReport(path, len(members), sum(m.size for m in members), size, time.perf_counter() - t0))
     bar.close()
     return report
@@ -128,6 +132,7 @@ def pack_group(
     pool: ThreadPoolExecutor,
     bar: object | None = None,
     fsync: bool = True,
+    frame: int = FRAME,
 ) -> int:
     """Writes one container; returns its size."""
     streams = layout.build(members, scheme, block, match)
@@ -140,7 +145,7 @@ def pack_group(
         "block": block,
         "codec": codec,
         "match": match.pattern if match else None,
-        "frame": FRAME,
+        "frame": frame,
         "members": [],
         "streams": [s.to_json() for s in streams],
     }
@@ -174,8 +179,8 @@ def pack_group(
     try:
         for si, s in enumerate(streams):
             r = layout.runs(s)
-            for i, a in enumerate(range(0, s.length, FRAME)):
-                b = min(a + FRAME, s.length)
+            for i, a in enumerate(range(0, s.length, frame)):
+                b = min(a + frame, s.length)
                 buf = np.empty(b - a, np.uint8)
                 for k in r.between(a, b):
                     st, n = int(r.start[k]), int(r.length[k])

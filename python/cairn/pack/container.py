@@ -111,12 +111,16 @@ class Container:
         self.f = open(path, "rb")
         self.size = os.fstat(self.f.fileno()).st_size
         self.damage: list[str] = []
-        self.head = self._read_head()
-        self.streams = [Stream.from_json(s) for s in self.head["streams"]]
-        self.frame_size = int(self.head["frame"])
         self.frames: dict[tuple[int, int], Frame] = {}
-        if not self._read_tail():
-            self._salvage()
+        try:
+            self.head = self._read_head()
+            self.streams = [Stream.from_json(s) for s in self.head["streams"]]
+            self.frame_size = int(self.head["frame"])
+            if not self._read_tail():
+                self._salvage()
+        except BaseException:
+            self.f.close()
+            raise
 
     def close(self) -> None:
         self.f.close()

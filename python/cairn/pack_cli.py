@@ -1,0 +1,81 @@
+"""`cairn pack` and `cairn unpack`: N→M aggregation and compression of checkpoint sets."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+from . import pack as P
+from .exceptions import InvalidArgumentError
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def cmd_pack(args: argparse.Namespace) -> None:
+    if args.compare:
+        rows = P.compare(args.src, group_size=args.group_size, block=args.block_size, sample=args.sample, match=args.match)
+        print(f"{rows[0].members} members of {args.src} ({_mb(rows[0].raw)}), group size {args.group_size}, block {args.block_size} B\n")
+        print(P.table(rows))
+        best = max(rows, key=lambda r: r.ratio)
+        print(f"\nbest ratio: --scheme {best.scheme} --codec {best.codec}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(P.compare_json(rows), f, indent=2)
+        return
+    if not args.output:
+        raise InvalidArgumentError("give -o OUT (the folder for the containers), or --compare to only compare schemes")
+    r = P.pack(args.src, args.output, group_size=args.group_size, scheme=args.scheme, block=args.block_size,
+               codec=args.codec, match=args.match, progress=True)
+    members = sum(g.members for g in r.groups)
+    print(f"packed {members} files ({_mb(r.raw)}) into {len(r.groups)} containers ({_mb(r.packed)}) in {args.output}: "
+          f"ratio {r.ratio:.3f}, {r.raw / r.seconds / 1e6:.0f} MB/s, scheme {r.scheme}, codec {r.codec}")
+
+
+def cmd_unpack(args: argparse.Namespace) -> None:
+    r = P.unpack(args.src, args.output, members=args.member or None, progress=True)
+    print(f"restored {len(r.restored)} files ({_mb(r.raw)}) into {args.output}, each checked against its checksum, "
+          f"{r.raw / max(r.seconds, 1e-9) / 1e6:.0f} MB/s")
+
+
+def is_packed(path: str) -> bool:
+    return path.endswith(".cpk") or bool(glob.glob(os.path.join(path, "*.cpk")))
+
+
+def ls(path: str) -> None:
+    """Lists containers: members, sizes, ratio, scheme, and any damage found on opening."""
+    print(f"{'container':<22} {'members':>7} {'raw':>14} {'packed':>14} {'ratio':>7}  scheme/codec")
+    raw = packed = 0
+    for p in P.containers_in(path):
+        with P.Container(p) as c:
+            r, k = c.raw_size(), c.size
+            raw, packed = raw + r, packed + k
+            print(f"{os.path.basename(p):<22} {len(c.members):>7} {_mb(r):>14} {_mb(k):>14} {r / k:>7.3f}  "
+                  f"{c.head['scheme']}/{c.head['codec']}")
+            for d in c.damage:
+                print(f"  damaged: {d}")
+    print(f"{'total':<22} {'':>7} {_mb(raw):>14} {_mb(packed):>14} {raw / max(packed, 1):>7.3f}")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pack", help="aggregate and compress a checkpoint set of per-process HDF5/netCDF files (N→M)")
+    p.add_argument("src", help="folder of per-process checkpoint files (any depth; natural rank order)")
+    p.add_argument("-o", "--output", help="folder for the containers (group-NNNNN.cpk)")
+    p.add_argument("--group-size", type=int, default=32, help="processes per container (default 32)")
+    p.add_argument("--scheme", choices=P.SCHEMES, default="aware-block", help="merging scheme (default aware-block)")
+    p.add_argument("--block-size", type=int, default=8192, help="interleaving block in bytes for *-block schemes (default 8192)")
+    p.add_argument("--codec", default="aware", help="aware (pco/zstd by element type; default), zstd[:L], gzip[:L] or raw")
+    p.add_argument("--match", help="regex on variable paths; text in its capture groups is ignored when matching, "
+                                   "e.g. '/patch_(\\d+)/.*' makes every patch's variables similar")
+    p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")
+    p.add_argument("--sample", type=int, help="members to sample with --compare (default: one group)")
+    p.add_argument("--json", help="with --compare: also save the table as JSON")
+    p.set_defaults(func=cmd_pack)
+    u = sub.add_parser("unpack", help="restore every original file of packed containers, byte for byte")
+    u.add_argument("src", help="folder of containers (or one .cpk file)")
+    u.add_argument("-o", "--output", required=True, help="folder to restore into (files must not exist)")
+    u.add_argument("--member", action="append", help="restore only this file (repeatable)")
+    u.set_defaults(func=cmd_unpack)
