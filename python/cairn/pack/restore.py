@@ -125,39 +125,40 @@ def restore_into(
     ``put(member, file offset, bytes)``. Returns the damaged members with the reason."""
     damaged: dict[int, str] = {}
     depth = 2 * pool._max_workers  # noqa: SLF001
+    # One queue across streams, so that many small streams (one frame each) still overlap.
+    inflight: deque = deque()
+
+    def finish(s: int, i: int, r: layout.Runs, mine: np.ndarray, fut: object) -> None:
+        a, b = c.frame_range(s, i)
+        ks = [k for k in r.between(a, b) if mine[k]]
+        try:
+            buf = fut.result()  # type: ignore[attr-defined]
+        except CorruptError as e:
+            for k in ks:
+                damaged.setdefault(int(r.member[k]), str(e))
+            return
+        done = 0
+        for k in ks:
+            st, n = int(r.start[k]), int(r.length[k])
+            lo, hi = max(st, a), min(st + n, b)
+            done += hi - lo
+            m = int(r.member[k])
+            if m not in damaged:
+                put(m, int(r.offset[k]) + lo - st, buf[lo - a : hi - a])
+        if bar is not None:
+            bar.update(done)  # type: ignore[attr-defined]
+
     for s, stream in enumerate(c.streams):
         if not any(p.member in sel for p in stream.parts):
             continue
         r = layout.runs(stream)
         mine = np.isin(r.member, list(sel))
-        frames = _frames_touched(c, s, r.start[mine], r.length[mine])
-        inflight: deque = deque()
-
-        def finish(i: int, fut: object) -> None:
-            a, b = c.frame_range(s, i)
-            ks = [k for k in r.between(a, b) if mine[k]]
-            try:
-                buf = fut.result()  # type: ignore[attr-defined]
-            except CorruptError as e:
-                for k in ks:
-                    damaged.setdefault(int(r.member[k]), str(e))
-                return
-            for k in ks:
-                m = int(r.member[k])
-                if m in damaged:
-                    continue
-                st, n = int(r.start[k]), int(r.length[k])
-                lo, hi = max(st, a), min(st + n, b)
-                put(m, int(r.offset[k]) + lo - st, buf[lo - a : hi - a])
-            if bar is not None:
-                bar.update(sum(min(int(r.start[k] + r.length[k]), b) - max(int(r.start[k]), a) for k in ks))  # type: ignore[attr-defined]
-
-        for i in frames:
-            inflight.append((i, pool.submit(c.read_frame, s, i)))
+        for i in _frames_touched(c, s, r.start[mine], r.length[mine]):
+            inflight.append((s, i, r, mine, pool.submit(c.read_frame, s, i)))
             while len(inflight) > depth:
                 finish(*inflight.popleft())
-        while inflight:
-            finish(*inflight.popleft())
+    while inflight:
+        finish(*inflight.popleft())
     return damaged
 
 

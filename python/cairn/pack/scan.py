@@ -124,38 +124,47 @@ def _keep_valid(variables: list[Variable], size: int) -> list[Variable]:
 def _scan_hdf5(path: str) -> tuple[str, list[Variable]]:
     import h5py
 
+    # The low-level API: the high-level wrappers cost more than the HDF5 calls for files with
+    # thousands of small variables (measured: scanning was over half of pack time).
     found: list[Variable] = []
-    with h5py.File(path, "r") as f:
-        fmt = "netcdf4" if "_NCProperties" in f.attrs else "hdf5"
+    fid = h5py.h5f.open(path.encode(), h5py.h5f.ACC_RDONLY)
+    try:
+        fmt = "netcdf4" if h5py.h5a.exists(fid, b"_NCProperties") else "hdf5"
 
-        def visit(name: str, obj: object) -> None:
-            if isinstance(obj, h5py.Dataset):
-                regions = _dataset_regions(obj)
-                if regions:
-                    found.append(Variable("/" + name, obj.dtype.str, tuple(obj.shape or ()), regions))
+        def visit(name: bytes, info: object) -> None:
+            if info.type == h5py.h5o.TYPE_DATASET:  # type: ignore[attr-defined]
+                dsid = h5py.h5d.open(fid, name)
+                try:
+                    regions = _dataset_regions(dsid)
+                    if regions:
+                        shape = dsid.shape or ()
+                        found.append(Variable("/" + name.decode(), dsid.dtype.str, tuple(shape), regions))
+                finally:
+                    dsid.close()
 
-        f.visititems(visit)
+        h5py.h5o.visit(fid, visit, info=True)
+    finally:
+        fid.close()
     return fmt, found
 
 
-def _dataset_regions(ds: object) -> list[tuple[int, int]]:
+def _dataset_regions(dsid: object) -> list[tuple[int, int]]:
     """File ranges of a dataset's raw values: its contiguous block, or its chunks in index order.
     Filtered data (gzip, shuffle…) is already transformed, so it stays opaque, as do compact,
     virtual and external layouts."""
     import h5py
 
-    dsid = ds.id  # type: ignore[attr-defined]
-    dcpl = dsid.get_create_plist()
+    dcpl = dsid.get_create_plist()  # type: ignore[attr-defined]
     if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:
         return []
     layout = dcpl.get_layout()
     if layout == h5py.h5d.CONTIGUOUS:
-        off = dsid.get_offset()
-        return [] if off is None else [(int(off), int(dsid.get_storage_size()))]
+        off = dsid.get_offset()  # type: ignore[attr-defined]
+        return [] if off is None else [(int(off), int(dsid.get_storage_size()))]  # type: ignore[attr-defined]
     if layout == h5py.h5d.CHUNKED:
         out = []
-        for i in range(dsid.get_num_chunks()):
-            info = dsid.get_chunk_info(i)
+        for i in range(dsid.get_num_chunks()):  # type: ignore[attr-defined]
+            info = dsid.get_chunk_info(i)  # type: ignore[attr-defined]
             if info.byte_offset is not None and info.filter_mask == 0:
                 out.append((int(info.byte_offset), int(info.size)))
         return out
