@@ -36,6 +36,9 @@ class BlockInfo:
     max: float | None
     mean: float | None
     checksum: int
+    nbytes: int  # raw size
+    stored: int  # bytes on disk or in memory (less than nbytes when compressed)
+    codec: str | None  # codec pipeline of the stored bytes (``pco:f8le:4+zstd:1``), None if raw
 
 
 def _dtype(spec: Any) -> str:
@@ -233,8 +236,8 @@ class Reader:
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
-        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc)
-                for w, o, c, lo, hi, mean, crc in self._inner.blocks(name, step)]
+        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec)
+                for w, o, c, lo, hi, mean, crc, n, stored, codec in self._inner.blocks(name, step)]
 
     def get(self, name: str, step: int, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:

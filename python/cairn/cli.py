@@ -48,11 +48,17 @@ def cmd_ls(args: argparse.Namespace) -> None:
     span = f"{len(steps)} committed: {steps[0]}..{steps[-1]}" if steps else "none committed"
     print(f"dataset {args.path}\nsteps   {span}")
     variables = f.variables()
-    print(f"\n{'variable':<20} {'dtype':<8} {'shape':<24} blocks(last step)")
+    print(f"\n{'variable':<20} {'dtype':<8} {'shape':<24} {'blocks':>6} {'stored':>12} {'ratio':>7}  codec (last step)")
+    raw = stored = 0
     for name, v in variables.items():
         shape = "local" if v.local else "x".join(map(str, v.shape))
-        nblocks = len(f.blocks(name, steps[-1])) if steps else 0
-        print(f"{name:<20} {v.dtype.str[1:]:<8} {shape:<24} {nblocks}")
+        blocks = f.blocks(name, steps[-1]) if steps else []
+        n, k = sum(b.nbytes for b in blocks), sum(b.stored for b in blocks)
+        raw, stored = raw + n, stored + k
+        codecs = sorted({b.codec.split(":")[0] if b.codec else "raw" for b in blocks})
+        print(f"{name:<20} {v.dtype.str[1:]:<8} {shape:<24} {len(blocks):>6} {k / 1e6:>9.2f} MB {n / max(k, 1):>7.2f}  {'/'.join(codecs)}")
+    if raw:
+        print(f"{'total':<55} {stored / 1e6:>9.2f} MB {raw / max(stored, 1):>7.2f}")
     shown = steps if args.blocks else steps[-1:]
     for s in shown:
         print(f"\nstep {s}")

@@ -27,11 +27,27 @@ pub struct FileConfig {
     pub fsync: bool,
     /// Checksum chunk size in bytes.
     pub chunk_size: u32,
+    /// Compression of stored blocks: `none`, `aware` (pco for numbers, zstd otherwise, chosen by
+    /// each variable's element type), `zstd[:LEVEL]` or `gzip[:LEVEL]`. Reads decompress
+    /// transparently; a box read decodes the blocks it touches whole.
+    pub compression: String,
 }
 
 impl Default for FileConfig {
     fn default() -> Self {
-        FileConfig { path: PathBuf::from("."), fsync: false, chunk_size: cairn_core::checksum::DEFAULT_CHUNK }
+        FileConfig { path: PathBuf::from("."), fsync: false, chunk_size: cairn_core::checksum::DEFAULT_CHUNK, compression: "none".into() }
+    }
+}
+
+impl FileConfig {
+    /// The compression policy, or `None` for `none`.
+    pub fn compression(&self) -> Result<Option<cairn_core::codec::Policy>> {
+        match self.compression.as_str() {
+            "none" | "" => Ok(None),
+            other => cairn_core::codec::Policy::parse(other)
+                .map(Some)
+                .map_err(|_| Error::Config(format!("[file] compression = {other:?}: use none, aware, zstd[:1-19] or gzip[:1-9]"))),
+        }
     }
 }
 
@@ -76,7 +92,7 @@ pub struct Config {
 }
 
 /// Keys accepted as overrides, in the order the error message lists them.
-const OVERRIDES: &str = "engine, path, fsync, chunk_size, cluster, object_size, keep_last, keep, servers, memory";
+const OVERRIDES: &str = "engine, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -123,6 +139,10 @@ impl Config {
             "fsync" => self.file.fsync = value.parse().map_err(|_| bad("expected true or false"))?,
             "chunk_size" => {
                 self.file.chunk_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
+            }
+            "compression" => {
+                self.file.compression = value.to_string();
+                self.file.compression()?;
             }
             "cluster" => self.staging.cluster = Some(PathBuf::from(value)),
             "object_size" => {

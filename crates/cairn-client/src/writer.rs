@@ -39,15 +39,9 @@ impl Writer {
         }
         check_name(name)?;
         let engine: Box<dyn WriteEngine> = match cfg.engine {
-            EngineKind::File => Box::new(FileWriter::open(
-                Layout::new(&cfg.file.path, name),
-                rank,
-                nranks,
-                append,
-                cfg.file.fsync,
-                cfg.file.chunk_size,
-                session.to_string(),
-            )?),
+            EngineKind::File => {
+                Box::new(FileWriter::open(Layout::new(&cfg.file.path, name), rank, nranks, append, &cfg.file, session.to_string())?)
+            }
             EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, append, session.to_string())?),
         };
         Ok(Writer { engine, vars: BTreeMap::new(), rank, nranks, step: None, put: BTreeMap::new() })

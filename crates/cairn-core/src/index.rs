@@ -77,6 +77,17 @@ pub struct BlockRecord {
     /// Staging engine: the objects the block was split into, in place of `file`/`pos`/`crcs`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<ObjectRef>,
+    /// The codec pipeline of the stored bytes (a [`crate::codec::Pipeline`] spec such as
+    /// `pco:f8le:4`); absent when stored raw. `crcs` and `checksum` are of the raw bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codec: Option<String>,
+    /// Bytes stored in `file` from `pos` when compressed (`len` stays the raw length).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stored: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// One staged object: a piece of a block held by a server.
@@ -130,8 +141,13 @@ impl BlockRecord {
         } else if self.chunk == 0 || self.crcs.len() as u64 != self.len.div_ceil(self.chunk as u64) {
             return bad("checksum list does not cover the block".into());
         }
-        if self.pos.checked_add(self.len).is_none() {
+        if self.pos.checked_add(self.len.max(self.stored)).is_none() {
             return bad("position overflows".into());
+        }
+        if let Some(spec) = &self.codec {
+            if crate::codec::Pipeline::parse(spec).is_err() || self.stored == 0 {
+                return bad(format!("codec {spec:?} is unknown or has no stored length"));
+            }
         }
         Ok(())
     }
@@ -351,6 +367,8 @@ mod tests {
             checksum: 0,
             stats: Stats { min: Some(f64::NEG_INFINITY), max: Some(f64::NAN), mean: None },
             objects: Vec::new(),
+            codec: None,
+            stored: 0,
         }
     }
 

@@ -6,8 +6,8 @@ use cairn_client::Reader;
 use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
-/// A block's description: (writer, offset, count, min, max, mean, checksum).
-type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32);
+/// A block: (writer, offset, count, min, max, mean, checksum, raw bytes, stored bytes, codec).
+type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>);
 
 /// A variable's description: (name, dtype name, shape or None).
 type VarTuple = (String, String, Option<Vec<u64>>);
@@ -55,7 +55,10 @@ impl PyReader {
         let blocks = self.inner.blocks(var, step).map_err(to_py)?;
         Ok(blocks
             .into_iter()
-            .map(|b| (b.writer, b.region.offset, b.region.count, b.stats.min, b.stats.max, b.stats.mean, b.checksum))
+            .map(|b| {
+                let stored = if b.codec.is_some() { b.stored } else { b.len };
+                (b.writer, b.region.offset, b.region.count, b.stats.min, b.stats.max, b.stats.mean, b.checksum, b.len, stored, b.codec)
+            })
             .collect())
     }
 

@@ -5,6 +5,7 @@ use super::layout::Layout;
 use crate::engine::ReadEngine;
 use cairn_core::assemble::{chunks_touched, copy_box, Layout as BufLayout};
 use cairn_core::checksum::verify;
+use cairn_core::codec::Pipeline;
 use cairn_core::error::IoContext;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
 use cairn_core::{Error, Region, Result};
@@ -60,6 +61,21 @@ impl FileReader {
             _ => Error::io(format!("reading {}", what()), e),
         })?;
         verify(buf, (at / b.chunk as u64) as usize, b.chunk, &b.crcs, &what)
+    }
+
+    /// A compressed block, read whole, decoded and verified against its raw chunk checksums.
+    fn decode_block(&self, b: &BlockRecord) -> Result<Vec<u8>> {
+        let what = || format!("compressed block of '{}' by writer {} in {}", b.var, b.writer, b.file);
+        let pipe = Pipeline::parse(b.codec.as_deref().unwrap_or("raw"))?;
+        let mut coded = vec![0u8; b.stored as usize];
+        self.file(&b.file)?.read_exact_at(&mut coded, b.pos).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::Corrupt(format!("{} is truncated: the index points past its end", what())),
+            _ => Error::io(format!("reading {}", what()), e),
+        })?;
+        let mut raw = vec![0u8; b.len as usize];
+        pipe.decode_into(&coded, &mut raw).map_err(|e| Error::Corrupt(format!("{}: {e}", what())))?;
+        verify(&raw, 0, b.chunk, &b.crcs, &what)?;
+        Ok(raw)
     }
 
     /// Fetches the checksum chunks of `b` that hold `isect`, verified, into a buffer starting at
@@ -141,6 +157,11 @@ impl ReadEngine for FileReader {
     }
 
     fn read_into(&self, _step: u64, b: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        if b.codec.is_some() {
+            let buf = self.decode_block(b)?;
+            copy_box(&buf, BufLayout { layout: &b.region, base: 0 }, out, BufLayout { layout: dst, base: 0 }, isect, elem);
+            return Ok(());
+        }
         // A whole block that is one contiguous run of the output is read straight into it.
         if *isect == b.region {
             if let Some(range) = contiguous_run(dst, isect, elem) {

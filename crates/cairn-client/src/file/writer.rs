@@ -1,8 +1,10 @@
 //! The writing side of the file engine, for one rank.
 
 use super::layout::{publish, Layout};
+use crate::config::FileConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::checksum::chunk_crcs;
+use cairn_core::codec::{self, Element, Pipeline, Policy, Stage};
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef};
 use cairn_core::{stats, Error, Result};
@@ -22,6 +24,7 @@ pub struct FileWriter {
     end: u64,
     fsync: bool,
     chunk: u32,
+    compression: Option<Policy>,
     session: String,
     blocks: Vec<BlockRecord>,
 }
@@ -29,7 +32,8 @@ pub struct FileWriter {
 impl FileWriter {
     /// Opens rank `rank` of `nranks` for writing. `append` keeps committed steps and adds to them;
     /// otherwise the dataset must not hold committed steps yet (nothing is ever deleted silently).
-    pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, fsync: bool, chunk: u32, session: String) -> Result<FileWriter> {
+    pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, cfg: &FileConfig, session: String) -> Result<FileWriter> {
+        let compression = cfg.compression()?;
         layout.create()?;
         let steps = layout.steps()?;
         if !append && !steps.is_empty() {
@@ -54,7 +58,8 @@ impl FileWriter {
             data.set_len(0).ctx(|| format!("truncating {}", path.display()))?;
         }
         let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
-        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, session, blocks: Vec::new() };
+        let (fsync, chunk) = (cfg.fsync, cfg.chunk_size);
+        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, compression, session, blocks: Vec::new() };
         w.recover()?;
         Ok(w)
     }
@@ -140,10 +145,17 @@ impl WriteEngine for FileWriter {
     fn put(&mut self, _step: u64, block: BlockData<'_>) -> Result<()> {
         let (crcs, checksum) = chunk_crcs(block.bytes, self.chunk);
         let stats = stats::compute(block.def.dtype, block.bytes);
-        self.data.write_all(block.bytes).map_err(|e| {
+        let coded = match self.compression {
+            Some(policy) => Some(codec::compress(block.bytes, Some(Element { dtype: block.def.dtype, big_endian: false }), policy)?),
+            None => None,
+        };
+        // Blocks nothing shrank are stored raw, without a codec entry.
+        let coded = coded.filter(|(pipe, _)| *pipe != Pipeline(vec![Stage::Raw]));
+        let stored: &[u8] = coded.as_ref().map_or(block.bytes, |(_, c)| c);
+        self.data.write_all(stored).map_err(|e| {
             let what = format!(
                 "writing {} bytes of '{}' to {} (is the disk full? earlier steps are intact)",
-                block.bytes.len(),
+                stored.len(),
                 block.def.name,
                 self.layout.root.join(&self.data_rel).display()
             );
@@ -161,8 +173,10 @@ impl WriteEngine for FileWriter {
             checksum,
             stats,
             objects: Vec::new(),
+            codec: coded.as_ref().map(|(pipe, _)| pipe.to_string()),
+            stored: if coded.is_some() { stored.len() as u64 } else { 0 },
         });
-        self.end += block.bytes.len() as u64;
+        self.end += stored.len() as u64;
         Ok(())
     }
 

@@ -178,6 +178,8 @@ impl WriteEngine for StagingWriter {
             checksum: refs.iter().fold(0, |c, o| c ^ o.checksum),
             stats: st,
             objects: refs,
+            codec: None,
+            stored: 0,
         });
         Ok(())
     }
