@@ -165,9 +165,14 @@ def main(argv: list[str]) -> None:
     p.add_argument("--groups", default=",".join(map(str, GROUP_SIZES)), help="group sizes (default 1,2,8,32)")
     p.add_argument("--block", type=int, default=8192, help="interleaving block in bytes (default 8192)")
     p.add_argument("--match", help="with --src: regex for similar variable names (see cairn pack --match)")
+    p.add_argument("--generate", metavar="DIR", help="only write the first of --sets into DIR (a sample for cairn pack) and exit")
     p.add_argument("--dir", help="work folder on the disk to measure (default: a temporary folder)")
     args = p.parse_args(argv)
     groups = tuple(int(g) for g in args.groups.split(","))
+    if args.generate:
+        generate(args.sets.split(",")[0], args.generate, args.nproc, args.mib)
+        print(f"wrote {args.nproc} {args.sets.split(',')[0]}-like checkpoint files into {args.generate}")
+        return
     work = tempfile.mkdtemp(prefix="cairn-bench-pack-", dir=args.dir)
     rows: list[dict[str, Any]] = []
     try:
