@@ -152,6 +152,9 @@ impl Pipeline {
             };
             stages.push(stage);
         }
+        if stages.iter().skip(1).any(|s| matches!(s, Stage::Pco(..))) {
+            return Err(Error::Corrupt(format!("codec spec '{spec}': pco can only be the first stage")));
+        }
         if stages.len() > 2 {
             return Err(Error::Corrupt(format!("codec spec '{spec}' has {} stages; at most 2 are written", stages.len())));
         }
@@ -173,11 +176,13 @@ impl Pipeline {
         let Some((first, rest)) = self.0.split_first() else {
             return copy_exact(src, out, "raw");
         };
-        // Stages other than the first produce an intermediate of unknown length.
+        // Stages other than the first produce an intermediate of unknown length; a damaged one
+        // must not expand without bound, and no first stage grows data by more than this.
+        let limit = 2 * out.len() as u64 + 4096;
         let mut cur: Option<Vec<u8>> = None;
         for stage in rest.iter().rev() {
             let input = cur.as_deref().unwrap_or(src);
-            cur = Some(decode_stage_to_vec(*stage, input)?);
+            cur = Some(decode_stage_to_vec(*stage, input, limit)?);
         }
         decode_stage_into(*first, cur.as_deref().unwrap_or(src), out)
     }
@@ -246,27 +251,27 @@ fn encode_stage(stage: Stage, src: &[u8]) -> Result<Vec<u8>> {
     }
 }
 
-fn decode_stage_to_vec(stage: Stage, src: &[u8]) -> Result<Vec<u8>> {
+fn decode_stage_to_vec(stage: Stage, src: &[u8], limit: u64) -> Result<Vec<u8>> {
     let corrupt = |what: &str, e: &dyn std::fmt::Display| Error::Corrupt(format!("{what} data does not decode: {e}"));
+    let bounded = |what: &str, out: Vec<u8>| {
+        if out.len() as u64 > limit {
+            return Err(Error::Corrupt(format!("{what} data expands past {limit} bytes, more than its recorded length allows")));
+        }
+        Ok(out)
+    };
     match stage {
         Stage::Raw => Ok(src.to_vec()),
         Stage::Zstd(_) => {
             let mut out = Vec::new();
-            zstd::stream::read::Decoder::new(src).and_then(|mut d| d.read_to_end(&mut out)).map_err(|e| corrupt("zstd", &e))?;
-            Ok(out)
+            zstd::stream::read::Decoder::new(src).and_then(|d| d.take(limit + 1).read_to_end(&mut out)).map_err(|e| corrupt("zstd", &e))?;
+            bounded("zstd", out)
         }
         Stage::Gzip(_) => {
             let mut out = Vec::new();
-            flate2::read::GzDecoder::new(src).read_to_end(&mut out).map_err(|e| corrupt("gzip", &e))?;
-            Ok(out)
+            flate2::read::GzDecoder::new(src).take(limit + 1).read_to_end(&mut out).map_err(|e| corrupt("gzip", &e))?;
+            bounded("gzip", out)
         }
-        Stage::Pco(elem, _) => {
-            // Only the first stage is pco in written pipelines; this path serves hand-made specs.
-            let n = pco_decoded_len(elem, src)?;
-            let mut out = vec![0u8; n];
-            pco_decode(elem, src, &mut out)?;
-            Ok(out)
-        }
+        Stage::Pco(..) => Err(Error::Corrupt("codec pipeline has pco after another stage; pco can only be the first".into())),
     }
 }
 
@@ -280,7 +285,7 @@ fn decode_stage_into(stage: Stage, src: &[u8], out: &mut [u8]) -> Result<()> {
             }
             Ok(())
         }
-        Stage::Gzip(_) => copy_exact(&decode_stage_to_vec(stage, src)?, out, "gzip"),
+        Stage::Gzip(_) => copy_exact(&decode_stage_to_vec(stage, src, out.len() as u64)?, out, "gzip"),
         Stage::Pco(elem, _) => pco_decode(elem, src, out),
     }
 }
@@ -335,7 +340,7 @@ macro_rules! with_number {
 }
 
 /// Number types read from and written to bytes in either order.
-trait Bytes: Sized + Copy {
+trait Bytes: Sized + Copy + Default {
     const N: usize;
     fn read(b: &[u8], big: bool) -> Self;
     fn write(self, b: &mut [u8], big: bool);
@@ -388,27 +393,21 @@ fn pco_parts(src: &[u8]) -> Result<(&[u8], &[u8])> {
     Ok(rest.split_at(n as usize))
 }
 
-fn pco_decoded_len(elem: Element, src: &[u8]) -> Result<usize> {
-    let (coded, tail) = pco_parts(src)?;
-    with_number!(elem, T => {
-        let n = if coded.is_empty() { 0 } else {
-            pco::standalone::simple_decompress::<T>(coded).map_err(|e| Error::Corrupt(format!("pco data does not decode: {e}")))?.len()
-        };
-        Ok(n * T::N + tail.len())
-    })
-}
-
 fn pco_decode(elem: Element, src: &[u8], out: &mut [u8]) -> Result<()> {
     let (coded, tail) = pco_parts(src)?;
     with_number!(elem, T => {
         let whole = out.len().checked_sub(tail.len()).filter(|w| w.is_multiple_of(T::N)).ok_or_else(|| {
             Error::Corrupt(format!("pco data has a {}-byte tail that does not fit {} recorded bytes", tail.len(), out.len()))
         })?;
-        let nums: Vec<T> = if coded.is_empty() { Vec::new() } else {
-            pco::standalone::simple_decompress(coded).map_err(|e| Error::Corrupt(format!("pco data does not decode: {e}")))?
+        // Decoding into a buffer of the recorded size bounds memory whatever a damaged header claims.
+        let mut nums: Vec<T> = vec![T::default(); whole / T::N];
+        let n = if coded.is_empty() { 0 } else {
+            let p = pco::standalone::simple_decompress_into(coded, &mut nums)
+                .map_err(|e| Error::Corrupt(format!("pco data does not decode: {e}")))?;
+            if !p.finished { usize::MAX } else { p.n_processed }
         };
-        if nums.len() * T::N != whole {
-            return Err(Error::Corrupt(format!("pco data decodes to {} values where {} were recorded", nums.len(), whole / T::N)));
+        if n != nums.len() {
+            return Err(Error::Corrupt(format!("pco data does not decode to the {} values recorded", nums.len())));
         }
         for (v, b) in nums.iter().zip(out[..whole].chunks_exact_mut(T::N)) {
             v.write(b, elem.big_endian);
@@ -509,6 +508,7 @@ mod tests {
         }
         assert!(Pipeline::parse("pco:f8xx:4").is_err());
         assert!(Pipeline::parse("zstd:1+zstd:1+zstd:1").is_err());
+        assert!(Pipeline::parse("zstd:1+pco:f8le:4").is_err());
     }
 
     fn elem_strategy() -> impl Strategy<Value = Element> {
@@ -537,6 +537,27 @@ mod tests {
                                     elem in elem_strategy(), which in 0usize..4) {
             let policy = [Policy::Aware, Policy::Zstd(1), Policy::Gzip(1), Policy::Raw][which];
             round_trip(&data, Some(elem), policy);
+        }
+
+        /// Arbitrary or bit-flipped input to any decoder is an error or some bytes, never a panic
+        /// (containers and block files come from disks that may be damaged).
+        #[test]
+        fn decoders_survive_garbage(vals in proptest::collection::vec(any::<f64>(), 1..300), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+                                    garbage in proptest::collection::vec(any::<u8>(), 0..200), elem in elem_strategy(), which in 0usize..3) {
+            let src: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let policy = [Policy::Aware, Policy::Zstd(1), Policy::Gzip(1)][which];
+            let (pipe, mut coded) = compress(&src, Some(elem), policy).unwrap();
+            for (at, x) in flips {
+                if !coded.is_empty() {
+                    let n = coded.len();
+                    coded[at % n] ^= x;
+                }
+            }
+            let mut out = vec![0u8; src.len()];
+            let _ = pipe.decode_into(&coded, &mut out);
+            let _ = pipe.decode_into(&garbage, &mut out);
+            let _ = Pipeline(vec![Stage::Pco(elem, 4), Stage::Zstd(1)]).decode_into(&garbage, &mut out);
+            let _ = Pipeline(vec![Stage::Pco(elem, 4)]).decode_into(&garbage, &mut out);
         }
 
         /// Forced pco stages (not only the ones `compress` keeps) restore exactly, tails included.
