@@ -27,16 +27,18 @@ def check(p: subprocess.CompletedProcess) -> str:
     return p.stdout
 
 
-def _file_cfg(tmp_path: Path) -> Path:
+def file_config(tmp_path: Path, **file_keys: str) -> Path:
+    """A cairn.toml selecting the file engine under tmp_path, with extra ``[file]`` string keys."""
     c = tmp_path / "cairn.toml"
-    c.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\nchunk_size = 4096\n')
+    extra = "".join(f'{k} = "{v}"\n' for k, v in file_keys.items())
+    c.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\nchunk_size = 4096\n{extra}')
     return c
 
 
 @pytest.fixture
 def file_cfg(tmp_path: Path) -> Path:
     """A cairn.toml selecting the file engine under tmp_path."""
-    return _file_cfg(tmp_path)
+    return file_config(tmp_path)
 
 
 @pytest.fixture(params=["file", "staging"])
@@ -44,7 +46,7 @@ def cfg(request: pytest.FixtureRequest, tmp_path: Path):
     """A cairn.toml for each engine: the same tests run on both (file engine under tmp_path; a
     real 2-server staging cluster, separate processes, with small objects so blocks split)."""
     if request.param == "file":
-        yield _file_cfg(tmp_path)
+        yield file_config(tmp_path)
         return
     from cairn import cluster
 

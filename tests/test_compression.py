@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 import cairn
 
+from .conftest import file_config
+
 
 def _cfg(tmp_path, compression: str):
-    c = tmp_path / "cairn.toml"
-    c.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\nchunk_size = 4096\ncompression = "{compression}"\n')
-    return c
+    return file_config(tmp_path, compression=compression)
 
 
 def smooth(shape: tuple[int, ...], dtype: str = "f8") -> np.ndarray:

@@ -36,7 +36,8 @@ pub enum DType {
     Bytes,
 }
 
-const ALL: [DType; 13] = [
+/// Every element type.
+pub(crate) const ALL: [DType; 13] = [
     DType::U8,
     DType::U16,
     DType::U32,

@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 
 from .. import pack
-from ..pack.container import Container
-from ..pack.restore import restore_into
+from ..pack.compare import CANDIDATES
+from ..pack.restore import decode_all
 from . import save, table
 
 GROUP_SIZES = (1, 2, 8, 32)
-CANDIDATES = (("agnostic", "gzip"), ("agnostic", "zstd"), ("agnostic-block", "zstd"), ("aware", "aware"), ("aware-block", "aware"))
 
 
 def _field(rng: np.random.Generator, n: int, phase: float, noise: float, dtype: str) -> np.ndarray:
@@ -135,8 +134,7 @@ def measure(src: str, name: str, work: str, group_sizes: tuple[int, ...], block:
             t = time.perf_counter()
             with ThreadPoolExecutor(workers) as pool:
                 for c in pack.containers_in(out):
-                    with Container(c) as cont:
-                        restore_into(cont, set(range(len(cont.members))), lambda m, off, data: None, pool)
+                    decode_all(c, pool)
             t_unpack = time.perf_counter() - t
             base = base or r.ratio
             row = {

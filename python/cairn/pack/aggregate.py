@@ -110,7 +110,7 @@ def pack(
         raise InvalidArgumentError(f"{out!r} already holds containers ({stale[0]}, …); pack into an empty folder")
     report = PackReport(scheme, codec)
     total = sum(os.path.getsize(p) for _, p in files)
-    bar = _bar(total, "pack", progress)
+    bar = progress_bar(total, "pack", progress)
     with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
         for g in range(0, len(files), group_size):
             t0 = time.perf_counter()
@@ -120,7 +120,8 @@ def pack(
             path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
             size = pack_group(members, path, scheme, block, codec, pattern, pool, bar, fsync, frame)
             report.groups.append(GroupReport(path, len(members), sum(m.size for m in members), size, time.perf_counter() - t0))
-    bar.close()
+    if bar is not None:
+        bar.close()  # type: ignore[attr-defined]
     return report
 
 
@@ -203,17 +204,10 @@ def _compress(buf: np.ndarray, elem: str | None, codec: str) -> tuple[str, bytes
     return spec, coded, _native.crc32c(buf)
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, what: str, show: bool) -> object:
+def progress_bar(total: int, what: str, show: bool) -> object | None:
+    """A byte progress bar, or None when not shown (callers skip updates on None)."""
     if not show:
-        return _NoBar()
+        return None
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc=what)

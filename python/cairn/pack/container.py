@@ -30,7 +30,7 @@ _HEAD = struct.Struct("<8sIQI")
 _FRAME = struct.Struct("<4sIIQQIIH")  # magic, stream, index, raw len, coded len, raw crc, coded crc, spec len
 _FRAME_MAGIC = b"FRM1"
 _TRAILER = struct.Struct("<QQQII8s")  # tail offset, length, raw length, crc, version, END
-_META_CODEC = "zstd"
+_META_CODEC = "zstd:3"  # head and tail; fixed, so they need no spec of their own
 
 
 def _crc(b: bytes | np.ndarray) -> int:
@@ -40,14 +40,14 @@ def _crc(b: bytes | np.ndarray) -> int:
 def _pack_json(obj: object) -> tuple[bytes, int]:
     raw = json.dumps(obj, separators=(",", ":")).encode()
     spec, coded = _native.compress(np.frombuffer(raw, np.uint8), None, _META_CODEC)
-    # The metadata codec is fixed (zstd) so that it needs no spec of its own; tiny ones may be raw.
+    # Tiny ones may come back raw.
     return (b"Z" if spec != "raw" else b"R") + coded, len(raw)
 
 
 def _unpack_json(coded: bytes, raw_len: int) -> object:
     kind, body = coded[:1], coded[1:]
     out = np.empty(raw_len, np.uint8)
-    _native.decompress("zstd:3" if kind == b"Z" else "raw", np.frombuffer(body, np.uint8), out)
+    _native.decompress(_META_CODEC if kind == b"Z" else "raw", np.frombuffer(body, np.uint8), out)
     return json.loads(out.tobytes())
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from .scan import Variable
 
 _NC_DIMENSION, _NC_VARIABLE, _NC_ATTRIBUTE = 0x0A, 0x0B, 0x0C
 _STREAMING = 0xFFFFFFFF
 #: nc_type → numpy dtype string
 _TYPES = {1: "|i1", 2: "|S1", 3: ">i2", 4: ">i4", 5: ">f4", 6: ">f8", 7: "|u1", 8: ">u2", 9: ">u4", 10: ">i8", 11: ">u8"}
-_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 8}
+_SIZES = {t: np.dtype(d).itemsize for t, d in _TYPES.items()}
 
 
 class _Header:
@@ -105,7 +107,7 @@ def scan_classic(path: str, size: int) -> list[Variable]:
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    n = int(dtype[-1])
+    n = np.dtype(dtype).itemsize
     for d in shape:
         n *= d
     return n

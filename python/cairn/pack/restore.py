@@ -20,7 +20,7 @@ import numpy as np
 from .. import _native
 from ..exceptions import CorruptError, InvalidArgumentError, NotFoundError
 from . import layout
-from .aggregate import _bar
+from .aggregate import progress_bar
 from .container import Container
 
 
@@ -63,12 +63,13 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
         except CorruptError as e:
             report.damaged[p] = str(e)
     total = sum(int(m["size"]) for c in opened for m in c.members if want is None or m["name"] in want)
-    bar = _bar(total, "unpack", progress)
+    bar = progress_bar(total, "unpack", progress)
     with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
         for c in opened:
             with c:
                 _unpack_container(c, out, want, pool, bar, report)
-    bar.close()
+    if bar is not None:
+        bar.close()  # type: ignore[attr-defined]
     report.seconds = time.perf_counter() - t0
     if want:
         missing = want - set(report.restored) - set(report.damaged)
@@ -84,7 +85,9 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
     return report
 
 
-def _unpack_container(c: Container, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object, report: UnpackReport) -> None:
+def _unpack_container(
+    c: Container, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object | None, report: UnpackReport
+) -> None:
     sel = [i for i, m in enumerate(c.members) if want is None or m["name"] in want]
     targets = {}
     for i in sel:
@@ -119,7 +122,7 @@ def _unpack_container(c: Container, out: str, want: set[str] | None, pool: Threa
 
 
 def restore_into(
-    c: Container, sel: set[int], put: Callable[[int, int, np.ndarray], None], pool: ThreadPoolExecutor, bar: object = None
+    c: Container, sel: set[int], put: Callable[[int, int, np.ndarray], None], pool: ThreadPoolExecutor, bar: object | None = None
 ) -> dict[int, str]:
     """Decodes the frames holding bytes of the members in `sel` and hands each run to
     ``put(member, file offset, bytes)``. Returns the damaged members with the reason."""
@@ -171,6 +174,15 @@ def _frames_touched(c: Container, s: int, start: np.ndarray, length: np.ndarray)
     np.add.at(marks, first, 1)
     np.add.at(marks, last + 1, -1)
     return [int(i) for i in np.flatnonzero(np.cumsum(marks)[:-1] > 0)]
+
+
+def decode_all(path: str, pool: ThreadPoolExecutor) -> None:
+    """Decodes and checks every frame of a container, discarding the bytes: the cost of unpacking
+    without the disk writes (for `--compare` and the benchmark). Damage raises CorruptError."""
+    with Container(path) as c:
+        damaged = restore_into(c, set(range(len(c.members))), lambda _m, _off, _data: None, pool)
+        if damaged or c.damage:
+            raise CorruptError("; ".join([*c.damage, *damaged.values()]))
 
 
 def read_member(c: Container, name: str, workers: int | None = None) -> bytes:

@@ -63,8 +63,9 @@ impl FileReader {
         verify(buf, (at / b.chunk as u64) as usize, b.chunk, &b.crcs, &what)
     }
 
-    /// A compressed block, read whole, decoded and verified against its raw chunk checksums.
-    fn decode_block(&self, b: &BlockRecord) -> Result<Vec<u8>> {
+    /// A compressed block, read whole, decoded into `raw` (its raw length) and verified against
+    /// its raw chunk checksums.
+    fn decode_block_into(&self, b: &BlockRecord, raw: &mut [u8]) -> Result<()> {
         let what = || format!("compressed block of '{}' by writer {} in {}", b.var, b.writer, b.file);
         let pipe = Pipeline::parse(b.codec.as_deref().unwrap_or("raw"))?;
         let mut coded = vec![0u8; b.stored as usize];
@@ -72,10 +73,8 @@ impl FileReader {
             std::io::ErrorKind::UnexpectedEof => Error::Corrupt(format!("{} is truncated: the index points past its end", what())),
             _ => Error::io(format!("reading {}", what()), e),
         })?;
-        let mut raw = vec![0u8; b.len as usize];
-        pipe.decode_into(&coded, &mut raw).map_err(|e| Error::Corrupt(format!("{}: {e}", what())))?;
-        verify(&raw, 0, b.chunk, &b.crcs, &what)?;
-        Ok(raw)
+        pipe.decode_into(&coded, raw).map_err(|e| Error::Corrupt(format!("{}: {e}", what())))?;
+        verify(raw, 0, b.chunk, &b.crcs, &what)
     }
 
     /// Fetches the checksum chunks of `b` that hold `isect`, verified, into a buffer starting at
@@ -157,16 +156,19 @@ impl ReadEngine for FileReader {
     }
 
     fn read_into(&self, _step: u64, b: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        // A whole block that is one contiguous run of the output is read (or decoded) straight into it.
+        let whole = if *isect == b.region { contiguous_run(dst, isect, elem) } else { None };
         if b.codec.is_some() {
-            let buf = self.decode_block(b)?;
+            if let Some(range) = whole {
+                return self.decode_block_into(b, &mut out[range]);
+            }
+            let mut buf = vec![0u8; b.len as usize];
+            self.decode_block_into(b, &mut buf)?;
             copy_box(&buf, BufLayout { layout: &b.region, base: 0 }, out, BufLayout { layout: dst, base: 0 }, isect, elem);
             return Ok(());
         }
-        // A whole block that is one contiguous run of the output is read straight into it.
-        if *isect == b.region {
-            if let Some(range) = contiguous_run(dst, isect, elem) {
-                return self.read_pieces(b, vec![(0, &mut out[range])]);
-            }
+        if let Some(range) = whole {
+            return self.read_pieces(b, vec![(0, &mut out[range])]);
         }
         let (buf, base) = self.fetch_part(b, isect, elem)?;
         copy_box(&buf, BufLayout { layout: &b.region, base }, out, BufLayout { layout: dst, base: 0 }, isect, elem);

@@ -4,7 +4,7 @@ use super::layout::{publish, Layout};
 use crate::config::FileConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::checksum::chunk_crcs;
-use cairn_core::codec::{self, Element, Pipeline, Policy, Stage};
+use cairn_core::codec::{self, Element, Policy};
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef};
 use cairn_core::{stats, Error, Result};
@@ -150,7 +150,7 @@ impl WriteEngine for FileWriter {
             None => None,
         };
         // Blocks nothing shrank are stored raw, without a codec entry.
-        let coded = coded.filter(|(pipe, _)| *pipe != Pipeline(vec![Stage::Raw]));
+        let coded = coded.filter(|(pipe, _)| !pipe.is_raw());
         let stored: &[u8] = coded.as_ref().map_or(block.bytes, |(_, c)| c);
         self.data.write_all(stored).map_err(|e| {
             let what = format!(
