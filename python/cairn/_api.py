@@ -158,16 +158,32 @@ class Writer:
         """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
         this rank's block of a local variable (no offset). C- and Fortran-ordered arrays both work;
         C-contiguous native-endian arrays cross into Rust without a copy."""
-        arr = np.asarray(data)
-        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
-        arr = np.ascontiguousarray(arr)
+        arr = _little_endian_c(data)
         off = None if offset is None else [int(o) for o in offset]
         self._inner.put(name, _dtype(arr.dtype), arr, off)
 
+    def trace(self, name: str, values: Any) -> None:
+        """Append fine-grained records (e.g. each walker's energy, or an ``(n, 3)`` array of
+        particle positions) to trace ``name`` for this step. The number of records may differ per
+        writer and per step; a scalar is one record. Records are buffered and written every
+        ``trace_flush`` steps as one write (``cairn.open(..., trace_flush=n)`` or ``trace_flush``
+        in ``cairn.toml``); a step with buffered records commits at that flush, at the latest on
+        :meth:`close`. Readers get them with :meth:`Reader.get_trace`."""
+        arr = _little_endian_c(values)
+        self._inner.trace(name, _dtype(arr.dtype), arr.reshape(1) if arr.ndim == 0 else arr)
+
+    def flush_traces(self) -> None:
+        """Write buffered trace records now and commit the steps that waited for them."""
+        self._inner.flush_traces()
+
+    @property
+    def traced_bytes(self) -> int:
+        """Bytes of trace records waiting for the next flush."""
+        return self._inner.traced_bytes()
+
     def close(self) -> None:
-        """Close the writer. With an MPI ``comm``, waits for all ranks so that every step they
-        ended is committed when ``close`` returns."""
+        """Close the writer, flushing buffered traces. With an MPI ``comm``, waits for all ranks
+        so that every step they ended is committed when ``close`` returns."""
         self._inner.close()
         if self._comm is not None:
             self._comm.Barrier()
@@ -262,6 +278,15 @@ class Reader:
         self._inner.get_local_into(name, step, writer, out)
         return out
 
+    def get_trace(self, name: str, step: int, writer: int) -> np.ndarray:
+        """The trace records writer ``writer`` appended to ``name`` at ``step``, in order (an
+        empty array if it appended none)."""
+        dtype, count = self._inner.trace_count(name, step, writer)
+        out = np.empty(count, dtype=_np_name(dtype))
+        if out.size:
+            self._inner.get_local_into(name, step, writer, out)
+        return out
+
     def close(self) -> None:
         """Release the handle (files are closed when it is collected)."""
 
@@ -270,6 +295,14 @@ class Reader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _little_endian_c(data: Any) -> np.ndarray:
+    """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
+    arr = np.asarray(data)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(arr)
 
 
 def _np_name(dtype: str) -> str:

@@ -80,25 +80,35 @@ impl Default for StagingConfig {
 }
 
 /// A parsed `cairn.toml`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Engine to use.
     pub engine: EngineKind,
+    /// Trace records (`trace`) are buffered and written every this many steps as one write;
+    /// steps with buffered records commit at that flush (at the latest when the writer closes).
+    pub trace_flush: u32,
     /// `file` engine settings.
     pub file: FileConfig,
     /// `staging` engine settings.
     pub staging: StagingConfig,
 }
 
+impl Default for Config {
+    fn default() -> Self {
+        Config { engine: EngineKind::default(), trace_flush: 1, file: FileConfig::default(), staging: StagingConfig::default() }
+    }
+}
+
 /// Keys accepted as overrides, in the order the error message lists them.
-const OVERRIDES: &str = "engine, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory";
+const OVERRIDES: &str = "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
-        toml::from_str(text)
-            .map_err(|e| Error::Config(format!("{origin}: {}; see docs/guide.md for the keys cairn.toml accepts", e.to_string().trim())))
+        toml::from_str::<Config>(text)
+            .map_err(|e| Error::Config(format!("{origin}: {}; see docs/guide.md for the keys cairn.toml accepts", e.to_string().trim())))?
+            .validate()
     }
 
     /// Loads the configuration (explicit path, `$CAIRN_CONFIG`, `./cairn.toml`, defaults) and
@@ -124,6 +134,14 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Checks settings serde cannot.
+    fn validate(self) -> Result<Config> {
+        if self.trace_flush == 0 {
+            return Err(Error::Config("trace_flush = 0: use 1 (write traces every step) or more".into()));
+        }
+        Ok(self)
+    }
+
     /// Applies one override.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         let bad = |what: &str| Error::Config(format!("override {key}={value:?}: {what}"));
@@ -134,6 +152,9 @@ impl Config {
                     "staging" => EngineKind::Staging,
                     _ => return Err(bad("unknown engine; use \"file\" or \"staging\"")),
                 }
+            }
+            "trace_flush" => {
+                self.trace_flush = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?
             }
             "path" => self.file.path = PathBuf::from(value),
             "fsync" => self.file.fsync = value.parse().map_err(|_| bad("expected true or false"))?,

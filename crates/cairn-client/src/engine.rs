@@ -23,12 +23,19 @@ pub trait WriteEngine: Send {
     fn committed_def(&self, name: &str) -> Result<Option<VarDef>>;
     /// Whether a step is already committed (and so may not be written again).
     fn is_committed(&self, step: u64) -> Result<bool>;
-    /// Stores one block of the open step.
-    fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()>;
+    /// Stores one block of an unpublished step.
+    fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
+        self.put_batch(vec![(step, block)])
+    }
+    /// Stores blocks of one or more unpublished steps as one write (the file engine appends them
+    /// with one call, the staging engine pipelines them to each server); a buffered trace flush
+    /// uses this. On error none of them is recorded.
+    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()>;
     /// Publishes this writer's part of `step`; the step commits once every rank has.
-    /// Returns whether this call committed it.
+    /// Returns whether this call committed it. Several steps may be unpublished at once (steps
+    /// held for a trace flush); they are published in order.
     fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool>;
-    /// Drops what this writer put in an open step; the step stays invisible.
+    /// Drops what this writer put in an unpublished step; the step stays invisible.
     fn abort_step(&mut self, step: u64) -> Result<()>;
 }
 

@@ -8,12 +8,14 @@
 //! - [`engine`]: the traits engines implement.
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
 //! - [`staging`]: the `staging` engine (objects in staging servers' memory, coordinator commits).
+//! - `trace`: the writer's trace buffer (per-process records written every `trace_flush` steps).
 
 pub mod config;
 pub mod engine;
 pub mod file;
 pub mod reader;
 pub mod staging;
+mod trace;
 pub mod writer;
 
 pub use cairn_core::{DType, Error, ErrorKind, Region, Result};

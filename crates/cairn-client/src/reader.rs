@@ -6,7 +6,7 @@ use crate::file::{FileReader, Layout};
 use crate::staging::{self, StagingReader};
 use crate::writer::{check_name, unknown_var};
 use cairn_core::index::{BlockRecord, VarDef};
-use cairn_core::{Error, Region, Result};
+use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
 
 /// Reads committed steps of one dataset.
@@ -139,5 +139,33 @@ impl Reader {
         }
         let elem = self.var(var, step)?.dtype.size();
         self.engine.read_into(step, &b, elem, &b.region.clone(), &b.region, out)
+    }
+
+    /// Element type and extents of the trace records writer `writer` appended to `var` at
+    /// `step`. A writer that traced none that step has zero records (extents `[0, ...]`, the
+    /// record shape taken from other writers' records); read non-empty ones with `get_local`.
+    pub fn trace_count(&self, var: &str, step: u64, writer: u32) -> Result<(DType, Vec<u64>)> {
+        let vars = self.engine.step_vars(step).map_err(|e| self.not_committed(e, step))?;
+        let Some(def) = vars.get(var) else {
+            // Traced later in the run: an empty trace here, not an unknown name.
+            let all = self.variables()?;
+            let def = all.get(var).ok_or_else(|| unknown_var(var, all.keys()))?;
+            return Ok((def.dtype, vec![0]));
+        };
+        if !def.is_local() {
+            return Err(Error::InvalidArgument(format!(
+                "'{var}' is a global array, not a trace; read it with get(var, step, offset, count)"
+            )));
+        }
+        let blocks = self.engine.blocks(var, step)?;
+        let count = match blocks.iter().find(|b| b.writer == writer) {
+            Some(b) => b.region.count.clone(),
+            None => {
+                let mut c = blocks.first().map(|b| b.region.count.clone()).filter(|c| !c.is_empty()).unwrap_or_else(|| vec![0]);
+                c[0] = 0;
+                c
+            }
+        };
+        Ok((def.dtype, count))
     }
 }

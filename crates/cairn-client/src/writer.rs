@@ -5,6 +5,7 @@ use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, WriteEngine};
 use crate::file::{FileWriter, Layout};
 use crate::staging::StagingWriter;
+use crate::trace::TraceBuffer;
 use cairn_core::index::VarDef;
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
@@ -18,6 +19,14 @@ pub struct Writer {
     step: Option<u64>,
     /// Boxes this rank put in the open step, per variable (to refuse overlaps early).
     put: BTreeMap<String, Vec<Region>>,
+    /// Trace records not yet written.
+    traces: TraceBuffer,
+    /// Steps this rank ended that wait for the trace flush, with the definitions they had.
+    held: Vec<(u64, Vec<VarDef>)>,
+    /// Flush traces every this many ended steps.
+    trace_flush: u32,
+    /// Steps ended since opening: flushes fall on every `trace_flush`-th, on every rank alike.
+    ended: u64,
 }
 
 impl std::fmt::Debug for Writer {
@@ -44,7 +53,18 @@ impl Writer {
             }
             EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, append, session.to_string())?),
         };
-        Ok(Writer { engine, vars: BTreeMap::new(), rank, nranks, step: None, put: BTreeMap::new() })
+        Ok(Writer {
+            engine,
+            vars: BTreeMap::new(),
+            rank,
+            nranks,
+            step: None,
+            put: BTreeMap::new(),
+            traces: TraceBuffer::default(),
+            held: Vec::new(),
+            trace_flush: cfg.trace_flush.max(1),
+            ended: 0,
+        })
     }
 
     /// This writer's rank.
@@ -82,6 +102,11 @@ impl Writer {
     pub fn begin_step(&mut self, step: u64) -> Result<()> {
         if let Some(open) = self.step {
             return Err(Error::Conflict(format!("step {open} is still open; end it before beginning step {step}")));
+        }
+        if self.held.iter().any(|(s, _)| *s == step) {
+            return Err(Error::AlreadyExists(format!(
+                "step {step} was already ended and waits for its trace flush; write a new step number"
+            )));
         }
         if self.engine.is_committed(step)? {
             return Err(Error::AlreadyExists(format!(
@@ -135,7 +160,7 @@ impl Writer {
             )));
         }
         let mine = self.put.get(var).map(Vec::as_slice).unwrap_or_default();
-        if def.is_local() && !mine.is_empty() {
+        if def.is_local() && (!mine.is_empty() || self.traces.has(var, step)) {
             return Err(Error::Conflict(format!("local variable '{var}' was already put in step {step} by this writer")));
         }
         if let Some(prev) = mine.iter().find(|p| p.intersect(&region).is_some()) {
@@ -151,26 +176,123 @@ impl Writer {
         Ok(())
     }
 
-    /// Ends the open step. Returns whether this call committed it (this rank was the last).
+    /// Appends trace records of `var` to the open step: `count[0]` records, each of extents
+    /// `count[1..]`, with a different number per writer and per step. They are buffered and
+    /// written every `trace_flush` steps as one write; a step with buffered records commits at
+    /// that flush. `var` is defined as a local variable on first use if it is not yet.
+    pub fn trace(&mut self, var: &str, dtype: DType, bytes: &[u8], count: &[u64]) -> Result<()> {
+        let step = self.step.ok_or_else(|| {
+            Error::Conflict(format!("trace of '{var}' outside a step; call begin_step (Python: `with f.step(n):`) first"))
+        })?;
+        if count.is_empty() {
+            return Err(Error::InvalidArgument(format!("trace records of '{var}' need at least one axis (the records)")));
+        }
+        match self.vars.get(var) {
+            Some(def) if !def.is_local() => {
+                return Err(Error::InvalidArgument(format!(
+                    "'{var}' is a global array; traces are per-writer records: trace under another name"
+                )))
+            }
+            Some(_) => {}
+            None => self.define(var, dtype, None)?,
+        }
+        let def = &self.vars[var];
+        if dtype != def.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "dtype mismatch: trace '{var}' holds {} but the records are {dtype}; convert them (e.g. numpy astype) first",
+                def.dtype
+            )));
+        }
+        let want = count.iter().try_fold(dtype.size() as u64, |n, &c| n.checked_mul(c));
+        if want != Some(bytes.len() as u64) {
+            return Err(Error::InvalidArgument(format!(
+                "trace of '{var}' has {} bytes but count {count:?} of {dtype} needs {want:?}",
+                bytes.len()
+            )));
+        }
+        if self.put.contains_key(var) {
+            return Err(Error::Conflict(format!(
+                "'{var}' already has this writer's block in step {step} (put, or traced and flushed); a step holds one block per writer"
+            )));
+        }
+        self.traces.append(var, step, bytes, count)
+    }
+
+    /// Bytes of trace records waiting for the next flush.
+    pub fn traced_bytes(&self) -> usize {
+        self.traces.len()
+    }
+
+    /// Ends the open step. Returns whether this call committed it (this rank was the last); a
+    /// step held for the trace flush is not committed yet.
     pub fn end_step(&mut self) -> Result<bool> {
-        let step = self.step.take().ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
+        let step = self.step.ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
         let defs: Vec<VarDef> = self.vars.values().cloned().collect();
+        self.ended += 1;
+        let waiting = !self.traces.is_empty() || !self.held.is_empty();
+        if waiting && !self.ended.is_multiple_of(u64::from(self.trace_flush)) {
+            self.step = None;
+            self.held.push((step, defs));
+            return Ok(false);
+        }
+        // Flush while the step still counts as open, so a failed write leaves it abortable.
+        self.flush_traces()?;
+        self.step = None;
         self.engine.end_step(step, &defs)
     }
 
-    /// Abandons the open step (its blocks never become visible); a no-op without one.
+    /// Writes all buffered trace records now as one write and publishes the steps that waited
+    /// for them, in order. Records of the open step are written too; it commits when it ends.
+    pub fn flush_traces(&mut self) -> Result<()> {
+        if !self.traces.is_empty() {
+            let blocks = self
+                .traces
+                .pieces()
+                .map(|(var, p, bytes)| {
+                    let region = Region::new(vec![0; p.count.len()], p.count.clone())?;
+                    Ok((p.step, BlockData { def: &self.vars[var], region, bytes }))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.engine.put_batch(blocks)?;
+            // Written records belong to their steps now; the open step must not get them again.
+            let open = self.step;
+            let mut mark = Vec::new();
+            for (var, p, _) in self.traces.pieces() {
+                if Some(p.step) == open {
+                    mark.push((var.to_string(), Region::new(vec![0; p.count.len()], p.count.clone())?));
+                }
+            }
+            for (var, r) in mark {
+                self.put.entry(var).or_default().push(r);
+            }
+            self.traces.clear();
+        }
+        for (step, defs) in std::mem::take(&mut self.held) {
+            self.engine.end_step(step, &defs)?;
+        }
+        Ok(())
+    }
+
+    /// Abandons the open step (its blocks and trace records never become visible); a no-op
+    /// without one. Steps already ended stay held for the next flush.
     pub fn abort_step(&mut self) -> Result<()> {
         match self.step.take() {
-            Some(step) => self.engine.abort_step(step),
+            Some(step) => {
+                self.traces.drop_step(step);
+                self.engine.abort_step(step)
+            }
             None => Ok(()),
         }
     }
 
-    /// Closes the writer. A step still open is abandoned and reported, since its data is lost.
+    /// Closes the writer: flushes buffered traces, which commits the steps that waited for them.
+    /// A step still open is abandoned and reported, since its data is lost.
     pub fn close(mut self) -> Result<()> {
-        match self.step {
+        let open = self.step;
+        self.abort_step()?;
+        self.flush_traces()?;
+        match open {
             Some(step) => {
-                self.abort_step()?;
                 Err(Error::Conflict(format!("step {step} was still open at close and was abandoned; end each step before closing")))
             }
             None => Ok(()),

@@ -207,3 +207,78 @@ fn large_reads_shared_among_threads_are_exact_and_verified() {
     let mut out = vec![0u8; (shape[0] * shape[1] * 8) as usize];
     assert_eq!(r.get("field", 0, &[0, 0], &shape, &mut out).unwrap_err().kind(), ErrorKind::Corrupt);
 }
+
+/// Trace records of `writer` at `step`: a different number per writer and step, none for some.
+fn records(writer: u64, step: u64) -> Vec<f64> {
+    let n = (writer * 7 + step * 3) % 5;
+    (0..n * 2).map(|i| (writer * 1000 + step * 10 + i) as f64).collect()
+}
+
+#[test]
+fn traces_are_buffered_commit_at_the_flush_and_read_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path());
+    c.set("trace_flush", "3").unwrap();
+    let writers = 3u64;
+    let mut ws: Vec<Writer> = (0..writers).map(|r| Writer::open("ds", &c, r as u32, writers as u32, false, "s1").unwrap()).collect();
+    let data_len = || std::fs::metadata(dir.path().join("ds/data/rank-000000.bin")).map_or(0, |m| m.len());
+    for step in 0..7u64 {
+        for (r, w) in ws.iter_mut().enumerate() {
+            w.define("t", DType::U64, Some(vec![4])).unwrap();
+            w.begin_step(step).unwrap();
+            let off = [r as u64];
+            if r < 4 {
+                w.put("t", DType::U64, &(step * 10 + r as u64).to_le_bytes(), Some(&off), &[1]).unwrap();
+            }
+            let rec = records(r as u64, step);
+            if !rec.is_empty() {
+                // Two appends in one step are one block; records are pairs.
+                let (a, b) = rec.split_at(2);
+                let raw = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+                w.trace("pos", DType::F64, &raw(a), &[1, 2]).unwrap();
+                w.trace("pos", DType::F64, &raw(b), &[b.len() as u64 / 2, 2]).unwrap();
+            }
+        }
+        let before = data_len();
+        for w in ws.iter_mut() {
+            w.end_step().unwrap();
+        }
+        let committed = Reader::open("ds", &c).unwrap().steps().unwrap();
+        // Steps 0..=2 wait for the flush at the third ended step, 3..=5 for the sixth; the last at close.
+        let want: Vec<u64> = (0..(step + 1) / 3 * 3).collect();
+        assert_eq!(committed, want, "after ending step {step}");
+        if step % 3 != 2 {
+            assert_eq!(data_len(), before, "records wait in the buffer until the flush (step {step})");
+        }
+    }
+    // Writing a variable as both a global and a trace is refused, as is an unknown shape change.
+    let w = &mut ws[0];
+    w.begin_step(7).unwrap();
+    let e = w.trace("t", DType::U64, &[0; 8], &[1]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = w.trace("pos", DType::F32, &[0; 8], &[1, 2]).unwrap_err();
+    assert!(e.to_string().contains("dtype mismatch"), "{e}");
+    w.abort_step().unwrap();
+    for w in ws {
+        w.close().unwrap();
+    }
+    let rd = Reader::open("ds", &c).unwrap();
+    assert_eq!(rd.steps().unwrap(), (0..7).collect::<Vec<_>>());
+    for step in 0..7u64 {
+        for r in 0..writers {
+            let want = records(r, step);
+            let (dtype, count) = rd.trace_count("pos", step, r as u32).unwrap();
+            assert_eq!(dtype, DType::F64);
+            assert_eq!(count[0] * 2, want.len() as u64, "writer {r} step {step}");
+            if want.is_empty() {
+                continue;
+            }
+            assert_eq!(count, vec![want.len() as u64 / 2, 2]);
+            let mut out = vec![0u8; want.len() * 8];
+            rd.get_local("pos", step, r as u32, &mut out).unwrap();
+            let got: Vec<f64> = out.chunks(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(got, want);
+        }
+    }
+    assert_eq!(rd.trace_count("nope", 0, 0).unwrap_err().kind(), ErrorKind::NotFound);
+}

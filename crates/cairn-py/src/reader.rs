@@ -79,6 +79,11 @@ impl PyReader {
         Ok(self.inner.local_block(var, step, writer).map_err(to_py)?.region.count)
     }
 
+    fn trace_count(&self, var: &str, step: u64, writer: u32) -> PyResult<(String, Vec<u64>)> {
+        let (dtype, count) = self.inner.trace_count(var, step, writer).map_err(to_py)?;
+        Ok((dtype.name().to_string(), count))
+    }
+
     fn get_local_into(&self, py: Python<'_>, var: &str, step: u64, writer: u32, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
         let out = bytes_of(out, true)?;
         py.detach(|| self.inner.get_local(var, step, writer, out)).map_err(to_py)

@@ -59,6 +59,21 @@ impl PyWriter {
         py.detach(|| self.with(|w| w.put(var, dtype, bytes, offset.as_deref(), &count)))
     }
 
+    fn trace(&self, py: Python<'_>, var: &str, dtype: &str, data: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+        let dtype = DType::parse(dtype).map_err(to_py)?;
+        let count: Vec<u64> = numpy::PyUntypedArrayMethods::shape(data).iter().map(|&n| n as u64).collect();
+        let bytes: &[u8] = bytes_of(data, false)?;
+        py.detach(|| self.with(|w| w.trace(var, dtype, bytes, &count)))
+    }
+
+    fn flush_traces(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.with(|w| w.flush_traces()))
+    }
+
+    fn traced_bytes(&self) -> PyResult<usize> {
+        self.with(|w| Ok(w.traced_bytes()))
+    }
+
     fn end_step(&self, py: Python<'_>) -> PyResult<bool> {
         py.detach(|| self.with(|w| w.end_step()))
     }

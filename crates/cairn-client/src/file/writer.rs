@@ -10,7 +10,7 @@ use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, Va
 use cairn_core::{stats, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{IoSlice, Write};
 
 /// Appends one rank's blocks to `data/rank-<r>.bin` and publishes its step fragments.
 #[derive(Debug)]
@@ -26,7 +26,8 @@ pub struct FileWriter {
     chunk: u32,
     compression: Option<Policy>,
     session: String,
-    blocks: Vec<BlockRecord>,
+    /// Blocks of each unpublished step.
+    blocks: BTreeMap<u64, Vec<BlockRecord>>,
 }
 
 impl FileWriter {
@@ -59,7 +60,7 @@ impl FileWriter {
         }
         let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
         let (fsync, chunk) = (cfg.fsync, cfg.chunk_size);
-        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, compression, session, blocks: Vec::new() };
+        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, compression, session, blocks: BTreeMap::new() };
         w.recover()?;
         Ok(w)
     }
@@ -142,41 +143,50 @@ impl WriteEngine for FileWriter {
         Ok(self.layout.step_path(step).exists())
     }
 
-    fn put(&mut self, _step: u64, block: BlockData<'_>) -> Result<()> {
-        let (crcs, checksum) = chunk_crcs(block.bytes, self.chunk);
-        let stats = stats::compute(block.def.dtype, block.bytes);
-        let coded = match self.compression {
-            Some(policy) => Some(codec::compress(block.bytes, Some(Element { dtype: block.def.dtype, big_endian: false }), policy)?),
-            None => None,
-        };
-        // Blocks nothing shrank are stored raw, without a codec entry.
-        let coded = coded.filter(|(pipe, _)| !pipe.is_raw());
-        let stored: &[u8] = coded.as_ref().map_or(block.bytes, |(_, c)| c);
-        self.data.write_all(stored).map_err(|e| {
+    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
+        let mut coded = Vec::with_capacity(blocks.len());
+        for (_, b) in &blocks {
+            let c = match self.compression {
+                Some(policy) => Some(codec::compress(b.bytes, Some(Element { dtype: b.def.dtype, big_endian: false }), policy)?),
+                None => None,
+            };
+            // Blocks nothing shrank are stored raw, without a codec entry.
+            coded.push(c.filter(|(pipe, _)| !pipe.is_raw()));
+        }
+        let stored: Vec<&[u8]> = blocks.iter().zip(&coded).map(|((_, b), c)| c.as_ref().map_or(b.bytes, |(_, c)| &**c)).collect();
+        if let Err(e) = write_all_vectored(&mut self.data, &stored) {
+            let total: usize = stored.iter().map(|s| s.len()).sum();
+            let names: Vec<&str> = blocks.iter().map(|(_, b)| b.def.name.as_str()).collect();
             let what = format!(
-                "writing {} bytes of '{}' to {} (is the disk full? earlier steps are intact)",
-                stored.len(),
-                block.def.name,
+                "writing {total} bytes of {} to {} (is the disk full? earlier steps are intact)",
+                names.join(", "),
                 self.layout.root.join(&self.data_rel).display()
             );
-            Error::io(what, e)
-        })?;
-        self.blocks.push(BlockRecord {
-            var: block.def.name.clone(),
-            writer: self.rank,
-            region: block.region,
-            file: self.data_rel.clone(),
-            pos: self.end,
-            len: block.bytes.len() as u64,
-            chunk: self.chunk,
-            crcs,
-            checksum,
-            stats,
-            objects: Vec::new(),
-            codec: coded.as_ref().map(|(pipe, _)| pipe.to_string()),
-            stored: if coded.is_some() { stored.len() as u64 } else { 0 },
-        });
-        self.end += stored.len() as u64;
+            // A partial write left bytes behind: later blocks start after them.
+            self.end = self.data.metadata().map_or(self.end, |m| m.len());
+            return Err(Error::io(what, e));
+        }
+        let sizes: Vec<u64> = stored.iter().map(|s| s.len() as u64).collect();
+        drop(stored);
+        for (((step, b), c), s) in blocks.into_iter().zip(coded).zip(sizes) {
+            let (crcs, checksum) = chunk_crcs(b.bytes, self.chunk);
+            self.blocks.entry(step).or_default().push(BlockRecord {
+                var: b.def.name.clone(),
+                writer: self.rank,
+                region: b.region,
+                file: self.data_rel.clone(),
+                pos: self.end,
+                len: b.bytes.len() as u64,
+                chunk: self.chunk,
+                crcs,
+                checksum,
+                stats: stats::compute(b.def.dtype, b.bytes),
+                objects: Vec::new(),
+                codec: c.as_ref().map(|(pipe, _)| pipe.to_string()),
+                stored: if c.is_some() { s } else { 0 },
+            });
+            self.end += s;
+        }
         Ok(())
     }
 
@@ -184,14 +194,30 @@ impl WriteEngine for FileWriter {
         if self.fsync {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }
-        let frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), std::mem::take(&mut self.blocks));
+        let frag =
+            Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), self.blocks.remove(&step).unwrap_or_default());
         publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank)?;
         self.try_commit(step, Some(&self.session))
     }
 
-    fn abort_step(&mut self, _step: u64) -> Result<()> {
+    fn abort_step(&mut self, step: u64) -> Result<()> {
         // The bytes stay in the data file unreferenced; no index will ever point at them.
-        self.blocks.clear();
+        self.blocks.remove(&step);
         Ok(())
     }
+}
+
+/// Writes all of `parts` with as few system calls as the kernel allows (one for a trace flush).
+fn write_all_vectored(f: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match f.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut rest, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -30,8 +30,17 @@ pub struct StagingWriter {
     session: String,
     object_size: u64,
     keep_last: Option<u64>,
+    /// What this writer put in each unpublished step.
+    open: BTreeMap<u64, OpenStep>,
+}
+
+/// This writer's part of one unpublished step.
+#[derive(Debug, Default)]
+struct OpenStep {
     blocks: Vec<BlockRecord>,
+    /// Objects and bytes sent to each server, reported at the end of the step.
     shares: BTreeMap<u32, (u64, u64)>,
+    /// Next object id (unique per writer within the step).
     seq: u32,
 }
 
@@ -51,9 +60,7 @@ impl StagingWriter {
             session,
             object_size: cfg.object_size,
             keep_last: cfg.keep_last,
-            blocks: Vec::new(),
-            shares: BTreeMap::new(),
-            seq: 0,
+            open: BTreeMap::new(),
         };
         if !append {
             if let Some(last) = steps_of(&w.cluster, dataset)?.last() {
@@ -108,87 +115,109 @@ impl WriteEngine for StagingWriter {
         Ok(steps_of(&self.cluster, &self.dataset)?.contains(&step))
     }
 
-    fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
-        let elem = block.def.dtype.size();
-        let pieces = split(&block.region, elem, self.object_size);
-        // Local blocks all sit at offset zero: their writer tells them apart.
-        let mut at = block.region.offset.clone();
-        if block.def.is_local() {
-            at.push(u64::from(self.rank));
-        }
-        let base = place_key(&self.dataset, &block.def.name, &at);
+    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let mut by_server: BTreeMap<u32, Vec<Outgoing<'_>>> = BTreeMap::new();
-        let mut refs = Vec::with_capacity(pieces.len());
-        for (i, piece) in pieces.into_iter().enumerate() {
-            let parts = gather(block.bytes, &block.region, &piece, elem);
-            let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
-            let server = self.cluster.ring.place(base.wrapping_add(i as u64));
-            let id = (u64::from(self.rank) << 32) | u64::from(self.seq);
-            self.seq = self.seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
-            let req = Request::Put {
-                dataset: self.dataset.clone(),
-                step,
-                session: self.session.clone(),
-                var: block.def.name.clone(),
-                id,
-                region: piece.clone(),
-                elem: elem as u32,
-                checksum,
-            };
-            refs.push(ObjectRef { id, region: piece, server, checksum });
-            by_server.entry(server).or_default().push(Outgoing { req, parts });
+        let mut refs: Vec<Vec<ObjectRef>> = Vec::with_capacity(blocks.len());
+        let mut seqs: BTreeMap<u64, u32> = BTreeMap::new();
+        for (step, block) in &blocks {
+            let elem = block.def.dtype.size();
+            let pieces = split(&block.region, elem, self.object_size);
+            // Local blocks all sit at offset zero: their writer tells them apart.
+            let mut at = block.region.offset.clone();
+            if block.def.is_local() {
+                at.push(u64::from(self.rank));
+            }
+            let base = place_key(&self.dataset, &block.def.name, &at);
+            let seq = seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
+            let mut mine = Vec::with_capacity(pieces.len());
+            for (i, piece) in pieces.into_iter().enumerate() {
+                let parts = gather(block.bytes, &block.region, &piece, elem);
+                let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
+                let server = self.cluster.ring.place(base.wrapping_add(i as u64));
+                let id = (u64::from(self.rank) << 32) | u64::from(*seq);
+                *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
+                let req = Request::Put {
+                    dataset: self.dataset.clone(),
+                    step: *step,
+                    session: self.session.clone(),
+                    var: block.def.name.clone(),
+                    id,
+                    region: piece.clone(),
+                    elem: elem as u32,
+                    checksum,
+                };
+                mine.push(ObjectRef { id, region: piece, server, checksum });
+                by_server.entry(server).or_default().push(Outgoing { req, parts });
+            }
+            refs.push(mine);
         }
-        // Servers receive in parallel while this thread computes the block's statistics.
+        // Servers receive in parallel while this thread computes the blocks' statistics.
         let this = &*self;
-        let (sent, st) = if by_server.len() == 1 {
+        let all_stats = || blocks.iter().map(|(_, b)| stats::compute(b.def.dtype, b.bytes)).collect::<Vec<_>>();
+        let (sent, st) = if by_server.len() <= 1 {
             // One server (small blocks): no thread to start; a put costs one round trip.
-            let (srv, objs) = by_server.iter().next().expect("one server");
-            (this.send_all(*srv, objs), stats::compute(block.def.dtype, block.bytes))
+            let sent = by_server.iter().try_for_each(|(srv, objs)| this.send_all(*srv, objs));
+            (sent, all_stats())
         } else {
             std::thread::scope(|s| {
                 let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
-                let st = stats::compute(block.def.dtype, block.bytes);
+                let st = all_stats();
                 let sent: Result<()> = handles.into_iter().try_for_each(|h| h.join().expect("sender thread panicked"));
                 (sent, st)
             })
         };
         if let Err(e) = sent {
             // Free what did arrive, so that a retry (after releasing old steps) starts clean.
-            for &server in by_server.keys() {
-                let ids = refs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
-                let req = Request::Drop { dataset: self.dataset.clone(), step, session: Some(self.session.clone()), writer: None, ids };
-                let _ = self.cluster.call(server, &req);
+            for ((step, _), objs) in blocks.iter().zip(&refs) {
+                for &server in by_server.keys() {
+                    let ids: Vec<u64> = objs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
+                    if !ids.is_empty() {
+                        let req = Request::Drop {
+                            dataset: self.dataset.clone(),
+                            step: *step,
+                            session: Some(self.session.clone()),
+                            writer: None,
+                            ids,
+                        };
+                        let _ = self.cluster.call(server, &req);
+                    }
+                }
             }
             return Err(e);
         }
-        for o in &refs {
-            let share = self.shares.entry(o.server).or_default();
-            share.0 += 1;
-            share.1 += o.region.volume() * elem as u64;
+        drop(by_server);
+        for (((step, block), objs), st) in blocks.into_iter().zip(refs).zip(st) {
+            let elem = block.def.dtype.size() as u64;
+            let open = self.open.entry(step).or_default();
+            open.seq = seqs[&step];
+            for o in &objs {
+                let share = open.shares.entry(o.server).or_default();
+                share.0 += 1;
+                share.1 += o.region.volume() * elem;
+            }
+            open.blocks.push(BlockRecord {
+                var: block.def.name.clone(),
+                writer: self.rank,
+                region: block.region,
+                file: String::new(),
+                pos: 0,
+                len: block.bytes.len() as u64,
+                chunk: 0,
+                crcs: Vec::new(),
+                checksum: objs.iter().fold(0, |c, o| c ^ o.checksum),
+                stats: st,
+                objects: objs,
+                codec: None,
+                stored: 0,
+            });
         }
-        self.blocks.push(BlockRecord {
-            var: block.def.name.clone(),
-            writer: self.rank,
-            region: block.region,
-            file: String::new(),
-            pos: 0,
-            len: block.bytes.len() as u64,
-            chunk: 0,
-            crcs: Vec::new(),
-            checksum: refs.iter().fold(0, |c, o| c ^ o.checksum),
-            stats: st,
-            objects: refs,
-            codec: None,
-            stored: 0,
-        });
         Ok(())
     }
 
     fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
-        let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), std::mem::take(&mut self.blocks));
-        let shares =
-            std::mem::take(&mut self.shares).into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
-        self.seq = 0;
+        let open = self.open.remove(&step).unwrap_or_default();
+        let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
+        let shares = open.shares.into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
         match self.cluster.coord(&self.dataset, &req)? {
             Response::Committed { committed } => Ok(committed),
@@ -197,8 +226,7 @@ impl WriteEngine for StagingWriter {
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {
-        self.blocks.clear();
-        self.seq = 0;
+        let open = self.open.remove(&step).unwrap_or_default();
         let req = Request::Drop {
             dataset: self.dataset.clone(),
             step,
@@ -206,7 +234,7 @@ impl WriteEngine for StagingWriter {
             writer: Some(self.rank),
             ids: Vec::new(),
         };
-        for (server, _) in std::mem::take(&mut self.shares) {
+        for server in open.shares.into_keys() {
             self.cluster.call(server, &req)?;
         }
         Ok(())
