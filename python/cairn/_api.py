@@ -109,6 +109,9 @@ def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, ran
         return []
     from . import cluster
 
+    global _shared_cluster
+    if mode == "r" and _shared_cluster is not None:
+        return [("cluster", _shared_cluster)]
     if mode == "r" and cluster._embedded is None:
         if not os.path.exists("cluster.json"):
             raise ConfigError("engine = \"staging\" names no cluster and none runs here: set [staging] cluster = \"cluster.json\" "
@@ -121,7 +124,13 @@ def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, ran
                           "or start one with `cairn cluster start` and set [staging] cluster")
     else:
         path = str(cluster.embedded(st["servers"], st["memory"], st["keep"]))
+    # Readers in this process (any rank) use the cluster its writers did.
+    _shared_cluster = path
     return [("cluster", path)]
+
+
+#: The embedded cluster this process's writers used (started here or by rank 0 of their comm).
+_shared_cluster: str | None = None
 
 
 class Writer:

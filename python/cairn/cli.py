@@ -4,6 +4,8 @@
     cairn pack SET_DIR -o OUT [--group-size 32 --scheme aware-block] | --compare
     cairn unpack OUT -o RESTORED [--member NAME]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
+    [mpirun -n N] cairn skel APP.yaml|qmcpack|s3d [--engine file|staging|adios2] [--trace-flush N]
+    cairn model RUNS.json... [--procs 16384,65536] [--mttf 6h] [--png model.png]
     cairn serve --cluster cluster.json [--id N --servers S --memory 4GiB]
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
     cairn cluster status [--objects] [--file cluster.json]
@@ -19,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, cluster_cli, pack_cli
+from . import __version__, cluster_cli, pack_cli, skel_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     get.add_argument("-o", "--output", help="write a .npy file instead of printing")
     get.set_defaults(func=cmd_get)
     pack_cli.add(sub)
+    skel_cli.add(sub)
     cluster_cli.add(sub)
     args = p.parse_args(argv)
     try:
