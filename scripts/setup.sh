@@ -18,7 +18,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 redis h5py netCDF4
+.venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 redis h5py netCDF4 pyyaml matplotlib
 # Release build of the extension, installed editable into the venv (python/ is the package source).
 .venv/bin/maturin develop --release -q
 cargo build --release -q -p cairn-capi

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, cluster_cli, pack_cli, skel_cli
+from . import __version__, cluster_cli, model_cli, pack_cli, skel_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     get.set_defaults(func=cmd_get)
     pack_cli.add(sub)
     skel_cli.add(sub)
+    model_cli.add(sub)
     cluster_cli.add(sub)
     args = p.parse_args(argv)
     try:
