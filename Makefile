@@ -30,6 +30,8 @@ test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
 bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench file
 	$(PY) -m cairn.bench staging
+	$(PY) -m cairn.bench pack
+	$(PY) -m cairn.bench skel
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh
