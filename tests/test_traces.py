@@ -111,3 +111,33 @@ def test_bad_traces_are_refused_with_clear_errors(file_cfg):
             f.get_trace("u", 0, 0)
     with pytest.raises(cairn.ConfigError, match="trace_flush"):
         cairn.open("t2", "w", config=file_cfg, trace_flush=0)
+
+
+KILLED = textwrap.dedent("""
+    import os, signal, sys, numpy as np, cairn
+    cfg, mode = sys.argv[1], sys.argv[2]
+    f = cairn.open("k", mode, config=cfg, trace_flush=5, session=mode)
+    for s in range(5 if mode == "a" else 0, 12 if mode == "a" else 8):
+        with f.step(s):
+            f.trace("e", np.full(s % 4, float(s)))
+        if mode == "w" and s == 7:
+            os.kill(os.getpid(), signal.SIGKILL)   # steps 5..7 are ended but wait for the flush at 9
+    f.close()
+""")
+
+
+def test_a_crash_loses_only_the_unflushed_steps_and_a_restart_rewrites_them(tmp_path, cfg):
+    import subprocess
+
+    (tmp_path / "k.py").write_text(KILLED)
+    p = subprocess.run([PY, str(tmp_path / "k.py"), str(cfg), "w"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    with cairn.open("k", "r", config=cfg) as r:
+        assert r.steps() == [0, 1, 2, 3, 4]  # committed at the flush after step 4; 5..7 never half-visible
+        assert np.array_equal(r.get_trace("e", 3, 0), [3.0, 3.0, 3.0])
+    check_run = subprocess.run([PY, str(tmp_path / "k.py"), str(cfg), "a"], capture_output=True, text=True, timeout=120)
+    assert check_run.returncode == 0, check_run.stderr
+    with cairn.open("k", "r", config=cfg) as r:
+        assert r.steps() == list(range(12))
+        for s in range(12):
+            assert np.array_equal(r.get_trace("e", s, 0), np.full(s % 4, float(s))), s

@@ -2,7 +2,8 @@
  * The engine comes from cairn.toml ($CAIRN_CONFIG); the code does not change between engines.
  * Build: mpicc write3d.c -I../../crates/cairn-capi/include -L../../target/release -lcairn
  * Run:   mpirun -n 4 ./write3d [name] [steps]
- * Value at (i, j, k) of step s: s * 1e6 + (i * NY + j) * NZ + k, so any reader can check it. */
+ * Value at (i, j, k) of step s: s * 1e6 + (i * NY + j) * NZ + k, so any reader can check it.
+ * Each rank also traces (rank + s) % 3 "energy" records per step: rank * 100 + s * 10 + r. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,10 @@ int main(int argc, char **argv) {
           block[(i * NY + j) * NZ + k] = s * 1e6 + (double)(((x0 + i) * NY + j) * NZ + k);
     CHECK(cairn_begin_step(f, (uint64_t)s));
     CHECK(cairn_put(f, "temperature", block, 3, offset, count));
+    double energy[2];
+    uint64_t n = (uint64_t)((rank + s) % 3);
+    for (uint64_t r = 0; r < n; r++) energy[r] = rank * 100 + s * 10 + (double)r;
+    if (n > 0) CHECK(cairn_trace(f, "energy", "f8", energy, 1, &n));
     CHECK(cairn_end_step(f));
   }
   CHECK(cairn_close(f));

@@ -22,6 +22,11 @@ with cairn.open(name, "r") as f:
         a = f.get("temperature", step=s, offset=(0, y0, 0), count=(NX, y1 - y0, NZ))
         i, j, k = np.meshgrid(np.arange(NX), np.arange(y0, y1), np.arange(NZ), indexing="ij")
         np.testing.assert_array_equal(a, s * 1e6 + ((i * NY + j) * NZ + k))
+        # The writers' trace records: (rank + s) % 3 per writer (some none), read by any rank.
+        writers = len({b.writer for b in f.blocks("temperature", s)})
+        for w in range(comm.rank, writers, comm.size):
+            want = w * 100 + s * 10 + np.arange((w + s) % 3)
+            np.testing.assert_array_equal(f.get_trace("energy", step=s, writer=w), want)
 ok = comm.gather(len(steps), root=0)
 if comm.rank == 0:
     print(f"Python reader: {comm.size} ranks verified {ok[0]} steps of {NX}x{NY}x{NZ}")

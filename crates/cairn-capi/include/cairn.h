@@ -85,6 +85,28 @@ enum cairn_status cairn_put(struct cairn_file *f,
                             const uint64_t *offset,
                             const uint64_t *count);
 
+// Appends trace records of `var` to the open step: `count[0]` records of extents
+// `count[1..ndim]`, element type `dtype` (`"f8"`, `"i4"` ...), any number per rank and step.
+// They are buffered and written every `trace_flush` steps (cairn.toml) as one write; a step
+// with buffered records commits at that flush, at the latest at [`cairn_close`]. The first
+// trace of `var` defines it as a local variable.
+//
+// # Safety
+// `f` is a write handle; `var` and `dtype` are NUL-terminated; `count` holds `ndim` values and
+// `data` the records.
+enum cairn_status cairn_trace(struct cairn_file *f,
+                              const char *var,
+                              const char *dtype,
+                              const void *data,
+                              int ndim,
+                              const uint64_t *count);
+
+// Writes buffered trace records now and commits the steps that waited for them.
+//
+// # Safety
+// `f` is a write handle.
+enum cairn_status cairn_flush_traces(struct cairn_file *f);
+
 // Ends the open step.
 //
 // # Safety

@@ -229,6 +229,52 @@ pub unsafe extern "C" fn cairn_put(
     })
 }
 
+/// Appends trace records of `var` to the open step: `count[0]` records of extents
+/// `count[1..ndim]`, element type `dtype` (`"f8"`, `"i4"` ...), any number per rank and step.
+/// They are buffered and written every `trace_flush` steps (cairn.toml) as one write; a step
+/// with buffered records commits at that flush, at the latest at [`cairn_close`]. The first
+/// trace of `var` defines it as a local variable.
+///
+/// # Safety
+/// `f` is a write handle; `var` and `dtype` are NUL-terminated; `count` holds `ndim` values and
+/// `data` the records.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_trace(
+    f: *mut CairnFile,
+    var: *const c_char,
+    dtype: *const c_char,
+    data: *const c_void,
+    ndim: c_int,
+    count: *const u64,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let (var, dtype) = unsafe { (text(var, "var")?, DType::parse(text(dtype, "dtype")?)?) };
+        let count = unsafe { dims(count, ndim, "count")? };
+        let len = count
+            .iter()
+            .try_fold(dtype.size() as u64, |n, &c| n.checked_mul(c))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| invalid("count overflows the address space"))?;
+        if data.is_null() && len > 0 {
+            return Err(invalid("data is NULL"));
+        }
+        let bytes = if len == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(data as *const u8, len) } };
+        w.trace(var, dtype, bytes, count)
+    })
+}
+
+/// Writes buffered trace records now and commits the steps that waited for them.
+///
+/// # Safety
+/// `f` is a write handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_flush_traces(f: *mut CairnFile) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { writer(f) }?.flush_traces())
+}
+
 /// Ends the open step.
 ///
 /// # Safety
