@@ -33,7 +33,7 @@ def cmd_skel(args: argparse.Namespace) -> None:
     if args.engine == "file" and not args.config:
         overrides["path"] = str(Path(args.out) / "data")
     opts = skel.Options(engine="adios2" if args.engine == "adios2" else "cairn", config=args.config, overrides=overrides,
-                        trace_flush=args.trace_flush, out=args.out, seed=args.seed, read=not args.no_read)
+                        trace_flush=args.trace_flush, out=args.out, seed=args.seed, read=not args.no_read, progress=True)
     comm = mpi_comm()
     r = skel.run(app, opts, comm)
     if r is None:

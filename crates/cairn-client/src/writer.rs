@@ -267,8 +267,10 @@ impl Writer {
             }
             self.traces.clear();
         }
-        for (step, defs) in std::mem::take(&mut self.held) {
-            self.engine.end_step(step, &defs)?;
+        // In order; a step that fails to publish stays held with those after it, for a retry.
+        while let Some((step, defs)) = self.held.first() {
+            self.engine.end_step(*step, defs)?;
+            self.held.remove(0);
         }
         Ok(())
     }

@@ -25,6 +25,7 @@ class Options:
     out: str = "skel-out"
     seed: int = 0
     read: bool = True
+    progress: bool = False  # a bar on rank 0
 
 
 def mpi_comm() -> Any:
@@ -89,6 +90,9 @@ def run(app: App, opts: Options, comm: Any = None) -> dict[str, Any] | None:
     steps = []
     if comm is not None:
         comm.Barrier()
+    from tqdm import tqdm
+
+    bar = tqdm(total=app.steps, desc=f"{app.name} steps", unit="step", disable=not (opts.progress and rank == 0), leave=False)
     t_start = time.perf_counter()
     for s in range(app.steps):
         t0 = time.perf_counter()
@@ -120,9 +124,11 @@ def run(app: App, opts: Options, comm: Any = None) -> dict[str, Any] | None:
         rec["write_s"] = time.perf_counter() - t1
         rec["checkpointed"] = any(v.role == "checkpoint" and v.due(s) for v in app.variables)
         steps.append(rec)
+        bar.update()
     t_close = time.perf_counter()
     backend.close()
     close_s = time.perf_counter() - t_close
+    bar.close()
     wall = time.perf_counter() - t_start
     if comm is not None:
         comm.Barrier()
