@@ -162,3 +162,23 @@ def test_bad_frames_and_wrong_secret_are_refused_by_a_real_server(small):
     assert b"exceeds" in exchange(b"CRN1" + struct.pack("<IQ", len(hello), 1 << 62) + hello)
     assert b"header length" in exchange(b"CRN1" + struct.pack("<IQ", 0xFFFFFFFF, 0))
     assert all(s["memory_used"] == 0 for s in cluster.status(small.file))  # still up, nothing held
+
+
+def test_a_trace_flush_into_full_servers_keeps_the_held_steps_for_a_retry(small):
+    w = cairn.open("tr", "w", engine="staging", cluster=small.file, object_size=1 << 20, trace_flush=100)
+    w.define("x", "u1", (5 << 20,))
+    with w.step(0):
+        w.put("x", np.zeros(5 << 20, "u1"), offset=(0,))
+    w.flush_traces()
+    with w.step(1):
+        w.trace("e", np.full(3 << 20, 1, "u1"))  # held: with step 0's 5 MiB this does not fit in 8 MiB
+    with pytest.raises(cairn.CapacityError):
+        with w.step(2):
+            w.trace("e", np.full(10, 2, "u1"))
+            w.flush_traces()
+    r = cairn.open("tr", "r", engine="staging", cluster=small.file)
+    assert r.steps() == [0]  # step 2 aborted, step 1 still held: nothing half-visible
+    r.release(0)
+    w.close()  # the retry publishes step 1 with its records
+    assert r.steps() == [1]
+    assert np.array_equal(r.get_trace("e", 1, 0), np.full(3 << 20, 1, "u1"))

@@ -158,10 +158,12 @@ class Writer:
         self._inner.begin_step(step)
         try:
             yield self
+            self._inner.end_step()
         except BaseException:
+            # Also when ending fails (e.g. a trace flush into a full server): the step stays
+            # hidden and the next one can begin; steps ended earlier stay held for the next flush.
             self._inner.abort_step()
             raise
-        self._inner.end_step()
 
     def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
         """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
@@ -177,12 +179,17 @@ class Writer:
         writer and per step; a scalar is one record. Records are buffered and written every
         ``trace_flush`` steps as one write (``cairn.open(..., trace_flush=n)`` or ``trace_flush``
         in ``cairn.toml``); a step with buffered records commits at that flush, at the latest on
-        :meth:`close`. Readers get them with :meth:`Reader.get_trace`."""
+        :meth:`close`. Readers get them with :meth:`Reader.get_trace`.
+
+        Steps commit in order, so every step ended while records wait is held with its puts until
+        the flush (with the staging engine its blocks wait in server memory meanwhile)."""
         arr = _little_endian_c(values)
         self._inner.trace(name, _dtype(arr.dtype), arr.reshape(1) if arr.ndim == 0 else arr)
 
     def flush_traces(self) -> None:
-        """Write buffered trace records now and commit the steps that waited for them."""
+        """Write buffered trace records now and commit the steps that waited for them.
+        Records of the open step are written too, as its block: that step takes no more records
+        of those variables."""
         self._inner.flush_traces()
 
     @property
@@ -193,9 +200,12 @@ class Writer:
     def close(self) -> None:
         """Close the writer, flushing buffered traces. With an MPI ``comm``, waits for all ranks
         so that every step they ended is committed when ``close`` returns."""
-        self._inner.close()
-        if self._comm is not None:
-            self._comm.Barrier()
+        try:
+            self._inner.close()
+        finally:
+            # Every rank reaches the barrier, so one rank's error never leaves the others waiting.
+            if self._comm is not None:
+                self._comm.Barrier()
 
     def __enter__(self) -> Writer:
         return self
@@ -310,7 +320,7 @@ def _little_endian_c(data: Any) -> np.ndarray:
     """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
     arr = np.asarray(data)
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
+        return arr.astype(arr.dtype.newbyteorder("<"), order="C")
     return np.ascontiguousarray(arr)
 
 

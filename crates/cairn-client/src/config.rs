@@ -85,8 +85,9 @@ impl Default for StagingConfig {
 pub struct Config {
     /// Engine to use.
     pub engine: EngineKind,
-    /// Trace records (`trace`) are buffered and written every this many steps as one write;
-    /// steps with buffered records commit at that flush (at the latest when the writer closes).
+    /// Trace records (`trace`) are buffered and written every this many steps as one write.
+    /// Steps ended while records wait are held, puts included, and commit in order at that flush
+    /// (at the latest when the writer closes).
     pub trace_flush: u32,
     /// `file` engine settings.
     pub file: FileConfig,

@@ -46,7 +46,9 @@ impl TraceBuffer {
                         &p.count[1..]
                     )));
                 }
-                p.count[0] += count[0];
+                p.count[0] = p.count[0]
+                    .checked_add(count[0])
+                    .ok_or_else(|| Error::InvalidArgument(format!("trace records of '{var}' at step {step} overflow a 64-bit count")))?;
                 p.end += bytes.len();
             }
             Some(p) if p.step > step => {

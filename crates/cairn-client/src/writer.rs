@@ -187,6 +187,8 @@ impl Writer {
         if count.is_empty() {
             return Err(Error::InvalidArgument(format!("trace records of '{var}' need at least one axis (the records)")));
         }
+        // Checked now: a record shape the flush would refuse must not block every later flush.
+        Region::new(vec![0; count.len()], count.to_vec())?;
         match self.vars.get(var) {
             Some(def) if !def.is_local() => {
                 return Err(Error::InvalidArgument(format!(
@@ -228,17 +230,20 @@ impl Writer {
     pub fn end_step(&mut self) -> Result<bool> {
         let step = self.step.ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
         let defs: Vec<VarDef> = self.vars.values().cloned().collect();
-        self.ended += 1;
+        let ended = self.ended + 1;
         let waiting = !self.traces.is_empty() || !self.held.is_empty();
-        if waiting && !self.ended.is_multiple_of(u64::from(self.trace_flush)) {
+        if waiting && !ended.is_multiple_of(u64::from(self.trace_flush)) {
             self.step = None;
+            self.ended = ended;
             self.held.push((step, defs));
             return Ok(false);
         }
         // Flush while the step still counts as open, so a failed write leaves it abortable.
         self.flush_traces()?;
+        let committed = self.engine.end_step(step, &defs)?;
         self.step = None;
-        self.engine.end_step(step, &defs)
+        self.ended = ended;
+        Ok(committed)
     }
 
     /// Writes all buffered trace records now as one write and publishes the steps that waited
@@ -290,14 +295,37 @@ impl Writer {
     /// Closes the writer: flushes buffered traces, which commits the steps that waited for them.
     /// A step still open is abandoned and reported, since its data is lost.
     pub fn close(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    /// Whether nothing is left to publish: no open step, no held step, no buffered record.
+    pub fn is_finished(&self) -> bool {
+        self.step.is_none() && self.held.is_empty() && self.traces.is_empty()
+    }
+
+    /// What [`Writer::close`] does, leaving the writer in place: on an error (a full server, a
+    /// full disk) the held steps stay held and `finish` may be called again.
+    pub fn finish(&mut self) -> Result<()> {
         let open = self.step;
-        self.abort_step()?;
+        let aborted = self.abort_step();
         self.flush_traces()?;
+        aborted?;
         match open {
             Some(step) => {
                 Err(Error::Conflict(format!("step {step} was still open at close and was abandoned; end each step before closing")))
             }
             None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// A writer dropped without `close` still publishes the steps it ended (best effort: there is
+    /// no one to report an error to).
+    fn drop(&mut self) {
+        if !self.held.is_empty() || !self.traces.is_empty() {
+            let _ = self.abort_step();
+            let _ = self.flush_traces();
         }
     }
 }

@@ -82,10 +82,16 @@ impl PyWriter {
         self.with(|w| w.abort_step())
     }
 
-    fn close(&self) -> PyResult<()> {
-        match self.inner.lock().unwrap().take() {
-            Some(w) => w.close().map_err(to_py),
-            None => Ok(()),
-        }
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut g = self.inner.lock().unwrap();
+            let Some(w) = g.as_mut() else { return Ok(()) };
+            let done = w.finish();
+            // Kept after a failed flush, so that close can be retried without losing held steps.
+            if done.is_ok() || w.is_finished() {
+                g.take();
+            }
+            done.map_err(to_py)
+        })
     }
 }

@@ -194,9 +194,13 @@ impl WriteEngine for FileWriter {
         if self.fsync {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }
-        let frag =
-            Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), self.blocks.remove(&step).unwrap_or_default());
-        publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank)?;
+        let blocks = self.blocks.remove(&step).unwrap_or_default();
+        let frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), blocks);
+        if let Err(e) = publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank) {
+            // Kept, so that a retry publishes this writer's blocks rather than an empty fragment.
+            self.blocks.insert(step, frag.blocks);
+            return Err(e);
+        }
         self.try_commit(step, Some(&self.session))
     }
 

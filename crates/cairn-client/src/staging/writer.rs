@@ -167,7 +167,10 @@ impl WriteEngine for StagingWriter {
             })
         };
         if let Err(e) = sent {
-            // Free what did arrive, so that a retry (after releasing old steps) starts clean.
+            // Ids are not reused by a retry, and what did arrive is freed so that it starts clean.
+            for (step, seq) in &seqs {
+                self.open.entry(*step).or_default().seq = *seq;
+            }
             for ((step, _), objs) in blocks.iter().zip(&refs) {
                 for &server in by_server.keys() {
                     let ids: Vec<u64> = objs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
@@ -219,10 +222,17 @@ impl WriteEngine for StagingWriter {
         let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
         let shares = open.shares.into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
-        match self.cluster.coord(&self.dataset, &req)? {
-            Response::Committed { committed } => Ok(committed),
-            other => Err(unexpected("end of step", &other)),
+        let result = match self.cluster.coord(&self.dataset, &req) {
+            Ok(Response::Committed { committed }) => return Ok(committed),
+            Ok(other) => unexpected("end of step", &other),
+            Err(e) => e,
+        };
+        // Kept, so that a retry sends this writer's blocks and shares again, not an empty fragment.
+        if let Request::EndStep { fragment, shares, .. } = req {
+            let shares = shares.into_iter().map(|s| (s.server, (s.objects, s.bytes))).collect();
+            self.open.insert(step, OpenStep { blocks: fragment.blocks, shares, seq: open.seq });
         }
+        Err(result)
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {
