@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from . import model as M
 from .exceptions import InvalidArgumentError
+from .skel.report import need_matplotlib
 
 
 def _t(s: float) -> str:
@@ -38,9 +39,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 def draw(samples: Sequence[M.Sample], f: M.Fit, rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Left: samples, the fitted law and its extrapolation. Right: Fig. 6, execution vs
     checkpointing per platform and tactic."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    need_matplotlib("or leave out --png")
     import matplotlib.pyplot as plt
     import numpy as np
 

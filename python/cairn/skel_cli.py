@@ -8,6 +8,7 @@ from pathlib import Path
 from . import skel
 from .exceptions import InvalidArgumentError
 from .skel import report
+from .skel.descriptor import need_yaml
 from .skel.replay import mpi_comm
 
 ENGINES = ("config", "file", "staging", "adios2")
@@ -15,9 +16,8 @@ ENGINES = ("config", "file", "staging", "adios2")
 
 def cmd_skel(args: argparse.Namespace) -> None:
     if args.list or not args.app:
+        yaml = need_yaml()
         for name, path in skel.shipped().items():
-            import yaml
-
             print(f"{name:<10} {yaml.safe_load(path.read_text()).get('description', '')}  ({path})")
         return
     sets = {}

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..exceptions import InvalidArgumentError
+from ..exceptions import ConfigError, InvalidArgumentError
 from . import sizes as S
 
 ROLES = ("output", "checkpoint", "trace")
@@ -196,7 +196,7 @@ def _literal(text: str) -> Any:
 
 def load(name_or_path: str, overrides: dict[str, str] | None = None) -> App:
     """Reads a descriptor file (or a shipped app by name)."""
-    import yaml
+    yaml = need_yaml()
 
     path = find(name_or_path)
     try:
@@ -232,3 +232,12 @@ def box(shape: list[int], parts: list[int], rank: int) -> tuple[list[int], list[
     off = [c * n // p for c, n, p in zip(coords, shape, parts)]
     end = [(c + 1) * n // p for c, n, p in zip(coords, shape, parts)]
     return off, [e - o for o, e in zip(off, end)]
+
+
+def need_yaml() -> Any:
+    """The ``yaml`` module, or a clear error saying how to install it."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError("cairn skel reads YAML descriptors: pip install pyyaml (or cairn[skel]; `make setup` does)") from None
+    return yaml

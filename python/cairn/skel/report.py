@@ -7,6 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..exceptions import ConfigError
+
+
+def need_matplotlib(otherwise: str) -> Any:
+    """The ``matplotlib`` module (Agg backend), or a clear error naming the install or ``otherwise``."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(f"drawing the PNG needs matplotlib: pip install matplotlib (or cairn[skel]), {otherwise}") from None
+    matplotlib.use("Agg")
+    return matplotlib
+
 
 def summary(r: dict[str, Any]) -> str:
     lines = [
@@ -47,9 +59,7 @@ def save(r: dict[str, Any], out: Path, plot: bool = True) -> list[Path]:
 
 
 def draw(r: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    need_matplotlib("or pass --no-plot")
     import matplotlib.pyplot as plt
 
     n_plots = 1 + bool(r["sizes"])
