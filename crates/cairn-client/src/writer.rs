@@ -187,8 +187,8 @@ impl Writer {
         if count.is_empty() {
             return Err(Error::InvalidArgument(format!("trace records of '{var}' need at least one axis (the records)")));
         }
-        // Checked now: a record shape the flush would refuse must not block every later flush.
-        Region::new(vec![0; count.len()], count.to_vec())?;
+        // Built (and so checked) now: a shape the flush would refuse must not block every later flush.
+        let records = Region::new(vec![0; count.len()], count.to_vec())?;
         match self.vars.get(var) {
             Some(def) if !def.is_local() => {
                 return Err(Error::InvalidArgument(format!(
@@ -217,7 +217,7 @@ impl Writer {
                 "'{var}' already has this writer's block in step {step} (put, or traced and flushed); a step holds one block per writer"
             )));
         }
-        self.traces.append(var, step, bytes, count)
+        self.traces.append(var, step, bytes, records)
     }
 
     /// Bytes of trace records waiting for the next flush.
@@ -250,24 +250,16 @@ impl Writer {
     /// for them, in order. Records of the open step are written too; it commits when it ends.
     pub fn flush_traces(&mut self) -> Result<()> {
         if !self.traces.is_empty() {
-            let blocks = self
+            let blocks: Vec<_> = self
                 .traces
                 .pieces()
-                .map(|(var, p, bytes)| {
-                    let region = Region::new(vec![0; p.count.len()], p.count.clone())?;
-                    Ok((p.step, BlockData { def: &self.vars[var], region, bytes }))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            self.engine.put_batch(blocks)?;
+                .map(|(var, p, bytes)| (p.step, BlockData { def: &self.vars[var], region: p.region.clone(), bytes }))
+                .collect();
             // Written records belong to their steps now; the open step must not get them again.
-            let open = self.step;
-            let mut mark = Vec::new();
-            for (var, p, _) in self.traces.pieces() {
-                if Some(p.step) == open {
-                    mark.push((var.to_string(), Region::new(vec![0; p.count.len()], p.count.clone())?));
-                }
-            }
-            for (var, r) in mark {
+            let open: Vec<(String, Region)> =
+                blocks.iter().filter(|(s, _)| Some(*s) == self.step).map(|(_, b)| (b.def.name.clone(), b.region.clone())).collect();
+            self.engine.put_batch(blocks)?;
+            for (var, r) in open {
                 self.put.entry(var).or_default().push(r);
             }
             self.traces.clear();

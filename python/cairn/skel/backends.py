@@ -19,8 +19,6 @@ from .descriptor import Variable
 class CairnBackend:
     """Writes through :func:`cairn.open`; traces use the writer's own buffer (``trace_flush``)."""
 
-    name = "cairn"
-
     def __init__(self, dataset: str, variables: list[Variable], rank: int, nranks: int, comm: Any,
                  config: str | None, overrides: dict[str, Any], trace_flush: int) -> None:
         self.dataset, self.config, self.overrides, self.rank = dataset, config, overrides, rank
@@ -42,7 +40,7 @@ class CairnBackend:
     def trace(self, v: Variable, arr: np.ndarray) -> None:
         self.f.trace(v.name, arr)
 
-    def flush_traces(self, last: bool) -> None:
+    def flush_traces(self) -> None:
         self.f.flush_traces()
 
     def end(self) -> None:
@@ -74,17 +72,14 @@ class Adios2Backend:
     """ADIOS2 BP5, one file per rank. Trace records of the buffered steps are written at the
     flush step as one array plus ``<name>/counts`` (records per step)."""
 
-    name = "adios2-bp5"
-
-    def __init__(self, path: str, rank: int, trace_flush: int) -> None:
+    def __init__(self, path: str, rank: int) -> None:
         from adios2 import Stream
 
-        self.path, self.rank, self.flush_every = os.path.join(path, f"rank-{rank:06d}.bp"), rank, trace_flush
+        self.path, self.rank = os.path.join(path, f"rank-{rank:06d}.bp"), rank
         os.makedirs(path, exist_ok=True)
         self.s = Stream(self.path, "w")
         self.buf: dict[str, list[tuple[int, np.ndarray]]] = {}
         self.step = -1
-        self.ended = 0
 
     def begin(self, step: int) -> None:
         self.step = step
@@ -101,9 +96,7 @@ class Adios2Backend:
         # The application's buffer: records are copied, as the simulation reuses its arrays.
         self.buf.setdefault(v.name, []).append((self.step, arr.copy()))
 
-    def flush_traces(self, last: bool) -> None:
-        if not last and (self.ended + 1) % self.flush_every:
-            return
+    def flush_traces(self) -> None:
         for name, recs in self.buf.items():
             if not recs:
                 continue
@@ -115,7 +108,6 @@ class Adios2Backend:
 
     def end(self) -> None:
         self.s.end_step()
-        self.ended += 1
 
     def close(self) -> None:
         self.s.close()

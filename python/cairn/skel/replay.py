@@ -116,7 +116,7 @@ def run(app: App, opts: Options, comm: Any = None) -> dict[str, Any] | None:
                 rec["checkpoint_bytes"] += arr.nbytes
         ta = time.perf_counter()
         if (s + 1) % opts.trace_flush == 0 or s == last:
-            backend.flush_traces(s == last)
+            backend.flush_traces()
         rec["trace_s"] += time.perf_counter() - ta
         ta = time.perf_counter()
         backend.end()
@@ -146,7 +146,7 @@ def _backend(app: App, opts: Options, dataset: str, rank: int, nranks: int, comm
     from .backends import Adios2Backend, CairnBackend
 
     if opts.engine == "adios2":
-        return Adios2Backend(os.path.join(opts.out, "bp5", dataset), rank, opts.trace_flush)
+        return Adios2Backend(os.path.join(opts.out, "bp5", dataset), rank)
     overrides = dict(opts.overrides or {})
     return CairnBackend(dataset, app.variables, rank, nranks, comm, opts.config, overrides, opts.trace_flush)
 
