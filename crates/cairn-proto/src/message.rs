@@ -5,6 +5,9 @@ use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, ErrorKind, Region};
 use serde::{Deserialize, Serialize};
 
+/// Longest key a keyed value may have, in bytes.
+pub const MAX_KEY: usize = 1024;
+
 /// How a writer's objects of one step spread over one server (checked at commit).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Share {
@@ -123,6 +126,29 @@ pub enum Request {
         /// Step.
         step: u64,
     },
+    /// Sets `key` to the payload or, with `member`, adds the payload to the set at `key` (a member
+    /// already there is kept once). Keys live on the server their hash places them on.
+    KvPut {
+        /// Key (at most [`MAX_KEY`] bytes).
+        key: String,
+        /// Add to a set instead of replacing a value.
+        #[serde(default)]
+        member: bool,
+    },
+    /// The values of `keys` (with `members`: every member of each set), back to back in the
+    /// reply's payload.
+    KvGet {
+        /// Keys.
+        keys: Vec<String>,
+        /// Read sets instead of values.
+        #[serde(default)]
+        members: bool,
+    },
+    /// Deletes every key that starts with `prefix`.
+    KvDelete {
+        /// Key prefix.
+        prefix: String,
+    },
     /// Datasets this server coordinates.
     Datasets,
     /// Memory, objects and request counts of this server.
@@ -208,6 +234,17 @@ pub enum Response {
     Index {
         /// The index.
         index: StepIndex,
+    },
+    /// Keyed values; the payload holds them back to back. `sizes[i]` lists the lengths of key i's
+    /// values: none when the key is absent, one for a value, one per member for a set.
+    Values {
+        /// Lengths per key.
+        sizes: Vec<Vec<u64>>,
+    },
+    /// Keys deleted.
+    Deleted {
+        /// How many.
+        count: u64,
     },
     /// Dataset names.
     Datasets {

@@ -7,11 +7,13 @@
 //! - `reader`: `Reader`, over `cairn_client::Reader`.
 //! - `buffer`: borrowing numpy buffers without copying.
 //! - `codec`: the compression pipeline (type-specific first pass, byte codec second).
+//! - `kv`: keyed values and sets on a staging cluster (`cairn.tasks`).
 //! - `staging`: running a staging server, admin requests to a cluster.
 
 mod buffer;
 mod codec;
 mod errors;
+mod kv;
 mod reader;
 mod staging;
 mod writer;
@@ -36,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<reader::PyReader>()?;
+    m.add_class::<kv::PyKvStore>()?;
     m.add_function(wrap_pyfunction!(config_json, m)?)?;
     m.add_function(wrap_pyfunction!(codec::compress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;

@@ -7,12 +7,14 @@
 //! - [`handler`]: one connection: hello with the secret, then framed requests in order.
 //! - [`cmd`]: one module per kind of request.
 //! - [`store`]: objects with memory accounting.
+//! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
 //! - [`meta`]: the coordinator's fragments and committed step indexes.
 //! - [`peer`]: calls to other servers (seal, drop).
 //! - [`state`]: what all connections share.
 
 pub mod cmd;
 pub mod handler;
+pub mod kv;
 pub mod meta;
 pub mod peer;
 pub mod serve;

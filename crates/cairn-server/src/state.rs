@@ -1,6 +1,7 @@
-//! What every connection of a server shares: its id, the secret, the store, the coordinator
-//! metadata, counters, the cluster view (loaded when first needed) and the shutdown signal.
+//! What every connection of a server shares: its id, the secret, the store, the keyed values,
+//! the coordinator metadata, counters, the cluster view (loaded when first needed) and the shutdown signal.
 
+use crate::kv::Kv;
 use crate::meta::Meta;
 use crate::store::Store;
 use cairn_core::Result;
@@ -23,6 +24,8 @@ pub struct State {
     cluster: Mutex<Option<Arc<ClusterFile>>>,
     /// Objects held here.
     pub store: Store,
+    /// Keyed values and sets.
+    pub kv: Kv,
     /// Datasets coordinated here.
     pub meta: Meta,
     /// Requests served.
@@ -42,6 +45,7 @@ impl State {
             cluster_path,
             cluster: Mutex::new(None),
             store: Store::new(id, memory),
+            kv: Kv::default(),
             meta: Meta::default(),
             requests: AtomicU64::new(0),
             started: Instant::now(),

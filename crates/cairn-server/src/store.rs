@@ -61,7 +61,19 @@ impl Drop for Reservation<'_> {
     }
 }
 
+impl Reservation<'_> {
+    /// Keeps the bytes counted as used; whoever holds them gives them back with [`Store::free`].
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Store {
+    /// Gives back bytes kept with [`Reservation::keep`].
+    pub fn free(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
     /// An empty store of server `server` holding at most `limit` bytes.
     pub fn new(server: u32, limit: u64) -> Store {
         Store { server, limit, used: AtomicU64::new(0), steps: Mutex::new(HashMap::new()), pool: Pool::default() }

@@ -3,9 +3,11 @@
 //! its objects has sealed them.
 
 mod conn;
+mod kv;
 mod reader;
 mod writer;
 
+pub use kv::KvStore;
 pub use reader::StagingReader;
 pub use writer::StagingWriter;
 

@@ -2,11 +2,13 @@
 //!
 //! - [`data`]: put, get and drop of objects.
 //! - [`commit`]: end of step, seal, release, and the step queries readers make.
+//! - [`kv`]: keyed values and sets (the task store).
 //! - [`admin`]: status, object listing, datasets, shutdown.
 
 pub mod admin;
 pub mod commit;
 pub mod data;
+pub mod kv;
 
 use crate::state::State;
 use cairn_core::{Error, Result};
@@ -45,7 +47,7 @@ impl Payload {
 
 /// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
 pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
-    if p.payload_len > 0 && !matches!(req, Request::Put { .. }) {
+    if p.payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. }) {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {} bytes", op_name(&req), p.payload_len)));
     }
     let plain = |r: Result<Response>| r.map(Reply::Plain);
@@ -63,6 +65,9 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Index { dataset, step } => plain(state.meta.index(&dataset, step).map(|i| Response::Index { index: (*i).clone() })),
         Request::WaitStep { dataset, step, timeout_ms } => plain(Ok(commit::wait_step(state, &dataset, step, timeout_ms).await)),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
+        Request::KvPut { key, member } => plain(kv::put(state, stream, p.payload_len, key, member).await),
+        Request::KvGet { keys, members } => kv::get(state, &keys, members),
+        Request::KvDelete { prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &prefix) })),
         Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
         Request::Status => plain(Ok(admin::status(state))),
         Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),

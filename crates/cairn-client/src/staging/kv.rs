@@ -1,0 +1,121 @@
+//! Keyed values and sets on a staging cluster: the store `cairn.tasks` keeps task inputs,
+//! results, step markers and memo buckets in. A key lives on the server its hash places it on;
+//! many keys go as one request (get) or one pipelined burst (put) per server.
+
+use super::conn::Cluster;
+use cairn_core::placement::place_key;
+use cairn_core::{Error, Result};
+use cairn_proto::message::{unexpected, Request, Response};
+use cairn_proto::sync_io::{read_head, read_payload, write_frame};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Puts in flight per server before their replies are read: bounded so neither side's socket
+/// buffer fills with unread replies (each is ~30 bytes, buffers hold hundreds of KiB).
+const WINDOW: usize = 512;
+
+/// A client of a cluster's keyed values.
+#[derive(Debug, Clone)]
+pub struct KvStore {
+    cluster: Arc<Cluster>,
+}
+
+impl KvStore {
+    /// Connects (lazily) to the cluster in the cluster file `path`.
+    pub fn open(path: &Path) -> Result<KvStore> {
+        Ok(KvStore { cluster: Cluster::open(path)? })
+    }
+
+    fn server_of(&self, key: &str) -> u32 {
+        self.cluster.ring.place(place_key("", key, &[]))
+    }
+
+    /// Indices of `keys` grouped by the server holding them.
+    fn by_server<'a>(&self, keys: impl Iterator<Item = &'a str>) -> BTreeMap<u32, Vec<usize>> {
+        let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, k) in keys.enumerate() {
+            groups.entry(self.server_of(k)).or_default().push(i);
+        }
+        groups
+    }
+
+    /// Sets each key to its value or, with `member`, adds each value to the set at its key.
+    pub fn put_many(&self, items: &[(&str, &[u8])], member: bool) -> Result<()> {
+        for (server, idx) in self.by_server(items.iter().map(|(k, _)| *k)) {
+            // The server refuses a frame larger than its memory as malformed and hangs up; say why here.
+            let limit = self.cluster.file.server(server)?.memory;
+            if let Some(&i) = idx.iter().find(|&&i| items[i].1.len() as u64 > limit) {
+                return Err(Error::Capacity(format!(
+                    "value of {} bytes for key '{}' exceeds the {limit}-byte memory of staging server {server}; \
+                     store it in pieces or start servers with more --memory",
+                    items[i].1.len(),
+                    items[i].0
+                )));
+            }
+            self.cluster.with(server, |c| {
+                let mut first_err = None;
+                for window in idx.chunks(WINDOW) {
+                    for &i in window {
+                        let (key, val) = items[i];
+                        write_frame(&mut c.stream, &Request::KvPut { key: key.to_string(), member }, &[val])?;
+                    }
+                    for _ in window {
+                        if let Err(e) = c.recv_plain() {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                first_err.map_or(Ok(()), Err)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The value of each key (`None` if absent) or, with `members`, every member of each set
+    /// (absent: empty). Values come as `Vec<Vec<u8>>` per key: zero or one entries for values.
+    pub fn get_many(&self, keys: &[&str], members: bool) -> Result<Vec<Vec<Vec<u8>>>> {
+        let mut out = vec![Vec::new(); keys.len()];
+        for (server, idx) in self.by_server(keys.iter().copied()) {
+            let req = Request::KvGet { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), members };
+            let (sizes, bytes) = self.cluster.with(server, |c| {
+                write_frame(&mut c.stream, &req, &[])?;
+                let (resp, len) = read_head::<Response>(&mut c.stream, u64::MAX)?;
+                let Response::Values { sizes } = resp.into_result()? else {
+                    return Err(Error::Corrupt("unexpected reply to kv_get; are client and server the same Cairn version?".into()));
+                };
+                let mut bytes = vec![0u8; len as usize];
+                read_payload(&mut c.stream, &mut [&mut bytes])?;
+                Ok((sizes, bytes))
+            })?;
+            let total: u64 = sizes.iter().flatten().sum();
+            if sizes.len() != idx.len() || total != bytes.len() as u64 {
+                return Err(Error::Corrupt(format!("server {server} answered kv_get with sizes that do not match its payload")));
+            }
+            let mut at = 0usize;
+            for (&i, lens) in idx.iter().zip(sizes) {
+                out[i] = lens
+                    .iter()
+                    .map(|&n| {
+                        let v = bytes[at..at + n as usize].to_vec();
+                        at += n as usize;
+                        v
+                    })
+                    .collect();
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes every key starting with `prefix` on every server; returns how many.
+    pub fn delete(&self, prefix: &str) -> Result<u64> {
+        let mut n = 0;
+        for &server in self.cluster.ring.servers() {
+            match self.cluster.call(server, &Request::KvDelete { prefix: prefix.to_string() })? {
+                Response::Deleted { count } => n += count,
+                other => return Err(unexpected("kv_delete", &other)),
+            }
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,136 @@
+//! Keyed values and sets held beside the objects: the task store of `cairn.tasks` (task inputs,
+//! results, step markers, memo buckets). Their bytes count against the server's memory limit
+//! like objects do. Sets keep members sorted by bytes, so every reader sees them in one order.
+
+use crate::store::Store;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+#[derive(Debug)]
+enum Entry {
+    Value(Vec<u8>),
+    Set(BTreeSet<Vec<u8>>),
+}
+
+impl Entry {
+    fn bytes(&self) -> u64 {
+        match self {
+            Entry::Value(v) => v.len() as u64,
+            Entry::Set(s) => s.iter().map(|m| m.len() as u64).sum(),
+        }
+    }
+}
+
+/// The keyed values of one server.
+#[derive(Debug, Default)]
+pub struct Kv {
+    map: Mutex<HashMap<String, Entry>>,
+}
+
+impl Kv {
+    /// Sets `key` to `data`, or adds `data` to the set at `key`. The caller reserved `data.len()`
+    /// bytes and kept them; bytes no longer held (a replaced value, a member already present) are
+    /// given back. A key that holds the other kind is replaced.
+    pub fn put(&self, store: &Store, key: String, data: Vec<u8>, member: bool) {
+        let mut map = self.map.lock().expect("kv lock");
+        let added = data.len() as u64;
+        let old = if member {
+            match map.get_mut(&key) {
+                Some(Entry::Set(s)) => {
+                    if !s.insert(data) {
+                        store.free(added);
+                    }
+                    return;
+                }
+                _ => map.insert(key, Entry::Set(BTreeSet::from([data]))),
+            }
+        } else {
+            map.insert(key, Entry::Value(data))
+        };
+        if let Some(old) = old {
+            store.free(old.bytes());
+        }
+    }
+
+    /// The values of `keys` (every member of each, with `members`) and their lengths per key. A
+    /// key of the other kind reads as absent.
+    pub fn get(&self, keys: &[String], members: bool) -> (Vec<Vec<u64>>, Vec<u8>) {
+        let map = self.map.lock().expect("kv lock");
+        let mut out = Vec::new();
+        let sizes = keys
+            .iter()
+            .map(|k| {
+                let vals: Vec<&Vec<u8>> = match (map.get(k), members) {
+                    (Some(Entry::Value(v)), false) => vec![v],
+                    (Some(Entry::Set(s)), true) => s.iter().collect(),
+                    _ => Vec::new(),
+                };
+                vals.iter()
+                    .map(|v| {
+                        out.extend_from_slice(v);
+                        v.len() as u64
+                    })
+                    .collect()
+            })
+            .collect();
+        (sizes, out)
+    }
+
+    /// Deletes the keys starting with `prefix`; returns how many.
+    pub fn delete(&self, store: &Store, prefix: &str) -> u64 {
+        let mut map = self.map.lock().expect("kv lock");
+        let mut freed = 0;
+        let before = map.len();
+        map.retain(|k, e| {
+            let keep = !k.starts_with(prefix);
+            if !keep {
+                freed += e.bytes();
+            }
+            keep
+        });
+        store.free(freed);
+        (before - map.len()) as u64
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.map.lock().expect("kv lock").len()
+    }
+
+    /// Whether no keys are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(kv: &Kv, s: &Store, key: &str, data: &[u8], member: bool) {
+        s.reserve(data.len() as u64).unwrap().keep();
+        kv.put(s, key.into(), data.to_vec(), member);
+    }
+
+    #[test]
+    fn values_sets_and_accounting() {
+        let (kv, s) = (Kv::default(), Store::new(0, 100));
+        put(&kv, &s, "a", b"12345", false);
+        put(&kv, &s, "a", b"12", false);
+        assert_eq!(s.used(), 2, "a replaced value gives its bytes back");
+        put(&kv, &s, "m", b"zz", true);
+        put(&kv, &s, "m", b"aa", true);
+        put(&kv, &s, "m", b"zz", true);
+        assert_eq!(s.used(), 6, "a member added twice is held once");
+        let (sizes, bytes) = kv.get(&["m".into(), "nope".into(), "a".into()], true);
+        assert_eq!((sizes, bytes), (vec![vec![2, 2], vec![], vec![]], b"aazz".to_vec()), "sorted members; a value is not a set");
+        let (sizes, bytes) = kv.get(&["a".into(), "m".into()], false);
+        assert_eq!((sizes, bytes), (vec![vec![2], vec![]], b"12".to_vec()));
+        put(&kv, &s, "a", b"x", true);
+        assert_eq!(s.used(), 5, "a value turned into a set gives its bytes back");
+        assert_eq!(kv.delete(&s, "m"), 1);
+        assert_eq!((s.used(), kv.len()), (1, 1));
+        assert_eq!(kv.delete(&s, ""), 1);
+        assert_eq!((s.used(), kv.is_empty()), (0, true));
+    }
+}
