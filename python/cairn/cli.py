@@ -6,6 +6,8 @@
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
     [mpirun -n N] cairn skel APP.yaml|qmcpack|s3d [--engine file|staging|adios2] [--trace-flush N]
     cairn model RUNS.json... [--procs 16384,65536] [--mttf 6h] [--png model.png]
+    cairn cohmm --out DIR [--nx 128 --ny 128 --steps 20 --mode database|runtime --store staging|redis
+                [--store-url URL] --engine dask|process --workers 2 --no-kriging --flux analytic|md --plot]
     cairn serve --cluster cluster.json [--id N --servers S --memory 4GiB]
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
     cairn cluster status [--objects] [--file cluster.json]
@@ -21,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, cluster_cli, model_cli, pack_cli, skel_cli
+from . import __version__, cluster_cli, cohmm_cli, model_cli, pack_cli, skel_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     pack_cli.add(sub)
     skel_cli.add(sub)
     model_cli.add(sub)
+    cohmm_cli.add(sub)
     cluster_cli.add(sub)
     args = p.parse_args(argv)
     try:

@@ -168,6 +168,11 @@ def _alive(pid: int, procs: list[subprocess.Popen[bytes]] | None) -> bool:
     for p in procs or []:
         if p.pid == pid:
             return p.poll() is None
+    try:  # a child that exited is a zombie until reaped, and signal 0 still reaches it
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):

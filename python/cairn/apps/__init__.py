@@ -1,0 +1,1 @@
+"""Proxy applications built on Cairn: ``cohmm`` (the database-assisted heterogeneous multiscale proxy)."""

@@ -1,0 +1,238 @@
+"""Where `cairn.tasks` keeps task inputs, results, step state and memo buckets: a key-value store
+with values and sets, the same API over a Cairn staging cluster or a real Redis server.
+
+A store is named by a URL that worker processes reopen: ``redis://host:port[/db]`` or the path of
+a Cairn cluster file. :func:`local` starts one in a directory (detached, so it outlives a crashed
+driver) or reuses the one already running there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..exceptions import ConfigError, UnavailableError
+
+#: Keys per Redis round trip (pipelines of this size keep replies well inside socket buffers).
+_REDIS_BATCH = 2048
+
+
+class Store:
+    """Keyed values (``put_many``/``get_many``) and sets of byte strings (``add_many``/
+    ``members_many``). Set members come back sorted, so every reader sees one order."""
+
+    url: str
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        raise NotImplementedError
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        raise NotImplementedError
+
+    def add_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        raise NotImplementedError
+
+    def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
+        raise NotImplementedError
+
+    def delete(self, prefix: str) -> int:
+        """Deletes every key starting with ``prefix``; returns how many."""
+        raise NotImplementedError
+
+    def put(self, key: str, value: bytes) -> None:
+        self.put_many([(key, value)])
+
+    def get(self, key: str) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def close(self) -> None:
+        pass
+
+
+class StagingStore(Store):
+    """Keyed values held in the memory of a Cairn staging cluster's servers (each key on the
+    server its hash picks; many keys go as one request per server)."""
+
+    def __init__(self, cluster: str | os.PathLike[str]):
+        from .. import _native
+
+        self.url = str(Path(cluster).absolute())
+        if not Path(self.url).exists():
+            raise UnavailableError(f"no Cairn cluster file at {self.url}; start one (`cairn cluster start --file {self.url}`) "
+                                   "or leave the store URL out to start a local one")
+        self._kv = _native.KvStore(self.url)
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        if items:
+            self._kv.put_many(list(items))
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [v[0] if v else None for v in self._kv.get_many(list(keys))] if keys else []
+
+    def add_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        if items:
+            self._kv.put_many(list(items), member=True)
+
+    def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
+        return self._kv.get_many(list(keys), members=True) if keys else []
+
+    def delete(self, prefix: str) -> int:
+        return self._kv.delete(prefix)
+
+
+class RedisStore(Store):
+    """Keyed values in a Redis server (values are strings, sets are Redis sets), pipelined in
+    batches. Connection failures raise :class:`UnavailableError` naming the URL."""
+
+    def __init__(self, url: str):
+        import redis
+
+        self.url = url
+        self._redis = redis
+        self._r = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=60)
+        self._call(self._r.ping)
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self._redis.exceptions.ConnectionError as e:
+            raise UnavailableError(f"Redis at {self.url} is not reachable ({e}); is redis-server running? "
+                                   "Leave --store-url out to start a local one") from None
+
+    def _pipelined(self, op: str, items: Iterable, arity: int) -> list:
+        out: list = []
+        items = list(items)
+        for i in range(0, len(items), _REDIS_BATCH):
+            p = self._r.pipeline(transaction=False)
+            for it in items[i:i + _REDIS_BATCH]:
+                getattr(p, op)(*(it if arity > 1 else (it,)))
+            out.extend(self._call(p.execute))
+        return out
+
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        self._pipelined("set", items, 2)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        keys = list(keys)
+        for i in range(0, len(keys), _REDIS_BATCH):
+            out.extend(self._call(self._r.mget, keys[i:i + _REDIS_BATCH]))
+        return out
+
+    def add_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        self._pipelined("sadd", items, 2)
+
+    def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
+        return [sorted(s) for s in self._pipelined("smembers", keys, 1)]
+
+    def delete(self, prefix: str) -> int:
+        n = 0
+        batch: list[bytes] = []
+        for k in self._call(lambda: list(self._r.scan_iter(match=_glob_escape(prefix) + "*", count=1000))):
+            batch.append(k)
+            if len(batch) == 1000:
+                n += self._call(self._r.unlink, *batch)
+                batch = []
+        if batch:
+            n += self._call(self._r.unlink, *batch)
+        return n
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+def open_store(url: str) -> Store:
+    """The store a URL names: ``redis://...`` or a Cairn cluster file path."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisStore(url)
+    return StagingStore(url)
+
+
+_KINDS = ("staging", "redis")
+
+
+def local(kind: str, directory: str | os.PathLike[str], memory: str = "2GiB") -> Store:
+    """The local store of ``kind`` (``staging`` or ``redis``) kept in ``directory``: reused when
+    one is running there, else started detached (it outlives this process; :func:`stop_local`
+    stops it)."""
+    if kind not in _KINDS:
+        raise ConfigError(f"unknown store {kind!r}; use one of {', '.join(_KINDS)}")
+    d = Path(directory).absolute()
+    d.mkdir(parents=True, exist_ok=True)
+    meta = d / f"{kind}-store.json"
+    if meta.exists():
+        try:
+            return open_store(json.loads(meta.read_text())["url"])
+        except (UnavailableError, KeyError, ValueError):
+            pass  # it died with the machine or was stopped: start a fresh one
+    if kind == "staging":
+        from .. import cluster
+
+        c = cluster.start(d / "staging-cluster.json", servers=2, memory=memory)
+        url, pids = str(c.file), [p.pid for p in c.procs]
+    else:
+        url, pids = _start_redis(d)
+    meta.write_text(json.dumps({"url": url, "pids": pids}))
+    return open_store(url)
+
+
+def stop_local(kind: str, directory: str | os.PathLike[str]) -> None:
+    """Stops the local store of ``kind`` started in ``directory`` (if any)."""
+    meta = Path(directory).absolute() / f"{kind}-store.json"
+    if not meta.exists():
+        return
+    info = json.loads(meta.read_text())
+    if kind == "staging":
+        from .. import cluster
+
+        try:
+            cluster.stop(info["url"])
+        except UnavailableError:
+            pass
+    else:
+        for pid in info["pids"]:
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+    meta.unlink()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_redis(d: Path) -> tuple[str, list[int]]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise UnavailableError("redis-server is not installed; install it (apt install redis-server, which `make setup` does) "
+                               "or pass --store-url redis://HOST:PORT of a running one")
+    port = _free_port()
+    log = open(d / "redis.log", "wb")  # noqa: SIM115 - handed to the child
+    # In-memory only, as in the paper: no RDB snapshots or AOF; it lives while the machine does.
+    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(d)],
+                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    url = f"redis://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            RedisStore(url).close()
+            return url, [p.pid]
+        except UnavailableError:
+            if p.poll() is not None or time.monotonic() > deadline:
+                p.kill()
+                raise UnavailableError(f"redis-server did not start: {(d / 'redis.log').read_text()[-400:]}") from None
+            time.sleep(0.05)
