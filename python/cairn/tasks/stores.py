@@ -159,6 +159,9 @@ def open_store(url: str) -> Store:
 
 
 _KINDS = ("staging", "redis")
+#: Stores started by this process: their Popen handles are kept so they are not collected (and
+#: warned about) while the detached servers run on.
+_started: list[subprocess.Popen[bytes]] = []
 
 
 def local(kind: str, directory: str | os.PathLike[str], memory: str = "2GiB") -> Store:
@@ -179,9 +182,11 @@ def local(kind: str, directory: str | os.PathLike[str], memory: str = "2GiB") ->
         from .. import cluster
 
         c = cluster.start(d / "staging-cluster.json", servers=2, memory=memory)
-        url, pids = str(c.file), [p.pid for p in c.procs]
+        url, procs = str(c.file), c.procs
     else:
-        url, pids = _start_redis(d)
+        url, procs = _start_redis(d)
+    _started.extend(procs)
+    pids = [p.pid for p in procs]
     meta.write_text(json.dumps({"url": url, "pids": pids}))
     return open_store(url)
 
@@ -205,6 +210,13 @@ def stop_local(kind: str, directory: str | os.PathLike[str]) -> None:
                 os.kill(pid, 15)
             except ProcessLookupError:
                 pass
+    for p in [p for p in _started if p.pid in info["pids"]]:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        _started.remove(p)
     meta.unlink()
 
 
@@ -214,7 +226,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_redis(d: Path) -> tuple[str, list[int]]:
+def _start_redis(d: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise UnavailableError("redis-server is not installed; install it (apt install redis-server, which `make setup` does) "
@@ -230,7 +242,7 @@ def _start_redis(d: Path) -> tuple[str, list[int]]:
     while True:
         try:
             RedisStore(url).close()
-            return url, [p.pid]
+            return url, [p]
         except UnavailableError:
             if p.poll() is not None or time.monotonic() > deadline:
                 p.kill()

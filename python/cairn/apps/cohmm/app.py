@@ -40,22 +40,34 @@ def run_name(out: Path) -> str:
 
 
 def run(cfg: Config, opt: Options, on_step: Callable[[StepStats], None] | None = None) -> tuple[np.ndarray, Stats]:
-    """Runs (or resumes) CoHMM and writes its outputs. A local store started here is stopped at
-    the end of a completed run unless ``keep_store``; after a crash it stays up for the rerun."""
+    """Runs (or resumes) CoHMM and writes its outputs. ``stats.json`` is rewritten after every
+    step ("complete" turns true at the end). A local store started here is stopped at the end
+    of a completed run unless ``keep_store``; after a crash it stays up for the rerun."""
     out = Path(opt.out)
     out.mkdir(parents=True, exist_ok=True)
+    about = {"config": cfg.__dict__, "mode": opt.mode, "store": opt.store_url or opt.store, "engine": opt.engine,
+             "workers": opt.workers}
+
+    def write_stats(stats: Stats, complete: bool) -> None:
+        tmp = out / "stats.json.tmp"
+        tmp.write_text(json.dumps(stats.as_dict() | about | {"complete": complete}, indent=1))
+        tmp.replace(out / "stats.json")
+
+    def step_done(st: StepStats, stats: Stats) -> None:
+        write_stats(stats, False)
+        if on_step:
+            on_step(st)
+
     store = tasks.open_store(opt.store_url) if opt.store_url else tasks.local(opt.store, out)
     try:
         with tasks.make_executor(opt.engine, opt.workers, opt.client) as ex:
             run = tasks.TaskRun(store, run_name(out), opt.mode, ex, max_rounds=opt.max_rounds, inject_faults=opt.inject_faults)
-            w, stats = Simulation(cfg, run).run(on_step)
+            w, stats = Simulation(cfg, run).run(step_done)
     finally:
         store.close()
     np.save(out / "field_final.npy", w)
     write_vtk(out / "field_final.vtk", w, f"CoHMM {cfg.nx}x{cfg.ny} {cfg.stimulus} after {cfg.steps} steps")
-    doc = stats.as_dict() | {"config": cfg.__dict__, "mode": opt.mode, "store": opt.store_url or opt.store, "engine": opt.engine,
-                             "workers": opt.workers}
-    (out / "stats.json").write_text(json.dumps(doc, indent=1))
+    write_stats(stats, True)
     if opt.plot:
         plot(out / "fields.png", w, f"CoHMM {cfg.nx}x{cfg.ny}, {cfg.stimulus}, step {cfg.steps}")
     if not opt.store_url and not opt.keep_store:

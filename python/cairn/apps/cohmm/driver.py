@@ -94,7 +94,7 @@ class Simulation:
         self.solver_memo = Memo(tasks.store, f"{tasks.run}/memo/solver", SOLVER_DIGITS, numerics.NFIELDS)
         self.kriging_memo = Memo(tasks.store, f"{tasks.run}/memo/kriging", KRIGING_DIGITS, numerics.NFIELDS)
 
-    def run(self, on_step: Callable[[StepStats], None] | None = None) -> tuple[np.ndarray, Stats]:
+    def run(self, on_step: Callable[[StepStats, Stats], None] | None = None) -> tuple[np.ndarray, Stats]:
         cfg, t0 = self.cfg, time.perf_counter()
         self.tasks.check_params(cfg.params())
         start = self.tasks.resume_point(cfg.steps)
@@ -110,9 +110,9 @@ class Simulation:
                 for k in ("flux_evaluations", "memo_hits", "kriging_hits", "recovered"):
                     setattr(stats, k, getattr(stats, k) + getattr(st, k))
             stats.steps.append(st)
+            stats.wall_s = time.perf_counter() - t0
             if on_step:
-                on_step(st)
-        stats.wall_s = time.perf_counter() - t0
+                on_step(st, stats)
         return w, stats
 
     def step(self, w: np.ndarray, t: int, st: StepStats) -> np.ndarray:

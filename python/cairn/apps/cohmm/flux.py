@@ -50,11 +50,11 @@ def flux_task(task: dict[str, Any]) -> dict[str, np.ndarray]:
             fg[i] = np.concatenate(md.flux(w[i], steps=task.get("md_steps", 1000)))
     else:
         raise ValueError(f"unknown flux {task['flux']!r}; use one of {', '.join(FLUXES)}")
+    pause = sum(cost_of(w[i], task.get("cost", 0.0), task.get("jitter", 0.0)) for i in rows)
+    if pause:
+        time.sleep(pause)
     log = os.environ.get(EVAL_LOG)
     if log and len(rows):
         with open(log, "a") as fh:  # one short O_APPEND write: lines from concurrent workers stay whole
             fh.write(f"{len(rows)}\n")
-    pause = sum(cost_of(w[i], task.get("cost", 0.0), task.get("jitter", 0.0)) for i in rows)
-    if pause:
-        time.sleep(pause)
     return {"fg": fg, "kriged": kriged}

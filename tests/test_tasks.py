@@ -1,0 +1,236 @@
+"""cairn.tasks: the same suite on both stores (a real 2-server staging cluster, a real
+redis-server) and both modes; executors; the memo; commit markers, resume and retry rounds."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from cairn import tasks
+from cairn.exceptions import CapacityError, ConfigError, CorruptError, UnavailableError
+from cairn.tasks.runtime import TaskError
+
+
+@pytest.fixture(scope="module", params=["staging", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp(request.param)
+    s = tasks.local(request.param, d, memory="64MiB")
+    try:
+        yield s
+    finally:
+        s.close()
+        tasks.stop_local(request.param, d)
+
+
+@pytest.fixture
+def ns(request: pytest.FixtureRequest) -> str:
+    """A key prefix of this test's own."""
+    return request.node.name.replace("[", "_").replace("]", "") + "/"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with tasks.make_executor("process", 2) as ex:
+        yield ex
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+def die_on_two(x: int) -> int:
+    if x == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_values_sets_and_delete(store, ns):
+    store.put_many([(ns + "a", b"1"), (ns + "b", b""), (ns + "c", bytes(range(256)) * 100)])
+    assert store.get_many([ns + "a", ns + "b", ns + "c", ns + "none"]) == [b"1", b"", bytes(range(256)) * 100, None]
+    store.put(ns + "a", b"2")
+    assert store.get(ns + "a") == b"2"
+    store.add_many([(ns + "s", b"zz"), (ns + "s", b"aa"), (ns + "s", b"zz"), (ns + "t", b"x")])
+    assert store.members_many([ns + "s", ns + "t", ns + "none"]) == [[b"aa", b"zz"], [b"x"], []]
+    many = [(f"{ns}k/{i}", os.urandom(64)) for i in range(3000)]
+    store.put_many(many)
+    assert store.get_many([k for k, _ in many]) == [v for _, v in many]
+    assert store.delete(ns + "k/") == 3000
+    assert store.get(ns + "k/7") is None and store.get(ns + "a") == b"2"
+    assert store.delete(ns) == 5
+
+
+def test_reopened_by_url(store, ns):
+    store.put(ns + "x", b"hello")
+    other = tasks.open_store(store.url)
+    assert other.get(ns + "x") == b"hello"
+    other.close()
+
+
+def test_staging_full_memory_is_a_clear_error(tmp_path):
+    s = tasks.local("staging", tmp_path, memory="1MiB")
+    try:
+        with pytest.raises(CapacityError, match="full|exceeds"):
+            s.put_many([(f"k{i}", bytes(200_000)) for i in range(20)])
+        assert s.delete("k") >= 1
+        s.put("ok", b"still serving")
+        assert s.get("ok") == b"still serving"
+    finally:
+        tasks.stop_local("staging", tmp_path)
+
+
+def test_dead_stores_give_clear_errors(tmp_path):
+    with pytest.raises(UnavailableError, match="not reachable.*redis-server"):
+        tasks.open_store("redis://127.0.0.1:1")
+    with pytest.raises(UnavailableError, match="no Cairn cluster file"):
+        tasks.open_store(str(tmp_path / "nope.json"))
+    for kind in ("staging", "redis"):
+        s = tasks.local(kind, tmp_path / kind)
+        s.put("k", b"v")
+        tasks.stop_local(kind, tmp_path / kind)
+        with pytest.raises(UnavailableError, match="up|running|reach"):
+            s.get_many(["k"])
+    with pytest.raises(ConfigError, match="unknown store"):
+        tasks.local("mongo", tmp_path)
+
+
+def test_local_store_is_reused(tmp_path):
+    a = tasks.local("redis", tmp_path)
+    try:
+        a.put("k", b"v")
+        b = tasks.local("redis", tmp_path)
+        assert b.url == a.url and b.get("k") == b"v"
+    finally:
+        tasks.stop_local("redis", tmp_path)
+
+
+@pytest.mark.parametrize("engine", ["process", "dask"])
+def test_executors_report_failures_per_item(engine):
+    with tasks.make_executor(engine, 2) as ex:
+        assert ex.map(square, [1, 2, 3]) == [1, 4, 9]
+        out = ex.map(fail_on_three, [1, 3, 5])
+        assert out[0] == 1 and out[2] == 5 and isinstance(out[1], ValueError)
+    with pytest.raises(ConfigError, match="unknown engine"):
+        tasks.make_executor("ray", 2)
+
+
+def test_process_pool_survives_a_killed_worker():
+    with tasks.make_executor("process", 2) as ex:
+        out = ex.map(die_on_two, [1, 2, 3])
+        assert any(isinstance(r, BaseException) for r in out)
+        assert ex.map(square, [4]) == [16], "a broken pool is replaced"
+
+
+@pytest.mark.parametrize("mode", tasks.MODES)
+def test_map_retries_missing_results_in_rounds(store, ns, pool, mode):
+    run = tasks.TaskRun(store, ns + "r", mode, pool, inject_faults=True)
+    out, info = run.map(square, list(range(10)), step=0, phase=0)
+    assert out == [x * x for x in range(10)]
+    assert (info.tasks, info.rounds, info.failed, info.executed) == (10, 2, 3, 10), info
+    bad = tasks.TaskRun(store, ns + "r2", mode, pool, max_rounds=2)
+    with pytest.raises(TaskError, match="1 tasks .* still failed after 2 rounds.*three"):
+        bad.map(fail_on_three, [1, 3], step=0, phase=0)
+
+
+def test_database_mode_rereads_finished_results(store, ns, pool):
+    run = tasks.TaskRun(store, ns + "r", "database", pool)
+    out, info = run.map(square, [1, 2, 3], step=4, phase=1)
+    assert info.executed == 3 and info.recovered == []
+    # A restarted driver maps the same inputs: finished results are re-read, not recomputed.
+    again = tasks.TaskRun(store, ns + "r", "database", pool)
+    out2, info2 = again.map(square, [1, 2, 3], step=4, phase=1)
+    assert out2 == out and info2.recovered == [0, 1, 2] and info2.executed == 0
+    # A changed input makes that result stale: only it runs again.
+    out3, info3 = again.map(square, [1, 5, 3], step=4, phase=1)
+    assert out3 == [1, 25, 9] and info3.recovered == [0, 2] and info3.executed == 1
+
+
+@pytest.mark.parametrize("mode", tasks.MODES)
+def test_commit_marker_resume_and_params(store, ns, pool, mode):
+    run = tasks.TaskRun(store, ns + "r", mode, pool)
+    run.check_params({"nx": 8})
+    with pytest.raises(ConfigError, match="other parameters.*'nx': \\(8, 9\\)"):
+        run.check_params({"nx": 9})
+    assert run.resume_point(5) == 0
+    w = np.arange(12.0).reshape(3, 4)
+    run.commit(0, {"w": w})
+    run.commit(1, {"w": w + 1})
+    if mode == "runtime":
+        assert run.resume_point(5) == 0, "runtime mode keeps state in the driver only"
+        return
+    assert run.resume_point(5) == 2 and run.resume_point(2) == 2
+    np.testing.assert_array_equal(run.load(1)["w"], w + 1)
+    # State without its marker (a crash between the two) is not a committed step.
+    store.put(f"{ns}r/state/2/w", (w + 2).tobytes())
+    assert run.resume_point(5) == 2
+    store.put(f"{ns}r/state/1/w", b"\0" * w.nbytes)
+    with pytest.raises(CorruptError, match="damaged"):
+        run.load(1)
+
+
+@pytest.mark.parametrize("mode", tasks.MODES)
+def test_commit_drops_the_steps_task_keys(store, ns, pool, mode):
+    run = tasks.TaskRun(store, ns + "r", "database", pool)
+    run.map(square, [1, 2], step=0, phase=0)
+    assert store.get(f"{ns}r/result/0/0/1") is not None
+    run.commit(0, {"w": np.zeros(2)})
+    assert store.get(f"{ns}r/result/0/0/1") is None and store.get(f"{ns}r/task/0/0/0") is None
+
+
+def test_memo_buckets_nearest_and_epochs(store, ns):
+    memo = tasks.Memo(store, ns + "m", digits=2, dim=2)
+    assert memo.key(np.array([-0.001, 0.5])) == memo.key(np.array([0.001, 0.5])), "-0.00 and 0.00 share a bucket"
+    pts = np.array([[0.101, 0.2], [0.102, 0.2], [0.104, 0.2], [0.9, 0.9]])
+    memo.add(pts[:2], np.array([[1.0], [2.0]]), epoch=0)
+    memo.add(pts[2:], np.array([[3.0], [4.0]]), epoch=5)
+    (d, near), = memo.nearest(np.array([[0.1035, 0.2]]), k=2)
+    np.testing.assert_allclose(d, [0.0005, 0.0015])
+    np.testing.assert_array_equal(near.values[:, 0], [3.0, 2.0])
+    (d, near), = memo.nearest(np.array([[0.1035, 0.2]]), k=2, before=5)
+    np.testing.assert_array_equal(near.values[:, 0], [2.0, 1.0]), "samples of epoch 5 are invisible before it"
+    b, = memo.buckets(np.array([[0.9, 0.9]]))
+    assert b.exact(np.array([0.9, 0.9]))[0] == 4.0 and b.exact(np.array([0.9, 0.91])) is None
+    with pytest.raises(ValueError, match="need points"):
+        memo.add(np.zeros((2, 3)), np.zeros((2, 1)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(hs.lists(hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)), min_size=1, max_size=30), hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)))
+def test_bucket_nearest_matches_brute_force(points, q):
+    pts = np.array(points)
+    b = tasks.Bucket(pts, np.arange(len(pts), dtype=float)[:, None], np.zeros(len(pts), np.int64))
+    d, near = b.nearest(np.array(q), 3)
+    brute = sorted(np.abs(pts - q).sum(axis=1))[:3]
+    np.testing.assert_allclose(d, brute)
+    np.testing.assert_allclose(np.abs(near.points - q).sum(axis=1), d)
+
+
+def test_taskrun_rejects_bad_arguments(store, pool):
+    with pytest.raises(ConfigError, match="unknown mode"):
+        tasks.TaskRun(store, "x", "cloud", pool)
+    with pytest.raises(ConfigError, match="needs an executor"):
+        tasks.TaskRun(store, "x", "database", None)
+
+
+def test_stores_hold_keys_in_separate_servers(tmp_path: Path):
+    """Staging spreads keys over its servers (each key on the server its hash places it on)."""
+    from cairn import cluster
+
+    s = tasks.local("staging", tmp_path)
+    try:
+        s.put_many([(f"k{i}", b"v" * 1000) for i in range(100)])
+        used = [srv["memory_used"] for srv in cluster.status(s.url)]
+        assert len(used) == 2 and all(u > 10_000 for u in used), used
+    finally:
+        tasks.stop_local("staging", tmp_path)
