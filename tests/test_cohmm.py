@@ -7,9 +7,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,15 +16,12 @@ from hypothesis import strategies as hs
 
 from cairn import tasks
 from cairn.apps.cohmm import Config, Options, kriging, numerics, run
-from cairn.apps.cohmm.flux import EVAL_LOG
+from cairn.apps.cohmm.crash import command as cohmm
+from cairn.apps.cohmm.crash import kill_mid_step
 from cairn.exceptions import ConfigError
 
 SMALL = dict(nx=24, ny=24, steps=4)
 KILL = ["--nx", "40", "--ny", "40", "--steps", "8", "--cost", "0.002", "--task-size", "64", "-q"]
-
-
-def cohmm(out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "cairn", "cohmm", "--out", str(out), *args]
 
 
 # --- numerics ---------------------------------------------------------------------------------
@@ -143,27 +138,6 @@ def test_every_store_and_mode_computes_the_same_fields(tmp_path, store, mode):
     assert not (tmp_path / f"{store}-store.json").exists(), "the local store stops after a completed run"
 
 
-def _kill_mid_run(out: Path, args: list[str], after_steps: int = 2) -> None:
-    """Starts the CLI in its own process group, waits until ``after_steps`` steps are done and
-    two tasks of the next one have evaluated fluxes (each task logs its evaluations), then
-    SIGKILLs the driver and all its workers (the store lives on)."""
-    log = out / "evals.log"
-    p = subprocess.Popen(cohmm(out, *args), start_new_session=True, stderr=subprocess.PIPE, env={**os.environ, EVAL_LOG: str(log)})
-    deadline = time.monotonic() + 120
-    stats, seen = out / "stats.json", None
-    while time.monotonic() < deadline:
-        assert p.poll() is None, p.stderr.read().decode()
-        if seen is None and stats.exists() and len(json.loads(stats.read_text())["steps"]) >= after_steps:
-            seen = len(log.read_text().split())
-        if seen is not None and len(log.read_text().split()) >= seen + 2:
-            time.sleep(0.05)  # their results reach the store just after the log line
-            break
-        time.sleep(0.005)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    p.stderr.close()
-
-
 @pytest.mark.parametrize("store,mode,engine,krig", [
     ("staging", "database", "process", False),
     ("redis", "database", "dask", True),
@@ -172,7 +146,7 @@ def _kill_mid_run(out: Path, args: list[str], after_steps: int = 2) -> None:
 ])
 def test_sigkilled_run_resumes_to_identical_fields(tmp_path, reference, store, mode, engine, krig):
     args = [*KILL, "--store", store, "--mode", mode, "--engine", engine, *([] if krig else ["--no-kriging"])]
-    _kill_mid_run(tmp_path, args)
+    assert kill_mid_step(tmp_path, args, after_steps=2) > 0
     assert (tmp_path / f"{store}-store.json").exists(), "the local store outlives the driver"
     p = subprocess.run(cohmm(tmp_path, *args), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

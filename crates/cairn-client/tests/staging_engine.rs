@@ -206,3 +206,69 @@ fn a_cluster_file_that_names_nothing_is_a_clear_error() {
     assert!(e.to_string().contains("cairn cluster start"), "{e}");
     let _ = Path::new("");
 }
+
+#[test]
+fn keyed_values_in_large_batches_and_refusals_that_lose_nothing() {
+    use cairn_client::staging::KvStore;
+    let c = start(2, 32 << 20);
+    let kv = KvStore::open(&c.file).unwrap();
+    // Tens of thousands of small set members in one call: far more than socket buffers hold as
+    // separate replies (the pipelined puts this replaced deadlocked on this shape).
+    let members: Vec<(String, Vec<u8>)> =
+        (0..40_000u32).map(|i| (format!("memo/{}", i % 997), [i.to_le_bytes().as_slice(), &[7u8; 164]].concat())).collect();
+    let items: Vec<(&str, &[u8])> = members.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    kv.put_many(&items, true).unwrap();
+    kv.put_many(&items[..500], true).unwrap();
+    let keys: Vec<String> = (0..997).map(|i| format!("memo/{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = kv.get_many(&refs, true).unwrap();
+    for (i, set) in got.iter().enumerate() {
+        let mut want: Vec<&Vec<u8>> = members.iter().filter(|(k, _)| *k == keys[i]).map(|(_, v)| v).collect();
+        want.sort();
+        assert_eq!(set.iter().collect::<Vec<_>>(), want, "members of {} (added twice, held once)", keys[i]);
+    }
+    // A value larger than a server is refused before sending; a batch that does not fit is
+    // refused whole. Either way nothing is stored and the connections keep working.
+    let big = vec![1u8; 40 << 20];
+    let e = kv.put_many(&[("big", &big)], false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    let chunk = vec![2u8; 7 << 20];
+    let many: Vec<String> = (0..12).map(|i| format!("chunk/{i}")).collect();
+    let items: Vec<(&str, &[u8])> = many.iter().map(|k| (k.as_str(), chunk.as_slice())).collect();
+    let e = kv.put_many(&items, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("server"), "{e}");
+    let stored = kv.get_many(&many.iter().map(String::as_str).collect::<Vec<_>>(), false).unwrap();
+    assert!(stored.iter().all(|v| v.is_empty() || v[0] == chunk), "a batch is stored whole or not at all");
+    assert_eq!(kv.delete("chunk/").unwrap(), stored.iter().filter(|v| !v.is_empty()).count() as u64);
+    kv.put_many(&[("after", b"ok")], false).unwrap();
+    assert_eq!(kv.get_many(&["after"], false).unwrap(), vec![vec![b"ok".to_vec()]]);
+    assert_eq!(kv.delete("memo/").unwrap(), 997);
+}
+
+#[test]
+fn a_kv_put_whose_sizes_do_not_match_its_payload_is_refused_and_the_connection_kept() {
+    use cairn_proto::sync_io::{read_head, write_frame};
+    use cairn_proto::{Request, Response};
+    let c = start(1, 16 << 20);
+    let file = ClusterFile::load(&c.file).unwrap();
+    let mut s = std::net::TcpStream::connect(&file.servers[0].addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut call = |req: &Request, payload: &[&[u8]]| {
+        write_frame(&mut s, req, payload).unwrap();
+        let (resp, len) = read_head::<Response>(&mut s, 1 << 20).unwrap();
+        let mut rest = vec![0u8; len as usize];
+        s.read_exact(&mut rest).unwrap();
+        resp
+    };
+    call(&Request::Hello { secret: "s3cret-token".into(), client: "t".into() }, &[]).into_result().unwrap();
+    for (keys, sizes) in [(vec!["a", "b"], vec![3u64]), (vec!["a"], vec![2]), (vec!["a"], vec![u64::MAX])] {
+        let req = Request::KvPut { keys: keys.iter().map(|k| k.to_string()).collect(), sizes, member: false };
+        let e = call(&req, &[b"xyz"]).into_result().unwrap_err();
+        assert!(e.to_string().contains("one size per key"), "{e}");
+    }
+    let e = call(&Request::KvPut { keys: vec![String::new()], sizes: vec![3], member: false }, &[b"xyz"]).into_result().unwrap_err();
+    assert!(e.to_string().contains("keys must have"), "{e}");
+    call(&Request::KvPut { keys: vec!["a".into()], sizes: vec![3], member: false }, &[b"xyz"]).into_result().unwrap();
+    assert!(matches!(call(&Request::KvGet { keys: vec!["a".into()], members: false }, &[]), Response::Values { .. }));
+}

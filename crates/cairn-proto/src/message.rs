@@ -126,12 +126,16 @@ pub enum Request {
         /// Step.
         step: u64,
     },
-    /// Sets `key` to the payload or, with `member`, adds the payload to the set at `key` (a member
-    /// already there is kept once). Keys live on the server their hash places them on.
+    /// Sets each of `keys` to its piece of the payload (`sizes` back to back) or, with `member`,
+    /// adds each piece to the set at its key (a member already there is kept once). One request
+    /// and one reply per batch: all pieces are stored, or none. Keys live on the server their
+    /// hash places them on.
     KvPut {
-        /// Key (at most [`MAX_KEY`] bytes).
-        key: String,
-        /// Add to a set instead of replacing a value.
+        /// Keys (each at most [`MAX_KEY`] bytes; a key may repeat).
+        keys: Vec<String>,
+        /// The length of each key's piece; they add up to the payload length.
+        sizes: Vec<u64>,
+        /// Add to sets instead of replacing values.
         #[serde(default)]
         member: bool,
     },

@@ -28,11 +28,17 @@ pub struct Kv {
 }
 
 impl Kv {
-    /// Sets `key` to `data`, or adds `data` to the set at `key`. The caller reserved `data.len()`
-    /// bytes and kept them; bytes no longer held (a replaced value, a member already present) are
-    /// given back. A key that holds the other kind is replaced.
-    pub fn put(&self, store: &Store, key: String, data: Vec<u8>, member: bool) {
+    /// Sets each key to its data, or adds the data to the set at the key, under one lock. The
+    /// caller reserved the data's bytes and kept them; bytes no longer held (a replaced value, a
+    /// member already present) are given back. A key that holds the other kind is replaced.
+    pub fn put_many(&self, store: &Store, items: impl IntoIterator<Item = (String, Vec<u8>)>, member: bool) {
         let mut map = self.map.lock().expect("kv lock");
+        for (key, data) in items {
+            Self::put_one(&mut map, store, key, data, member);
+        }
+    }
+
+    fn put_one(map: &mut HashMap<String, Entry>, store: &Store, key: String, data: Vec<u8>, member: bool) {
         let added = data.len() as u64;
         let old = if member {
             match map.get_mut(&key) {
@@ -109,7 +115,7 @@ mod tests {
 
     fn put(kv: &Kv, s: &Store, key: &str, data: &[u8], member: bool) {
         s.reserve(data.len() as u64).unwrap().keep();
-        kv.put(s, key.into(), data.to_vec(), member);
+        kv.put_many(s, [(key.into(), data.to_vec())], member);
     }
 
     #[test]

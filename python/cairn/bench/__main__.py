@@ -2,7 +2,8 @@
 
 import sys
 
-BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel"}
+BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel",
+           "dad": "cairn.bench.dad"}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 //! Keyed values and sets on a staging cluster: the store `cairn.tasks` keeps task inputs,
 //! results, step markers and memo buckets in. A key lives on the server its hash places it on;
-//! many keys go as one request (get) or one pipelined burst (put) per server.
+//! many keys go as one request per server (puts in batches of bounded size).
 
 use super::conn::Cluster;
 use cairn_core::placement::place_key;
@@ -11,9 +11,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Puts in flight per server before their replies are read: bounded so neither side's socket
-/// buffer fills with unread replies (each is ~30 bytes, buffers hold hundreds of KiB).
-const WINDOW: usize = 512;
+/// Bytes of values per put request: large enough that a request's round trip is small against
+/// sending it, small enough that a batch refused for space is a small part of a server's memory.
+const BATCH_BYTES: u64 = 8 << 20;
+/// Keys per put request (keeps its JSON header well under the frame limit).
+const BATCH_KEYS: usize = 8192;
 
 /// A client of a cluster's keyed values.
 #[derive(Debug, Clone)]
@@ -43,7 +45,8 @@ impl KvStore {
     /// Sets each key to its value or, with `member`, adds each value to the set at its key.
     pub fn put_many(&self, items: &[(&str, &[u8])], member: bool) -> Result<()> {
         for (server, idx) in self.by_server(items.iter().map(|(k, _)| *k)) {
-            // The server refuses a frame larger than its memory as malformed and hangs up; say why here.
+            // The server refuses a frame larger than its memory as malformed and hangs up: say why
+            // here, and keep batches within it.
             let limit = self.cluster.file.server(server)?.memory;
             if let Some(&i) = idx.iter().find(|&&i| items[i].1.len() as u64 > limit) {
                 return Err(Error::Capacity(format!(
@@ -53,21 +56,18 @@ impl KvStore {
                     items[i].0
                 )));
             }
-            self.cluster.with(server, |c| {
-                let mut first_err = None;
-                for window in idx.chunks(WINDOW) {
-                    for &i in window {
-                        let (key, val) = items[i];
-                        write_frame(&mut c.stream, &Request::KvPut { key: key.to_string(), member }, &[val])?;
-                    }
-                    for _ in window {
-                        if let Err(e) = c.recv_plain() {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                }
-                first_err.map_or(Ok(()), Err)
-            })?;
+            for batch in batches(&idx, limit.min(BATCH_BYTES), |i| items[i].1.len() as u64) {
+                let req = Request::KvPut {
+                    keys: batch.iter().map(|&i| items[i].0.to_string()).collect(),
+                    sizes: batch.iter().map(|&i| items[i].1.len() as u64).collect(),
+                    member,
+                };
+                let vals: Vec<&[u8]> = batch.iter().map(|&i| items[i].1).collect();
+                self.cluster.with(server, |c| {
+                    write_frame(&mut c.stream, &req, &vals)?;
+                    c.recv_plain()
+                })?;
+            }
         }
         Ok(())
     }
@@ -117,5 +117,39 @@ impl KvStore {
             }
         }
         Ok(n)
+    }
+}
+
+/// `idx` cut into consecutive runs of at most [`BATCH_KEYS`] keys and `max_bytes` bytes (a
+/// larger value goes alone).
+fn batches(idx: &[usize], max_bytes: u64, size: impl Fn(usize) -> u64) -> Vec<&[usize]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (n, &i) in idx.iter().enumerate() {
+        if n > start && (n - start == BATCH_KEYS || bytes + size(i) > max_bytes) {
+            out.push(&idx[start..n]);
+            (start, bytes) = (n, 0);
+        }
+        bytes += size(i);
+    }
+    if start < idx.len() {
+        out.push(&idx[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_bound_keys_and_bytes() {
+        let idx: Vec<usize> = (0..20_000).collect();
+        let b = batches(&idx, BATCH_BYTES, |_| 10);
+        assert_eq!(b.iter().map(|b| b.len()).collect::<Vec<_>>(), vec![BATCH_KEYS, BATCH_KEYS, 20_000 - 2 * BATCH_KEYS]);
+        let big = BATCH_BYTES / 2 + 1;
+        let b = batches(&[0, 1, 2, 3], BATCH_BYTES, |i| if i == 2 { 3 * BATCH_BYTES } else { big });
+        assert_eq!(b, vec![&[0][..], &[1], &[2], &[3]], "two halves do not fit one batch; a huge value goes alone");
+        assert!(batches(&[], 1, |_| 1).is_empty());
     }
 }

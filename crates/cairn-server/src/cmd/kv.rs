@@ -13,10 +13,18 @@ fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
-/// Stores a value or set member. On a refusal the payload is read and discarded so the
-/// connection stays usable.
-pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, key: String, member: bool) -> Result<Response> {
-    let reservation = match check_key(&key).and_then(|_| state.store.reserve(len)) {
+/// Stores a batch of values or set members: the whole payload's space is reserved before it is
+/// read, so a batch is stored whole or not at all. On a refusal the payload is read and
+/// discarded so the connection stays usable.
+pub async fn put<S: AsyncRead + Unpin>(
+    state: &State,
+    stream: &mut S,
+    len: u64,
+    keys: Vec<String>,
+    sizes: Vec<u64>,
+    member: bool,
+) -> Result<Response> {
+    let reservation = match check_batch(&keys, &sizes, len).and_then(|_| state.store.reserve(len)) {
         Ok(r) => r,
         Err(e) => {
             tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
@@ -25,11 +33,33 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
             return Err(e);
         }
     };
-    let mut data = vec![0u8; len as usize];
-    stream.read_exact(&mut data).await.map_err(|e| Error::io("reading a value payload", e))?;
+    // Each piece is read into its own buffer (no second copy of the batch); the buffered reader
+    // keeps that to a few system calls when pieces are small.
+    let mut payload = tokio::io::BufReader::with_capacity(64 << 10, (&mut *stream).take(len));
+    let mut pieces = Vec::with_capacity(keys.len());
+    for (key, n) in keys.into_iter().zip(sizes) {
+        let mut piece = vec![0u8; n as usize];
+        payload.read_exact(&mut piece).await.map_err(|e| Error::io("reading a value payload", e))?;
+        pieces.push((key, piece));
+    }
     reservation.keep();
-    state.kv.put(&state.store, key, data, member);
+    state.kv.put_many(&state.store, pieces, member);
     Ok(Response::Ok)
+}
+
+/// A batch's keys are valid, and its sizes match the keys and add up to the payload.
+fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
+    keys.iter().try_for_each(|k| check_key(k))?;
+    let total = sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n));
+    if keys.len() != sizes.len() || total != Some(len) {
+        return Err(Error::InvalidArgument(format!(
+            "kv_put of {} keys with {} sizes adding up to {total:?} bytes, but a payload of {len} bytes; \
+             send one size per key, adding up to the payload",
+            keys.len(),
+            sizes.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The values (or members) of `keys`, back to back.

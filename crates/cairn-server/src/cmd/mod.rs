@@ -65,7 +65,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Index { dataset, step } => plain(state.meta.index(&dataset, step).map(|i| Response::Index { index: (*i).clone() })),
         Request::WaitStep { dataset, step, timeout_ms } => plain(Ok(commit::wait_step(state, &dataset, step, timeout_ms).await)),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
-        Request::KvPut { key, member } => plain(kv::put(state, stream, p.payload_len, key, member).await),
+        Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
         Request::KvGet { keys, members } => kv::get(state, &keys, members),
         Request::KvDelete { prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &prefix) })),
         Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
