@@ -66,9 +66,12 @@ def test_values_sets_and_delete(store, ns):
     many = [(f"{ns}k/{i}", os.urandom(64)) for i in range(3000)]
     store.put_many(many)
     assert store.get_many([k for k, _ in many]) == [v for _, v in many]
-    assert store.delete(ns + "k/") == 3000
+    assert store.delete_many([f"{ns}k/{i}" for i in range(0, 3000, 2)] + [ns + "none", ns + "k/0"]) == 1500
+    assert store.get(ns + "k/2") is None and store.get(ns + "k/3") is not None
+    assert store.delete(ns + "k/") == 1500
     assert store.get(ns + "k/7") is None and store.get(ns + "a") == b"2"
-    assert store.delete(ns) == 5
+    assert store.delete_many([ns + "s"]) == 1 and store.members_many([ns + "s"]) == [[]]
+    assert store.delete(ns) == 4 and store.delete_many([]) == 0
 
 
 def test_reopened_by_url(store, ns):
@@ -188,6 +191,16 @@ def test_commit_drops_the_steps_task_keys(store, ns, pool, mode):
     assert store.get(f"{ns}r/result/0/0/1") is not None
     run.commit(0, {"w": np.zeros(2)})
     assert store.get(f"{ns}r/result/0/0/1") is None and store.get(f"{ns}r/task/0/0/0") is None
+    # A rerun after a crash in step 1 finds the killed attempt's keys and drops them at commit,
+    # with the state of the step before.
+    run.map(square, [1, 2, 3], step=1, phase=2)
+    again = tasks.TaskRun(store, ns + "r", "database", pool)
+    assert again.resume_point(3) == 1 and again.load(0)["w"].shape == (2,)
+    _, info = again.map(square, [1, 2, 3], step=1, phase=2)
+    assert info.recovered == [0, 1, 2] and info.executed == 0
+    again.commit(1, {"w": np.ones(2)})
+    assert store.get_many([f"{ns}r/result/1/2/{i}" for i in range(3)] + [f"{ns}r/task/1/2/0", f"{ns}r/state/0/w"]) == [None] * 5
+    assert store.get(f"{ns}r/state/1/w") is not None
 
 
 def test_memo_buckets_nearest_and_epochs(store, ns):

@@ -240,10 +240,11 @@ fn keyed_values_in_large_batches_and_refusals_that_lose_nothing() {
     assert!(e.to_string().contains("server"), "{e}");
     let stored = kv.get_many(&many.iter().map(String::as_str).collect::<Vec<_>>(), false).unwrap();
     assert!(stored.iter().all(|v| v.is_empty() || v[0] == chunk), "a batch is stored whole or not at all");
-    assert_eq!(kv.delete("chunk/").unwrap(), stored.iter().filter(|v| !v.is_empty()).count() as u64);
+    assert_eq!(kv.delete(&["chunk/"], true).unwrap(), stored.iter().filter(|v| !v.is_empty()).count() as u64);
     kv.put_many(&[("after", b"ok")], false).unwrap();
     assert_eq!(kv.get_many(&["after"], false).unwrap(), vec![vec![b"ok".to_vec()]]);
-    assert_eq!(kv.delete("memo/").unwrap(), 997);
+    assert_eq!(kv.delete(&["memo/1", "memo/2", "memo/none"], false).unwrap(), 2);
+    assert_eq!(kv.delete(&["memo/"], true).unwrap(), 995);
 }
 
 #[test]

@@ -148,10 +148,13 @@ pub enum Request {
         #[serde(default)]
         members: bool,
     },
-    /// Deletes every key that starts with `prefix`.
+    /// Deletes `keys` or, with `prefix`, every key that starts with one of them.
     KvDelete {
-        /// Key prefix.
-        prefix: String,
+        /// Keys (or prefixes).
+        keys: Vec<String>,
+        /// Treat `keys` as prefixes.
+        #[serde(default)]
+        prefix: bool,
     },
     /// Datasets this server coordinates.
     Datasets,

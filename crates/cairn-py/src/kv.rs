@@ -34,8 +34,10 @@ impl PyKvStore {
         Ok(got.into_iter().map(|vals| vals.into_iter().map(|v| PyBytes::new(py, &v)).collect()).collect())
     }
 
-    /// Deletes every key starting with `prefix`; returns how many.
-    fn delete(&self, py: Python<'_>, prefix: String) -> PyResult<u64> {
-        py.detach(|| self.inner.delete(&prefix)).map_err(to_py)
+    /// Deletes `keys` (with `prefix`: every key starting with one of them); returns how many.
+    #[pyo3(signature = (keys, prefix=false))]
+    fn delete(&self, py: Python<'_>, keys: Vec<String>, prefix: bool) -> PyResult<u64> {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        py.detach(|| self.inner.delete(&refs, prefix)).map_err(to_py)
     }
 }

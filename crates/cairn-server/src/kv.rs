@@ -82,18 +82,22 @@ impl Kv {
         (sizes, out)
     }
 
-    /// Deletes the keys starting with `prefix`; returns how many.
-    pub fn delete(&self, store: &Store, prefix: &str) -> u64 {
+    /// Deletes `keys` or, with `prefix`, the keys starting with one of them; returns how many.
+    pub fn delete(&self, store: &Store, keys: &[String], prefix: bool) -> u64 {
         let mut map = self.map.lock().expect("kv lock");
         let mut freed = 0;
         let before = map.len();
-        map.retain(|k, e| {
-            let keep = !k.starts_with(prefix);
-            if !keep {
-                freed += e.bytes();
-            }
-            keep
-        });
+        if prefix {
+            map.retain(|k, e| {
+                let keep = !keys.iter().any(|p| k.starts_with(p.as_str()));
+                if !keep {
+                    freed += e.bytes();
+                }
+                keep
+            });
+        } else {
+            freed = keys.iter().filter_map(|k| map.remove(k)).map(|e| e.bytes()).sum();
+        }
         store.free(freed);
         (before - map.len()) as u64
     }
@@ -134,9 +138,11 @@ mod tests {
         assert_eq!((sizes, bytes), (vec![vec![2], vec![]], b"12".to_vec()));
         put(&kv, &s, "a", b"x", true);
         assert_eq!(s.used(), 5, "a value turned into a set gives its bytes back");
-        assert_eq!(kv.delete(&s, "m"), 1);
+        assert_eq!(kv.delete(&s, &["m".into()], true), 1);
         assert_eq!((s.used(), kv.len()), (1, 1));
-        assert_eq!(kv.delete(&s, ""), 1);
+        assert_eq!(kv.delete(&s, &["a".into(), "a".into(), "zz".into()], false), 1, "exact keys; absent ones count nothing");
+        put(&kv, &s, "a", b"x", true);
+        assert_eq!(kv.delete(&s, &["".into()], true), 1);
         assert_eq!((s.used(), kv.is_empty()), (0, true));
     }
 }

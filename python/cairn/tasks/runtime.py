@@ -105,6 +105,10 @@ class TaskRun:
             raise ConfigError("TaskRun needs an executor (cairn.tasks.executors.make('process' or 'dask'))")
         self.store, self.run, self.mode, self.executor = store, run, mode, executor
         self.max_rounds, self.inject_faults = max_rounds, inject_faults
+        #: Task and result keys written per uncommitted step, and state names per committed step:
+        #: what commit deletes.
+        self._written: dict[int, list[str]] = {}
+        self._names: dict[int, list[str]] = {}
 
     @property
     def durable(self) -> bool:
@@ -149,10 +153,15 @@ class TaskRun:
             items.append((self._key("state", step, name), raw))
         self.store.put_many(items)
         self.store.put(self._key("commit", step), json.dumps({"step": step, "state": meta}).encode())
-        self.store.delete(self._key("task", step) + "/")
-        self.store.delete(self._key("result", step) + "/")
+        self._names[step] = list(meta)
+        # Deleting the keys by name: a prefix delete visits every key in the store, memo included.
+        self.store.delete_many(self._written.pop(step, []))
         if step > 0:
-            self.store.delete(self._key("state", step - 1) + "/")
+            prev = self._names.pop(step - 1, None)
+            if prev is None:
+                self.store.delete(self._key("state", step - 1) + "/")
+            else:
+                self.store.delete_many([self._key("state", step - 1, n) for n in prev])
 
     def load(self, step: int) -> dict[str, np.ndarray]:
         """The state committed after ``step``, checked against the marker's checksums."""
@@ -160,7 +169,7 @@ class TaskRun:
         if mark is None:
             raise ConfigError(f"run {self.run!r} has no committed step {step}")
         meta = json.loads(mark)["state"]
-        names = list(meta)
+        names = self._names[step] = list(meta)
         raws = self.store.get_many([self._key("state", step, n) for n in names])
         out = {}
         for name, raw in zip(names, raws):
@@ -218,6 +227,7 @@ class TaskRun:
         rkeys = [self._key("result", step, phase, i) for i in range(n)]
         raws = [pickle.dumps(x, protocol=5) for x in inputs]
         digests = [_digest(r) for r in raws]
+        self._written.setdefault(step, []).extend(tkeys + rkeys)
         out: list[Any] = [None] * n
 
         def collect(idx: list[int]) -> list[int]:

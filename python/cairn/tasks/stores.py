@@ -41,8 +41,13 @@ class Store:
     def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
         raise NotImplementedError
 
+    def delete_many(self, keys: Sequence[str]) -> int:
+        """Deletes ``keys`` (values or sets); returns how many were there."""
+        raise NotImplementedError
+
     def delete(self, prefix: str) -> int:
-        """Deletes every key starting with ``prefix``; returns how many."""
+        """Deletes every key starting with ``prefix``; returns how many. This visits every key of
+        the store: where the keys are known, :meth:`delete_many` is far cheaper."""
         raise NotImplementedError
 
     def put(self, key: str, value: bytes) -> None:
@@ -82,8 +87,11 @@ class StagingStore(Store):
     def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
         return self._kv.get_many(list(keys), members=True) if keys else []
 
+    def delete_many(self, keys: Sequence[str]) -> int:
+        return self._kv.delete(list(keys)) if keys else 0
+
     def delete(self, prefix: str) -> int:
-        return self._kv.delete(prefix)
+        return self._kv.delete([prefix], prefix=True)
 
 
 class RedisStore(Store):
@@ -130,6 +138,10 @@ class RedisStore(Store):
 
     def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
         return [sorted(s) for s in self._pipelined("smembers", keys, 1)]
+
+    def delete_many(self, keys: Sequence[str]) -> int:
+        keys = list(keys)
+        return sum(self._call(self._r.unlink, *keys[i:i + _REDIS_BATCH]) for i in range(0, len(keys), _REDIS_BATCH))
 
     def delete(self, prefix: str) -> int:
         n = 0

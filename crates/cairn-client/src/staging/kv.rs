@@ -107,11 +107,18 @@ impl KvStore {
         Ok(out)
     }
 
-    /// Deletes every key starting with `prefix` on every server; returns how many.
-    pub fn delete(&self, prefix: &str) -> Result<u64> {
+    /// Deletes `keys` or, with `prefix`, every key starting with one of them (asking every
+    /// server); returns how many.
+    pub fn delete(&self, keys: &[&str], prefix: bool) -> Result<u64> {
+        let groups: Vec<(u32, Vec<usize>)> = if prefix {
+            self.cluster.ring.servers().iter().map(|&s| (s, (0..keys.len()).collect())).collect()
+        } else {
+            self.by_server(keys.iter().copied()).into_iter().collect()
+        };
         let mut n = 0;
-        for &server in self.cluster.ring.servers() {
-            match self.cluster.call(server, &Request::KvDelete { prefix: prefix.to_string() })? {
+        for (server, idx) in groups {
+            let req = Request::KvDelete { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), prefix };
+            match self.cluster.call(server, &req)? {
                 Response::Deleted { count } => n += count,
                 other => return Err(unexpected("kv_delete", &other)),
             }

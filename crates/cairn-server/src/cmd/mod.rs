@@ -67,7 +67,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
         Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
         Request::KvGet { keys, members } => kv::get(state, &keys, members),
-        Request::KvDelete { prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &prefix) })),
+        Request::KvDelete { keys, prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &keys, prefix) })),
         Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
         Request::Status => plain(Ok(admin::status(state))),
         Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),
