@@ -205,30 +205,59 @@ def test_commit_drops_the_steps_task_keys(store, ns, pool, mode):
 
 def test_memo_buckets_nearest_and_epochs(store, ns):
     memo = tasks.Memo(store, ns + "m", digits=2, dim=2)
-    assert memo.key(np.array([-0.001, 0.5])) == memo.key(np.array([0.001, 0.5])), "-0.00 and 0.00 share a bucket"
+    assert memo.key(np.array([-0.001, 0.5])) == memo.key(np.array([0.001, 0.5])) == ns + "m/0:50", "-0.00 and 0.00 share a bucket"
+    assert memo.keys(np.array([[np.nan, 0.5], [1e300, 0]]))[0] != memo.keys(np.array([[np.nan, 0.5], [1e300, 0]]))[1]
     pts = np.array([[0.101, 0.2], [0.102, 0.2], [0.104, 0.2], [0.9, 0.9]])
     memo.add(pts[:2], np.array([[1.0], [2.0]]), epoch=0)
     memo.add(pts[2:], np.array([[3.0], [4.0]]), epoch=5)
-    (d, near), = memo.nearest(np.array([[0.1035, 0.2]]), k=2)
-    np.testing.assert_allclose(d, [0.0005, 0.0015])
-    np.testing.assert_array_equal(near.values[:, 0], [3.0, 2.0])
-    (d, near), = memo.nearest(np.array([[0.1035, 0.2]]), k=2, before=5)
-    np.testing.assert_array_equal(near.values[:, 0], [2.0, 1.0]), "samples of epoch 5 are invisible before it"
-    b, = memo.buckets(np.array([[0.9, 0.9]]))
-    assert b.exact(np.array([0.9, 0.9]))[0] == 4.0 and b.exact(np.array([0.9, 0.91])) is None
+    q = np.array([[0.1035, 0.2], [0.9, 0.9], [0.9, 0.91], [0.5, 0.5]])
+    lk = memo.lookup(q)
+    d, rows = lk.nearest(2)
+    np.testing.assert_allclose(d[0], [0.0005, 0.0015])
+    np.testing.assert_array_equal(lk.values[rows[0], 0], [3.0, 2.0])
+    assert d[3, 0] == np.inf and rows[3, 0] == -1, "an empty bucket"
+    d, rows = lk.nearest(2, keep=lk.epochs < 5)
+    np.testing.assert_array_equal(lk.values[rows[0], 0], [2.0, 1.0]), "samples of epoch 5 are invisible before it"
+    assert rows[1, 0] == -1 and rows[1, 1] == -1, "the bucket of (0.9, 0.9) has no sample before epoch 5"
+    exact = lk.exact()
+    assert lk.values[exact[1], 0] == 4.0 and exact[0] == -1 and exact[2] == -1 and exact[3] == -1
+    assert (lk.exact(keep=lk.epochs == 0) == -1).all() and lk.exact(keep=lk.epochs == 5)[1] == exact[1]
     with pytest.raises(ValueError, match="need points"):
         memo.add(np.zeros((2, 3)), np.zeros((2, 1)))
 
 
-@settings(max_examples=30, deadline=None)
-@given(hs.lists(hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)), min_size=1, max_size=30), hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)))
-def test_bucket_nearest_matches_brute_force(points, q):
-    pts = np.array(points)
-    b = tasks.Bucket(pts, np.arange(len(pts), dtype=float)[:, None], np.zeros(len(pts), np.int64))
-    d, near = b.nearest(np.array(q), 3)
-    brute = sorted(np.abs(pts - q).sum(axis=1))[:3]
-    np.testing.assert_allclose(d, brute)
-    np.testing.assert_allclose(np.abs(near.points - q).sum(axis=1), d)
+@settings(max_examples=40, deadline=None)
+@given(hs.lists(hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)), min_size=1, max_size=40),
+       hs.lists(hs.tuples(hs.floats(-1, 1), hs.floats(-1, 1)), min_size=1, max_size=12), hs.integers(1, 4))
+def test_lookup_nearest_and_exact_match_brute_force_per_bucket(points, queries, k):
+    pts, qs = np.array(points), np.array(queries + points[:3])
+    # Buckets of a coarse grid; samples in stored order within each.
+    key = lambda p: tuple(np.floor(p * 2).astype(int))  # noqa: E731
+    groups: dict = {}
+    for i, p in enumerate(pts):
+        groups.setdefault(key(p), []).append(i)
+    order = [i for g in groups.values() for i in g]
+    start = {g: sum(len(v) for v in list(groups.values())[:j]) for j, g in enumerate(groups)}
+    lo = np.array([start.get(key(q), 0) for q in qs])
+    hi = np.array([start[key(q)] + len(groups[key(q)]) if key(q) in groups else 0 for q in qs])
+    lo = np.where(hi > 0, lo, 0)
+    lk = tasks.Lookup(qs, pts[order], np.arange(len(order), dtype=float)[:, None], np.zeros(len(order), np.int64), lo, hi)
+    d, rows = lk.nearest(k)
+    exact = lk.exact()
+    for i, q in enumerate(qs):
+        mine = np.arange(lo[i], hi[i])
+        brute = np.abs(lk.points[mine] - q).sum(axis=1)
+        want = mine[np.argsort(brute, kind="stable")[:k]]
+        np.testing.assert_array_equal(rows[i, :len(want)], want)
+        assert (rows[i, len(want):] == -1).all()
+        same = mine[(lk.points[mine] == q).all(axis=1)]
+        assert exact[i] == (same[0] if len(same) else -1)
+
+
+def test_unique_rows():
+    a = np.array([[1.0, -0.0], [0.5, 2.0], [1.0, 0.0], [0.5, 2.0]])
+    u, inv = tasks.unique_rows(a)
+    assert len(u) == 2 and (u[inv] == a).all()
 
 
 def test_taskrun_rejects_bad_arguments(store, pool):

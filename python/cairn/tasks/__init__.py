@@ -10,9 +10,10 @@ and the driver's state live in a store, so a crashed run resumes where it was.
 
 from .executors import DaskExecutor, Executor, ProcessExecutor
 from .executors import make as make_executor
-from .memo import Bucket, Memo
+from .memo import Lookup, Memo, unique_rows
 from .runtime import MODES, InjectedFault, MapInfo, TaskError, TaskRun
 from .stores import RedisStore, StagingStore, Store, local, open_store, stop_local
 
 __all__ = ["Store", "StagingStore", "RedisStore", "open_store", "local", "stop_local", "Executor", "ProcessExecutor",
-           "DaskExecutor", "make_executor", "TaskRun", "MapInfo", "TaskError", "InjectedFault", "MODES", "Memo", "Bucket"]
+           "DaskExecutor", "make_executor", "TaskRun", "MapInfo", "TaskError", "InjectedFault", "MODES", "Memo", "Lookup",
+           "unique_rows"]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...tasks import Memo, TaskRun
+from ...tasks.memo import unique_rows
 from . import kriging, numerics
 from .flux import flux_task
 
@@ -123,54 +124,44 @@ class Simulation:
         return numerics.shift_back(numerics.corrector(stag, *self.fluxes(numerics.predictor(stag, f, g), t, 3, st)))
 
     def fluxes(self, w: np.ndarray, t: int, phase: int, st: StepStats) -> tuple[np.ndarray, np.ndarray]:
-        """f and g at every cell of w, from the memo or from tasks."""
+        """f and g at every cell of w, from the memo or from tasks. All distinct states of the
+        phase are planned together, bucket by bucket."""
         cfg, epoch = self.cfg, t * PHASES + phase
-        uniq, inv = np.unique(w.reshape(-1, numerics.NFIELDS), axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-        st.unique_states += len(uniq)
+        uniq, inv = unique_rows(w.reshape(-1, numerics.NFIELDS))
+        n = len(uniq)
+        st.unique_states += n
         # Kriged values are reused only where every cell with this state has a small gradient.
-        small = np.ones(len(uniq), bool)
+        small = np.ones(n, bool)
         np.logical_and.at(small, inv, numerics.small_gradient(w).reshape(-1))
-        solver_b = self.solver_memo.buckets(uniq)
-        kriging_b = self.kriging_memo.buckets(uniq) if cfg.kriging else None
-        fg = np.empty((len(uniq), 2 * numerics.NFIELDS))
-        plan: list[tuple[int, tuple[np.ndarray, np.ndarray] | None]] = []
-        want = kriging.MAX_NEIGHBOURS if cfg.kriging else 1
-        for u, wu in enumerate(uniq):
-            seen = solver_b[u].before(epoch)
-            dist, near = seen.nearest(wu, want)
-            if len(dist) and dist[0] <= MEMO_DISTANCE:
-                fg[u] = near.values[0]
-                st.memo_hits += 1
-                continue
-            if cfg.kriging and small[u]:
-                hit = kriging_b[u].before(epoch).exact(wu)
-                if hit is not None:
-                    fg[u] = hit
-                    st.memo_hits += 1
-                    continue
-            again = self._same_epoch(u, wu, epoch, solver_b, kriging_b)
-            if again is not None:
-                fg[u] = again
-                st.recovered += 1
-                continue
-            plan.append((u, (near.points, near.values) if cfg.kriging and len(near) >= 2 else None))
+        fg = np.empty((n, 2 * numerics.NFIELDS))
+        sol = self.solver_memo.lookup(uniq)
+        dist, near = sol.nearest(kriging.MAX_NEIGHBOURS if cfg.kriging else 1, keep=sol.epochs < epoch)
+        memo_hit = dist[:, 0] <= MEMO_DISTANCE
+        done = np.zeros(n, bool)
+
+        def take(hit: np.ndarray, values: np.ndarray, rows: np.ndarray) -> int:
+            if hit.any():
+                fg[hit] = values[rows[hit]]
+                done[hit] = True
+            return int(hit.sum())
+
+        take(memo_hit, sol.values, near[:, 0])
+        if cfg.kriging:
+            kri = self.kriging_memo.lookup(uniq)
+            exact = kri.exact(keep=kri.epochs < epoch)
+            st.memo_hits += take(small & ~done & (exact >= 0), kri.values, exact)
+        st.memo_hits += int(memo_hit.sum())
+        # Values an earlier, killed attempt produced for exactly these states in this phase.
+        for lk in (sol, kri) if cfg.kriging else (sol,):
+            again = lk.exact(keep=lk.epochs == epoch)
+            st.recovered += take(~done & (again >= 0), lk.values, again)
+        seen = (near >= 0).sum(axis=1)
+        plan = [(u, (sol.points[near[u, :seen[u]]], sol.values[near[u, :seen[u]]]) if cfg.kriging and seen[u] >= 2 else None)
+                for u in np.flatnonzero(~done).tolist()]
         self._solve(plan, uniq, fg, t, phase, epoch, st)
         f = fg[inv, :numerics.NFIELDS].reshape(w.shape)
         g = fg[inv, numerics.NFIELDS:].reshape(w.shape)
         return f, g
-
-    @staticmethod
-    def _same_epoch(u: int, wu: np.ndarray, epoch: int, *buckets: list | None) -> np.ndarray | None:
-        """A value an earlier attempt computed for exactly this state in this epoch (its plan was
-        this one, so the value is the one this attempt would compute)."""
-        for b in buckets:
-            if b is not None:
-                mine = b[u]
-                hit = np.flatnonzero((mine.epochs == epoch) & (mine.points == wu).all(axis=1))
-                if len(hit):
-                    return mine.values[hit[0]]
-        return None
 
     def _solve(self, plan: list, uniq: np.ndarray, fg: np.ndarray, t: int, phase: int, epoch: int, st: StepStats) -> None:
         """Runs the planned states as tasks of at most task_size rows, then memoises the results."""
