@@ -125,7 +125,7 @@ class Simulation:
 
     def fluxes(self, w: np.ndarray, t: int, phase: int, st: StepStats) -> tuple[np.ndarray, np.ndarray]:
         """f and g at every cell of w, from the memo or from tasks. All distinct states of the
-        phase are planned together, bucket by bucket."""
+        phase are planned together, as arrays."""
         cfg, epoch = self.cfg, t * PHASES + phase
         uniq, inv = unique_rows(w.reshape(-1, numerics.NFIELDS))
         n = len(uniq)
