@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 from ..exceptions import ConfigError, UnavailableError
 
-#: Keys per Redis round trip (pipelines of this size keep replies well inside socket buffers).
+#: Keys per Redis command (keeps each request and reply to a few MiB).
 _REDIS_BATCH = 2048
 
 
@@ -95,8 +95,9 @@ class StagingStore(Store):
 
 
 class RedisStore(Store):
-    """Keyed values in a Redis server (values are strings, sets are Redis sets), pipelined in
-    batches. Connection failures raise :class:`UnavailableError` naming the URL."""
+    """Keyed values in a Redis server (values are strings, sets are Redis sets), in batches of
+    one command each (MSET, MGET, UNLINK, or a script of SADDs or SMEMBERS). Connection failures
+    raise :class:`UnavailableError` naming the URL."""
 
     def __init__(self, url: str):
         import redis
@@ -105,6 +106,10 @@ class RedisStore(Store):
         self._redis = redis
         self._r = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=60)
         self._call(self._r.ping)
+        # One script call per batch instead of one SADD/SMEMBERS each: measured 2.5x less time in
+        # CoHMM's memo than pipelines of single commands (redis-py's command packing dominated).
+        self._smembers_many = self._r.register_script(_SMEMBERS_MANY)
+        self._sadd_many = self._r.register_script(_SADD_MANY)
 
     def _call(self, fn, *args):
         try:
@@ -113,35 +118,26 @@ class RedisStore(Store):
             raise UnavailableError(f"Redis at {self.url} is not reachable ({e}); is redis-server running? "
                                    "Leave --store-url out to start a local one") from None
 
-    def _pipelined(self, op: str, items: Iterable, arity: int) -> list:
-        out: list = []
+    def _batches(self, items: Sequence) -> Iterable[list]:
         items = list(items)
-        for i in range(0, len(items), _REDIS_BATCH):
-            p = self._r.pipeline(transaction=False)
-            for it in items[i:i + _REDIS_BATCH]:
-                getattr(p, op)(*(it if arity > 1 else (it,)))
-            out.extend(self._call(p.execute))
-        return out
+        return (items[i:i + _REDIS_BATCH] for i in range(0, len(items), _REDIS_BATCH))
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
-        self._pipelined("set", items, 2)
+        for batch in self._batches(items):
+            self._call(self._r.mset, dict(batch))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        keys = list(keys)
-        for i in range(0, len(keys), _REDIS_BATCH):
-            out.extend(self._call(self._r.mget, keys[i:i + _REDIS_BATCH]))
-        return out
+        return [v for batch in self._batches(keys) for v in self._call(self._r.mget, batch)]
 
     def add_many(self, items: Sequence[tuple[str, bytes]]) -> None:
-        self._pipelined("sadd", items, 2)
+        for batch in self._batches(items):
+            self._call(self._sadd_many, [k for k, _ in batch], [v for _, v in batch])
 
     def members_many(self, keys: Sequence[str]) -> list[list[bytes]]:
-        return [sorted(s) for s in self._pipelined("smembers", keys, 1)]
+        return [sorted(s) for batch in self._batches(keys) for s in self._call(self._smembers_many, batch)]
 
     def delete_many(self, keys: Sequence[str]) -> int:
-        keys = list(keys)
-        return sum(self._call(self._r.unlink, *keys[i:i + _REDIS_BATCH]) for i in range(0, len(keys), _REDIS_BATCH))
+        return sum(self._call(self._r.unlink, *batch) for batch in self._batches(keys))
 
     def delete(self, prefix: str) -> int:
         n = 0
@@ -157,6 +153,17 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self._r.close()
+
+
+_SMEMBERS_MANY = """
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('SMEMBERS', k) end
+return out
+"""
+_SADD_MANY = """
+for i, k in ipairs(KEYS) do redis.call('SADD', k, ARGV[i]) end
+return #KEYS
+"""
 
 
 def _glob_escape(s: str) -> str:
