@@ -239,7 +239,7 @@ fn keyed_values_in_large_batches_and_refusals_that_lose_nothing() {
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
     assert!(e.to_string().contains("server"), "{e}");
     let stored = kv.get_many(&many.iter().map(String::as_str).collect::<Vec<_>>(), false).unwrap();
-    assert!(stored.iter().all(|v| v.is_empty() || v[0] == chunk), "a batch is stored whole or not at all");
+    assert!(stored.iter().all(|v| v.is_empty() || v[0] == chunk), "values are stored whole or not at all");
     assert_eq!(kv.delete(&["chunk/"], true).unwrap(), stored.iter().filter(|v| !v.is_empty()).count() as u64);
     kv.put_many(&[("after", b"ok")], false).unwrap();
     assert_eq!(kv.get_many(&["after"], false).unwrap(), vec![vec![b"ok".to_vec()]]);
@@ -272,4 +272,19 @@ fn a_kv_put_whose_sizes_do_not_match_its_payload_is_refused_and_the_connection_k
     assert!(e.to_string().contains("keys must have"), "{e}");
     call(&Request::KvPut { keys: vec!["a".into()], sizes: vec![3], member: false }, &[b"xyz"]).into_result().unwrap();
     assert!(matches!(call(&Request::KvGet { keys: vec!["a".into()], members: false }, &[]), Response::Values { .. }));
+    // A batch is stored whole or not at all: two values that each fit, but not together.
+    let put = |keys: &[&str], n: usize| Request::KvPut {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        sizes: vec![n as u64; keys.len()],
+        member: false,
+    };
+    let five = vec![5u8; 5 << 20];
+    call(&put(&["fill"], 8 << 20), &[&vec![1u8; 8 << 20]]).into_result().unwrap();
+    let e = call(&put(&["x", "y"], 5 << 20), &[&five, &five]).into_result().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    match call(&Request::KvGet { keys: vec!["x".into(), "y".into()], members: false }, &[]) {
+        Response::Values { sizes } => assert_eq!(sizes, vec![Vec::<u64>::new(), vec![]], "neither value of the refused batch is stored"),
+        other => panic!("{other:?}"),
+    }
+    call(&put(&["x"], 5 << 20), &[&five]).into_result().unwrap();
 }

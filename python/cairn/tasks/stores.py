@@ -140,16 +140,7 @@ class RedisStore(Store):
         return sum(self._call(self._r.unlink, *batch) for batch in self._batches(keys))
 
     def delete(self, prefix: str) -> int:
-        n = 0
-        batch: list[bytes] = []
-        for k in self._call(lambda: list(self._r.scan_iter(match=_glob_escape(prefix) + "*", count=1000))):
-            batch.append(k)
-            if len(batch) == 1000:
-                n += self._call(self._r.unlink, *batch)
-                batch = []
-        if batch:
-            n += self._call(self._r.unlink, *batch)
-        return n
+        return self.delete_many(self._call(lambda: list(self._r.scan_iter(match=_glob_escape(prefix) + "*", count=1000))))
 
     def close(self) -> None:
         self._r.close()

@@ -145,12 +145,11 @@ class Simulation:
                 done[hit] = True
             return int(hit.sum())
 
-        take(memo_hit, sol.values, near[:, 0])
+        st.memo_hits += take(memo_hit, sol.values, near[:, 0])
         if cfg.kriging:
             kri = self.kriging_memo.lookup(uniq)
             exact = kri.exact(keep=kri.epochs < epoch)
             st.memo_hits += take(small & ~done & (exact >= 0), kri.values, exact)
-        st.memo_hits += int(memo_hit.sum())
         # Values an earlier, killed attempt produced for exactly these states in this phase.
         for lk in (sol, kri) if cfg.kriging else (sol,):
             again = lk.exact(keep=lk.epochs == epoch)
