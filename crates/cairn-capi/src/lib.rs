@@ -61,7 +61,7 @@ fn status(r: Result<(), Error>) -> Status {
                 ErrorKind::NotFound => Status::CairnErrNotFound,
                 ErrorKind::AlreadyExists => Status::CairnErrAlreadyExists,
                 ErrorKind::Conflict => Status::CairnErrConflict,
-                ErrorKind::Unavailable => Status::CairnErrUnavailable,
+                ErrorKind::Unavailable | ErrorKind::StaleEpoch | ErrorKind::NotLeader | ErrorKind::Busy => Status::CairnErrUnavailable,
                 ErrorKind::Corrupt => Status::CairnErrCorrupt,
                 ErrorKind::InvalidArgument => Status::CairnErrInvalidArgument,
                 ErrorKind::Config => Status::CairnErrConfig,

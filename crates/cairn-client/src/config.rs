@@ -67,6 +67,25 @@ pub struct StagingConfig {
     pub servers: u32,
     /// Embedded cluster: memory limit per server, e.g. "4GiB".
     pub memory: String,
+    /// Seconds every read and write to a server may take to make progress; a server that misses
+    /// it (hung, overloaded, gone) is reported by `UnavailableError`. Waits such as `wait_step`
+    /// add their own timeout to it.
+    pub timeout: f64,
+}
+
+/// Default deadline of every call to a staging server, in seconds: well above a loaded server's
+/// answer time and above its own deadline for calls to peers (5 s), so that a writer ending a
+/// step hears which peer failed rather than timing out first.
+pub const DEFAULT_TIMEOUT: f64 = 10.0;
+
+impl StagingConfig {
+    /// The deadline as a duration, checked.
+    pub fn deadline(&self) -> Result<std::time::Duration> {
+        std::time::Duration::try_from_secs_f64(self.timeout)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| Error::Config(format!("[staging] timeout = {}: use a positive number of seconds", self.timeout)))
+    }
 }
 
 /// Default target object size: large enough that per-object overhead vanishes next to the bytes,
@@ -75,7 +94,15 @@ pub const DEFAULT_OBJECT_SIZE: u64 = 16 << 20;
 
 impl Default for StagingConfig {
     fn default() -> Self {
-        StagingConfig { cluster: None, object_size: DEFAULT_OBJECT_SIZE, keep_last: None, keep: false, servers: 2, memory: "4GiB".into() }
+        StagingConfig {
+            cluster: None,
+            object_size: DEFAULT_OBJECT_SIZE,
+            keep_last: None,
+            keep: false,
+            servers: 2,
+            memory: "4GiB".into(),
+            timeout: DEFAULT_TIMEOUT,
+        }
     }
 }
 
@@ -102,7 +129,8 @@ impl Default for Config {
 }
 
 /// Keys accepted as overrides, in the order the error message lists them.
-const OVERRIDES: &str = "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory";
+const OVERRIDES: &str =
+    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -178,6 +206,10 @@ impl Config {
                 self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?
             }
             "memory" => self.staging.memory = value.to_string(),
+            "timeout" => {
+                self.staging.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
+                self.staging.deadline()?;
+            }
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
         Ok(())

@@ -2,50 +2,35 @@
 //! their own runtimes; the Python suite runs them as separate processes and kills them).
 
 use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
-use cairn_proto::cluster::ClusterFile;
-use cairn_server::{serve, ServeOptions};
+use cairn_server::testing::{RawConn, TestCluster};
+use cairn_server::Limits;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 struct Cluster {
     _dir: tempfile::TempDir,
-    file: PathBuf,
+    inner: TestCluster,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = TestCluster;
+    fn deref(&self) -> &TestCluster {
+        &self.inner
+    }
 }
 
 fn start(servers: u32, memory: u64) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cluster.json");
-    let entries = ClusterFile::entries_dir(&file);
-    std::fs::create_dir_all(&entries).unwrap();
-    std::fs::write(entries.join("secret"), "s3cret-token").unwrap();
-    for id in 0..servers {
-        let opts = ServeOptions {
-            cluster: file.clone(),
-            id,
-            servers,
-            spares: 0,
-            memory,
-            bind: "127.0.0.1".into(),
-            node: format!("n{id}"),
-            rack: String::new(),
-            timeout: Duration::from_secs(20),
-        };
-        std::thread::spawn(move || serve(opts).unwrap());
-    }
-    for _ in 0..1000 {
-        if file.exists() {
-            return Cluster { _dir: dir, file };
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("cluster did not come up");
+    let inner = TestCluster::start(dir.path(), servers, 0, memory, Limits::default()).unwrap();
+    Cluster { _dir: dir, inner }
 }
 
 fn cfg(c: &Cluster, object_size: u64) -> Config {
     let mut cfg = Config::default();
     cfg.set("engine", "staging").unwrap();
     cfg.set("cluster", c.file.to_str().unwrap()).unwrap();
+    cfg.set("timeout", "5").unwrap();
     cfg.set("object_size", &object_size.to_string()).unwrap();
     cfg
 }
@@ -177,17 +162,19 @@ fn raw_exchange(addr: &str, bytes: &[u8]) -> Vec<u8> {
 #[test]
 fn bad_frames_and_wrong_secrets_are_refused_and_the_server_stays_up() {
     let c = start(1, 16 << 20);
-    let file = ClusterFile::load(&c.file).unwrap();
-    let addr = &file.servers[0].addr;
-    let reply = raw_exchange(addr, b"GET / HTTP/1.1\r\n\r\n");
+    let addr = c.addr(0).to_string();
+    let reply = raw_exchange(&addr, b"GET / HTTP/1.1\r\n\r\n");
     assert!(String::from_utf8_lossy(&reply).contains("magic"), "{}", String::from_utf8_lossy(&reply));
-    let hello = cairn_proto::frame::encode_head(&cairn_proto::Request::Hello { secret: "wrong".into(), client: "t".into() }, 0);
-    let reply = raw_exchange(addr, &hello);
+    let hello = cairn_proto::frame::encode_head(&cairn_proto::Request::Hello { mac: "0".repeat(64), client: "t".into() }, 0);
+    let reply = raw_exchange(&addr, &hello);
     assert!(String::from_utf8_lossy(&reply).contains("wrong cluster secret"));
-    // A frame announcing a huge header or payload is refused before anything is allocated.
+    // A first frame announcing a large header or payload is refused before anything is allocated.
     let mut huge = hello.clone();
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(String::from_utf8_lossy(&raw_exchange(addr, &huge)).contains("exceeds"));
+    assert!(String::from_utf8_lossy(&raw_exchange(&addr, &huge)).contains("exceeds"));
+    let mut big_header = hello.clone();
+    big_header[4..8].copy_from_slice(&(64u32 << 20).to_le_bytes());
+    assert!(String::from_utf8_lossy(&raw_exchange(&addr, &big_header)).contains("header length 67108864 is outside 1..=4096"));
     let cfg = cfg(&c, 1 << 20);
     let mut w = Writer::open("ok", &cfg, 0, 1, false, "s").unwrap();
     w.define("v", DType::F32, Some(vec![4])).unwrap();
@@ -211,7 +198,7 @@ fn a_cluster_file_that_names_nothing_is_a_clear_error() {
 fn keyed_values_in_large_batches_and_refusals_that_lose_nothing() {
     use cairn_client::staging::KvStore;
     let c = start(2, 32 << 20);
-    let kv = KvStore::open(&c.file).unwrap();
+    let kv = KvStore::open(&c.file, Duration::from_secs(10)).unwrap();
     // Tens of thousands of small set members in one call: far more than socket buffers hold as
     // separate replies (the pipelined puts this replaced deadlocked on this shape).
     let members: Vec<(String, Vec<u8>)> =
@@ -249,20 +236,10 @@ fn keyed_values_in_large_batches_and_refusals_that_lose_nothing() {
 
 #[test]
 fn a_kv_put_whose_sizes_do_not_match_its_payload_is_refused_and_the_connection_kept() {
-    use cairn_proto::sync_io::{read_head, write_frame};
     use cairn_proto::{Request, Response};
     let c = start(1, 16 << 20);
-    let file = ClusterFile::load(&c.file).unwrap();
-    let mut s = std::net::TcpStream::connect(&file.servers[0].addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut call = |req: &Request, payload: &[&[u8]]| {
-        write_frame(&mut s, req, payload).unwrap();
-        let (resp, len) = read_head::<Response>(&mut s, 1 << 20).unwrap();
-        let mut rest = vec![0u8; len as usize];
-        s.read_exact(&mut rest).unwrap();
-        resp
-    };
-    call(&Request::Hello { secret: "s3cret-token".into(), client: "t".into() }, &[]).into_result().unwrap();
+    let mut conn = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let mut call = |req: &Request, payload: &[&[u8]]| conn.call(None, req, payload).unwrap();
     for (keys, sizes) in [(vec!["a", "b"], vec![3u64]), (vec!["a"], vec![2]), (vec!["a"], vec![u64::MAX])] {
         let req = Request::KvPut { keys: keys.iter().map(|k| k.to_string()).collect(), sizes, member: false };
         let e = call(&req, &[b"xyz"]).into_result().unwrap_err();

@@ -20,6 +20,15 @@ pub enum ErrorKind {
     Config,
     /// A staging server's memory limit would be exceeded; release old steps and retry.
     Capacity,
+    /// On the wire only: the client's cluster view is older than the server's; the reply carries
+    /// the new view, and the client refreshes and retries. Surfaces as [`Error::Unavailable`].
+    StaleEpoch,
+    /// On the wire only: this server does not lead the control plane; the reply names the leader
+    /// it knows of. Surfaces as [`Error::Unavailable`].
+    NotLeader,
+    /// On the wire only: the server is at a limit for now; retry after the delay in the reply.
+    /// Surfaces as [`Error::Unavailable`].
+    Busy,
 }
 
 /// Errors raised by Cairn's core logic. Messages say what was wrong and what to do.
@@ -87,7 +96,7 @@ impl Error {
             ErrorKind::NotFound => Error::NotFound(message),
             ErrorKind::AlreadyExists => Error::AlreadyExists(message),
             ErrorKind::Conflict => Error::Conflict(message),
-            ErrorKind::Unavailable => Error::Unavailable(message),
+            ErrorKind::Unavailable | ErrorKind::StaleEpoch | ErrorKind::NotLeader | ErrorKind::Busy => Error::Unavailable(message),
             ErrorKind::Corrupt => Error::Corrupt(message),
             ErrorKind::InvalidArgument => Error::InvalidArgument(message),
             ErrorKind::Config => Error::Config(message),

@@ -4,13 +4,29 @@ use crate::error::{Error, Result};
 use crate::MAX_DIMS;
 use serde::{Deserialize, Serialize};
 
-/// A box: `offset[d] .. offset[d] + count[d]` along every dimension `d`.
+/// A box: `offset[d] .. offset[d] + count[d]` along every dimension `d`. Decoding checks it like
+/// [`Region::new`], so a box from the network or a file always has matching, bounded dimensions.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawRegion")]
 pub struct Region {
     /// First index along each dimension.
     pub offset: Vec<u64>,
     /// Extent along each dimension.
     pub count: Vec<u64>,
+}
+
+/// A region as it arrives, before [`Region::new`] checks it.
+#[derive(Deserialize)]
+struct RawRegion {
+    offset: Vec<u64>,
+    count: Vec<u64>,
+}
+
+impl TryFrom<RawRegion> for Region {
+    type Error = Error;
+    fn try_from(r: RawRegion) -> Result<Region> {
+        Region::new(r.offset, r.count)
+    }
 }
 
 impl Region {
@@ -143,6 +159,15 @@ mod tests {
 
     fn r(o: &[u64], c: &[u64]) -> Region {
         Region::new(o.to_vec(), c.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn decoding_checks_like_new() {
+        let e = serde_json::from_str::<Region>(r#"{"offset": [], "count": [4]}"#).unwrap_err().to_string();
+        assert!(e.contains("offset has 0 dimensions but count has 1"), "{e}");
+        assert!(serde_json::from_str::<Region>(r#"{"offset": [18446744073709551615], "count": [2]}"#).is_err());
+        assert!(serde_json::from_str::<Region>(&format!(r#"{{"offset": {0:?}, "count": {0:?}}}"#, vec![1; 9])).is_err());
+        assert_eq!(serde_json::from_str::<Region>(r#"{"offset": [1], "count": [2]}"#).unwrap(), r(&[1], &[2]));
     }
 
     #[test]

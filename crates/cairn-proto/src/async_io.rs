@@ -6,16 +6,20 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Reads a frame's prefix and header, bounding the payload by `max_payload`. `Ok(None)` when the
-/// peer closed the connection cleanly between frames.
-pub async fn read_head<T: DeserializeOwned>(r: &mut (impl AsyncRead + Unpin), max_payload: u64) -> Result<Option<(T, Prefix)>> {
+/// Reads a frame's prefix and header, bounding the header by `max_header` and the payload by
+/// `max_payload`. `Ok(None)` when the peer closed the connection cleanly between frames.
+pub async fn read_head<T: DeserializeOwned>(
+    r: &mut (impl AsyncRead + Unpin),
+    max_header: u32,
+    max_payload: u64,
+) -> Result<Option<(T, Prefix)>> {
     let mut prefix = [0u8; PREFIX_LEN];
     match r.read_exact(&mut prefix).await {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(Error::io("reading a frame", e)),
     }
-    let p = Prefix::parse(&prefix, max_payload)?;
+    let p = Prefix::parse(&prefix, max_header, max_payload)?;
     let mut header = vec![0u8; p.header_len as usize];
     r.read_exact(&mut header).await.map_err(|e| Error::io("reading a frame header", e))?;
     Ok(Some((decode_header(&header)?, p)))

@@ -2,7 +2,7 @@
 //! started by `mpirun`/`srun`) write one entry per server into `FILE.d/`; server 0 assembles them
 //! into `FILE` once all are up. The secret lives in `FILE.d/secret` and is copied into `FILE`.
 
-use cairn_core::placement::{place_key, Ring, ServerSpec};
+use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -63,19 +63,9 @@ impl ClusterFile {
         PathBuf::from(p)
     }
 
-    /// The ring of active servers.
-    pub fn ring(&self) -> Ring {
-        Ring::new(&self.servers.iter().map(|s| s.spec.clone()).collect::<Vec<_>>())
-    }
-
     /// The entry of server `id`.
     pub fn server(&self, id: u32) -> Result<&ServerEntry> {
         self.servers.iter().find(|s| s.spec.id == id).ok_or_else(|| Error::NotFound(format!("server {id} is not in the cluster file")))
-    }
-
-    /// The server that coordinates commits of `dataset` and keeps its step index.
-    pub fn coordinator(&self, dataset: &str) -> u32 {
-        self.ring().place(place_key(dataset, "", &[]))
     }
 }
 
@@ -91,12 +81,6 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(|e| Error::io(what(), e))
 }
 
-/// Compares secrets in time independent of where they differ.
-pub fn secret_matches(given: &str, expected: &str) -> bool {
-    let (a, b) = (given.as_bytes(), expected.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// This machine's host name (clients on the server's host use its Unix socket).
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -105,4 +89,108 @@ pub fn hostname() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into())
+}
+
+/// Bytes in a size such as `"4GiB"`, `"512MB"`, `"1e9"` or `"1000000"` (units up to TiB, decimal
+/// and binary).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let mult: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "tib" => 1 << 40,
+        _ => u64::MAX,
+    };
+    let value = num.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
+    match value.map(|v| v * mult as f64) {
+        Some(bytes) if mult != u64::MAX && bytes < u64::MAX as f64 => Ok(bytes as u64),
+        _ => Err(Error::Config(format!("size {text:?} not understood; write e.g. 4GiB, 512MiB or 1000000"))),
+    }
+}
+
+/// One `[[server]]` entry of a topology file.
+#[derive(Debug, Deserialize)]
+struct TopologyEntry {
+    id: u32,
+    node: Option<String>,
+    rack: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Topology {
+    #[serde(default)]
+    server: Vec<TopologyEntry>,
+}
+
+/// `(node, rack)` of servers `0..n` from a topology file (TOML, or JSON when it ends in `.json`):
+/// `[[server]] id = 0, node = "n0", rack = "r0"`. Without a file each server is its own node in
+/// one rack.
+pub fn load_topology(path: Option<&Path>, n: u32) -> Result<Vec<(String, String)>> {
+    let Some(path) = path else { return Ok((0..n).map(|i| (format!("node{i}"), "rack0".to_string())).collect()) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read topology file {}: {e}; check the path", path.display())))?;
+    let parsed: std::result::Result<Topology, String> = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        toml::from_str(&text).map_err(|e| e.to_string())
+    };
+    let topo = parsed.map_err(|e| {
+        Error::Config(format!("topology file {} does not parse: {}; write [[server]] id, node, rack entries", path.display(), e.trim()))
+    })?;
+    let mut out: Vec<Option<(String, String)>> = vec![None; n as usize];
+    for s in topo.server {
+        if let Some(slot) = out.get_mut(s.id as usize) {
+            *slot = Some((s.node.unwrap_or_else(|| format!("node{}", s.id)), s.rack.unwrap_or_else(|| "rack0".into())));
+        }
+    }
+    let missing: Vec<u32> = (0..n).filter(|i| out[*i as usize].is_none()).collect();
+    if !missing.is_empty() {
+        return Err(Error::Config(format!(
+            "topology file {} lacks servers {missing:?}; list every id 0..{} under [[server]]",
+            path.display(),
+            n.saturating_sub(1)
+        )));
+    }
+    Ok(out.into_iter().map(|e| e.expect("checked above")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_size("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_size(" 512 MB ").unwrap(), 512_000_000);
+        assert_eq!(parse_size("1e9").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
+        assert_eq!(parse_size("123").unwrap(), 123);
+        for bad in ["", "4 parsecs", "-1GiB", "GiB", "1e400", "nan"] {
+            assert_eq!(parse_size(bad).unwrap_err().kind(), cairn_core::ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn topology_from_toml_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = dir.path().join("t.toml");
+        std::fs::write(&toml, "[[server]]\nid = 1\nnode = \"a\"\nrack = \"r1\"\n[[server]]\nid = 0\nnode = \"b\"\n").unwrap();
+        assert_eq!(load_topology(Some(&toml), 2).unwrap(), vec![("b".into(), "rack0".into()), ("a".into(), "r1".into())]);
+        let e = load_topology(Some(&toml), 3).unwrap_err().to_string();
+        assert!(e.contains("lacks servers [2]"), "{e}");
+        let json = dir.path().join("t.json");
+        std::fs::write(&json, r#"{"server": [{"id": 0, "node": "x", "rack": "y"}]}"#).unwrap();
+        assert_eq!(load_topology(Some(&json), 1).unwrap(), vec![("x".into(), "y".into())]);
+        std::fs::write(&json, "{").unwrap();
+        assert!(load_topology(Some(&json), 1).unwrap_err().to_string().contains("does not parse"));
+        assert_eq!(load_topology(None, 2).unwrap()[1], ("node1".into(), "rack0".into()));
+    }
 }

@@ -8,8 +8,12 @@ use serde::Serialize;
 pub const MAGIC: [u8; 4] = *b"CRN1";
 /// Length of the prefix.
 pub const PREFIX_LEN: usize = 16;
-/// Largest header accepted (a step index with many thousands of blocks fits easily).
+/// Largest header accepted on an authenticated connection (a step index with many thousands of
+/// blocks fits easily).
 pub const MAX_HEADER: u32 = 64 << 20;
+/// Largest header accepted before authentication: a `hello` is a few dozen bytes, so nobody
+/// unauthenticated makes a server allocate more than this.
+pub const MAX_HELLO: u32 = 4 << 10;
 
 /// The decoded prefix of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,9 +25,10 @@ pub struct Prefix {
 }
 
 impl Prefix {
-    /// Parses and bounds a prefix: the header may be at most [`MAX_HEADER`] bytes and the payload
-    /// at most `max_payload` (what the receiver is prepared to hold).
-    pub fn parse(b: &[u8; PREFIX_LEN], max_payload: u64) -> Result<Prefix> {
+    /// Parses and bounds a prefix: the header may be at most `max_header` bytes ([`MAX_HEADER`],
+    /// or [`MAX_HELLO`] before authentication) and the payload at most `max_payload` (what the
+    /// receiver is prepared to hold).
+    pub fn parse(b: &[u8; PREFIX_LEN], max_header: u32, max_payload: u64) -> Result<Prefix> {
         if b[..4] != MAGIC {
             return Err(Error::Corrupt(format!(
                 "bad frame: expected magic {MAGIC:?}, got {:?}; the peer is not a Cairn {} endpoint",
@@ -33,8 +38,8 @@ impl Prefix {
         }
         let header_len = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
         let payload_len = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-        if header_len == 0 || header_len > MAX_HEADER {
-            return Err(Error::Corrupt(format!("bad frame: header length {header_len} is outside 1..={MAX_HEADER}")));
+        if header_len == 0 || header_len > max_header {
+            return Err(Error::Corrupt(format!("bad frame: header length {header_len} is outside 1..={max_header}")));
         }
         if payload_len > max_payload {
             return Err(Error::InvalidArgument(format!(
@@ -63,12 +68,12 @@ pub fn decode_header<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 
 /// Decodes a whole frame held in memory: the message, its payload, and the bytes consumed.
 /// Incomplete input is an error naming what is missing.
-pub fn decode<T: DeserializeOwned>(buf: &[u8], max_payload: u64) -> Result<(T, &[u8], usize)> {
+pub fn decode<T: DeserializeOwned>(buf: &[u8], max_header: u32, max_payload: u64) -> Result<(T, &[u8], usize)> {
     let prefix: &[u8; PREFIX_LEN] = buf
         .get(..PREFIX_LEN)
         .and_then(|p| p.try_into().ok())
         .ok_or_else(|| Error::Corrupt(format!("bad frame: {} bytes, shorter than the {PREFIX_LEN}-byte prefix", buf.len())))?;
-    let p = Prefix::parse(prefix, max_payload)?;
+    let p = Prefix::parse(prefix, max_header, max_payload)?;
     let h_end = PREFIX_LEN + p.header_len as usize;
     let end =
         (h_end as u64).checked_add(p.payload_len).filter(|e| *e <= buf.len() as u64).ok_or_else(|| {
@@ -88,19 +93,20 @@ mod tests {
         let msg = Request::Steps { dataset: "d".into() };
         let mut buf = encode_head(&msg, 3);
         buf.extend_from_slice(b"abc");
-        let (back, payload, n): (Request, _, _) = decode(&buf, 10).unwrap();
+        let (back, payload, n): (Request, _, _) = decode(&buf, MAX_HEADER, 10).unwrap();
+        assert!(decode::<Request>(&buf, (n - PREFIX_LEN - 4) as u32, 10).unwrap_err().to_string().contains("header length"));
         assert_eq!((back, payload, n), (msg, &b"abc"[..], buf.len()));
-        assert!(decode::<Request>(&buf, 2).unwrap_err().to_string().contains("exceeds"));
-        assert!(decode::<Request>(&buf[..buf.len() - 1], 10).unwrap_err().to_string().contains("truncated"));
+        assert!(decode::<Request>(&buf, MAX_HEADER, 2).unwrap_err().to_string().contains("exceeds"));
+        assert!(decode::<Request>(&buf[..buf.len() - 1], MAX_HEADER, 10).unwrap_err().to_string().contains("truncated"));
         let mut bad = buf.clone();
         bad[0] = b'X';
-        assert!(decode::<Request>(&bad, 10).unwrap_err().to_string().contains("magic"));
+        assert!(decode::<Request>(&bad, MAX_HEADER, 10).unwrap_err().to_string().contains("magic"));
         let mut huge = buf.clone();
         huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode::<Request>(&huge, 10).is_err());
+        assert!(decode::<Request>(&huge, MAX_HEADER, 10).is_err());
         let mut junk = buf;
         junk[PREFIX_LEN] = b'#';
-        assert!(decode::<Request>(&junk, 10).unwrap_err().to_string().contains("parse"));
+        assert!(decode::<Request>(&junk, MAX_HEADER, 10).unwrap_err().to_string().contains("parse"));
     }
 }
 
@@ -116,8 +122,8 @@ mod properties {
         /// with arbitrary corruption, decode to a frame or an error and never panic.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-            let _ = decode::<Request>(&bytes, 1 << 20);
-            let _ = decode::<Response>(&bytes, 1 << 20);
+            let _ = decode::<crate::message::Envelope>(&bytes, MAX_HEADER, 1 << 20);
+            let _ = decode::<Response>(&bytes, MAX_HEADER, 1 << 20);
         }
 
         #[test]
@@ -127,7 +133,7 @@ mod properties {
             let n = buf.len();
             buf[pos % n] ^= flip;
             buf.truncate(cut.min(n));
-            let _ = decode::<Request>(&buf, 1 << 20);
+            let _ = decode::<Request>(&buf, MAX_HEADER, 1 << 20);
         }
     }
 }

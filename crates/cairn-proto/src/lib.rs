@@ -9,7 +9,9 @@
 //! from the network is bounded before anything is allocated.
 //!
 //! # Layout
-//! - [`cluster`]: the cluster file through which clients and servers meet, and the secret.
+//! - [`auth`]: the secret and the challenge–response hello.
+//! - [`cluster`]: the cluster file through which clients and servers meet; sizes and topology files.
+//! - [`view`]: the cluster view (ring slots, spares, epoch) everyone places by.
 //! - [`frame`]: the prefix, bounds, encoding and decoding of one frame (pure; fuzzed).
 //! - [`message`]: requests and responses.
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
@@ -17,10 +19,13 @@
 
 #[cfg(feature = "tokio")]
 pub mod async_io;
+pub mod auth;
 pub mod cluster;
 pub mod frame;
 pub mod message;
 pub mod sync_io;
+pub mod view;
 
-pub use frame::{Prefix, MAX_HEADER, PREFIX_LEN};
-pub use message::{Request, Response};
+pub use frame::{Prefix, MAX_HEADER, MAX_HELLO, PREFIX_LEN};
+pub use message::{Envelope, Request, Response};
+pub use view::ClusterView;

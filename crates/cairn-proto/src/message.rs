@@ -1,6 +1,7 @@
 //! Requests a client (or a peer server) sends, and the responses it gets. Array bytes never sit in
 //! these headers: they follow as the frame's payload.
 
+use crate::view::ClusterView;
 use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, ErrorKind, Region};
 use serde::{Deserialize, Serialize};
@@ -19,16 +20,33 @@ pub struct Share {
     pub bytes: u64,
 }
 
-/// A request. The first on every connection must be [`Request::Hello`].
+/// Most keys one `kv_get` or `kv_put` may name (keeps headers and replies bounded).
+pub const MAX_KEYS: usize = 8192;
+
+/// What travels in a request frame's header: the request and the cluster-view epoch the sender
+/// placed it by (absent for requests that do not depend on placement: hello, status, views).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The sender's view epoch; a server with a newer view answers `stale_epoch` with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+    /// The request.
+    #[serde(flatten)]
+    pub req: Request,
+}
+
+/// A request. The first on every connection must be [`Request::Hello`], answering the server's
+/// [`Response::Challenge`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Authenticates the connection with the cluster secret.
+    /// Authenticates the connection: proves knowledge of the cluster secret for this connection's
+    /// challenge (`cairn_proto::auth`).
     Hello {
-        /// The secret from the cluster file.
-        secret: String,
         /// Who is calling (for logs and status).
         client: String,
+        /// HMAC-SHA256 of the challenge's nonce under the secret, in hex.
+        mac: String,
     },
     /// Stores one object; its bytes are the payload.
     Put {
@@ -97,6 +115,9 @@ pub enum Request {
         /// Only these objects (when not empty).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         ids: Vec<u64>,
+        /// Keep this session's objects: drop what every other session left (a crashed run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        except: Option<String>,
     },
     /// Committed steps of a dataset.
     Steps {
@@ -156,6 +177,13 @@ pub enum Request {
         #[serde(default)]
         prefix: bool,
     },
+    /// The server's cluster view.
+    View,
+    /// Installs a newer cluster view (a spare taking a slot); older epochs are refused.
+    SetView {
+        /// The new view.
+        view: ClusterView,
+    },
     /// Datasets this server coordinates.
     Datasets,
     /// Memory, objects and request counts of this server.
@@ -210,17 +238,41 @@ pub struct ObjectInfo {
 pub enum Response {
     /// Done.
     Ok,
+    /// The first frame on every connection, from the server: answer it with a hello.
+    Challenge {
+        /// The server's id.
+        server: u32,
+        /// Random, fresh per connection.
+        nonce: String,
+    },
     /// Hello accepted.
     Welcome {
         /// The server's id.
         server: u32,
+        /// Its cluster-view epoch.
+        epoch: u64,
     },
-    /// Failed; `kind` maps back to the client's error kinds.
+    /// Failed; `kind` maps back to the client's error kinds. Redirections carry what the client
+    /// needs to go on: `stale_epoch` the new view, `not_leader` a leader hint, `busy` a delay.
     Error {
         /// Error kind.
         kind: ErrorKind,
         /// What was wrong and what to do.
         message: String,
+        /// With `stale_epoch`: the server's (newer) view.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        view: Option<Box<ClusterView>>,
+        /// With `not_leader`: the server believed to lead.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leader: Option<u32>,
+        /// With `busy`: milliseconds to wait before retrying.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+    /// A cluster view.
+    View {
+        /// The view.
+        view: ClusterView,
     },
     /// Object bytes follow as the payload.
     Data {
@@ -273,15 +325,40 @@ pub enum Response {
 impl Response {
     /// The response for a failed request.
     pub fn error(e: &Error) -> Response {
-        Response::Error { kind: e.kind(), message: e.to_string() }
+        Response::Error { kind: e.kind(), message: e.to_string(), view: None, leader: None, retry_after_ms: None }
+    }
+
+    /// The reply to a request placed by an older view than `view`.
+    pub fn stale_epoch(given: u64, view: &ClusterView) -> Response {
+        Response::Error {
+            kind: ErrorKind::StaleEpoch,
+            message: format!("request placed by cluster view {given}, but the cluster is at view {}; refresh and retry", view.epoch),
+            view: Some(Box::new(view.clone())),
+            leader: None,
+            retry_after_ms: None,
+        }
+    }
+
+    /// The reply when a limit is reached for now.
+    pub fn busy(message: String, retry_after_ms: u64) -> Response {
+        Response::Error { kind: ErrorKind::Busy, message, view: None, leader: None, retry_after_ms: Some(retry_after_ms) }
     }
 
     /// Turns an error response back into an [`Error`]; any other response passes through.
     pub fn into_result(self) -> Result<Response, Error> {
         match self {
-            Response::Error { kind, message } => Err(Error::from_kind(kind, message)),
+            Response::Error { kind, message, .. } => Err(Error::from_kind(kind, message)),
             r => Ok(r),
         }
+    }
+}
+
+/// The error a reply of the wrong kind stands for: its own if it is an error reply, else
+/// [`unexpected`].
+pub fn refused(what: &str, got: Response) -> Error {
+    match got {
+        Response::Error { kind, message, .. } => Error::from_kind(kind, message),
+        other => unexpected(what, &other),
     }
 }
 

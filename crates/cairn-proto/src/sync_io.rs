@@ -1,14 +1,16 @@
 //! Blocking frame I/O for clients: the payload is written from and read into caller buffers,
 //! gathered/scattered in place when the bytes are not contiguous.
 
-use crate::frame::{decode_header, encode_head, Prefix, PREFIX_LEN};
+use crate::frame::{decode_header, encode_head, Prefix, MAX_HEADER, PREFIX_LEN};
 use cairn_core::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 
+// I/O failures stay `Error::Io` (timeouts keep their kind): the connection layer above knows the
+// server, its address and the operation, and turns them into one `Unavailable` naming all three.
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |e| Error::Unavailable(format!("{what}: {e}; is the staging server up? (`cairn cluster status`)"))
+    move |e| Error::io(what, e)
 }
 
 /// Writes a frame whose payload is the concatenation of `payload`.
@@ -39,7 +41,7 @@ fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> std
 pub fn read_head<T: DeserializeOwned>(r: &mut impl Read, max_payload: u64) -> Result<(T, u64)> {
     let mut prefix = [0u8; PREFIX_LEN];
     r.read_exact(&mut prefix).map_err(io("reading a reply"))?;
-    let p = Prefix::parse(&prefix, max_payload)?;
+    let p = Prefix::parse(&prefix, MAX_HEADER, max_payload)?;
     let mut header = vec![0u8; p.header_len as usize];
     r.read_exact(&mut header).map_err(io("reading a reply"))?;
     Ok((decode_header(&header)?, p.payload_len))
@@ -52,7 +54,7 @@ pub fn read_payload(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<()> {
     while !slices.is_empty() {
         let n = slices.len().min(1024);
         match r.read_vectored(&mut slices[..n]) {
-            Ok(0) => return Err(Error::Unavailable("the server closed the connection mid-reply; is it up?".into())),
+            Ok(0) => return Err(Error::io("reading a reply", std::io::ErrorKind::UnexpectedEof.into())),
             Ok(k) => IoSliceMut::advance_slices(&mut slices, k),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(io("reading a reply")(e)),

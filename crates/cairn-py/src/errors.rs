@@ -24,7 +24,7 @@ fn class_index(kind: ErrorKind) -> usize {
         ErrorKind::NotFound => 0,
         ErrorKind::AlreadyExists => 1,
         ErrorKind::Conflict => 2,
-        ErrorKind::Unavailable => 3,
+        ErrorKind::Unavailable | ErrorKind::StaleEpoch | ErrorKind::NotLeader | ErrorKind::Busy => 3,
         ErrorKind::Corrupt => 4,
         ErrorKind::InvalidArgument => 5,
         ErrorKind::Config => 6,

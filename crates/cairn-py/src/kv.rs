@@ -15,8 +15,9 @@ pub(crate) struct PyKvStore {
 #[pymethods]
 impl PyKvStore {
     #[new]
-    fn new(cluster: PathBuf) -> PyResult<Self> {
-        Ok(PyKvStore { inner: KvStore::open(&cluster).map_err(to_py)? })
+    #[pyo3(signature = (cluster, timeout_s=cairn_client::config::DEFAULT_TIMEOUT))]
+    fn new(cluster: PathBuf, timeout_s: f64) -> PyResult<Self> {
+        Ok(PyKvStore { inner: KvStore::open(&cluster, crate::staging::seconds(timeout_s)?).map_err(to_py)? })
     }
 
     /// Sets each key to its bytes (or, with `member`, adds them to the set at the key).

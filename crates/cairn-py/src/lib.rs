@@ -45,5 +45,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::load_topology, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::new_secret, m)?)?;
     errors::register(m)
 }

@@ -6,9 +6,17 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A positive number of seconds as a duration.
+pub(crate) fn seconds(s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| to_py(cairn_core::Error::InvalidArgument(format!("timeout {s}: use a positive number of seconds"))))
+}
+
 /// Runs one staging server until it is shut down; blocks (without the GIL).
 #[pyfunction]
-#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s))]
+#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -21,14 +29,48 @@ pub(crate) fn serve(
     node: String,
     rack: String,
     timeout_s: f64,
+    io_timeout_s: Option<f64>,
+    hello_timeout_s: Option<f64>,
+    peer_timeout_s: Option<f64>,
 ) -> PyResult<()> {
-    let opts =
-        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: Duration::from_secs_f64(timeout_s) };
+    let mut limits = cairn_server::Limits::default();
+    if let Some(s) = io_timeout_s {
+        limits.io_timeout = seconds(s)?;
+    }
+    if let Some(s) = hello_timeout_s {
+        limits.hello_timeout = seconds(s)?;
+    }
+    if let Some(s) = peer_timeout_s {
+        limits.peer_timeout = seconds(s)?;
+    }
+    let opts = cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }
 
-/// Sends one request (JSON) to server `server` of the cluster in `cluster`; returns the reply as JSON.
+/// Sends one request (JSON) to server `server` of the cluster in `cluster` within `timeout_s`;
+/// returns the reply as JSON.
 #[pyfunction]
-pub(crate) fn cluster_request(py: Python<'_>, cluster: PathBuf, server: u32, request: String) -> PyResult<String> {
-    py.detach(|| cairn_client::staging::admin_request(&cluster, server, &request)).map_err(to_py)
+#[pyo3(signature = (cluster, server, request, timeout_s=cairn_client::config::DEFAULT_TIMEOUT))]
+pub(crate) fn cluster_request(py: Python<'_>, cluster: PathBuf, server: u32, request: String, timeout_s: f64) -> PyResult<String> {
+    let timeout = seconds(timeout_s)?;
+    py.detach(|| cairn_client::staging::admin_request(&cluster, server, &request, timeout)).map_err(to_py)
+}
+
+/// Bytes in a size such as "4GiB".
+#[pyfunction]
+pub(crate) fn parse_size(text: &str) -> PyResult<u64> {
+    cairn_proto::cluster::parse_size(text).map_err(to_py)
+}
+
+/// (node, rack) of servers 0..n from a topology file (or defaults without one).
+#[pyfunction]
+#[pyo3(signature = (path, n))]
+pub(crate) fn load_topology(path: Option<PathBuf>, n: u32) -> PyResult<Vec<(String, String)>> {
+    cairn_proto::cluster::load_topology(path.as_deref(), n).map_err(to_py)
+}
+
+/// A new cluster secret (64 hex digits from the OS's random source).
+#[pyfunction]
+pub(crate) fn new_secret() -> PyResult<String> {
+    cairn_proto::auth::new_secret().map_err(to_py)
 }

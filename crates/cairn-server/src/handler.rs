@@ -1,51 +1,119 @@
-//! One connection: a hello with the cluster secret, then requests answered in order. A malformed
-//! frame or a wrong secret ends the connection with an error reply; the server goes on.
+//! One connection: the server's challenge, the client's hello (small, and within the hello
+//! deadline), then requests answered in order, each frame within the I/O deadline. A malformed
+//! frame or a failed hello ends the connection with an error reply; the server goes on.
 
 use crate::cmd::{self, Reply};
+use crate::deadline::Deadline;
+use crate::server::Place;
 use crate::state::State;
 use cairn_core::{Error, Result};
 use cairn_proto::async_io::{read_head, write_frame};
-use cairn_proto::cluster::secret_matches;
-use cairn_proto::message::{Request, Response};
+use cairn_proto::message::{Envelope, Request, Response};
+use cairn_proto::{MAX_HEADER, MAX_HELLO};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Semaphore;
 
-/// Serves one connection until the peer leaves, sends something malformed, or the server stops.
-pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, mut stream: S) {
-    let mut shutdown = state.shutdown.subscribe();
-    if let Err(e) = hello(&state, &mut stream).await {
-        return refuse(&mut stream, &e).await;
+/// Serves one connection until the peer leaves, sends something malformed, stalls mid-frame,
+/// or the server stops.
+pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream: S, mut place: Place, auth: Arc<Semaphore>) {
+    let mut stream = Deadline::new(stream, state.limits.io_timeout);
+    let hello = tokio::select! {
+        h = tokio::time::timeout(state.limits.hello_timeout, hello(&state, &mut stream)) => h.unwrap_or_else(|_| {
+            Err(Error::Unavailable(format!(
+                "no hello within {:.1} s; the first frame must be a hello answering the challenge",
+                state.limits.hello_timeout.as_secs_f64()
+            )))
+        }),
+        // A newer connection took this one's place: drop it without a word.
+        _ = &mut place.evicted => return,
+    };
+    drop(place);
+    if let Err(e) = hello {
+        return refuse(&mut stream, &Response::error(&e)).await;
     }
+    let Ok(_permit) = auth.try_acquire_owned() else {
+        let busy = Response::busy(
+            format!("server {} serves {} connections already; retry, or close idle ones", state.id, state.limits.max_connections),
+            500,
+        );
+        return refuse(&mut stream, &busy).await;
+    };
+    let epoch = state.view().map_or(0, |v| v.epoch);
+    stream.arm();
+    if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch }, &[]).await.is_err() {
+        return;
+    }
+    let mut shutdown = state.shutdown.subscribe();
     loop {
+        stream.expect_frame();
         let head = tokio::select! {
-            h = read_head::<Request>(&mut stream, state.store.limit()) => h,
+            h = read_head::<Envelope>(&mut stream, MAX_HEADER, state.store.limit()) => h,
             _ = shutdown.recv() => return,
         };
-        let (req, prefix) = match head {
+        let (env, prefix) = match head {
             Ok(Some(h)) => h,
             Ok(None) => return,
             // The stream is out of step with the frames now: answer, then hang up.
-            Err(e) => return refuse(&mut stream, &e).await,
+            Err(e) => return refuse(&mut stream, &Response::error(&e)).await,
         };
         state.requests.fetch_add(1, Ordering::Relaxed);
-        let reply = cmd::dispatch(&state, req, prefix, &mut stream).await;
+        let stop_after = matches!(env.req, Request::Shutdown);
+        let reply = match check_epoch(&state, env.epoch) {
+            Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
+            None => cmd::dispatch(&state, env.req, prefix, &mut stream).await,
+        };
         let fatal = matches!(&reply, Err(Error::Io { .. }));
+        stream.arm();
         let sent = match reply {
             Ok(Reply::Plain(r)) => write_frame(&mut stream, &r, &[]).await,
             Ok(Reply::WithPayload(r, p)) => write_frame(&mut stream, &r, p.bytes()).await,
             Err(e) => write_frame(&mut stream, &Response::error(&e), &[]).await,
         };
+        if stop_after {
+            let _ = state.shutdown.send(());
+        }
         if fatal || sent.is_err() {
             return;
         }
     }
 }
 
-/// Sends the error, then closes gracefully: closing with unread input would reset the connection
+/// The refusal of a request placed by another view than this server's, if it was.
+fn check_epoch(state: &State, epoch: Option<u64>) -> Option<Response> {
+    let given = epoch?;
+    let view = match state.view() {
+        Ok(v) => v,
+        Err(e) => return Some(Response::error(&e)),
+    };
+    if given < view.epoch {
+        return Some(Response::stale_epoch(given, &view));
+    }
+    (given > view.epoch).then(|| {
+        Response::busy(
+            format!(
+                "server {} is at cluster view {}, the request at {given}: the view change has not reached it yet; retry",
+                state.id, view.epoch
+            ),
+            100,
+        )
+    })
+}
+
+/// Reads and drops a refused request's payload so the connection stays in step.
+pub async fn discard<S: AsyncRead + Unpin>(stream: &mut S, len: u64) -> Result<()> {
+    tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
+        .await
+        .map_err(|e| Error::io("discarding a refused payload", e))?;
+    Ok(())
+}
+
+/// Sends the reply, then closes gracefully: closing with unread input would reset the connection
 /// and could destroy the reply before the peer reads it, so unread bytes are drained briefly first.
-async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, e: &Error) {
-    let _ = write_frame(stream, &Response::error(e), &[]).await;
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut Deadline<S>, reply: &Response) {
+    stream.arm();
+    let _ = write_frame(stream, reply, &[]).await;
     let _ = stream.shutdown().await;
     let drain = async {
         let mut sink = [0u8; 8192];
@@ -60,17 +128,18 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, e: &Error) {
     let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
 }
 
-async fn hello<S: AsyncRead + AsyncWrite + Unpin>(state: &State, stream: &mut S) -> Result<()> {
-    let head = read_head::<Request>(stream, 0).await?;
-    match head {
-        Some((Request::Hello { secret, .. }, _)) if secret_matches(&secret, &state.secret) => {
-            write_frame(stream, &Response::Welcome { server: state.id }, &[]).await
-        }
-        Some((Request::Hello { .. }, _)) => Err(Error::Unavailable(format!(
+/// The challenge, then a hello of at most [`MAX_HELLO`] bytes answering it.
+async fn hello<S: AsyncRead + AsyncWrite + Unpin>(state: &State, stream: &mut Deadline<S>) -> Result<()> {
+    let nonce = cairn_proto::auth::new_nonce()?;
+    stream.arm();
+    write_frame(stream, &Response::Challenge { server: state.id, nonce: nonce.clone() }, &[]).await?;
+    match read_head::<Envelope>(stream, MAX_HELLO, 0).await? {
+        Some((Envelope { req: Request::Hello { mac, .. }, .. }, _)) if cairn_proto::auth::verify(&state.secret, &nonce, &mac) => Ok(()),
+        Some((Envelope { req: Request::Hello { .. }, .. }, _)) => Err(Error::Unavailable(format!(
             "server {} refused the connection: wrong cluster secret; use the cluster file this cluster wrote",
             state.id
         ))),
-        Some(_) => Err(Error::InvalidArgument("the first request on a connection must be a hello with the cluster secret".into())),
+        Some(_) => Err(Error::InvalidArgument("the first request on a connection must be a hello answering the challenge".into())),
         None => Err(Error::Unavailable("connection closed before hello".into())),
     }
 }

@@ -2,7 +2,9 @@
 //! results, step markers, memo buckets). Their bytes count against the server's memory limit
 //! like objects do. Sets keep members sorted by bytes, so every reader sees them in one order.
 
+use crate::state::lock;
 use crate::store::Store;
+use cairn_core::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
@@ -32,7 +34,7 @@ impl Kv {
     /// caller reserved the data's bytes and kept them; bytes no longer held (a replaced value, a
     /// member already present) are given back. A key that holds the other kind is replaced.
     pub fn put_many(&self, store: &Store, items: impl IntoIterator<Item = (String, Vec<u8>)>, member: bool) {
-        let mut map = self.map.lock().expect("kv lock");
+        let mut map = lock(&self.map);
         for (key, data) in items {
             Self::put_one(&mut map, store, key, data, member);
         }
@@ -59,19 +61,30 @@ impl Kv {
     }
 
     /// The values of `keys` (every member of each, with `members`) and their lengths per key. A
-    /// key of the other kind reads as absent.
-    pub fn get(&self, keys: &[String], members: bool) -> (Vec<Vec<u64>>, Vec<u8>) {
-        let map = self.map.lock().expect("kv lock");
-        let mut out = Vec::new();
+    /// key of the other kind reads as absent. A reply of more than `max_bytes` (a key named many
+    /// times counts each time) is refused before anything is copied.
+    pub fn get(&self, keys: &[String], members: bool, max_bytes: u64) -> Result<(Vec<Vec<u64>>, Vec<u8>)> {
+        let map = lock(&self.map);
+        let found = |k: &String| -> Vec<&Vec<u8>> {
+            match (map.get(k), members) {
+                (Some(Entry::Value(v)), false) => vec![v],
+                (Some(Entry::Set(s)), true) => s.iter().collect(),
+                _ => Vec::new(),
+            }
+        };
+        let total: u64 = keys.iter().map(|k| found(k).iter().map(|v| v.len() as u64).sum::<u64>()).fold(0, u64::saturating_add);
+        if total > max_bytes {
+            return Err(Error::Capacity(format!(
+                "kv_get of {} keys would reply {total} bytes, more than the {max_bytes} bytes a reply may carry; ask for fewer keys per request",
+                keys.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(total as usize);
         let sizes = keys
             .iter()
             .map(|k| {
-                let vals: Vec<&Vec<u8>> = match (map.get(k), members) {
-                    (Some(Entry::Value(v)), false) => vec![v],
-                    (Some(Entry::Set(s)), true) => s.iter().collect(),
-                    _ => Vec::new(),
-                };
-                vals.iter()
+                found(k)
+                    .iter()
                     .map(|v| {
                         out.extend_from_slice(v);
                         v.len() as u64
@@ -79,12 +92,12 @@ impl Kv {
                     .collect()
             })
             .collect();
-        (sizes, out)
+        Ok((sizes, out))
     }
 
     /// Deletes `keys` or, with `prefix`, the keys starting with one of them; returns how many.
     pub fn delete(&self, store: &Store, keys: &[String], prefix: bool) -> u64 {
-        let mut map = self.map.lock().expect("kv lock");
+        let mut map = lock(&self.map);
         let mut freed = 0;
         let before = map.len();
         if prefix {
@@ -104,7 +117,7 @@ impl Kv {
 
     /// Keys held.
     pub fn len(&self) -> usize {
-        self.map.lock().expect("kv lock").len()
+        lock(&self.map).len()
     }
 
     /// Whether no keys are held.
@@ -132,9 +145,11 @@ mod tests {
         put(&kv, &s, "m", b"aa", true);
         put(&kv, &s, "m", b"zz", true);
         assert_eq!(s.used(), 6, "a member added twice is held once");
-        let (sizes, bytes) = kv.get(&["m".into(), "nope".into(), "a".into()], true);
+        let (sizes, bytes) = kv.get(&["m".into(), "nope".into(), "a".into()], true, 100).unwrap();
         assert_eq!((sizes, bytes), (vec![vec![2, 2], vec![], vec![]], b"aazz".to_vec()), "sorted members; a value is not a set");
-        let (sizes, bytes) = kv.get(&["a".into(), "m".into()], false);
+        let (sizes, bytes) = kv.get(&["a".into(), "m".into()], false, 100).unwrap();
+        let e = kv.get(&vec!["a".to_string(); 2000], false, 100).unwrap_err();
+        assert_eq!(e.kind(), cairn_core::ErrorKind::Capacity, "a key named 2000 times counts 2000 times: {e}");
         assert_eq!((sizes, bytes), (vec![vec![2], vec![]], b"12".to_vec()));
         put(&kv, &s, "a", b"x", true);
         assert_eq!(s.used(), 5, "a value turned into a set gives its bytes back");

@@ -2,17 +2,21 @@
 //! coordinates atomic step commits for the datasets placed on it. `cairn serve` runs one.
 //!
 //! # Layout
-//! - [`serve`]: starting a server and meeting the others through the cluster file.
-//! - [`server`]: the accept loop (TCP and Unix socket) and the connection limit.
-//! - [`handler`]: one connection: hello with the secret, then framed requests in order.
+//! - [`serve`]: starting a server process and meeting the others through the cluster file.
+//! - [`server`]: `run(listeners, shutdown)`: the accept loop (TCP and Unix socket) and the
+//!   connection bounds (unauthenticated connections evict each other; authenticated ones are counted).
+//! - [`handler`]: one connection: challenge and hello, then framed requests in order.
+//! - [`deadline`]: the progress deadline on a connection's reads and writes.
 //! - [`cmd`]: one module per kind of request.
 //! - [`store`]: objects with memory accounting.
 //! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
 //! - [`meta`]: the coordinator's fragments and committed step indexes.
 //! - [`peer`]: calls to other servers (seal, drop).
-//! - [`state`]: what all connections share.
+//! - [`state`]: what all connections share: limits, the cluster view, the stores.
+//! - [`testing`]: a cluster of servers in one process that tests kill and restart.
 
 pub mod cmd;
+pub mod deadline;
 pub mod handler;
 pub mod kv;
 pub mod meta;
@@ -21,5 +25,8 @@ pub mod serve;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod testing;
 
 pub use serve::{serve, ServeOptions};
+pub use server::{run, Listeners};
+pub use state::Limits;

@@ -1,28 +1,94 @@
-//! Calls from this server to another one (seal and free objects at commit and release).
+//! Calls from this server to another one (seal and free objects at commit and release), over
+//! pooled, authenticated connections, each call within the peer deadline.
 
-use crate::state::State;
+use crate::state::{lock, State};
 use cairn_core::{Error, Result};
 use cairn_proto::async_io::{read_head, write_frame};
-use cairn_proto::message::{unexpected, Request, Response};
+use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::MAX_HEADER;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use tokio::net::TcpStream;
 
-/// Sends `req` to server `to` and returns its (non-error) response.
-pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
-    let cluster = state.cluster()?;
-    let addr = &cluster.server(to)?.addr;
-    let gone = |e: std::io::Error| Error::Unavailable(format!("server {to} at {addr} is unreachable: {e}"));
-    let mut s = TcpStream::connect(addr).await.map_err(gone)?;
-    s.set_nodelay(true).map_err(gone)?;
-    let hello = Request::Hello { secret: state.secret.clone(), client: format!("server {}", state.id) };
-    match exchange(&mut s, to, &hello).await? {
-        Response::Welcome { .. } => exchange(&mut s, to, req).await,
-        other => Err(unexpected("hello", &other)),
+/// Idle connections kept per peer.
+const POOLED_PER_PEER: usize = 8;
+
+/// Idle connections to other servers, by server id.
+#[derive(Debug, Default)]
+pub struct Peers {
+    idle: Mutex<HashMap<u32, Vec<TcpStream>>>,
+}
+
+impl Peers {
+    fn take(&self, to: u32) -> Option<TcpStream> {
+        lock(&self.idle).get_mut(&to).and_then(Vec::pop)
+    }
+
+    fn give_back(&self, to: u32, s: TcpStream) {
+        let mut idle = lock(&self.idle);
+        let v = idle.entry(to).or_default();
+        if v.len() < POOLED_PER_PEER {
+            v.push(s);
+        }
     }
 }
 
-async fn exchange(s: &mut TcpStream, to: u32, msg: &Request) -> Result<Response> {
-    write_frame(s, msg, &[]).await?;
-    let (resp, _): (Response, _) =
-        read_head(s, 0).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
-    resp.into_result()
+/// Sends `req` to server `to` and returns its (non-error) response. A pooled connection that
+/// turns out closed (the peer restarted) is replaced once; a peer that does not answer within
+/// the deadline is reported by id, address and operation.
+pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
+    let view = state.view()?;
+    let addr = view.server(to)?.addr.clone();
+    let op = crate::cmd::op_name(req);
+    let limit = state.limits.peer_timeout;
+    let attempt = |pooled: Option<TcpStream>| {
+        let addr = addr.as_str();
+        async move {
+            let mut s = match pooled {
+                Some(s) => s,
+                None => connect(state, addr).await?,
+            };
+            let env = Envelope { epoch: None, req: req.clone() };
+            write_frame(&mut s, &env, &[]).await?;
+            let (resp, _): (Response, _) =
+                read_head(&mut s, MAX_HEADER, 0).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
+            Ok::<_, Error>((s, resp))
+        }
+    };
+    let run = async {
+        let pooled = state.peers.take(to);
+        let reused = pooled.is_some();
+        match attempt(pooled).await {
+            Err(Error::Io { .. } | Error::Unavailable(_)) if reused => attempt(None).await,
+            r => r,
+        }
+    };
+    match tokio::time::timeout(limit, run).await {
+        Ok(Ok((s, resp))) => {
+            state.peers.give_back(to, s);
+            resp.into_result()
+        }
+        Ok(Err(e)) => Err(Error::Unavailable(format!("server {to} at {addr}: {op} failed: {e}"))),
+        Err(_) => Err(Error::Unavailable(format!(
+            "server {to} at {addr} did not answer {op} within {:.1} s; it may be hung or overloaded",
+            limit.as_secs_f64()
+        ))),
+    }
+}
+
+async fn connect(state: &State, addr: &str) -> Result<TcpStream> {
+    let mut s = TcpStream::connect(addr).await.map_err(|e| Error::io("connecting", e))?;
+    s.set_nodelay(true).map_err(|e| Error::io("connecting", e))?;
+    let nonce = match read_head::<Response>(&mut s, MAX_HEADER, 0).await? {
+        Some((Response::Challenge { nonce, .. }, _)) => nonce,
+        Some((other, _)) => return Err(refused("connect", other)),
+        None => return Err(Error::Unavailable("closed the connection before its challenge".into())),
+    };
+    let hello = Request::Hello { client: format!("server {}", state.id), mac: cairn_proto::auth::answer(&state.secret, &nonce) };
+    write_frame(&mut s, &Envelope { epoch: None, req: hello }, &[]).await?;
+    match read_head::<Response>(&mut s, MAX_HEADER, 0).await? {
+        Some((Response::Welcome { .. }, _)) => Ok(s),
+        Some((other, _)) => Err(refused("hello", other)),
+        None => Err(Error::Unavailable("closed the connection after hello".into())),
+    }
 }

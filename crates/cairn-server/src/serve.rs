@@ -2,8 +2,8 @@
 //! the cluster file, and (server 0) assemble the cluster file once every server has published.
 //! Servers started by `cairn cluster start`, `mpirun` or `srun` all meet this way.
 
-use crate::server::run;
-use crate::state::State;
+use crate::server::{run, Listeners};
+use crate::state::{Limits, State};
 use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{hostname, write_private, ClusterFile, ServerEntry};
@@ -31,6 +31,8 @@ pub struct ServeOptions {
     pub rack: String,
     /// How long to wait for the secret and, on server 0, for the other servers.
     pub timeout: Duration,
+    /// Deadlines and bounds of the running server.
+    pub limits: Limits,
 }
 
 fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
@@ -54,6 +56,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     let secret = wait_for(&format!("the cluster secret in {}", secret_path.display()), opts.timeout, || {
         std::fs::read_to_string(&secret_path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
     })?;
+    raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::io("starting the runtime", e))?;
     rt.block_on(async move {
         let tcp =
@@ -79,7 +82,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             memory: opts.memory,
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
-        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory);
+        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
             tokio::task::spawn_blocking(move || {
@@ -88,16 +91,14 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
                 }
             });
         }
-        let stop = state.shutdown.clone();
-        tokio::spawn(async move {
+        let signalled = async {
             use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else { return };
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            let _ = stop.send(());
-        });
-        run(state, tcp, unix).await;
-        // Let in-flight replies (the shutdown's own) reach their clients before the runtime drops.
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut term), Ok(mut int)) => tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} },
+                _ => std::future::pending().await,
+            }
+        };
+        run(state, Listeners { tcp, unix }, signalled).await;
         let _ = std::fs::remove_file(&sock);
         Ok(())
     })
@@ -115,4 +116,17 @@ fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration)
     })?;
     let file = ClusterFile { secret: secret.to_string(), servers };
     write_private(cluster, &serde_json::to_vec_pretty(&file).expect("serializes"))
+}
+
+/// Raises this process's open-file limit to its hard limit: every connection is a descriptor, and
+/// the common soft limit of 1024 would be reached before the server's own connection bounds.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+    unsafe {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }

@@ -1,16 +1,48 @@
-//! What every connection of a server shares: its id, the secret, the store, the keyed values,
-//! the coordinator metadata, counters, the cluster view (loaded when first needed) and the shutdown signal.
+//! What every connection of a server shares: its id, the secret, the limits, the cluster view,
+//! the store, the keyed values, the coordinator metadata, peer connections, counters and the
+//! shutdown signal.
 
 use crate::kv::Kv;
 use crate::meta::Meta;
+use crate::peer::Peers;
 use crate::store::Store;
-use cairn_core::Result;
+use cairn_core::{Error, Result};
 use cairn_proto::cluster::ClusterFile;
+use cairn_proto::ClusterView;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
+
+/// Deadlines and bounds of one server.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Once a frame has started, each read of it (and each write of a reply) must progress
+    /// within this; a stalled upload loses its connection and its reservation.
+    pub io_timeout: Duration,
+    /// A new connection must complete its hello within this.
+    pub hello_timeout: Duration,
+    /// Deadline of each call to another server (seal, drop), connecting included.
+    pub peer_timeout: Duration,
+    /// Authenticated connections served at once; more get `busy`.
+    pub max_connections: usize,
+    /// Connections still in their hello; a new one beyond this evicts the oldest, so idle
+    /// unauthenticated connections can never lock authenticated clients out.
+    pub max_unauthenticated: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            io_timeout: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(3),
+            peer_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            max_unauthenticated: 512,
+        }
+    }
+}
 
 /// Shared server state.
 #[derive(Debug)]
@@ -19,15 +51,19 @@ pub struct State {
     pub id: u32,
     /// The cluster secret.
     pub secret: String,
-    /// The cluster file (read when peers or the ring are first needed).
+    /// Deadlines and bounds.
+    pub limits: Limits,
+    /// The cluster file (read when the view is first needed).
     pub cluster_path: PathBuf,
-    cluster: Mutex<Option<Arc<ClusterFile>>>,
+    view: RwLock<Option<Arc<ClusterView>>>,
     /// Objects held here.
     pub store: Store,
     /// Keyed values and sets.
     pub kv: Kv,
     /// Datasets coordinated here.
     pub meta: Meta,
+    /// Pooled connections to other servers.
+    pub peers: Peers,
     /// Requests served.
     pub requests: AtomicU64,
     /// Start time.
@@ -38,29 +74,52 @@ pub struct State {
 
 impl State {
     /// New state for server `id` with `memory` bytes of room.
-    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64) -> Arc<State> {
+    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits) -> Arc<State> {
         Arc::new(State {
             id,
             secret,
+            limits,
             cluster_path,
-            cluster: Mutex::new(None),
+            view: RwLock::new(None),
             store: Store::new(id, memory),
             kv: Kv::default(),
             meta: Meta::default(),
+            peers: Peers::default(),
             requests: AtomicU64::new(0),
             started: Instant::now(),
             shutdown: broadcast::channel(1).0,
         })
     }
 
-    /// The cluster file, read once it is complete.
-    pub fn cluster(&self) -> Result<Arc<ClusterFile>> {
-        let mut c = self.cluster.lock().expect("cluster lock");
-        if let Some(c) = &*c {
-            return Ok(c.clone());
+    /// The current cluster view; the first one comes from the cluster file once it is complete.
+    pub fn view(&self) -> Result<Arc<ClusterView>> {
+        if let Some(v) = &*self.view.read().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(v.clone());
         }
-        let loaded = Arc::new(ClusterFile::load(&self.cluster_path)?);
-        *c = Some(loaded.clone());
-        Ok(loaded)
+        let loaded = Arc::new(ClusterView::initial(&ClusterFile::load(&self.cluster_path)?));
+        let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+        Ok(v.get_or_insert(loaded).clone())
     }
+
+    /// Installs a newer view; an older or equal epoch is a conflict.
+    pub fn set_view(&self, next: ClusterView) -> Result<()> {
+        next.validate()?;
+        let current = self.view()?;
+        let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+        let now = v.as_ref().map_or(current.epoch, |v| v.epoch);
+        if next.epoch <= now {
+            return Err(Error::Conflict(format!(
+                "server {} is at view {now}; a view of epoch {} is not newer, fetch the current one and change that",
+                self.id, next.epoch
+            )));
+        }
+        *v = Some(Arc::new(next));
+        Ok(())
+    }
+}
+
+/// Locks a std mutex whether or not a panicking thread poisoned it: server state is kept
+/// consistent by validating before locking, so one failed request must not disable the rest.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

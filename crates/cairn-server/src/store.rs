@@ -1,6 +1,7 @@
 //! The object store: objects by (dataset, step, id), with memory accounting. Space is reserved
 //! before a payload is read, so a put that would pass the limit is refused without allocating.
 
+use crate::state::lock;
 use cairn_core::{Error, Region, Result};
 use cairn_proto::message::ObjectInfo;
 use std::collections::HashMap;
@@ -27,6 +28,9 @@ pub struct Object {
 }
 
 type StepKey = (String, u64);
+
+/// Upper bound of a built reply (see [`Store::max_reply`]).
+pub const MAX_REPLY: u64 = 256 << 20;
 
 /// Objects held by this server.
 #[derive(Debug)]
@@ -89,11 +93,17 @@ impl Store {
         self.limit
     }
 
+    /// Most bytes one reply that is built (not a stored object shared as is) may carry: the
+    /// memory limit, and at most [`MAX_REPLY`].
+    pub fn max_reply(&self) -> u64 {
+        self.limit.min(MAX_REPLY)
+    }
+
     /// Reserves `bytes`, or fails with [`Error::Capacity`] naming the server and the sizes.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
         let mut cur = self.used.load(Ordering::Acquire);
         if cur.saturating_add(bytes).saturating_add(self.pool.bytes.load(Ordering::Acquire)) > self.limit {
-            let mut bufs = self.pool.bufs.lock().expect("pool lock");
+            let mut bufs = lock(&self.pool.bufs);
             bufs.clear();
             self.pool.bytes.store(0, Ordering::Release);
         }
@@ -116,7 +126,7 @@ impl Store {
     /// A zeroed-or-recycled buffer of exactly `len` bytes to receive a payload into (its old
     /// contents are overwritten entirely by the payload).
     pub fn buffer(&self, len: usize) -> Vec<u8> {
-        let mut bufs = self.pool.bufs.lock().expect("pool lock");
+        let mut bufs = lock(&self.pool.bufs);
         if let Some(b) = bufs.get_mut(&len).and_then(Vec::pop) {
             self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
             return b;
@@ -126,7 +136,7 @@ impl Store {
     }
 
     fn recycle(&self, objs: impl IntoIterator<Item = Object>) {
-        let mut bufs = self.pool.bufs.lock().expect("pool lock");
+        let mut bufs = lock(&self.pool.bufs);
         for o in objs {
             // Only buffers no reader still holds, and only while pool + used stay within the limit.
             if let Ok(b) = Arc::try_unwrap(o.data) {
@@ -143,7 +153,7 @@ impl Store {
     /// object put again (a writer retrying) replaces the earlier one.
     pub fn insert(&self, dataset: &str, step: u64, id: u64, obj: Object, r: Reservation<'_>) {
         std::mem::forget(r);
-        let mut steps = self.steps.lock().expect("store lock");
+        let mut steps = lock(&self.steps);
         let old = steps.entry((dataset.to_string(), step)).or_default().insert(id, obj);
         if let Some(old) = old {
             self.used.fetch_sub(old.data.len() as u64, Ordering::AcqRel);
@@ -152,7 +162,7 @@ impl Store {
 
     /// The bytes, box and checksum of an object.
     pub fn get(&self, dataset: &str, step: u64, id: u64) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
-        let steps = self.steps.lock().expect("store lock");
+        let steps = lock(&self.steps);
         let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&id)).ok_or_else(|| {
             Error::NotFound(format!(
                 "server {} holds no object {id:#x} of dataset '{dataset}' step {step}; the step may have been released",
@@ -165,7 +175,7 @@ impl Store {
     /// Checks that exactly `objects` objects of `bytes` bytes of `session` are held for the step,
     /// seals them, and frees objects other sessions left in it.
     pub fn seal(&self, dataset: &str, step: u64, session: &str, objects: u64, bytes: u64) -> Result<()> {
-        let mut steps = self.steps.lock().expect("store lock");
+        let mut steps = lock(&self.steps);
         let held = steps.entry((dataset.to_string(), step)).or_default();
         let (n, b) = held.values().filter(|o| o.session == session).fold((0u64, 0u64), |(n, b), o| (n + 1, b + o.data.len() as u64));
         if (n, b) != (objects, bytes) {
@@ -188,16 +198,25 @@ impl Store {
         Ok(())
     }
 
-    /// Frees objects of a step (only a session's, a writer's, or the listed ones, if given).
-    /// Returns bytes freed.
-    pub fn drop_objects(&self, dataset: &str, step: u64, session: Option<&str>, writer: Option<u32>, ids: &[u64]) -> u64 {
-        let mut steps = self.steps.lock().expect("store lock");
+    /// Frees objects of a step (only a session's, a writer's, the listed ones, or those of every
+    /// session but `except`, if given). Returns bytes freed.
+    pub fn drop_objects(
+        &self,
+        dataset: &str,
+        step: u64,
+        session: Option<&str>,
+        writer: Option<u32>,
+        ids: &[u64],
+        except: Option<&str>,
+    ) -> u64 {
+        let mut steps = lock(&self.steps);
         let key = (dataset.to_string(), step);
         let Some(held) = steps.get_mut(&key) else { return 0 };
         let hits: Vec<u64> = held
             .iter()
             .filter(|(id, o)| {
                 session.is_none_or(|s| o.session == s)
+                    && except.is_none_or(|s| o.session != s)
                     && writer.is_none_or(|w| (**id >> 32) as u32 == w)
                     && (ids.is_empty() || ids.contains(id))
             })
@@ -216,13 +235,13 @@ impl Store {
 
     /// (objects, distinct steps) held.
     pub fn counts(&self) -> (u64, u64) {
-        let steps = self.steps.lock().expect("store lock");
+        let steps = lock(&self.steps);
         (steps.values().map(|s| s.len() as u64).sum(), steps.len() as u64)
     }
 
     /// Every object, for the placement view.
     pub fn list(&self) -> Vec<ObjectInfo> {
-        let steps = self.steps.lock().expect("store lock");
+        let steps = lock(&self.steps);
         let mut out: Vec<ObjectInfo> = steps
             .iter()
             .flat_map(|((d, s), objs)| {
@@ -269,7 +288,7 @@ mod tests {
         assert_eq!(s.used(), 60);
         drop(s.reserve(40).unwrap());
         assert_eq!(s.used(), 60);
-        assert_eq!(s.drop_objects("d", 1, None, None, &[]), 60);
+        assert_eq!(s.drop_objects("d", 1, None, None, &[], None), 60);
         assert_eq!((s.used(), s.counts()), (0, (0, 0)));
     }
 
@@ -285,6 +304,7 @@ mod tests {
         // Replacing an object accounts for the old bytes.
         s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap());
         assert_eq!(s.used(), 5);
-        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[]), 5);
+        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[], Some("new")), 0, "except keeps that session's");
+        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[], None), 5);
     }
 }

@@ -1,22 +1,39 @@
 //! Connections to the servers of a cluster: one per server, opened when first needed (a Unix
-//! socket when the server runs on this host, else TCP), authenticated with the cluster secret.
+//! socket when the server runs on this host, else TCP), authenticated by answering the server's
+//! challenge, with every read and write under the configured deadline. Requests are placed by
+//! the client's cluster view; a server with a newer one answers `stale_epoch` with it, and the
+//! client takes it and asks again.
 
-use cairn_core::placement::Ring;
-use cairn_core::{Error, Result};
+use cairn_core::{Error, ErrorKind, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
-use cairn_proto::message::{unexpected, Request, Response};
-use cairn_proto::sync_io::{read_head, write_frame};
+use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame};
+use cairn_proto::ClusterView;
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+/// Attempts of one request while the cluster redirects it (newer view, busy server).
+const REDIRECTS: usize = 4;
 
 /// A byte stream to one server.
 #[derive(Debug)]
-pub(crate) enum Stream {
+enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
+            Stream::Unix(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
+        }
+    }
 }
 
 impl Read for Stream {
@@ -52,48 +69,142 @@ impl Write for Stream {
     }
 }
 
-/// An authenticated connection to one server.
+/// An authenticated connection to one server. Every failure to send or receive comes out as one
+/// `Unavailable` error naming the server, its address and the operation.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) stream: Stream,
+    stream: Stream,
+    server: u32,
+    addr: String,
+    timeout: Duration,
+    /// The view epoch requests are stamped with.
+    epoch: Option<u64>,
 }
 
 impl Conn {
-    fn open(entry: &ServerEntry, secret: &str, transport: Transport) -> Result<Conn> {
-        let id = entry.spec.id;
-        let gone = |e: std::io::Error| {
-            Error::Unavailable(format!(
-                "cannot reach staging server {id} at {}: {e}; is the cluster up? (`cairn cluster status`)",
-                entry.addr
-            ))
-        };
+    fn open(entry: &ServerEntry, secret: &str, transport: Transport, timeout: Duration) -> Result<Conn> {
+        let (server, addr) = (entry.spec.id, entry.addr.clone());
         let unix = entry.unix.as_deref().filter(|p| transport == Transport::Auto && entry.host == hostname() && p.exists());
         let stream = match unix {
-            Some(p) => Stream::Unix(UnixStream::connect(p).map_err(gone)?),
-            None => {
-                let s = TcpStream::connect(&entry.addr).map_err(gone)?;
-                s.set_nodelay(true).map_err(gone)?;
-                Stream::Tcp(s)
-            }
+            Some(p) => UnixStream::connect(p).map(Stream::Unix),
+            None => tcp(&addr, timeout).map(Stream::Tcp),
+        }
+        .and_then(|s| s.set_timeouts(timeout).map(|()| s));
+        let stream = stream.map_err(|e| fail(server, &addr, "connect", timeout, &Error::io("connecting", e)))?;
+        let mut c = Conn { stream, server, addr, timeout, epoch: None };
+        let nonce = match c.recv(0, "hello")?.0 {
+            Response::Challenge { nonce, .. } => nonce,
+            other => return Err(refused("connect", other)),
         };
-        let mut c = Conn { stream };
-        match c.call(&Request::Hello { secret: secret.to_string(), client: format!("client pid {}", std::process::id()) })? {
+        let hello = Request::Hello { client: format!("client pid {}", std::process::id()), mac: cairn_proto::auth::answer(secret, &nonce) };
+        match c.call(&hello)? {
             Response::Welcome { .. } => Ok(c),
-            other => Err(unexpected("hello", &other)),
+            other => Err(refused("hello", other)),
         }
     }
 
-    /// Sends a request without payload and returns the (non-error) reply, which has none either.
-    pub(crate) fn call(&mut self, req: &Request) -> Result<Response> {
-        write_frame(&mut self.stream, req, &[])?;
-        self.recv_plain()
+    fn fail(&self, op: &str, e: Error) -> Error {
+        fail(self.server, &self.addr, op, self.timeout, &e)
     }
 
-    /// Reads a reply that carries no payload.
-    pub(crate) fn recv_plain(&mut self) -> Result<Response> {
-        let (resp, _) = read_head::<Response>(&mut self.stream, 0)?;
-        resp.into_result()
+    /// Sends a request whose payload is the concatenation of `payload`. Requests placed by the
+    /// view carry its epoch; those addressed to a server by id (gets and drops of objects the
+    /// index locates, administration) do not.
+    pub(crate) fn send(&mut self, req: &Request, payload: &[&[u8]]) -> Result<()> {
+        let placed = matches!(
+            req,
+            Request::Put { .. }
+                | Request::EndStep { .. }
+                | Request::Steps { .. }
+                | Request::Index { .. }
+                | Request::WaitStep { .. }
+                | Request::Release { .. }
+                | Request::KvPut { .. }
+                | Request::KvGet { .. }
+                | Request::KvDelete { .. }
+        );
+        let env = Envelope { epoch: self.epoch.filter(|_| placed), req: req.clone() };
+        write_frame(&mut self.stream, &env, payload).map_err(|e| self.fail(&op(req), e))
     }
+
+    /// Reads one reply as sent (an error reply is a `Response::Error`), with a payload of at most
+    /// `max_payload` bytes left to read.
+    pub(crate) fn recv(&mut self, max_payload: u64, op: &str) -> Result<(Response, u64)> {
+        read_head::<Response>(&mut self.stream, max_payload).map_err(|e| self.fail(op, e))
+    }
+
+    /// Reads a reply's payload into `parts`.
+    pub(crate) fn read_payload(&mut self, parts: &mut [&mut [u8]], op: &str) -> Result<()> {
+        read_payload(&mut self.stream, parts).map_err(|e| self.fail(op, e))
+    }
+
+    /// Reads and drops a reply's payload.
+    pub(crate) fn skip(&mut self, len: u64, op: &str) -> Result<()> {
+        skip_payload(&mut self.stream, len).map_err(|e| self.fail(op, e))
+    }
+
+    /// Sends a request without payload and reads its reply as sent (which carries none).
+    pub(crate) fn call(&mut self, req: &Request) -> Result<Response> {
+        self.send(req, &[])?;
+        Ok(self.recv(0, &op(req))?.0)
+    }
+
+    /// Runs `f` with reads allowed to take `wait` longer than the deadline (a long poll).
+    fn waiting<T>(&mut self, wait: Duration, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        if wait.is_zero() {
+            return f(self);
+        }
+        let before = self.timeout;
+        let set = |c: &Conn, t: Duration| {
+            match &c.stream {
+                Stream::Tcp(s) => s.set_read_timeout(Some(t)),
+                Stream::Unix(s) => s.set_read_timeout(Some(t)),
+            }
+            .map_err(|e| c.fail("wait", Error::io("setting a timeout", e)))
+        };
+        self.timeout = before.saturating_add(wait);
+        set(self, self.timeout)?;
+        let r = f(self);
+        self.timeout = before;
+        set(self, before)?;
+        r
+    }
+}
+
+fn tcp(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing");
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// The one error for a server that failed or missed its deadline.
+fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Error {
+    let timed_out =
+        matches!(e, Error::Io { source, .. } if matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+    match e {
+        _ if timed_out => Error::Unavailable(format!(
+            "staging server {server} at {addr} did not answer {op} within {:.1} s; it may be hung or overloaded \
+             (`cairn cluster status`), or raise [staging] timeout",
+            timeout.as_secs_f64()
+        )),
+        Error::Io { .. } => {
+            Error::Unavailable(format!("staging server {server} at {addr}: {op} failed: {e}; is it up? (`cairn cluster status`)"))
+        }
+        other => Error::from_kind(other.kind(), other.to_string()),
+    }
+}
+
+/// The request's name as it appears on the wire.
+fn op(req: &Request) -> String {
+    serde_json::to_value(req).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
 }
 
 /// Which transport clients use.
@@ -105,46 +216,117 @@ pub(crate) enum Transport {
     Tcp,
 }
 
-/// A cluster as a client sees it: the cluster file, the ring, and a connection slot per server.
+/// A cluster as a client sees it: the cluster file (secret, memory), the current view, and a
+/// connection slot per server.
 #[derive(Debug)]
 pub(crate) struct Cluster {
-    pub(crate) file: ClusterFile,
-    pub(crate) ring: Ring,
-    slots: Vec<Mutex<Option<Conn>>>,
+    file: ClusterFile,
+    view: RwLock<Arc<ClusterView>>,
+    slots: Mutex<HashMap<u32, Arc<Mutex<Option<Conn>>>>>,
     transport: Transport,
+    /// Deadline of every read and write.
+    pub(crate) timeout: Duration,
 }
 
 impl Cluster {
-    pub(crate) fn open(path: &Path) -> Result<Arc<Cluster>> {
+    pub(crate) fn open(path: &Path, timeout: Duration) -> Result<Arc<Cluster>> {
         let file = ClusterFile::load(path)?;
-        let ring = file.ring();
-        let max = file.servers.iter().map(|s| s.spec.id).max().unwrap_or(0) as usize;
+        let view = RwLock::new(Arc::new(ClusterView::initial(&file)));
         let transport = if std::env::var_os("CAIRN_TRANSPORT").is_some_and(|t| t == "tcp") { Transport::Tcp } else { Transport::Auto };
-        Ok(Arc::new(Cluster { file, ring, slots: (0..=max).map(|_| Mutex::new(None)).collect(), transport }))
+        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), transport, timeout }))
     }
 
-    /// Runs `f` on the connection to `server`, connecting first if needed. A connection that
-    /// failed is dropped, so the next call reconnects.
+    /// The current view.
+    pub(crate) fn view(&self) -> Arc<ClusterView> {
+        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes a newer view (from a `stale_epoch` reply); connections to servers whose address
+    /// changed are dropped.
+    fn install(&self, next: ClusterView) {
+        if next.validate().is_err() {
+            return;
+        }
+        let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+        if next.epoch <= v.epoch {
+            return;
+        }
+        let moved: Vec<u32> =
+            next.servers.iter().filter(|s| v.server(s.spec.id).map_or(true, |o| o.addr != s.addr)).map(|s| s.spec.id).collect();
+        *v = Arc::new(next);
+        drop(v);
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        moved.iter().for_each(|id| {
+            slots.remove(id);
+        });
+    }
+
+    /// A server's memory limit as the cluster file gives it.
+    pub(crate) fn memory(&self, server: u32) -> Result<u64> {
+        Ok(self.view().server(server)?.memory)
+    }
+
+    /// Runs `f` on the connection to `server`, connecting first if needed; requests carry the
+    /// current view's epoch. A connection that failed is dropped, so the next call reconnects.
     pub(crate) fn with<T>(&self, server: u32, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
-        let slot = self.slots.get(server as usize).ok_or_else(|| Error::NotFound(format!("server {server} is not in the cluster")))?;
+        let view = self.view();
+        let entry = view.server(server)?;
+        let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).entry(server).or_default().clone();
         let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            *guard = Some(Conn::open(self.file.server(server)?, &self.file.secret, self.transport)?);
+            *guard = Some(Conn::open(entry, &self.file.secret, self.transport, self.timeout)?);
         }
-        let r = f(guard.as_mut().expect("connected above"));
-        if matches!(&r, Err(e) if matches!(e.kind(), cairn_core::ErrorKind::Unavailable | cairn_core::ErrorKind::Corrupt)) {
+        let conn = guard.as_mut().expect("connected above");
+        conn.epoch = Some(view.epoch);
+        let r = f(conn);
+        if matches!(&r, Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Corrupt)) {
             *guard = None;
         }
         r
     }
 
-    /// One request to `server` without payloads.
+    /// Turns a reply into a result, taking a newer view from a `stale_epoch` one. Callers that
+    /// placed requests by the old view see the epoch change and place again.
+    pub(crate) fn settle(&self, resp: Response) -> Result<Response> {
+        if let Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), .. } = &resp {
+            self.install((**v).clone());
+        }
+        resp.into_result()
+    }
+
+    /// One request without payloads to the server `pick` chooses in the current view, asked
+    /// again while the cluster redirects it (newer view, busy server).
+    pub(crate) fn request(&self, pick: impl Fn(&ClusterView) -> u32, req: &Request) -> Result<Response> {
+        self.request_waiting(pick, req, Duration::ZERO)
+    }
+
+    fn request_waiting(&self, pick: impl Fn(&ClusterView) -> u32, req: &Request, wait: Duration) -> Result<Response> {
+        for attempt in 1..=REDIRECTS {
+            let server = pick(&self.view());
+            let resp = self.with(server, |c| c.waiting(wait, |c| c.call(req)))?;
+            match &resp {
+                Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), .. } if attempt < REDIRECTS => self.install((**v).clone()),
+                Response::Error { kind: ErrorKind::Busy, retry_after_ms, .. } if attempt < REDIRECTS => {
+                    std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)))
+                }
+                _ => return self.settle(resp),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// One request to `server`.
     pub(crate) fn call(&self, server: u32, req: &Request) -> Result<Response> {
-        self.with(server, |c| c.call(req))
+        self.request(|_| server, req)
     }
 
     /// One request to the coordinator of `dataset`.
     pub(crate) fn coord(&self, dataset: &str, req: &Request) -> Result<Response> {
-        self.call(self.file.coordinator(dataset), req)
+        self.request(|v| v.coordinator(dataset), req)
+    }
+
+    /// A request to the coordinator of `dataset` whose reply may take `wait` beyond the deadline.
+    pub(crate) fn coord_waiting(&self, dataset: &str, req: &Request, wait: Duration) -> Result<Response> {
+        self.request_waiting(|v| v.coordinator(dataset), req, wait)
     }
 }

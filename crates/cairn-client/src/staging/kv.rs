@@ -5,8 +5,7 @@
 use super::conn::Cluster;
 use cairn_core::placement::place_key;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{unexpected, Request, Response};
-use cairn_proto::sync_io::{read_head, read_payload, write_frame};
+use cairn_proto::message::{unexpected, Request, Response, MAX_KEYS};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,8 +13,8 @@ use std::sync::Arc;
 /// Bytes of values per put request: large enough that a request's round trip is small against
 /// sending it, small enough that a batch refused for space is a small part of a server's memory.
 const BATCH_BYTES: u64 = 8 << 20;
-/// Keys per put request (keeps its JSON header well under the frame limit).
-const BATCH_KEYS: usize = 8192;
+/// Keys per request (keeps its JSON header well under the frame limit).
+const BATCH_KEYS: usize = MAX_KEYS;
 
 /// A client of a cluster's keyed values.
 #[derive(Debug, Clone)]
@@ -24,22 +23,29 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    /// Connects (lazily) to the cluster in the cluster file `path`.
-    pub fn open(path: &Path) -> Result<KvStore> {
-        Ok(KvStore { cluster: Cluster::open(path)? })
+    /// Connects (lazily) to the cluster in the cluster file `path`; every call has `timeout`
+    /// to make progress.
+    pub fn open(path: &Path, timeout: std::time::Duration) -> Result<KvStore> {
+        Ok(KvStore { cluster: Cluster::open(path, timeout)? })
     }
 
-    fn server_of(&self, key: &str) -> u32 {
-        self.cluster.ring.place(place_key("", key, &[]))
-    }
-
-    /// Indices of `keys` grouped by the server holding them.
+    /// Indices of `keys` grouped by the server holding them in the current view.
     fn by_server<'a>(&self, keys: impl Iterator<Item = &'a str>) -> BTreeMap<u32, Vec<usize>> {
+        let view = self.cluster.view();
         let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, k) in keys.enumerate() {
-            groups.entry(self.server_of(k)).or_default().push(i);
+            groups.entry(view.place(place_key("", k, &[]))).or_default().push(i);
         }
         groups
+    }
+
+    /// Sends one request with a payload to `server` and reads its plain reply.
+    fn send(&self, server: u32, req: &Request, payload: &[&[u8]]) -> Result<Response> {
+        let resp = self.cluster.with(server, |c| {
+            c.send(req, payload)?;
+            Ok(c.recv(0, "kv_put")?.0)
+        })?;
+        self.cluster.settle(resp)
     }
 
     /// Sets each key to its value or, with `member`, adds each value to the set at its key.
@@ -47,7 +53,7 @@ impl KvStore {
         for (server, idx) in self.by_server(items.iter().map(|(k, _)| *k)) {
             // The server refuses a frame larger than its memory as malformed and hangs up: say why
             // here, and keep batches within it.
-            let limit = self.cluster.file.server(server)?.memory;
+            let limit = self.cluster.memory(server)?;
             if let Some(&i) = idx.iter().find(|&&i| items[i].1.len() as u64 > limit) {
                 return Err(Error::Capacity(format!(
                     "value of {} bytes for key '{}' exceeds the {limit}-byte memory of staging server {server}; \
@@ -63,10 +69,7 @@ impl KvStore {
                     member,
                 };
                 let vals: Vec<&[u8]> = batch.iter().map(|&i| items[i].1).collect();
-                self.cluster.with(server, |c| {
-                    write_frame(&mut c.stream, &req, &vals)?;
-                    c.recv_plain()
-                })?;
+                self.send(server, &req, &vals)?;
             }
         }
         Ok(())
@@ -76,32 +79,35 @@ impl KvStore {
     /// (absent: empty). Values come as `Vec<Vec<u8>>` per key: zero or one entries for values.
     pub fn get_many(&self, keys: &[&str], members: bool) -> Result<Vec<Vec<Vec<u8>>>> {
         let mut out = vec![Vec::new(); keys.len()];
-        for (server, idx) in self.by_server(keys.iter().copied()) {
-            let req = Request::KvGet { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), members };
-            let (sizes, bytes) = self.cluster.with(server, |c| {
-                write_frame(&mut c.stream, &req, &[])?;
-                let (resp, len) = read_head::<Response>(&mut c.stream, u64::MAX)?;
-                let Response::Values { sizes } = resp.into_result()? else {
-                    return Err(Error::Corrupt("unexpected reply to kv_get; are client and server the same Cairn version?".into()));
-                };
-                let mut bytes = vec![0u8; len as usize];
-                read_payload(&mut c.stream, &mut [&mut bytes])?;
-                Ok((sizes, bytes))
-            })?;
-            let total: u64 = sizes.iter().flatten().sum();
-            if sizes.len() != idx.len() || total != bytes.len() as u64 {
-                return Err(Error::Corrupt(format!("server {server} answered kv_get with sizes that do not match its payload")));
-            }
-            let mut at = 0usize;
-            for (&i, lens) in idx.iter().zip(sizes) {
-                out[i] = lens
-                    .iter()
-                    .map(|&n| {
-                        let v = bytes[at..at + n as usize].to_vec();
-                        at += n as usize;
-                        v
-                    })
-                    .collect();
+        for (server, all) in self.by_server(keys.iter().copied()) {
+            let limit = self.cluster.memory(server)?;
+            for idx in all.chunks(BATCH_KEYS) {
+                let req = Request::KvGet { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), members };
+                let (sizes, bytes) = self.cluster.with(server, |c| {
+                    c.send(&req, &[])?;
+                    let (resp, len) = c.recv(limit, "kv_get")?;
+                    let Response::Values { sizes } = self.cluster.settle(resp)? else {
+                        return Err(Error::Corrupt("unexpected reply to kv_get; are client and server the same Cairn version?".into()));
+                    };
+                    let mut bytes = vec![0u8; len as usize];
+                    c.read_payload(&mut [&mut bytes], "kv_get")?;
+                    Ok((sizes, bytes))
+                })?;
+                let total: u64 = sizes.iter().flatten().sum();
+                if sizes.len() != idx.len() || total != bytes.len() as u64 {
+                    return Err(Error::Corrupt(format!("server {server} answered kv_get with sizes that do not match its payload")));
+                }
+                let mut at = 0usize;
+                for (&i, lens) in idx.iter().zip(sizes) {
+                    out[i] = lens
+                        .iter()
+                        .map(|&n| {
+                            let v = bytes[at..at + n as usize].to_vec();
+                            at += n as usize;
+                            v
+                        })
+                        .collect();
+                }
             }
         }
         Ok(out)
@@ -111,7 +117,7 @@ impl KvStore {
     /// server); returns how many.
     pub fn delete(&self, keys: &[&str], prefix: bool) -> Result<u64> {
         let groups: Vec<(u32, Vec<usize>)> = if prefix {
-            self.cluster.ring.servers().iter().map(|&s| (s, (0..keys.len()).collect())).collect()
+            self.cluster.view().active().iter().map(|&s| (s, (0..keys.len()).collect())).collect()
         } else {
             self.by_server(keys.iter().copied()).into_iter().collect()
         };

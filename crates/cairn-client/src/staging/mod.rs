@@ -27,7 +27,7 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
                 .into(),
         )
     })?;
-    Cluster::open(path)
+    Cluster::open(path, cfg.deadline()?)
 }
 
 pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
@@ -48,14 +48,18 @@ pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepInde
 }
 
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,
-/// `shutdown`), to server `server` of the cluster in `cluster`; returns the reply as JSON.
-pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str) -> Result<String> {
+/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster`, within
+/// `timeout`; returns the reply as JSON.
+pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, timeout: std::time::Duration) -> Result<String> {
     let req: Request =
         serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
-    if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::Shutdown) {
-        return Err(Error::InvalidArgument(format!("{request:?} is not an administrative request (status, objects, datasets, shutdown)")));
+    if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::View | Request::SetView { .. } | Request::Shutdown)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "{request:?} is not an administrative request (status, objects, datasets, view, set_view, shutdown)"
+        )));
     }
-    let c = Cluster::open(cluster)?;
+    let c = Cluster::open(cluster, timeout)?;
     let resp = c.call(server, &req)?;
     Ok(serde_json::to_string(&resp).expect("responses serialize"))
 }

@@ -10,10 +10,12 @@ use cairn_core::assemble::for_each_run;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
 use cairn_core::{Error, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response};
-use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Gets sent ahead of the replies read, per connection.
+const WINDOW: usize = 16;
 
 /// Reads committed steps of one dataset from a staging cluster.
 #[derive(Debug)]
@@ -44,18 +46,24 @@ impl StagingReader {
         Ok(i)
     }
 
+    /// Fetches objects from one server, at most [`WINDOW`] requests ahead of the replies read,
+    /// so neither side's socket buffer fills with what the other has not read yet (however many
+    /// objects a box touches).
     fn fetch_all(&self, server: u32, fetches: &mut [Fetch<'_>]) -> Result<()> {
         self.cluster.with(server, |c| {
-            for f in fetches.iter() {
-                write_frame(&mut c.stream, &f.req, &[])?;
-            }
             let mut first_err = None;
-            for f in fetches.iter_mut() {
+            let mut sent = 0;
+            for i in 0..fetches.len() {
+                while sent < fetches.len() && sent < i + WINDOW {
+                    c.send(&fetches[sent].req, &[])?;
+                    sent += 1;
+                }
+                let f = &mut fetches[i];
                 let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
-                let (resp, len) = read_head::<Response>(&mut c.stream, want)?;
-                match resp.into_result() {
+                let (resp, len) = c.recv(want, "get")?;
+                match self.cluster.settle(resp) {
                     Ok(Response::Data { checksum }) if len == want => {
-                        read_payload(&mut c.stream, &mut f.parts)?;
+                        c.read_payload(&mut f.parts, "get")?;
                         let got = f.parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
                         if got != checksum {
                             first_err.get_or_insert(Error::Corrupt(format!(
@@ -65,7 +73,7 @@ impl StagingReader {
                         }
                     }
                     Ok(other) => {
-                        skip_payload(&mut c.stream, len)?;
+                        c.skip(len, "get")?;
                         first_err.get_or_insert(unexpected("get", &other));
                     }
                     Err(e) => {
@@ -136,8 +144,8 @@ impl ReadEngine for StagingReader {
     }
 
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
-        let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis() as u64 };
-        match self.cluster.coord(&self.dataset, &req)? {
+        let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis().min(u64::MAX.into()) as u64 };
+        match self.cluster.coord_waiting(&self.dataset, &req, timeout)? {
             Response::Committed { committed } => Ok(committed),
             other => Err(unexpected("wait", &other)),
         }

@@ -12,7 +12,7 @@ use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response, Share};
-use cairn_proto::sync_io::{read_head, write_frame};
+use cairn_proto::ClusterView;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -77,8 +77,8 @@ impl StagingWriter {
             let mut first_err = None;
             let mut acked = 0;
             let mut ack = |c: &mut super::conn::Conn| -> Result<()> {
-                let (resp, _) = read_head::<Response>(&mut c.stream, 0)?;
-                match resp.into_result() {
+                let (resp, _) = c.recv(0, "put")?;
+                match self.cluster.settle(resp) {
                     Ok(Response::Ok) => {}
                     Ok(other) => return Err(unexpected("put", &other)),
                     Err(e) => {
@@ -88,7 +88,7 @@ impl StagingWriter {
                 Ok(())
             };
             for (i, o) in objects.iter().enumerate() {
-                write_frame(&mut c.stream, &o.req, &o.parts)?;
+                c.send(&o.req, &o.parts)?;
                 if i + 1 - acked >= WINDOW {
                     ack(c)?;
                     acked += 1;
@@ -101,39 +101,23 @@ impl StagingWriter {
             first_err.map_or(Ok(()), Err)
         })
     }
-}
 
-impl WriteEngine for StagingWriter {
-    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
-        match steps_of(&self.cluster, &self.dataset)?.last() {
-            Some(&last) => Ok(index_of(&self.cluster, &self.dataset, last)?.vars.get(name).cloned()),
-            None => Ok(None),
-        }
-    }
-
-    fn is_committed(&self, step: u64) -> Result<bool> {
-        Ok(steps_of(&self.cluster, &self.dataset)?.contains(&step))
-    }
-
-    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
+    /// Puts `blocks` once, placed by the current view. On failure every object that arrived is
+    /// dropped again (ids are not reused, so a retry starts clean).
+    fn put_once(&mut self, view: &ClusterView, blocks: &[(u64, BlockData<'_>)]) -> Result<()> {
         let mut by_server: BTreeMap<u32, Vec<Outgoing<'_>>> = BTreeMap::new();
         let mut refs: Vec<Vec<ObjectRef>> = Vec::with_capacity(blocks.len());
         let mut seqs: BTreeMap<u64, u32> = BTreeMap::new();
-        for (step, block) in &blocks {
+        let base = place_key(&self.dataset, "", &[]);
+        for (step, block) in blocks {
             let elem = block.def.dtype.size();
             let pieces = split(&block.region, elem, self.object_size);
-            // Local blocks all sit at offset zero: their writer tells them apart.
-            let mut at = block.region.offset.clone();
-            if block.def.is_local() {
-                at.push(u64::from(self.rank));
-            }
-            let base = place_key(&self.dataset, &block.def.name, &at);
             let seq = seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
             let mut mine = Vec::with_capacity(pieces.len());
-            for (i, piece) in pieces.into_iter().enumerate() {
+            for piece in pieces {
                 let parts = gather(block.bytes, &block.region, &piece, elem);
                 let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
-                let server = self.cluster.ring.place(base.wrapping_add(i as u64));
+                let server = view.place(slot(base, *step, self.rank, self.nranks, *seq));
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
                 let req = Request::Put {
@@ -166,11 +150,10 @@ impl WriteEngine for StagingWriter {
                 (sent, st)
             })
         };
+        for (step, seq) in &seqs {
+            self.open.entry(*step).or_default().seq = *seq;
+        }
         if let Err(e) = sent {
-            // Ids are not reused by a retry, and what did arrive is freed so that it starts clean.
-            for (step, seq) in &seqs {
-                self.open.entry(*step).or_default().seq = *seq;
-            }
             for ((step, _), objs) in blocks.iter().zip(&refs) {
                 for &server in by_server.keys() {
                     let ids: Vec<u64> = objs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
@@ -181,6 +164,7 @@ impl WriteEngine for StagingWriter {
                             session: Some(self.session.clone()),
                             writer: None,
                             ids,
+                            except: None,
                         };
                         let _ = self.cluster.call(server, &req);
                     }
@@ -189,10 +173,9 @@ impl WriteEngine for StagingWriter {
             return Err(e);
         }
         drop(by_server);
-        for (((step, block), objs), st) in blocks.into_iter().zip(refs).zip(st) {
+        for (((step, block), objs), st) in blocks.iter().zip(refs).zip(st) {
             let elem = block.def.dtype.size() as u64;
-            let open = self.open.entry(step).or_default();
-            open.seq = seqs[&step];
+            let open = self.open.entry(*step).or_default();
             for o in &objs {
                 let share = open.shares.entry(o.server).or_default();
                 share.0 += 1;
@@ -201,7 +184,7 @@ impl WriteEngine for StagingWriter {
             open.blocks.push(BlockRecord {
                 var: block.def.name.clone(),
                 writer: self.rank,
-                region: block.region,
+                region: block.region.clone(),
                 file: String::new(),
                 pos: 0,
                 len: block.bytes.len() as u64,
@@ -215,6 +198,35 @@ impl WriteEngine for StagingWriter {
             });
         }
         Ok(())
+    }
+}
+
+/// The ring position of a writer's `seq`-th object of `step`: writers interleave (rank, then
+/// rank + nranks, ...) from a start that moves by one each step, so a regular decomposition puts
+/// the same number of objects (±1) on every server at every step, and the extra ones rotate.
+fn slot(base: u64, step: u64, rank: u32, nranks: u32, seq: u32) -> u64 {
+    base.wrapping_add(step).wrapping_add(u64::from(rank)).wrapping_add(u64::from(seq).wrapping_mul(u64::from(nranks)))
+}
+
+impl WriteEngine for StagingWriter {
+    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
+        match steps_of(&self.cluster, &self.dataset)?.last() {
+            Some(&last) => Ok(index_of(&self.cluster, &self.dataset, last)?.vars.get(name).cloned()),
+            None => Ok(None),
+        }
+    }
+
+    fn is_committed(&self, step: u64) -> Result<bool> {
+        Ok(steps_of(&self.cluster, &self.dataset)?.contains(&step))
+    }
+
+    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
+        let view = self.cluster.view();
+        match self.put_once(&view, &blocks) {
+            // The cluster moved to a newer view meanwhile: place again by it, once.
+            Err(_) if self.cluster.view().epoch != view.epoch => self.put_once(&self.cluster.view(), &blocks),
+            r => r,
+        }
     }
 
     fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
@@ -243,6 +255,7 @@ impl WriteEngine for StagingWriter {
             session: Some(self.session.clone()),
             writer: Some(self.rank),
             ids: Vec::new(),
+            except: None,
         };
         for server in open.shares.into_keys() {
             self.cluster.call(server, &req)?;

@@ -6,6 +6,7 @@ use crate::state::State;
 use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_proto::message::{Request, Response, Share};
+use cairn_proto::ClusterView;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +15,8 @@ use std::time::Duration;
 pub fn seal_or_drop(state: &State, req: Request) -> Result<()> {
     match req {
         Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
-        Request::Drop { dataset, step, session, writer, ids } => {
-            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids);
+        Request::Drop { dataset, step, session, writer, ids, except } => {
+            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids, except.as_deref());
             Ok(())
         }
         other => Err(Error::InvalidArgument(format!("expected a seal or drop request, got {other:?}"))),
@@ -50,11 +51,12 @@ async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req:
 
 /// Records a writer's fragment; the last one commits the step.
 pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
-    let coordinator = state.cluster()?.coordinator(dataset);
+    let view = state.view()?;
+    let coordinator = view.coordinator(dataset);
     if coordinator != state.id {
         return Err(Error::Conflict(format!(
-            "server {} does not coordinate '{dataset}' (server {coordinator} does); client and cluster file disagree",
-            state.id
+            "server {} does not coordinate '{dataset}' in view {} (server {coordinator} does); client and server views disagree",
+            state.id, view.epoch
         )));
     }
     let Some(ready) = state.meta.add_fragment(dataset, frag, shares)? else {
@@ -73,21 +75,46 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
             session: Some(session.clone()),
             writer: None,
             ids: Vec::new(),
+            except: None,
         })
         .await;
         return Err(e);
     }
+    sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
     for old in state.meta.commit(dataset, ready.index, keep_last) {
         free(state, dataset, &old).await?;
     }
     Ok(Response::Committed { committed: true })
 }
 
+/// After a commit, servers that took no part in it drop what other sessions left of the step
+/// (a crashed run's objects placed where the restart put none; participants did so when
+/// sealing). In the background: the commit does not wait, and a server that is down is skipped.
+fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &ClusterView, sealed: BTreeSet<u32>) {
+    let others: Vec<u32> = view.active().iter().copied().filter(|s| !sealed.contains(s)).collect();
+    if others.is_empty() {
+        return;
+    }
+    let (state, dataset, session) = (state.clone(), dataset.to_string(), session.to_string());
+    tokio::spawn(async move {
+        let _ = on_all(&state, others, |_| Request::Drop {
+            dataset: dataset.clone(),
+            step,
+            session: None,
+            writer: None,
+            ids: Vec::new(),
+            except: Some(session.clone()),
+        })
+        .await;
+    });
+}
+
 /// Frees the objects of a released step on every server that holds some.
 async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()> {
     let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
     let step = index.step;
-    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None, ids: Vec::new() }).await
+    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None, ids: Vec::new(), except: None })
+        .await
 }
 
 /// Releases a committed step.
@@ -97,10 +124,13 @@ pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Res
     Ok(Response::Ok)
 }
 
+/// Longest wait one `wait_step` may ask for (a day); clients wait longer by asking again.
+const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
 /// Waits until `step` commits or the timeout passes.
 pub async fn wait_step(state: &State, dataset: &str, step: u64, timeout_ms: u64) -> Response {
     let mut rx = state.meta.watch(dataset);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
         if state.meta.is_committed(dataset, step) {
             return Response::Committed { committed: true };

@@ -9,6 +9,9 @@ use cairn_proto::message::Response;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+// A payload that stalls fails the read by the connection's deadline (`Deadline`): the
+// reservation is dropped with it, so a stalled upload cannot hold space.
+
 /// The header fields of a put.
 #[derive(Debug)]
 pub struct PutHeader {
@@ -45,9 +48,7 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
     let reservation = match checked {
         Ok(r) => r,
         Err(e) => {
-            tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
-                .await
-                .map_err(|e| Error::io("discarding a refused payload", e))?;
+            crate::handler::discard(stream, len).await?;
             return Err(e);
         }
     };

@@ -3,8 +3,15 @@
 use super::{Payload, Reply};
 use crate::state::State;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Response, MAX_KEY};
+use cairn_proto::message::{Response, MAX_KEY, MAX_KEYS};
 use tokio::io::{AsyncRead, AsyncReadExt};
+
+fn check_keys(keys: &[String]) -> Result<()> {
+    if keys.len() > MAX_KEYS {
+        return Err(Error::InvalidArgument(format!("{} keys in one request; send at most {MAX_KEYS} per request", keys.len())));
+    }
+    keys.iter().try_for_each(|k| check_key(k))
+}
 
 fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY {
@@ -27,9 +34,7 @@ pub async fn put<S: AsyncRead + Unpin>(
     let reservation = match check_batch(&keys, &sizes, len).and_then(|_| state.store.reserve(len)) {
         Ok(r) => r,
         Err(e) => {
-            tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
-                .await
-                .map_err(|e| Error::io("discarding a refused payload", e))?;
+            crate::handler::discard(stream, len).await?;
             return Err(e);
         }
     };
@@ -49,7 +54,7 @@ pub async fn put<S: AsyncRead + Unpin>(
 
 /// A batch's keys are valid, and its sizes match the keys and add up to the payload.
 fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
-    keys.iter().try_for_each(|k| check_key(k))?;
+    check_keys(keys)?;
     let total = sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n));
     if keys.len() != sizes.len() || total != Some(len) {
         return Err(Error::InvalidArgument(format!(
@@ -62,9 +67,10 @@ fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
     Ok(())
 }
 
-/// The values (or members) of `keys`, back to back.
+/// The values (or members) of `keys`, back to back; a reply larger than the server's reply bound
+/// is refused before anything is copied.
 pub fn get(state: &State, keys: &[String], members: bool) -> Result<Reply> {
-    keys.iter().try_for_each(|k| check_key(k))?;
-    let (sizes, bytes) = state.kv.get(keys, members);
+    check_keys(keys)?;
+    let (sizes, bytes) = state.kv.get(keys, members, state.store.max_reply())?;
     Ok(Reply::WithPayload(Response::Values { sizes }, Payload::Owned(bytes)))
 }

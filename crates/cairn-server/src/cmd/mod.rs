@@ -53,6 +53,8 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
     let plain = |r: Result<Response>| r.map(Reply::Plain);
     match req {
         Request::Hello { .. } => Err(Error::Conflict("hello sent twice on one connection".into())),
+        Request::View => state.view().map(|v| Reply::Plain(Response::View { view: (*v).clone() })),
+        Request::SetView { view } => plain(state.set_view(view).map(|()| Response::Ok)),
         Request::Put { dataset, step, session, var, id, region, elem, checksum } => plain(
             data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await,
         ),
@@ -71,10 +73,8 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
         Request::Status => plain(Ok(admin::status(state))),
         Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),
-        Request::Shutdown => {
-            let _ = state.shutdown.send(());
-            plain(Ok(Response::Ok))
-        }
+        // The connection sends the reply, then signals the shutdown.
+        Request::Shutdown => plain(Ok(Response::Ok)),
     }
 }
 

@@ -1,0 +1,321 @@
+//! Staging servers that nothing can hang or exhaust (issue 14), against in-process clusters:
+//! pipelined reads of a thousand objects, malformed fragments, stalled uploads, reply bounds,
+//! crashed sessions' leftovers, duplicate ranks, balanced placement, view epochs, deadlines, and
+//! servers killed and restarted. Real processes (SIGSTOP, idle connections, RSS) are in the Python
+//! suite.
+
+use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
+use cairn_core::index::Fragment;
+use cairn_proto::{ClusterView, Request, Response};
+use cairn_server::testing::{RawConn, TestCluster};
+use cairn_server::Limits;
+use std::time::{Duration, Instant};
+
+struct Cluster {
+    c: TestCluster,
+    _dir: tempfile::TempDir,
+}
+
+fn start(active: u32, spares: u32, memory: u64, limits: Limits) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    Cluster { c: TestCluster::start(dir.path(), active, spares, memory, limits).unwrap(), _dir: dir }
+}
+
+fn cfg(c: &TestCluster, object_size: u64) -> Config {
+    let mut cfg = Config::default();
+    cfg.set("engine", "staging").unwrap();
+    cfg.set("cluster", c.file.to_str().unwrap()).unwrap();
+    cfg.set("object_size", &object_size.to_string()).unwrap();
+    cfg.set("timeout", "5").unwrap();
+    cfg
+}
+
+/// Polls `cond` until it holds, failing after `limit`.
+fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn used(c: &TestCluster, id: u32) -> u64 {
+    c.state(id).unwrap().store.used()
+}
+
+fn write_step(cfg: &Config, name: &str, step: u64, session: &str, data: &[u8], append: bool) -> bool {
+    let mut w = Writer::open(name, cfg, 0, 1, append, session).unwrap();
+    w.define("x", DType::U8, Some(vec![data.len() as u64])).unwrap();
+    w.begin_step(step).unwrap();
+    w.put("x", DType::U8, data, None, &[data.len() as u64]).unwrap();
+    let done = w.end_step().unwrap();
+    w.close().unwrap();
+    done
+}
+
+#[test]
+fn a_block_of_a_thousand_objects_reads_back_without_deadlock() {
+    let cl = start(2, 0, 256 << 20, Limits::default());
+    let c = &cl.c;
+    // A thousand get requests written before any reply is read fill a Unix socket's buffers
+    // while the server waits to write a reply.
+    let cfg = cfg(c, 65536);
+    let n = 64usize << 20;
+    let data: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    assert!(write_step(&cfg, "big", 0, "s", &data, false));
+    let r = Reader::open("big", &cfg).unwrap();
+    assert!(r.blocks("x", 0).unwrap()[0].objects.len() >= 1024);
+    let mut out = vec![0u8; n];
+    r.get("x", 0, &[0], &[n as u64], &mut out).unwrap();
+    assert!(out == data);
+}
+
+#[test]
+fn a_malformed_fragment_costs_its_sender_an_error_and_nobody_else_anything() {
+    let cl = start(1, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 1 << 20);
+    assert!(write_step(&cfg, "d", 0, "s", &[1; 100], false));
+    let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let r = Reader::open("d", &cfg).unwrap();
+    let def = cairn_core::index::VarDef::new("x", DType::U8, Some(vec![100])).unwrap();
+    let good = Fragment::new(1, 0, 1, "s".into(), vec![def], r.blocks("x", 0).unwrap());
+    let req = Request::EndStep { dataset: "d".into(), fragment: good.clone(), shares: vec![], keep_last: None };
+    let mut bad = serde_json::to_value(cairn_proto::Envelope { epoch: Some(1), req }).unwrap();
+    // An object region with `offset: []`: once a panic under the coordinator's lock.
+    bad["fragment"]["blocks"][0]["objects"][0]["region"]["offset"] = serde_json::json!([]);
+    let frame = serde_json::to_vec(&bad).unwrap();
+    let mut head = b"CRN1".to_vec();
+    head.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+    head.extend_from_slice(&0u64.to_le_bytes());
+    head.extend_from_slice(&frame);
+    use std::io::Write;
+    raw.stream.write_all(&head).unwrap();
+    let (resp, _) = raw.recv().unwrap();
+    let e = resp.into_result().unwrap_err();
+    assert!(e.to_string().contains("offset has 0 dimensions"), "{e}");
+    // A fragment that parses but names an undefined variable: an error, the connection kept.
+    let mut f = good;
+    f.blocks[0].var = "nope".into();
+    let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let req = Request::EndStep { dataset: "d".into(), fragment: f, shares: vec![], keep_last: None };
+    let e = raw.call(Some(1), &req, &[]).unwrap().into_result().unwrap_err();
+    assert!(e.to_string().contains("without defining it"), "{e}");
+    assert!(matches!(raw.call(Some(1), &Request::Steps { dataset: "d".into() }, &[]).unwrap(), Response::Steps { .. }));
+    // Everyone else is served: the coordinator's lock is intact.
+    assert!(write_step(&cfg, "d", 1, "s", &[2; 100], true));
+    assert_eq!(r.steps().unwrap(), vec![0, 1]);
+}
+
+#[test]
+fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
+    let limits = Limits { io_timeout: Duration::from_millis(300), ..Limits::default() };
+    let cl = start(1, 0, 8 << 20, limits);
+    let c = &cl.c;
+    let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let put = Request::Put {
+        dataset: "d".into(),
+        step: 0,
+        session: "x".into(),
+        var: "x".into(),
+        id: 1,
+        region: cairn_core::Region::new(vec![0], vec![6 << 20]).unwrap(),
+        elem: 1,
+        checksum: 0,
+    };
+    let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
+    use std::io::Write;
+    raw.stream.write_all(&head).unwrap();
+    raw.stream.write_all(&[0u8; 1 << 20]).unwrap();
+    eventually(Duration::from_secs(5), "the reservation is held while the payload flows", || used(c, 0) >= 6 << 20);
+    // The uploader stalls: a legitimate writer is refused for now, then served once the
+    // stalled connection hits its deadline.
+    let cfg = cfg(c, 8 << 20);
+    let e = Writer::open("other", &cfg, 0, 1, false, "s")
+        .and_then(|mut w| {
+            w.define("y", DType::U8, Some(vec![4 << 20]))?;
+            w.begin_step(0)?;
+            w.put("y", DType::U8, &vec![1; 4 << 20], None, &[4 << 20])
+        })
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    eventually(Duration::from_secs(5), "the stalled upload's space comes back", || used(c, 0) == 0);
+    assert!(write_step(&cfg, "other", 0, "s2", &vec![1; 4 << 20], false));
+}
+
+#[test]
+fn a_reply_is_bounded_however_often_a_request_names_a_key() {
+    let cl = start(1, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let kv = cairn_client::staging::KvStore::open(&c.file, Duration::from_secs(5)).unwrap();
+    let mib = vec![7u8; 1 << 20];
+    kv.put_many(&[("k", &mib)], false).unwrap();
+    let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let e = raw.call(Some(1), &Request::KvGet { keys: vec!["k".into(); 2000], members: false }, &[]).unwrap().into_result().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("fewer keys"), "{e}");
+    let e = raw.call(Some(1), &Request::KvGet { keys: vec!["k".into(); 9000], members: false }, &[]).unwrap().into_result().unwrap_err();
+    assert!(e.to_string().contains("at most 8192"), "{e}");
+    assert_eq!(kv.get_many(&["k"; 40], false).unwrap().len(), 40, "within the bound it is served");
+}
+
+#[test]
+fn a_crashed_sessions_objects_are_dropped_everywhere_at_the_next_commit() {
+    let cl = start(4, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 4096);
+    let mut w = Writer::open("run", &cfg, 0, 1, false, "crashed").unwrap();
+    w.define("x", DType::U8, Some(vec![64 << 10])).unwrap();
+    w.begin_step(0).unwrap();
+    w.put("x", DType::U8, &vec![1; 64 << 10], None, &[64 << 10]).unwrap();
+    std::mem::forget(w); // killed mid-step: nothing ends or aborts it
+    assert!((0..4).all(|s| used(c, s) > 0), "the crashed session's objects are on every server");
+    // The restart writes step 0 again, smaller: its objects reach one server only.
+    let mut cfg2 = cfg.clone();
+    cfg2.set("object_size", "1048576").unwrap();
+    assert!(write_step(&cfg2, "run", 0, "restarted", &[2; 1000], true));
+    eventually(Duration::from_secs(5), "only the restart's 1000 bytes stay", || (0..4).map(|s| used(c, s)).sum::<u64>() == 1000);
+}
+
+#[test]
+fn two_writers_started_as_one_rank_are_refused_by_name() {
+    let cl = start(2, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 1 << 20);
+    let mut ws: Vec<Writer> = (0..2).map(|_| Writer::open("dup", &cfg, 0, 2, false, "sess-7").unwrap()).collect();
+    for (i, w) in ws.iter_mut().enumerate() {
+        w.define("x", DType::U8, Some(vec![10])).unwrap();
+        w.begin_step(0).unwrap();
+        w.put("x", DType::U8, &[i as u8; 5], Some(&[0]), &[5]).unwrap();
+    }
+    assert!(!ws[0].end_step().unwrap());
+    let e = ws[1].end_step().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("rank 0") && msg.contains("sess-7") && msg.contains("step 0"), "{msg}");
+}
+
+#[test]
+fn a_regular_decomposition_fills_every_server_alike() {
+    let cl = start(4, 0, 256 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 256 << 10);
+    let writers = 4u32;
+    std::thread::scope(|s| {
+        for r in 0..writers {
+            let cfg = cfg.clone();
+            s.spawn(move || {
+                let mut w = Writer::open("field", &cfg, r, writers, false, "s").unwrap();
+                w.define("p", DType::F64, Some(vec![u64::from(writers) * 96 * 1024])).unwrap();
+                w.define("q", DType::F64, Some(vec![u64::from(writers) * 40 * 1024])).unwrap();
+                for step in 0..6 {
+                    w.begin_step(step).unwrap();
+                    let off = u64::from(r);
+                    w.put("p", DType::F64, &vec![0u8; 96 * 1024 * 8], Some(&[off * 96 * 1024]), &[96 * 1024]).unwrap();
+                    w.put("q", DType::F64, &vec![0u8; 40 * 1024 * 8], Some(&[off * 40 * 1024]), &[40 * 1024]).unwrap();
+                    w.end_step().unwrap();
+                }
+                w.close().unwrap();
+            });
+        }
+    });
+    let per: Vec<u64> = (0..4).map(|s| used(c, s)).collect();
+    let mean = per.iter().sum::<u64>() as f64 / 4.0;
+    assert!(per.iter().all(|&u| (u as f64 - mean).abs() <= 0.1 * mean), "memory per server {per:?} is not within 10% of {mean}");
+}
+
+#[test]
+fn a_client_on_an_old_view_is_redirected_and_places_by_the_new_one() {
+    let cl = start(3, 1, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 4096);
+    let data = vec![3u8; 64 << 10];
+    assert!(write_step(&cfg, "v", 0, "s", &data, false));
+    let r = Reader::open("v", &cfg).unwrap();
+    assert_eq!(used(c, 3), 0, "the spare holds nothing");
+    // Spare 3 takes server 2's slot: every server learns view 2, clients still hold view 1.
+    let mut conn = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let Response::View { view } = conn.call(None, &Request::View, &[]).unwrap() else { panic!("no view") };
+    let next: ClusterView = view.replace(2, 3).unwrap();
+    for id in 0..4 {
+        let mut conn = RawConn::open(&c.addr(id).to_string(), c.secret()).unwrap();
+        conn.call(None, &Request::SetView { view: next.clone() }, &[]).unwrap().into_result().unwrap();
+    }
+    let mut stale = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    match stale.call(Some(1), &Request::Steps { dataset: "v".into() }, &[]).unwrap() {
+        Response::Error { kind, view: Some(v), .. } => assert_eq!((kind, v.epoch), (ErrorKind::StaleEpoch, 2)),
+        other => panic!("expected stale_epoch, got {other:?}"),
+    }
+    let older = conn.call(None, &Request::SetView { view: view.clone() }, &[]).unwrap().into_result().unwrap_err();
+    assert_eq!(older.kind(), ErrorKind::Conflict, "an older view is refused: {older}");
+    // The reader on view 1 is told, refreshes and goes on; the next step lands on the spare.
+    assert_eq!(r.steps().unwrap(), vec![0]);
+    assert!(write_step(&cfg, "v", 1, "s", &data, true));
+    assert!(used(c, 3) > 0, "the spare took its slot");
+    let mut out = vec![0u8; data.len()];
+    r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
+    assert!(out == data);
+}
+
+#[test]
+fn a_server_that_never_answers_is_named_within_the_deadline() {
+    // A listener nobody accepts on: connections complete in the kernel, nothing is ever said.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.json");
+    let entry = serde_json::json!({"id": 0, "node": "n", "rack": "", "spare": false, "addr": mute.local_addr().unwrap().to_string()});
+    std::fs::write(&file, serde_json::json!({"secret": "s", "servers": [entry]}).to_string()).unwrap();
+    let mut cfg = Config::default();
+    cfg.set("engine", "staging").unwrap();
+    cfg.set("cluster", file.to_str().unwrap()).unwrap();
+    cfg.set("timeout", "0.5").unwrap();
+    let started = Instant::now();
+    let e = Reader::open("d", &cfg).and_then(|r| r.steps()).unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    let msg = e.to_string();
+    assert!(msg.contains("server 0") && msg.contains(&mute.local_addr().unwrap().to_string()) && msg.contains("within 0.5 s"), "{msg}");
+}
+
+#[test]
+fn a_killed_server_is_named_and_a_restarted_one_serves_again() {
+    let mut cl = start(2, 0, 64 << 20, Limits::default());
+    let cfg = cfg(&cl.c, 4096);
+    let data = vec![5u8; 64 << 10];
+    assert!(write_step(&cfg, "k", 0, "s", &data, false));
+    let r = Reader::open("k", &cfg).unwrap();
+    let coord = ClusterView::initial(&cairn_proto::cluster::ClusterFile::load(&cl.c.file).unwrap()).coordinator("k");
+    let other = 1 - coord;
+    cl.c.kill(other);
+    let mut out = vec![0u8; data.len()];
+    let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.to_string().contains(&format!("server {other}")), "{e}");
+    cl.c.restart(other).unwrap();
+    // Its memory is gone (no redundancy yet): the step's objects there are missing, by name.
+    let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(write_step(&cfg, "k", 1, "s", &data, true));
+    r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
+    assert!(out == data);
+}
+
+#[test]
+fn a_replayed_hello_is_refused() {
+    let cl = start(1, 0, 1 << 20, Limits::default());
+    let c = &cl.c;
+    let addr = c.addr(0).to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let (challenge, _) = cairn_proto::sync_io::read_head::<Response>(&mut s, 0).unwrap();
+    let Response::Challenge { nonce, .. } = challenge else { panic!() };
+    let captured = Request::Hello { client: "t".into(), mac: cairn_proto::auth::answer(c.secret(), &nonce) };
+    // Replayed on a new connection (another nonce), the captured answer fails.
+    let mut s2 = std::net::TcpStream::connect(&addr).unwrap();
+    let _ = cairn_proto::sync_io::read_head::<Response>(&mut s2, 0).unwrap();
+    cairn_proto::sync_io::write_frame(&mut s2, &captured, &[]).unwrap();
+    let (reply, _) = cairn_proto::sync_io::read_head::<Response>(&mut s2, 0).unwrap();
+    assert!(reply.into_result().unwrap_err().to_string().contains("wrong cluster secret"));
+    cairn_proto::sync_io::write_frame(&mut s, &captured, &[]).unwrap();
+    let (reply, _) = cairn_proto::sync_io::read_head::<Response>(&mut s, 0).unwrap();
+    assert!(matches!(reply, Response::Welcome { .. }), "{reply:?}");
+}

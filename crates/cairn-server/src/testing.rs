@@ -1,0 +1,190 @@
+//! A cluster of servers inside one process, for tests: each server runs [`run`] on its own
+//! runtime thread, and any of them can be killed (its runtime and every connection dropped at
+//! once, its memory lost, as with SIGKILL) and restarted empty on the same address.
+
+use crate::server::{run, Listeners};
+use crate::state::{Limits, State};
+use cairn_core::placement::ServerSpec;
+use cairn_core::{Error, Result};
+use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
+use cairn_proto::message::{refused, Envelope, Request, Response};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+/// One running server of a [`TestCluster`].
+#[derive(Debug)]
+struct Running {
+    stop: oneshot::Sender<()>,
+    thread: JoinHandle<()>,
+    state: Arc<State>,
+}
+
+/// Servers `0..n` (the last `spares` of them spares) on loopback, with a cluster file in a
+/// folder the caller owns.
+#[derive(Debug)]
+pub struct TestCluster {
+    /// The cluster file clients open.
+    pub file: PathBuf,
+    dir: PathBuf,
+    secret: String,
+    memory: u64,
+    limits: Limits,
+    addrs: Vec<SocketAddr>,
+    servers: Vec<Option<Running>>,
+}
+
+impl TestCluster {
+    /// Starts `active + spares` servers with `memory` bytes each; the cluster file goes to
+    /// `dir/cluster.json`.
+    pub fn start(dir: &Path, active: u32, spares: u32, memory: u64, limits: Limits) -> Result<TestCluster> {
+        let file = dir.join("cluster.json");
+        let secret = cairn_proto::auth::new_secret()?;
+        let mut listeners = Vec::new();
+        let mut entries = Vec::new();
+        for id in 0..active + spares {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("binding a test server", e))?;
+            let addr = l.local_addr().map_err(|e| Error::io("reading a bound address", e))?;
+            entries.push(ServerEntry {
+                spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
+                addr: addr.to_string(),
+                // Clients on this host use the Unix socket, as with real servers.
+                unix: Some(Self::sock(dir, id)),
+                host: cairn_proto::cluster::hostname(),
+                pid: std::process::id(),
+                memory,
+            });
+            listeners.push((addr, l));
+        }
+        let cluster = ClusterFile { secret: secret.clone(), servers: entries };
+        write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
+        let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, addrs: Vec::new(), servers: Vec::new() };
+        for (id, (addr, l)) in listeners.into_iter().enumerate() {
+            c.addrs.push(addr);
+            c.servers.push(Some(c.launch(id as u32, Some(l))?));
+        }
+        Ok(c)
+    }
+
+    fn sock(dir: &Path, id: u32) -> PathBuf {
+        dir.join(format!("server-{id}.sock"))
+    }
+
+    /// Runs server `id` on `listener`, or on a new listener at its address (a restart).
+    fn launch(&self, id: u32, listener: Option<std::net::TcpListener>) -> Result<Running> {
+        if let Some(l) = &listener {
+            l.set_nonblocking(true).map_err(|e| Error::io("configuring a test listener", e))?;
+        }
+        let addr = self.addrs[id as usize];
+        let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("starting a test runtime", e))?;
+        let st = state.clone();
+        let sock = Self::sock(&self.dir, id);
+        let _ = std::fs::remove_file(&sock);
+        let (tcp, unix) = rt
+            .block_on(async move {
+                match listener {
+                    Some(l) => tokio::net::TcpListener::from_std(l),
+                    None => {
+                        // Connections of the killed server may linger in TIME_WAIT on this port.
+                        let s = tokio::net::TcpSocket::new_v4()?;
+                        s.set_reuseaddr(true)?;
+                        s.bind(addr)?;
+                        s.listen(1024)
+                    }
+                }
+                .and_then(|tcp| Ok((tcp, tokio::net::UnixListener::bind(&sock)?)))
+            })
+            .map_err(|e| Error::io(format!("listening on {addr}"), e))?;
+        let thread = std::thread::spawn(move || {
+            rt.block_on(async move {
+                run(st, Listeners { tcp, unix: Some(unix) }, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            });
+            // Dropping the runtime here drops every task still holding a connection.
+        });
+        Ok(Running { stop, thread, state })
+    }
+
+    /// The state of a running server (to look at its store or view).
+    pub fn state(&self, id: u32) -> Option<&Arc<State>> {
+        self.servers.get(id as usize)?.as_ref().map(|r| &r.state)
+    }
+
+    /// The address of server `id`.
+    pub fn addr(&self, id: u32) -> SocketAddr {
+        self.addrs[id as usize]
+    }
+
+    /// The cluster secret.
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// Kills server `id`: it stops at once, its connections drop and its memory is gone.
+    pub fn kill(&mut self, id: u32) {
+        if let Some(r) = self.servers[id as usize].take() {
+            let _ = r.stop.send(());
+            let _ = r.thread.join();
+        }
+    }
+
+    /// Restarts a killed server, empty, on its old address.
+    pub fn restart(&mut self, id: u32) -> Result<()> {
+        self.kill(id);
+        self.servers[id as usize] = Some(self.launch(id, None)?);
+        Ok(())
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for id in 0..self.servers.len() {
+            self.kill(id as u32);
+        }
+    }
+}
+
+/// A raw, authenticated connection to a server, for tests that send frames by hand.
+#[derive(Debug)]
+pub struct RawConn {
+    /// The socket (reads time out after 10 s).
+    pub stream: std::net::TcpStream,
+}
+
+impl RawConn {
+    /// Connects to `addr` and answers its challenge with `secret`.
+    pub fn open(addr: &str, secret: &str) -> Result<RawConn> {
+        let stream = std::net::TcpStream::connect(addr).map_err(|e| Error::io("connecting", e))?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
+        let mut c = RawConn { stream };
+        let (challenge, _) = c.recv()?;
+        let Response::Challenge { nonce, .. } = challenge else { return Err(refused("connect", challenge)) };
+        let mac = cairn_proto::auth::answer(secret, &nonce);
+        c.call(None, &Request::Hello { client: "test".into(), mac }, &[])?.into_result()?;
+        Ok(c)
+    }
+
+    /// Sends one request and reads its reply and the reply's payload.
+    pub fn call(&mut self, epoch: Option<u64>, req: &Request, payload: &[&[u8]]) -> Result<Response> {
+        cairn_proto::sync_io::write_frame(&mut self.stream, &Envelope { epoch, req: req.clone() }, payload)?;
+        Ok(self.recv()?.0)
+    }
+
+    /// Reads one reply and its payload.
+    pub fn recv(&mut self) -> Result<(Response, Vec<u8>)> {
+        let (resp, len) = cairn_proto::sync_io::read_head::<Response>(&mut self.stream, u64::MAX)?;
+        let mut payload = vec![0u8; len as usize];
+        cairn_proto::sync_io::read_payload(&mut self.stream, &mut [&mut payload])?;
+        Ok((resp, payload))
+    }
+}
