@@ -51,7 +51,7 @@ def test_any_box_matches_numpy_slicing(tmp_path_factory, data, ndim):
     cuts = sorted(data.draw(st.lists(st.integers(0, shape[0]), min_size=nw - 1, max_size=nw - 1)))
     bounds = list(zip([0, *cuts], [*cuts, shape[0]]))
     d = tmp_path_factory.mktemp("h")
-    writers = [cairn.open("ds", "w", rank=r, nranks=nw, path=d) for r in range(nw)]
+    writers = [cairn.open("ds", "w", rank=r, nranks=nw, path=d, session="s") for r in range(nw)]
     for r, w in enumerate(writers):
         w.define("x", "f8", shape)
         with w.step(0):
@@ -68,7 +68,7 @@ def test_any_box_matches_numpy_slicing(tmp_path_factory, data, ndim):
 
 def test_local_variables_are_ragged_per_writer(cfg):
     for r in range(3):
-        with write(cfg, nranks=3, rank=r) as f:
+        with write(cfg, nranks=3, rank=r, session="s") as f:
             f.define("walkers", "f8", local=True)
             with f.step(7):
                 f.put("walkers", np.full((r + 1, 3), float(r)))
@@ -110,7 +110,7 @@ def test_errors_name_the_problem(cfg):
 
 
 def test_overlapping_blocks_from_two_writers_keep_the_step_hidden(cfg):
-    ws = [write(cfg, nranks=2, rank=r) for r in range(2)]
+    ws = [write(cfg, nranks=2, rank=r, session="s") for r in range(2)]
     for w in ws:
         w.define("p", "f8", (10,))
         w._inner.begin_step(0)
@@ -139,7 +139,7 @@ def test_exception_inside_a_step_abandons_it(cfg):
 def test_corrupt_data_is_reported_and_other_blocks_stay_readable(file_cfg, tmp_path):
     cfg = file_cfg
     for r in range(2):
-        with write(cfg, nranks=2, rank=r) as f:
+        with write(cfg, nranks=2, rank=r, session="s") as f:
             f.define("p", "f8", (1000,))
             with f.step(0):
                 f.put("p", np.arange(500.0) + 500 * r, offset=(500 * r,))
@@ -173,3 +173,4 @@ def test_config_sources_and_errors(tmp_path, monkeypatch):
         cairn.open("ds", "r", pth="x")
     with pytest.raises(cairn.ConfigError, match="cannot read config file"):
         cairn.open("ds", "r", config=tmp_path / "missing.toml")
+

@@ -78,8 +78,13 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 
     ``session`` names this launch of the application: all writer ranks of one launch share it and
     a restart uses a new one, so fragments a crashed run left behind never mix into its restart.
-    With ``comm`` rank 0 draws one and broadcasts it; otherwise the launcher's (``mpirun``, Slurm)
-    is used. Ranks started separately by hand should pass the same ``session``.
+    Without ``session``: with ``comm``, rank 0 draws a random one and broadcasts it; else
+    ``$CAIRN_SESSION`` is used, else the launcher's (``mpirun``'s PMIx namespace or PMI KVS name,
+    Slurm's job and step), else a single writer (``nranks`` 1) draws a random one. Several ranks
+    with none of these are refused with :class:`InvalidArgumentError`: ranks started separately by
+    hand must pass the same ``session`` (or set ``$CAIRN_SESSION``), and a new one when restarted.
+    With the ``file`` engine, a second writer of a rank is refused with :class:`ConflictError`
+    while the first has it open, and when it ends a step the first ended in the same session.
     """
     cfg = os.fspath(config) if config is not None else None
     ov = _overrides(overrides)

@@ -39,7 +39,7 @@ impl Writer {
     /// Opens dataset `name` for writing with the engine `cfg` names. `append` adds steps to an
     /// existing dataset; otherwise it must hold no committed steps. `session` identifies this
     /// launch of the application: every rank of one launch passes the same value, and a restart
-    /// passes a new one (see [`default_session`]), so a crashed run's leftovers never mix in.
+    /// passes a new one (see [`crate::session`]), so a crashed run's leftovers never mix in.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
@@ -320,18 +320,6 @@ impl Drop for Writer {
             let _ = self.flush_traces();
         }
     }
-}
-
-/// The session of this launch as the MPI or batch launcher names it (PMIx namespace, Open MPI's
-/// HNP URI, Slurm job and step), or empty when started by hand: then ranks started separately
-/// should agree on a session themselves (Python: `comm=` or `session=`).
-pub fn default_session() -> String {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    env("PMIX_NAMESPACE")
-        .or_else(|| env("OMPI_MCA_orte_hnp_uri"))
-        .or_else(|| env("PMI_KVSNAME"))
-        .or_else(|| Some(format!("slurm-{}.{}", env("SLURM_JOB_ID")?, env("SLURM_STEP_ID").unwrap_or_default())))
-        .unwrap_or_default()
 }
 
 pub(crate) fn unknown_var<'a>(var: &str, known: impl Iterator<Item = &'a String>) -> Error {
