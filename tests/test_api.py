@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -51,7 +53,7 @@ def test_any_box_matches_numpy_slicing(tmp_path_factory, data, ndim):
     cuts = sorted(data.draw(st.lists(st.integers(0, shape[0]), min_size=nw - 1, max_size=nw - 1)))
     bounds = list(zip([0, *cuts], [*cuts, shape[0]]))
     d = tmp_path_factory.mktemp("h")
-    writers = [cairn.open("ds", "w", rank=r, nranks=nw, path=d) for r in range(nw)]
+    writers = [cairn.open("ds", "w", rank=r, nranks=nw, path=d, session="s") for r in range(nw)]
     for r, w in enumerate(writers):
         w.define("x", "f8", shape)
         with w.step(0):
@@ -68,7 +70,7 @@ def test_any_box_matches_numpy_slicing(tmp_path_factory, data, ndim):
 
 def test_local_variables_are_ragged_per_writer(cfg):
     for r in range(3):
-        with write(cfg, nranks=3, rank=r) as f:
+        with write(cfg, nranks=3, rank=r, session="s") as f:
             f.define("walkers", "f8", local=True)
             with f.step(7):
                 f.put("walkers", np.full((r + 1, 3), float(r)))
@@ -110,7 +112,7 @@ def test_errors_name_the_problem(cfg):
 
 
 def test_overlapping_blocks_from_two_writers_keep_the_step_hidden(cfg):
-    ws = [write(cfg, nranks=2, rank=r) for r in range(2)]
+    ws = [write(cfg, nranks=2, rank=r, session="s") for r in range(2)]
     for w in ws:
         w.define("p", "f8", (10,))
         w._inner.begin_step(0)
@@ -139,7 +141,7 @@ def test_exception_inside_a_step_abandons_it(cfg):
 def test_corrupt_data_is_reported_and_other_blocks_stay_readable(file_cfg, tmp_path):
     cfg = file_cfg
     for r in range(2):
-        with write(cfg, nranks=2, rank=r) as f:
+        with write(cfg, nranks=2, rank=r, session="s") as f:
             f.define("p", "f8", (1000,))
             with f.step(0):
                 f.put("p", np.arange(500.0) + 500 * r, offset=(500 * r,))
@@ -173,3 +175,43 @@ def test_config_sources_and_errors(tmp_path, monkeypatch):
         cairn.open("ds", "r", pth="x")
     with pytest.raises(cairn.ConfigError, match="cannot read config file"):
         cairn.open("ds", "r", config=tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("table, key", [("file", "chunk_size"), ("staging", "object_size")])
+def test_zero_sizes_in_cairn_toml_are_refused(tmp_path, table, key):
+    conf = tmp_path / "cairn.toml"
+    conf.write_text(f'engine = "file"\n[{table}]\n{key} = 0\n')
+    with pytest.raises(cairn.ConfigError, match=rf"{key} = 0: use .*positive"):
+        cairn.open("ds", "w", config=conf, path=tmp_path)
+    with pytest.raises(cairn.ConfigError, match=rf"override {key}=\"0\""):
+        cairn.open("ds", "w", engine="file", path=tmp_path, **{key: 0})
+
+
+@pytest.mark.parametrize("name", ["a\0b", "x" * 256, "é" * 128, "", ".", "..", "a/b"])
+def test_bad_dataset_names_are_invalid_arguments(tmp_path, name):
+    for mode in ("w", "r"):
+        with pytest.raises(cairn.InvalidArgumentError, match=r"invalid dataset name .*1 to 255 bytes"):
+            cairn.open(name, mode, engine="file", path=tmp_path)
+    with cairn.open("x" * 255, "w", engine="file", path=tmp_path):
+        pass
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", True, None, 2**64])
+def test_steps_are_integers_from_zero(file_cfg, bad):
+    with write(file_cfg, name="ok") as f:
+        f.define("x", "f8", (2,))
+        with f.step(np.int64(0)):
+            f.put("x", np.ones(2), offset=(0,))
+            f.trace("t", [1.0])
+        with pytest.raises(cairn.InvalidArgumentError, match=f"invalid step {re.escape(repr(bad))}: steps are integers >= 0"):
+            with f.step(bad):
+                pass
+    with cairn.open("ok", "r", config=file_cfg) as f:
+        assert np.array_equal(f.get("x", np.uint8(0)), [1, 1])
+        calls = [lambda: f.get("x", bad), lambda: f.get_local("x", bad, 0), lambda: f.get_trace("t", bad, 0),
+                 lambda: f.blocks("x", bad), lambda: f.wait_step(bad, 0), lambda: f.release(bad)]
+        if bad is not None:
+            calls.append(lambda: next(f.stream(bad, timeout=0)))
+        for call in calls:
+            with pytest.raises(cairn.InvalidArgumentError, match=f"invalid step {re.escape(repr(bad))}: steps are integers >= 0"):
+                call()

@@ -37,7 +37,7 @@ FIELDS = {
 
 def write_fields(cfg, ranks: int = 2, step: int = 0, mode: str = "w") -> None:
     for r in range(ranks):
-        with cairn.open("ds", mode, config=cfg, rank=r, nranks=ranks) as f:
+        with cairn.open("ds", mode, config=cfg, rank=r, nranks=ranks, session="s") as f:
             for name, (dt, a) in FIELDS.items():
                 f.define(name, dt, a.shape)
             with f.step(step):

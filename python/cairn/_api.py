@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 import os
 import time
 import uuid
@@ -52,6 +53,18 @@ def _dtype(spec: Any) -> str:
     return f"{dt.kind}{dt.itemsize}"
 
 
+def _step(step: Any) -> int:
+    """``step`` as a plain ``int``, or :class:`InvalidArgumentError` unless it is an integer in
+    ``0 .. 2**64 - 1`` (numpy integers count; ``bool`` and floats do not)."""
+    try:
+        n = None if isinstance(step, bool) else operator.index(step)
+    except TypeError:
+        n = None
+    if n is None or not 0 <= n < 2**64:
+        raise InvalidArgumentError(f"invalid step {step!r}: steps are integers >= 0 (and below 2**64)")
+    return n
+
+
 def _overrides(kw: dict[str, Any]) -> list[tuple[str, str]]:
     return [(k, str(v).lower() if isinstance(v, bool) else os.fspath(v) if isinstance(v, os.PathLike) else str(v))
             for k, v in kw.items() if v is not None]
@@ -78,8 +91,13 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 
     ``session`` names this launch of the application: all writer ranks of one launch share it and
     a restart uses a new one, so fragments a crashed run left behind never mix into its restart.
-    With ``comm`` rank 0 draws one and broadcasts it; otherwise the launcher's (``mpirun``, Slurm)
-    is used. Ranks started separately by hand should pass the same ``session``.
+    Without ``session``: with ``comm``, rank 0 draws a random one and broadcasts it; else
+    ``$CAIRN_SESSION`` is used, else the launcher's (``mpirun``'s PMIx namespace or PMI KVS name,
+    Slurm's job and step), else a single writer (``nranks`` 1) draws a random one. Several ranks
+    with none of these are refused with :class:`InvalidArgumentError`: ranks started separately by
+    hand must pass the same ``session`` (or set ``$CAIRN_SESSION``), and a new one when restarted.
+    With the ``file`` engine, a second writer of a rank is refused with :class:`ConflictError`
+    while the first has it open, and when it ends a step the first ended in the same session.
     """
     cfg = os.fspath(config) if config is not None else None
     ov = _overrides(overrides)
@@ -155,7 +173,7 @@ class Writer:
     def step(self, step: int) -> Iterator[Writer]:
         """Write step ``step`` inside the ``with`` block. It commits (becomes visible) once every
         rank has left the block; an exception abandons this rank's part and the step stays hidden."""
-        self._inner.begin_step(step)
+        self._inner.begin_step(_step(step))
         try:
             yield self
             self._inner.end_step()
@@ -229,6 +247,7 @@ class Reader:
     def wait_step(self, step: int, timeout: float | None = None) -> bool:
         """Wait until ``step`` is committed (at most ``timeout`` seconds; ``None`` waits for ever).
         Returns whether it is."""
+        step = _step(step)
         forever = timeout is None
         deadline = time.monotonic() + (0 if forever else timeout)
         while True:
@@ -243,7 +262,7 @@ class Reader:
         """Yield committed steps in order as they commit, from ``start`` (default: the first kept
         step), for in-situ analysis. Ends once no new step has committed for ``timeout`` seconds
         (``None``: never)."""
-        nxt = start
+        nxt = None if start is None else _step(start)
         last = time.monotonic()
         while True:
             new = [s for s in self.steps() if nxt is None or s >= nxt]
@@ -262,7 +281,7 @@ class Reader:
     def release(self, step: int) -> None:
         """Free a committed step in the staging servers (for every reader). The ``file`` engine
         keeps all steps and refuses."""
-        self._inner.release(step)
+        self._inner.release(_step(step))
 
     def variables(self) -> dict[str, VariableInfo]:
         """Variables of the committed steps: name -> :class:`VariableInfo`."""
@@ -272,12 +291,13 @@ class Reader:
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
         return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec)
-                for w, o, c, lo, hi, mean, crc, n, stored, codec in self._inner.blocks(name, step)]
+                for w, o, c, lo, hi, mean, crc, n, stored, codec in self._inner.blocks(name, _step(step))]
 
     def get(self, name: str, step: int, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
         assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill."""
+        step = _step(step)
         dtype, shape = self._inner.var(name, step)
         if shape is None:
             raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
@@ -292,6 +312,7 @@ class Reader:
 
     def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
         """The block writer ``writer`` put for local variable ``name`` at ``step``."""
+        step = _step(step)
         dtype, _ = self._inner.var(name, step)
         out = np.empty(self._inner.local_count(name, step, writer), dtype=_np_name(dtype))
         self._inner.get_local_into(name, step, writer, out)
@@ -300,6 +321,7 @@ class Reader:
     def get_trace(self, name: str, step: int, writer: int) -> np.ndarray:
         """The trace records writer ``writer`` appended to ``name`` at ``step``, in order (an
         empty array if it appended none)."""
+        step = _step(step)
         dtype, count = self._inner.trace_count(name, step, writer)
         out = np.empty(count, dtype=_np_name(dtype))
         if out.size:

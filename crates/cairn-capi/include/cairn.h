@@ -45,7 +45,9 @@ const char *cairn_last_error(void);
 // Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
 // of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
 // `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by
-// the launcher's session (PMIx namespace, Slurm step). On success `*out` holds a handle to pass to [`cairn_close`].
+// their session: `$CAIRN_SESSION`, else the launcher's (PMIx namespace, Slurm step), else for a
+// single writer a random one; several writers without one are refused. On success `*out` holds a
+// handle to pass to [`cairn_close`].
 //
 // # Safety
 // String arguments are NUL-terminated or NULL (`config` only); `out` is valid for a write.

@@ -130,7 +130,9 @@ pub extern "C" fn cairn_last_error() -> *const c_char {
 /// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
 /// of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
 /// `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by
-/// the launcher's session (PMIx namespace, Slurm step). On success `*out` holds a handle to pass to [`cairn_close`].
+/// their session: `$CAIRN_SESSION`, else the launcher's (PMIx namespace, Slurm step), else for a
+/// single writer a random one; several writers without one are refused. On success `*out` holds a
+/// handle to pass to [`cairn_close`].
 ///
 /// # Safety
 /// String arguments are NUL-terminated or NULL (`config` only); `out` is valid for a write.
@@ -154,10 +156,11 @@ pub unsafe extern "C" fn cairn_open(
         let file = match mode {
             "r" => CairnFile::R(Reader::open(name, &cfg)?),
             "w" | "a" => {
-                if rank < 0 || nranks < 1 {
+                if rank < 0 || nranks < 1 || rank >= nranks {
                     return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
                 }
-                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &cairn_client::writer::default_session())?)
+                let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
+                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?)
             }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };

@@ -168,6 +168,17 @@ impl Config {
         if self.trace_flush == 0 {
             return Err(Error::Config("trace_flush = 0: use 1 (write traces every step) or more".into()));
         }
+        if self.file.chunk_size == 0 {
+            return Err(Error::Config(format!(
+                "[file] chunk_size = 0: use a positive byte count (the default is {}), or leave the key out",
+                cairn_core::checksum::DEFAULT_CHUNK
+            )));
+        }
+        if self.staging.object_size == 0 {
+            return Err(Error::Config(format!(
+                "[staging] object_size = 0: use a positive byte count (the default is {DEFAULT_OBJECT_SIZE}), or leave the key out"
+            )));
+        }
         Ok(self)
     }
 
@@ -239,6 +250,18 @@ mod tests {
         assert!(c.set("engine", "nope").is_err());
         c.set("path", "/tmp/x").unwrap();
         assert_eq!(c.file.path, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn zero_sizes_are_refused_with_the_key() {
+        for (text, key) in [("[file]\nchunk_size = 0\n", "chunk_size"), ("[staging]\nobject_size = 0\n", "object_size")] {
+            let e = Config::parse(text, "cairn.toml").unwrap_err();
+            assert_eq!(e.kind(), cairn_core::ErrorKind::Config);
+            assert!(e.to_string().contains(&format!("{key} = 0: use a positive byte count")), "{e}");
+            let e = Config::default().set(key, "0").unwrap_err();
+            assert!(e.to_string().contains(key) && e.to_string().contains("positive"), "{e}");
+        }
+        assert_eq!(Config::parse("[file]\nchunk_size = 1\n[staging]\nobject_size = 1\n", "t").unwrap().file.chunk_size, 1);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`config`]: `cairn.toml`, `$CAIRN_CONFIG` and keyword overrides.
 //! - [`writer`]: [`Writer`], one rank's handle; checks every request before an engine sees it.
 //! - [`reader`]: [`Reader`], box reads assembled from intersecting blocks (M×N).
+//! - [`session`]: the writer session when the caller names none (environment, launcher, random).
 //! - [`engine`]: the traits engines implement.
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
 //! - [`staging`]: the `staging` engine (objects in staging servers' memory, coordinator commits).
@@ -14,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod file;
 pub mod reader;
+pub mod session;
 pub mod staging;
 mod trace;
 pub mod writer;

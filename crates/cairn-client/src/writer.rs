@@ -39,7 +39,7 @@ impl Writer {
     /// Opens dataset `name` for writing with the engine `cfg` names. `append` adds steps to an
     /// existing dataset; otherwise it must hold no committed steps. `session` identifies this
     /// launch of the application: every rank of one launch passes the same value, and a restart
-    /// passes a new one (see [`default_session`]), so a crashed run's leftovers never mix in.
+    /// passes a new one (see [`crate::session`]), so a crashed run's leftovers never mix in.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
@@ -322,26 +322,40 @@ impl Drop for Writer {
     }
 }
 
-/// The session of this launch as the MPI or batch launcher names it (PMIx namespace, Open MPI's
-/// HNP URI, Slurm job and step), or empty when started by hand: then ranks started separately
-/// should agree on a session themselves (Python: `comm=` or `session=`).
-pub fn default_session() -> String {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    env("PMIX_NAMESPACE")
-        .or_else(|| env("OMPI_MCA_orte_hnp_uri"))
-        .or_else(|| env("PMI_KVSNAME"))
-        .or_else(|| Some(format!("slurm-{}.{}", env("SLURM_JOB_ID")?, env("SLURM_STEP_ID").unwrap_or_default())))
-        .unwrap_or_default()
-}
-
 pub(crate) fn unknown_var<'a>(var: &str, known: impl Iterator<Item = &'a String>) -> Error {
     let known: Vec<&str> = known.map(String::as_str).collect();
     Error::NotFound(format!("unknown variable '{var}'; defined: [{}]", known.join(", ")))
 }
 
+/// Longest dataset name, in bytes: the longest file name most file systems allow.
+const MAX_NAME: usize = 255;
+
+/// Refuses dataset names that are not one plain file name: the file engine makes a directory of
+/// it, and both engines take the same names.
 pub(crate) fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(Error::InvalidArgument(format!("invalid dataset name {name:?}: use a plain name without '/'")));
+    if name.is_empty() || name.len() > MAX_NAME || name.contains(['/', '\0']) || name == "." || name == ".." {
+        return Err(Error::InvalidArgument(format!(
+            "invalid dataset name {name:?} ({} bytes): use a plain name of 1 to {MAX_NAME} bytes, without '/' or NUL, \
+             other than \".\" and \"..\"",
+            name.len()
+        )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_names_are_plain_file_names() {
+        for bad in ["", ".", "..", "a/b", "/", "a\0b", &"x".repeat(256), &"é".repeat(128)] {
+            let e = check_name(bad).unwrap_err();
+            assert_eq!(e.kind(), cairn_core::ErrorKind::InvalidArgument, "{bad:?}");
+            assert!(e.to_string().contains("1 to 255 bytes"), "{e}");
+        }
+        for good in ["run1", "a.b", "...", ".hidden", "é", &"x".repeat(255)] {
+            check_name(good).unwrap();
+        }
+    }
 }

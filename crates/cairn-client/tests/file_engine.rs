@@ -282,3 +282,84 @@ fn traces_are_buffered_commit_at_the_flush_and_read_back_exactly() {
     }
     assert_eq!(rd.trace_count("nope", 0, 0).unwrap_err().kind(), ErrorKind::NotFound);
 }
+
+fn f64s(v: &[f64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Rank `rank` of 2 puts `value` into its half of a 4-element array at `step` and ends it.
+fn write_half(w: &mut Writer, step: u64, value: f64) -> cairn_client::Result<bool> {
+    w.define("x", DType::F64, Some(vec![4]))?;
+    w.begin_step(step)?;
+    w.put("x", DType::F64, &f64s(&[value; 2]), Some(&[2 * w.rank() as u64]), &[2])?;
+    w.end_step()
+}
+
+fn read_x(c: &Config, step: u64) -> Vec<f64> {
+    let mut out = vec![0u8; 32];
+    Reader::open("ds", c).unwrap().get("x", step, &[0], &[4], &mut out).unwrap();
+    out.chunks(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn a_second_writer_of_a_rank_in_one_session_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let mut first = Writer::open("ds", &c, 0, 2, false, "s1").unwrap();
+    // While the first is open, a second one of its rank cannot open: it would share its data file.
+    for append in [false, true] {
+        let e = Writer::open("ds", &c, 0, 2, append, "s1").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Conflict);
+        assert!(e.to_string().contains("rank 0 ") && e.to_string().contains("session \"s1\""), "{e}");
+    }
+    assert!(!write_half(&mut first, 0, 1.0).unwrap());
+    first.close().unwrap();
+    // Once the first has ended step 0: "w" would truncate the data its part points at.
+    let e = Writer::open("ds", &c, 0, 2, false, "s1").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict);
+    assert!(e.to_string().contains("step 0 ") && e.to_string().contains("session \"s1\""), "{e}");
+    // "a" keeps the data; its own part of step 0 is refused at end_step, naming step, rank, session.
+    let mut second = Writer::open("ds", &c, 0, 2, true, "s1").unwrap();
+    let e = write_half(&mut second, 0, 5.0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict);
+    let msg = e.to_string();
+    assert!(msg.contains("step 0 ") && msg.contains("rank 0 ") && msg.contains("session \"s1\""), "{msg}");
+    second.abort_step().unwrap();
+    drop(second);
+    // The first writer's part is intact: rank 1 commits step 0 with it.
+    let mut other = Writer::open("ds", &c, 1, 2, true, "s1").unwrap();
+    assert!(write_half(&mut other, 0, 2.0).unwrap());
+    assert_eq!(read_x(&c, 0), [1.0, 1.0, 2.0, 2.0]);
+    // Another session's leftover of the rank is no conflict: a restart replaces it.
+    let mut crashed = Writer::open("ds", &c, 0, 2, true, "crashed").unwrap();
+    assert!(!write_half(&mut crashed, 1, 3.0).unwrap());
+    drop(crashed);
+    let mut restarted = Writer::open("ds", &c, 0, 2, true, "restart").unwrap();
+    assert!(!write_half(&mut restarted, 1, 4.0).unwrap());
+}
+
+#[test]
+fn an_end_step_retried_after_a_failed_commit_publishes_the_same_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let mut w0 = Writer::open("ds", &c, 0, 2, false, "s1").unwrap();
+    // A damaged fragment of rank 1 makes the commit attempt fail after rank 0 published its part.
+    let junk = |step: u64| dir.path().join(format!("ds/pending/step-{step:012}.rank-000001.json"));
+    std::fs::write(junk(0), b"{").unwrap();
+    assert_eq!(write_half(&mut w0, 0, 1.0).unwrap_err().kind(), ErrorKind::Corrupt);
+    std::fs::remove_file(junk(0)).unwrap();
+    // Retrying end_step publishes the same part again (not an empty one).
+    assert!(!w0.end_step().unwrap());
+    // After an abort instead, the writer may rewrite its own part of the step.
+    std::fs::write(junk(1), b"{").unwrap();
+    assert_eq!(write_half(&mut w0, 1, 6.0).unwrap_err().kind(), ErrorKind::Corrupt);
+    w0.abort_step().unwrap();
+    std::fs::remove_file(junk(1)).unwrap();
+    assert!(!write_half(&mut w0, 1, 7.0).unwrap());
+    w0.close().unwrap();
+    let mut w1 = Writer::open("ds", &c, 1, 2, true, "s1").unwrap();
+    assert!(write_half(&mut w1, 0, 2.0).unwrap());
+    assert!(write_half(&mut w1, 1, 2.0).unwrap());
+    assert_eq!(read_x(&c, 0), [1.0, 1.0, 2.0, 2.0]);
+    assert_eq!(read_x(&c, 1), [7.0, 7.0, 2.0, 2.0]);
+}

@@ -36,7 +36,10 @@ impl PyWriter {
         session: Option<String>,
     ) -> PyResult<Self> {
         let cfg = crate::config(config, overrides)?;
-        let session = session.unwrap_or_else(cairn_client::writer::default_session);
+        let session = match session {
+            Some(s) => s,
+            None => cairn_client::session::default_session(rank, nranks).map_err(to_py)?,
+        };
         let w = Writer::open(name, &cfg, rank, nranks, append, &session).map_err(to_py)?;
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }

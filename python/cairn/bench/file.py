@@ -29,7 +29,7 @@ def cairn_writer(d, shape, steps, rank, nw, barrier, q):
     x0, _ = slab(shape, rank, nw)
     barrier.wait()
     t = time.perf_counter()
-    with cairn.open("bench", "w", path=d, engine="file", rank=rank, nranks=nw) as f:
+    with cairn.open("bench", "w", path=d, engine="file", rank=rank, nranks=nw, session="bench") as f:
         f.define("field", "f8", shape)
         for s in range(steps):
             with f.step(s):

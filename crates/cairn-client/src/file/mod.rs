@@ -3,6 +3,7 @@
 //! into `steps/<step>.json` with one atomic rename, which is the commit point. No servers, N→N.
 //! Layout and format: `docs/format.md`.
 
+mod claim;
 mod layout;
 mod reader;
 mod writer;

@@ -1,5 +1,6 @@
 //! The writing side of the file engine, for one rank.
 
+use super::claim;
 use super::layout::{publish, Layout};
 use crate::config::FileConfig;
 use crate::engine::{BlockData, WriteEngine};
@@ -28,11 +29,15 @@ pub struct FileWriter {
     session: String,
     /// Blocks of each unpublished step.
     blocks: BTreeMap<u64, Vec<BlockRecord>>,
+    /// Digest of the fragment this writer last published for each step not seen committed yet.
+    published: BTreeMap<u64, u64>,
 }
 
 impl FileWriter {
     /// Opens rank `rank` of `nranks` for writing. `append` keeps committed steps and adds to them;
     /// otherwise the dataset must not hold committed steps yet (nothing is ever deleted silently).
+    /// Refused while another writer has this rank open, and (without `append`) when this rank has
+    /// ended steps of `session` that did not commit yet.
     pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, cfg: &FileConfig, session: String) -> Result<FileWriter> {
         let compression = cfg.compression()?;
         layout.create()?;
@@ -55,12 +60,15 @@ impl FileWriter {
             .truncate(false)
             .open(&path)
             .ctx(|| format!("opening data file {}", path.display()))?;
+        claim::lock_data_file(&data, &path, rank, &session)?;
         if !append {
+            claim::check_no_pending_part(&layout, rank, &session)?;
             data.set_len(0).ctx(|| format!("truncating {}", path.display()))?;
         }
         let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
         let (fsync, chunk) = (cfg.fsync, cfg.chunk_size);
-        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, compression, session, blocks: BTreeMap::new() };
+        let (blocks, published) = (BTreeMap::new(), BTreeMap::new());
+        let w = FileWriter { layout, rank, nranks, data, data_rel, end, fsync, chunk, compression, session, blocks, published };
         w.recover()?;
         Ok(w)
     }
@@ -87,6 +95,18 @@ impl FileWriter {
             }
         }
         Ok(())
+    }
+
+    /// Publishes this writer's fragment of `step`, unless another writer of this rank and session
+    /// already published a different one.
+    fn publish_part(&mut self, step: u64, bytes: &[u8]) -> Result<()> {
+        claim::check_part(&self.layout, step, self.rank, &self.session, bytes, self.published.get(&step).copied())?;
+        // Committed steps are never written again: their digests are not needed any more.
+        self.published.retain(|s, _| !self.layout.step_path(*s).exists());
+        // Recorded before publishing: if the rename happens but a later flush fails, the file
+        // still counts as this writer's.
+        self.published.insert(step, claim::digest(bytes));
+        publish(&self.layout.fragment_path(step, self.rank), bytes, self.fsync, self.rank)
     }
 
     /// Merges and publishes `step` if every rank's fragment of one session is present: of
@@ -196,12 +216,13 @@ impl WriteEngine for FileWriter {
         }
         let blocks = self.blocks.remove(&step).unwrap_or_default();
         let frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), blocks);
-        if let Err(e) = publish(&self.layout.fragment_path(step, self.rank), &to_json(&frag), self.fsync, self.rank) {
-            // Kept, so that a retry publishes this writer's blocks rather than an empty fragment.
+        let done = self.publish_part(step, &to_json(&frag)).and_then(|()| self.try_commit(step, Some(&self.session)));
+        if done.is_err() {
+            // Kept also when only the commit failed, so that a retry publishes this writer's
+            // blocks again rather than an empty fragment over them.
             self.blocks.insert(step, frag.blocks);
-            return Err(e);
         }
-        self.try_commit(step, Some(&self.session))
+        done
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {
