@@ -8,8 +8,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -21,20 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from . import _native
-from .exceptions import ConfigError, UnavailableError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
-
+from .exceptions import CairnError, ConfigError, UnavailableError
 
 def parse_size(text: str | int) -> int:
-    """Bytes in ``"4GiB"``, ``"512MB"``, ``"1e9"`` or an integer."""
+    """Bytes in ``"4GiB"``, ``"512MB"``, ``"1e9"`` or an integer (parsed in Rust, like every client)."""
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"memory size {text!r} not understood; write e.g. 4GiB, 512MiB or 1000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(_native.parse_size(str(text)))
 
 
 def entries_dir(file: str | os.PathLike[str]) -> Path:
@@ -43,22 +34,9 @@ def entries_dir(file: str | os.PathLike[str]) -> Path:
 
 
 def load_topology(path: str | os.PathLike[str] | None, n: int) -> list[tuple[str, str]]:
-    """(node, rack) per server id from a topology file (JSON or TOML): ``[[server]] id, node, rack``.
-    Without a file every server is its own node in one rack."""
-    if path is None:
-        return [(f"node{i}", "rack0") for i in range(n)]
-    text = Path(path).read_text()
-    if str(path).endswith(".json"):
-        doc = json.loads(text)
-    else:
-        import tomllib  # Python 3.11+; use a .json topology file on older Pythons
-
-        doc = tomllib.loads(text)
-    by_id = {int(s["id"]): (str(s.get("node", f"node{s['id']}")), str(s.get("rack", "rack0"))) for s in doc.get("server", [])}
-    missing = [i for i in range(n) if i not in by_id]
-    if missing:
-        raise ConfigError(f"topology file {path} lacks servers {missing}; list every id 0..{n - 1} under [[server]]")
-    return [by_id[i] for i in range(n)]
+    """(node, rack) per server id from a topology file (TOML, or JSON ending in ``.json``):
+    ``[[server]] id, node, rack``. Without a file every server is its own node in one rack."""
+    return [tuple(t) for t in _native.load_topology(None if path is None else os.fspath(path), n)]  # type: ignore[misc]
 
 
 @dataclass
@@ -74,23 +52,21 @@ class LocalCluster:
 
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
           topology: str | os.PathLike[str] | None = None, memory: str | int = "4GiB",
-          bind: str = "127.0.0.1", timeout: float = 60.0) -> LocalCluster:
+          bind: str = "127.0.0.1", timeout: float = 60.0, io_timeout: float | None = None,
+          hello_timeout: float | None = None, peer_timeout: float | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes in the background and return once the
-    cluster file is written and every server answers."""
+    cluster file is written and every server answers. ``io_timeout``, ``hello_timeout`` and
+    ``peer_timeout`` (seconds) override the servers' deadlines (``cairn serve --help``)."""
     file = Path(file).absolute()
     if file.exists():
-        try:
-            status(file)
-        except Exception:  # noqa: BLE001 - a dead cluster's file is replaced
-            pass
-        else:
+        if _running(file):
             raise ConfigError(f"a cluster is already running with {file}; stop it (`cairn cluster stop --file {file}`) or pick another --file")
         file.unlink()
     d = entries_dir(file)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, secrets.token_hex(32).encode())
+    os.write(fd, _native.new_secret().encode())
     os.close(fd)
     n = servers + spares
     topo = load_topology(topology, n)
@@ -99,7 +75,10 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     for i in range(n):
         node, rack = topo[i]
         cmd = [sys.executable, "-m", "cairn", "serve", "--cluster", str(file), "--id", str(i), "--servers", str(servers),
-               "--spares", str(spares), "--memory", str(mem), "--bind", bind, "--node", node, "--rack", rack]
+               "--spares", str(spares), "--memory", str(mem), "--host", bind, "--node", node, "--rack", rack]
+        for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
+            if value is not None:
+                cmd += [flag, str(value)]
         log = open(d / f"server-{i}.log", "wb")  # noqa: SIM115 - handed to the child
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
         log.close()
@@ -112,13 +91,18 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
             why = "; ".join(f"server {i} exited ({(d / f'server-{i}.log').read_text().strip()[-400:]})" for i, p in dead) or f"not up after {timeout:.0f} s"
             raise UnavailableError(f"cluster did not start: {why}")
         time.sleep(0.02)
-    status(file)
+    down = [r["id"] for r in status(file) if r["state"] == "down"]
+    if down:
+        for p in procs:
+            p.kill()
+        raise UnavailableError(f"cluster did not start: servers {down} do not answer; see their logs in {d}")
     return LocalCluster(file, procs)
 
 
-def request(file: str | os.PathLike[str], server: int, op: str) -> dict[str, Any]:
-    """One administrative request (``status``, ``objects``, ``datasets``, ``shutdown``) to a server."""
-    return json.loads(_native.cluster_request(os.fspath(file), server, json.dumps({"op": op})))
+def request(file: str | os.PathLike[str], server: int, op: str, timeout: float = 10.0) -> dict[str, Any]:
+    """One administrative request (``status``, ``objects``, ``datasets``, ``view``, ``shutdown``)
+    to a server, answered within ``timeout`` seconds or ``UnavailableError``."""
+    return json.loads(_native.cluster_request(os.fspath(file), server, json.dumps({"op": op}), timeout))
 
 
 def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -129,18 +113,44 @@ def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise UnavailableError(f"no cluster file {file}; start one with `cairn cluster start --file {file}`") from None
 
 
-def status(file: str | os.PathLike[str], objects: bool = False) -> list[dict[str, Any]]:
-    """Per server: id, node, rack, address, memory used/limit, objects, steps, requests/s
-    (and with ``objects`` the objects it holds)."""
+def status(file: str | os.PathLike[str], objects: bool = False, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Per server: id, node, rack, address, pid, ``state`` (``up``, ``down`` or ``spare``), memory
+    used/limit, objects, steps, requests/s (and with ``objects`` the objects it holds). A server
+    that does not answer within ``timeout`` seconds (dead or hung) is listed as ``down`` with
+    ``error`` saying why; the others are still reported."""
     out = []
     for s in servers_of(file):
-        st = request(file, s["id"], "status")["status"]
-        row = {"id": s["id"], "node": s.get("node", ""), "rack": s.get("rack", ""), "spare": s.get("spare", False),
-               "addr": s["addr"], **st, "requests_per_s": st["requests"] / max(st["uptime_s"], 1e-9)}
+        row: dict[str, Any] = {"id": s["id"], "node": s.get("node", ""), "rack": s.get("rack", ""), "spare": s.get("spare", False),
+                               "addr": s["addr"], "pid": s.get("pid", 0)}
+        try:
+            st = request(file, s["id"], "status", timeout)["status"]
+        except CairnError as e:
+            out.append({**row, "state": "down", "error": str(e), "memory_used": None, "memory_limit": s.get("memory"),
+                        "objects": None, "steps": None, "requests": None, "uptime_s": None, "requests_per_s": None})
+            continue
+        row.update(st, state="spare" if row["spare"] else "up", requests_per_s=st["requests"] / max(st["uptime_s"], 1e-9))
         if objects:
-            row["object_list"] = request(file, s["id"], "objects")["objects"]
+            row["object_list"] = request(file, s["id"], "objects", timeout)["objects"]
         out.append(row)
     return out
+
+
+def _running(file: Path) -> bool:
+    """Whether any server of the cluster in ``file`` answers (else the file is stale)."""
+    try:
+        return any(r["state"] != "down" for r in status(file, timeout=2.0))
+    except (CairnError, KeyError, ValueError):
+        return False
+
+
+def view(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] | None:
+    """The cluster view (epoch, slots, spares) of the first server that answers, or None."""
+    for s in servers_of(file):
+        try:
+            return request(file, s["id"], "view", timeout)["view"]
+        except CairnError:
+            continue
+    return None
 
 
 def stop(file: str | os.PathLike[str], procs: list[subprocess.Popen[bytes]] | None = None, timeout: float = 10.0) -> None:
@@ -148,18 +158,21 @@ def stop(file: str | os.PathLike[str], procs: list[subprocess.Popen[bytes]] | No
     the cluster file and its folder."""
     file = Path(file)
     entries = servers_of(file)
+    hung = set()
     for s in entries:
         try:
-            request(file, s["id"], "shutdown")
-        except Exception:  # noqa: BLE001 - an already dead server is what we want
-            pass
+            request(file, s["id"], "shutdown", timeout=2.0)
+        except CairnError:  # dead, or hung (SIGSTOP): killed below without waiting
+            hung.add(s.get("pid", 0))
     pids = [p.pid for p in procs] if procs else [s.get("pid", 0) for s in entries if s.get("pid")]
     deadline = time.monotonic() + timeout
     for pid in pids:
-        while _alive(pid, procs) and time.monotonic() < deadline:
+        while pid not in hung and _alive(pid, procs) and time.monotonic() < deadline:
             time.sleep(0.02)
         if _alive(pid, procs):
             os.kill(pid, signal.SIGKILL)
+    for p in procs or []:
+        p.wait(timeout)
     file.unlink(missing_ok=True)
     shutil.rmtree(entries_dir(file), ignore_errors=True)
 
@@ -177,7 +190,10 @@ def _alive(pid: int, procs: list[subprocess.Popen[bytes]] | None) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    try:  # another process's child that exited stays a zombie until its parent reaps it
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 _embedded: LocalCluster | None = None
@@ -192,12 +208,8 @@ def embedded(servers: int, memory: str, keep: bool) -> Path:
         return _embedded.file
     if keep:
         file = Path("cluster.json").absolute()
-        if file.exists():
-            try:
-                status(file)
-                return file
-            except Exception:  # noqa: BLE001 - stale file: start afresh
-                pass
+        if file.exists() and _running(file):
+            return file
         _embedded = start(file, servers=servers, memory=memory)
         return _embedded.file
     tmp = Path(tempfile.mkdtemp(prefix="cairn-cluster-"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -17,12 +18,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
-                  args.bind, args.node or "", args.rack, args.timeout)
+                  args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout)
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
-                      memory=args.memory, bind=args.bind)
+                      memory=args.memory, bind=args.host)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
@@ -32,18 +33,37 @@ def cmd_stop(args: argparse.Namespace) -> None:
     print(f"stopped {n} servers of {args.file}")
 
 
+def status_json(rows: list[dict[str, Any]], view: dict[str, Any] | None) -> dict[str, Any]:
+    """The status as scripts read it (``cairn cluster status --json``)."""
+    return {
+        "epoch": view["epoch"] if view else None,
+        "leader": None,  # no control-plane leader yet: each dataset has one coordinator
+        "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
+                     "state": r["state"], "meta": "none", "used": r["memory_used"], "limit": r["memory_limit"],
+                     "objects": r["objects"]} for r in rows],
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> None:
-    rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects)
-    print(f"{'server':>6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
+    rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(status_json(rows, cluster.view(args.file, timeout=args.timeout)), indent=2))
+        return
+    print(f"{'server':>6} {'state':<6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
           f"{'objects':>8} {'steps':>6} {'req/s':>8}")
     for r in rows:
-        role = " (spare)" if r["spare"] else ""
-        print(f"{r['id']:>6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {_mib(r['memory_used']):>10} "
-              f"{_mib(r['memory_limit']):>10} {r['objects']:>8} {r['steps']:>6} {r['requests_per_s']:>8.1f}{role}")
+        if r["state"] == "down":
+            print(f"{r['id']:>6} {'down':<6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8}")
+            continue
+        print(f"{r['id']:>6} {r['state']:<6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {_mib(r['memory_used']):>10} "
+              f"{_mib(r['memory_limit']):>10} {r['objects']:>8} {r['steps']:>6} {r['requests_per_s']:>8.1f}")
+    for r in rows:
+        if r["state"] == "down":
+            print(f"server {r['id']} is down: {r['error']}")
     if args.objects:
         print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
         for r in rows:
-            for o in r["object_list"]:
+            for o in r.get("object_list", []):
                 reg = o["region"]
                 print(f"{r['id']:>6} {o['dataset']:<12} {o['step']:>5} {o['var']:<14} {o['id']:>#18x} "
                       f"{str(reg['offset']):<16} {str(reg['count']):<16} {o['bytes'] / 1024:>9.1f} "
@@ -58,7 +78,11 @@ def add(sub: Any) -> None:
     s.add_argument("--servers", type=int, default=1, help="active servers in the cluster")
     s.add_argument("--spares", type=int, default=0)
     s.add_argument("--memory", default="4GiB", help="memory limit of this server")
-    s.add_argument("--bind", default="0.0.0.0", help="address to listen on")
+    s.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
+                   help="address to listen on (default loopback; 0.0.0.0 for clients on other nodes: see docs/protocol.md, Threat model)")
+    s.add_argument("--io-timeout", type=float, help="seconds a started frame (or a reply) may stall before the connection is closed (default 10)")
+    s.add_argument("--hello-timeout", type=float, help="seconds a new connection has to authenticate (default 3)")
+    s.add_argument("--peer-timeout", type=float, help="seconds a call to another server may take (default 5)")
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
@@ -70,7 +94,7 @@ def add(sub: Any) -> None:
     st.add_argument("--spares", type=int, default=0)
     st.add_argument("--topology", help="TOML/JSON file: [[server]] id, node, rack")
     st.add_argument("--memory", default="4GiB", help="memory limit per server")
-    st.add_argument("--bind", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
+    st.add_argument("--host", "--bind", dest="host", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
     st.add_argument("--file", default="cluster.json")
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
@@ -79,4 +103,6 @@ def add(sub: Any) -> None:
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--file", default="cluster.json")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
+    ss.add_argument("--json", action="store_true", help="print {epoch, leader, servers: [...]} as JSON")
+    ss.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
     ss.set_defaults(func=cmd_status)

@@ -1,0 +1,152 @@
+"""Staging servers that nothing can hang or exhaust, against real server processes: a server
+SIGSTOPped (hung, not dead) costs every call only its deadline; thousands of idle or oversized
+unauthenticated connections neither lock authenticated clients out nor grow the server's memory;
+``cairn cluster status`` reports the survivors when a server is down."""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cairn
+from cairn import _native, cluster
+
+from .conftest import PY
+
+DEADLINE = 1.0  # the clients' [staging] timeout in these tests
+
+
+def timed(fn, *args, **kwargs):
+    """(the exception fn raised, seconds it took)."""
+    t = time.monotonic()
+    with pytest.raises(cairn.UnavailableError) as e:
+        fn(*args, **kwargs)
+    return e.value, time.monotonic() - t
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "cairn", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", peer_timeout=0.5)
+    opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=DEADLINE)
+    try:
+        w = cairn.open("hang", "w", session="s", **opts)
+        w.define("x", "f8", (20_000,))
+        with w.step(0):
+            w.put("x", np.arange(20_000.0), offset=(0,))
+        r = cairn.open("hang", "r", **opts)
+        assert r.steps() == [0]
+        victim = _native.coordinator(str(c.file), "hang")  # holds objects too: they go to every server
+        c.procs[victim].send_signal(signal.SIGSTOP)
+        try:
+            e, took = timed(r.get, "x", 0)
+            assert took < DEADLINE + 1 and f"server {victim}" in str(e) and "did not answer" in str(e), (took, e)
+            e, took = timed(r.wait_step, 1, timeout=1.0)
+            assert took < 1.0 + DEADLINE + 1, (took, e)
+            e, took = timed(r.steps)
+            assert took < DEADLINE + 1, (took, e)
+
+            def write_step() -> None:
+                with w.step(1):
+                    w.put("x", np.zeros(20_000), offset=(0,))
+
+            e, took = timed(write_step)
+            assert took < 2 * (DEADLINE + 1) and f"server {victim}" in str(e), (took, e)
+            t = time.monotonic()
+            st = cli("cluster", "status", "--file", str(c.file), "--timeout", str(DEADLINE))
+            assert st.returncode == 0 and time.monotonic() - t < 3 * DEADLINE + 5, st.stderr
+            rows = {int(line.split()[0]): line.split()[1] for line in st.stdout.splitlines()[1:] if line.split()[0].isdigit()}
+            assert rows == {i: ("down" if i == victim else "up") for i in range(3)}, st.stdout
+            assert f"server {victim} is down" in st.stdout and "did not answer" in st.stdout
+        finally:
+            c.procs[victim].send_signal(signal.SIGCONT)
+        # Resumed, the server serves again; the cluster is usable.
+        assert r.steps() == [0]
+        assert (r.get("x", 0) == np.arange(20_000.0)).all()
+        c.procs[victim].send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        stop = cli("cluster", "stop", "--file", str(c.file))
+        assert stop.returncode == 0 and time.monotonic() - t < 10, (stop.stderr, time.monotonic() - t)
+        c.procs[victim].wait(timeout=10)
+    finally:
+        for p in c.procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_idle_and_oversized_unauthenticated_connections_cost_little(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    c = cluster.start(tmp_path / "cluster.json", servers=1, memory="64MiB")
+    entry = cluster.servers_of(c.file)[0]
+    host, port = entry["addr"].rsplit(":", 1)
+    socks = []
+    try:
+        before = rss(entry["pid"])
+        for _ in range(2000):
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        # Oversized first frames: a 64 MiB header announced and partly sent.
+        junk = b"x" * (256 << 10)
+        for _ in range(50):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.setblocking(False)
+            try:
+                s.send(b"CRN1" + struct.pack("<IQ", 64 << 20, 0) + junk)
+            except OSError:
+                pass  # refused and closed already
+            socks.append(s)
+        # An authenticated client is served within its deadline all the same.
+        t = time.monotonic()
+        st = cluster.status(c.file, timeout=DEADLINE * 5)
+        assert st[0]["state"] == "up" and time.monotonic() - t < DEADLINE * 5 + 1
+        with cairn.open("busy", "w", engine="staging", cluster=c.file, session="s", timeout=5.0) as w:
+            w.define("x", "u1", (1 << 20,))
+            with w.step(0):
+                w.put("x", np.ones(1 << 20, "u1"), offset=(0,))
+        r = cairn.open("busy", "r", engine="staging", cluster=c.file, timeout=5.0)
+        assert r.get("x", 0).sum() == 1 << 20
+        grown = rss(entry["pid"]) - before
+        assert grown < 64 << 20, f"the server grew by {grown >> 20} MiB with 2,050 unauthenticated connections"
+    finally:
+        for s in socks:
+            s.close()
+        c.stop()
+
+
+def test_cluster_status_reports_survivors_and_json(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=2, spares=1, memory="16MiB")
+    try:
+        c.procs[1].send_signal(signal.SIGKILL)
+        c.procs[1].wait(timeout=10)
+        st = cli("cluster", "status", "--file", str(c.file))
+        assert st.returncode == 0, st.stderr
+        assert "server 1 is down" in st.stdout
+        js = cli("cluster", "status", "--file", str(c.file), "--json")
+        assert js.returncode == 0, js.stderr
+        doc = json.loads(js.stdout)
+        assert doc["epoch"] == 1 and doc["leader"] is None
+        assert [(s["id"], s["state"], s["meta"]) for s in doc["servers"]] == [(0, "up", "none"), (1, "down", "none"), (2, "spare", "none")]
+        up = doc["servers"][0]
+        assert up["limit"] == 16 << 20 and up["used"] == 0 and up["objects"] == 0 and up["pid"] == c.procs[0].pid
+        assert set(up) == {"id", "node", "rack", "addr", "pid", "state", "meta", "used", "limit", "objects"}
+    finally:
+        c.stop()
