@@ -27,5 +27,5 @@ if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then
 fi
 # Release build of the extension, installed editable into the venv (python/ is the package source).
 .venv/bin/maturin develop --release -q
-cargo build --release -q -p cairn-capi
-echo "setup done: .venv ready, target/release/libcairn.so built"
+cargo build --release -q -p cairn-capi -p cairn-server
+echo "setup done: .venv ready, target/release/libcairn.so and target/release/cairn-server built"

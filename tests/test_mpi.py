@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import textwrap
@@ -149,3 +150,14 @@ def test_c_example_writes_with_mpicc_and_python_reads_with_three_ranks(tmp_path,
     assert "C reader verified" in check(mpirun(4, str(exe), "field3d", "4", env=env))
     out = check(mpirun(3, PY, str(ROOT / "examples/python/read3d.py"), "field3d", env=env))
     assert "3 ranks verified 4 steps" in out
+
+
+def test_c_program_starts_and_stops_its_own_cluster(tmp_path):
+    exe = tmp_path / "embedded"
+    lib = ROOT / "target" / "release"
+    check(subprocess.run(["cc", str(ROOT / "examples/c/embedded.c"), "-I", str(ROOT / "crates/cairn-capi/include"),
+                          "-L", str(lib), "-lcairn", f"-Wl,-rpath,{lib}", "-o", str(exe)], capture_output=True, text=True))
+    out = check(subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "CAIRN_SERVER": str(lib / "cairn-server")}))
+    assert "verified a box, stopped the cluster" in out
+    assert not (tmp_path / "cluster.json").exists()

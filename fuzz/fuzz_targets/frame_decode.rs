@@ -3,10 +3,10 @@
 #![no_main]
 
 use cairn_proto::frame::decode;
-use cairn_proto::{Request, Response};
+use cairn_proto::{Request, Response, MAX_HEADER};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = decode::<Request>(data, 1 << 20);
-    let _ = decode::<Response>(data, 1 << 20);
+    let _ = decode::<Request>(data, MAX_HEADER, 1 << 20);
+    let _ = decode::<Response>(data, MAX_HEADER, 1 << 20);
 });

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _native
-from .exceptions import CairnError, ConfigError, UnavailableError
+from .exceptions import CairnError, UnavailableError
 
 def parse_size(text: str | int) -> int:
     """Bytes in ``"4GiB"``, ``"512MB"``, ``"1e9"`` or an integer (parsed in Rust, like every client)."""
@@ -39,12 +39,47 @@ def load_topology(path: str | os.PathLike[str] | None, n: int) -> list[tuple[str
     return [tuple(t) for t in _native.load_topology(None if path is None else os.fspath(path), n)]  # type: ignore[misc]
 
 
+class Server:
+    """A server process this process started (through the Rust launcher), by pid: signal it,
+    poll it, wait for it, as with ``subprocess.Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, st = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = -1
+            else:
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(st)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"staging server pid {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+
 @dataclass
 class LocalCluster:
     """A cluster started by this process: its file and server processes."""
 
     file: Path
-    procs: list[subprocess.Popen[bytes]]
+    procs: list[Server]
 
     def stop(self) -> None:
         stop(self.file, procs=self.procs)
@@ -54,49 +89,18 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           topology: str | os.PathLike[str] | None = None, memory: str | int = "4GiB",
           bind: str = "127.0.0.1", timeout: float = 60.0, io_timeout: float | None = None,
           hello_timeout: float | None = None, peer_timeout: float | None = None) -> LocalCluster:
-    """Start ``servers`` (+ ``spares``) server processes in the background and return once the
-    cluster file is written and every server answers. ``io_timeout``, ``hello_timeout`` and
-    ``peer_timeout`` (seconds) override the servers' deadlines (``cairn serve --help``)."""
+    """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
+    background and return once the cluster file is written and every server answers. Their logs
+    are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
+    the servers' deadlines (``cairn serve --help``)."""
+    extra: list[str] = []
+    for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
+        if value is not None:
+            extra += [flag, str(value)]
     file = Path(file).absolute()
-    if file.exists():
-        if _running(file):
-            raise ConfigError(f"a cluster is already running with {file}; stop it (`cairn cluster stop --file {file}`) or pick another --file")
-        file.unlink()
-    d = entries_dir(file)
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, _native.new_secret().encode())
-    os.close(fd)
-    n = servers + spares
-    topo = load_topology(topology, n)
-    mem = parse_size(memory)
-    procs = []
-    for i in range(n):
-        node, rack = topo[i]
-        cmd = [sys.executable, "-m", "cairn", "serve", "--cluster", str(file), "--id", str(i), "--servers", str(servers),
-               "--spares", str(spares), "--memory", str(mem), "--host", bind, "--node", node, "--rack", rack]
-        for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
-            if value is not None:
-                cmd += [flag, str(value)]
-        log = open(d / f"server-{i}.log", "wb")  # noqa: SIM115 - handed to the child
-        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        log.close()
-    deadline = time.monotonic() + timeout
-    while not file.exists():
-        dead = [(i, p) for i, p in enumerate(procs) if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
-            why = "; ".join(f"server {i} exited ({(d / f'server-{i}.log').read_text().strip()[-400:]})" for i, p in dead) or f"not up after {timeout:.0f} s"
-            raise UnavailableError(f"cluster did not start: {why}")
-        time.sleep(0.02)
-    down = [r["id"] for r in status(file) if r["state"] == "down"]
-    if down:
-        for p in procs:
-            p.kill()
-        raise UnavailableError(f"cluster did not start: servers {down} do not answer; see their logs in {d}")
-    return LocalCluster(file, procs)
+    pids = _native.cluster_start(str(file), servers, spares, None if topology is None else os.fspath(topology),
+                                 parse_size(memory), bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)
+    return LocalCluster(file, [Server(p) for p in pids])
 
 
 def request(file: str | os.PathLike[str], server: int, op: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -135,14 +139,6 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
     return out
 
 
-def _running(file: Path) -> bool:
-    """Whether any server of the cluster in ``file`` answers (else the file is stale)."""
-    try:
-        return any(r["state"] != "down" for r in status(file, timeout=2.0))
-    except (CairnError, KeyError, ValueError):
-        return False
-
-
 def view(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] | None:
     """The cluster view (epoch, slots, spares) of the first server that answers, or None."""
     for s in servers_of(file):
@@ -153,47 +149,14 @@ def view(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] |
     return None
 
 
-def stop(file: str | os.PathLike[str], procs: list[subprocess.Popen[bytes]] | None = None, timeout: float = 10.0) -> None:
-    """Shut every server down (by request; local processes that linger are killed), then remove
-    the cluster file and its folder."""
-    file = Path(file)
-    entries = servers_of(file)
-    hung = set()
-    for s in entries:
-        try:
-            request(file, s["id"], "shutdown", timeout=2.0)
-        except CairnError:  # dead, or hung (SIGSTOP): killed below without waiting
-            hung.add(s.get("pid", 0))
-    pids = [p.pid for p in procs] if procs else [s.get("pid", 0) for s in entries if s.get("pid")]
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while pid not in hung and _alive(pid, procs) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _alive(pid, procs):
-            os.kill(pid, signal.SIGKILL)
+def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0) -> None:
+    """Shut every server down (by request; servers that do not answer, or linger, are killed),
+    then remove the cluster file and its folder."""
+    if not Path(file).exists():
+        raise UnavailableError(f"no cluster file {file}; start one with `cairn cluster start --file {file}`")
+    _native.cluster_stop(os.fspath(file), timeout)
     for p in procs or []:
         p.wait(timeout)
-    file.unlink(missing_ok=True)
-    shutil.rmtree(entries_dir(file), ignore_errors=True)
-
-
-def _alive(pid: int, procs: list[subprocess.Popen[bytes]] | None) -> bool:
-    for p in procs or []:
-        if p.pid == pid:
-            return p.poll() is None
-    try:  # a child that exited is a zombie until reaped, and signal 0 still reaches it
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:  # another process's child that exited stays a zombie until its parent reaps it
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 _embedded: LocalCluster | None = None
@@ -208,7 +171,7 @@ def embedded(servers: int, memory: str, keep: bool) -> Path:
         return _embedded.file
     if keep:
         file = Path("cluster.json").absolute()
-        if file.exists() and _running(file):
+        if file.exists() and any(r["state"] != "down" for r in status(file, timeout=2.0)):
             return file
         _embedded = start(file, servers=servers, memory=memory)
         return _embedded.file

@@ -135,4 +135,20 @@ enum cairn_status cairn_get(struct cairn_file *f,
 // `f` is NULL or a handle from [`cairn_open`], not used afterwards.
 enum cairn_status cairn_close(struct cairn_file *f);
 
+// Starts a local staging cluster of `servers` server processes (the `cairn-server` binary:
+// `$CAIRN_SERVER`, else beside the program, else on `PATH`) with `memory` each (e.g. "4GiB"),
+// writing its cluster file to `file`; returns once every server answers. Name `file` as
+// `[staging] cluster` (or the `cluster` override) to use it; stop it with [`cairn_cluster_stop`].
+//
+// # Safety
+// `file` and `memory` are NUL-terminated strings.
+enum cairn_status cairn_cluster_start(const char *file, uint32_t servers, const char *memory);
+
+// Stops the staging cluster whose cluster file is `file` (servers that do not answer are killed)
+// and removes the file.
+//
+// # Safety
+// `file` is a NUL-terminated string.
+enum cairn_status cairn_cluster_stop(const char *file);
+
 #endif  /* CAIRN_H */

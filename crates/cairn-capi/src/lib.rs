@@ -337,3 +337,39 @@ pub unsafe extern "C" fn cairn_close(f: *mut CairnFile) -> Status {
         CairnFile::R(_) => Ok(()),
     })
 }
+
+/// Starts a local staging cluster of `servers` server processes (the `cairn-server` binary:
+/// `$CAIRN_SERVER`, else beside the program, else on `PATH`) with `memory` each (e.g. "4GiB"),
+/// writing its cluster file to `file`; returns once every server answers. Name `file` as
+/// `[staging] cluster` (or the `cluster` override) to use it; stop it with [`cairn_cluster_stop`].
+///
+/// # Safety
+/// `file` and `memory` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_cluster_start(file: *const c_char, servers: u32, memory: *const c_char) -> Status {
+    guard(|| {
+        // SAFETY: the caller passes NUL-terminated strings.
+        let (file, memory) = unsafe { (text(file, "file")?, text(memory, "memory")?) };
+        let memory = cairn_proto::cluster::parse_size(memory)?;
+        cairn_client::staging::local::LocalCluster::start(&cairn_client::staging::local::LaunchOptions::new(
+            std::path::Path::new(file),
+            servers,
+            memory,
+        ))
+        .map(drop)
+    })
+}
+
+/// Stops the staging cluster whose cluster file is `file` (servers that do not answer are killed)
+/// and removes the file.
+///
+/// # Safety
+/// `file` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_cluster_stop(file: *const c_char) -> Status {
+    guard(|| {
+        // SAFETY: the caller passes a NUL-terminated string.
+        let file = unsafe { text(file, "file")? };
+        cairn_client::staging::local::LocalCluster::stop(std::path::Path::new(file), std::time::Duration::from_secs(10))
+    })
+}

@@ -81,3 +81,32 @@ pub(crate) fn coordinator(cluster: PathBuf, dataset: &str) -> PyResult<u32> {
     let file = cairn_proto::cluster::ClusterFile::load(&cluster).map_err(to_py)?;
     Ok(cairn_proto::ClusterView::initial(&file).coordinator(dataset))
 }
+
+/// Starts a local cluster whose servers run `command` (plus their flags and `extra`); returns
+/// the server pids by id once every server answers.
+#[pyfunction]
+#[pyo3(signature = (file, servers, spares, topology, memory, host, timeout_s, command, extra))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cluster_start(
+    py: Python<'_>,
+    file: PathBuf,
+    servers: u32,
+    spares: u32,
+    topology: Option<PathBuf>,
+    memory: u64,
+    host: String,
+    timeout_s: f64,
+    command: Vec<String>,
+    extra: Vec<String>,
+) -> PyResult<Vec<u32>> {
+    use cairn_client::staging::local::{LaunchOptions, LocalCluster};
+    let opts = LaunchOptions { file, servers, spares, topology, memory, host, timeout: seconds(timeout_s)?, command, extra };
+    py.detach(|| LocalCluster::start(&opts)).map(|c| c.pids).map_err(to_py)
+}
+
+/// Stops the local cluster in `file` (see `cairn_client::staging::local::LocalCluster::stop`).
+#[pyfunction]
+pub(crate) fn cluster_stop(py: Python<'_>, file: PathBuf, timeout_s: f64) -> PyResult<()> {
+    let timeout = seconds(timeout_s)?;
+    py.detach(|| cairn_client::staging::local::LocalCluster::stop(&file, timeout)).map_err(to_py)
+}

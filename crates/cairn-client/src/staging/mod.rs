@@ -1,9 +1,10 @@
 //! The `staging` engine: blocks go to staging servers that hold them in memory; a step commits
 //! on the dataset's coordinator server when every writer has ended it and every server holding
-//! its objects has sealed them.
+//! its objects has sealed them. [`local`] starts and stops clusters of server processes.
 
 mod conn;
 mod kv;
+pub mod local;
 mod reader;
 mod writer;
 

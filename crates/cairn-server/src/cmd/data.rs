@@ -33,18 +33,9 @@ pub struct PutHeader {
     pub checksum: u32,
 }
 
-/// Stores one object. On a refusal the payload is read and discarded so the connection stays usable.
+/// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
 pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: PutHeader) -> Result<Response> {
-    let checked = Region::new(h.region.offset.clone(), h.region.count.clone())
-        .and_then(|r| {
-            r.volume().checked_mul(u64::from(h.elem)).filter(|want| *want == len && h.elem > 0).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "object {:#x}: payload of {len} bytes does not match its box {:?} of {}-byte elements",
-                    h.id, h.region.count, h.elem
-                ))
-            })
-        })
-        .and_then(|_| state.store.reserve(len));
+    let checked = state.store.reserve(len);
     let reservation = match checked {
         Ok(r) => r,
         Err(e) => {

@@ -3,25 +3,11 @@
 use super::{Payload, Reply};
 use crate::state::State;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Response, MAX_KEY, MAX_KEYS};
+use cairn_proto::message::Response;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-fn check_keys(keys: &[String]) -> Result<()> {
-    if keys.len() > MAX_KEYS {
-        return Err(Error::InvalidArgument(format!("{} keys in one request; send at most {MAX_KEYS} per request", keys.len())));
-    }
-    keys.iter().try_for_each(|k| check_key(k))
-}
-
-fn check_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_KEY {
-        return Err(Error::InvalidArgument(format!("key of {} bytes: keys must have 1 to {MAX_KEY} bytes", key.len())));
-    }
-    Ok(())
-}
-
-/// Stores a batch of values or set members: the whole payload's space is reserved before it is
-/// read, so a batch is stored whole or not at all. On a refusal the payload is read and
+/// Stores a batch of values or set members (checked by [`super::check`]): the whole payload's
+/// space is reserved before it is read, so a batch is stored whole or not at all. On a refusal the payload is read and
 /// discarded so the connection stays usable.
 pub async fn put<S: AsyncRead + Unpin>(
     state: &State,
@@ -31,7 +17,7 @@ pub async fn put<S: AsyncRead + Unpin>(
     sizes: Vec<u64>,
     member: bool,
 ) -> Result<Response> {
-    let reservation = match check_batch(&keys, &sizes, len).and_then(|_| state.store.reserve(len)) {
+    let reservation = match state.store.reserve(len) {
         Ok(r) => r,
         Err(e) => {
             crate::handler::discard(stream, len).await?;
@@ -52,25 +38,9 @@ pub async fn put<S: AsyncRead + Unpin>(
     Ok(Response::Ok)
 }
 
-/// A batch's keys are valid, and its sizes match the keys and add up to the payload.
-fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
-    check_keys(keys)?;
-    let total = sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n));
-    if keys.len() != sizes.len() || total != Some(len) {
-        return Err(Error::InvalidArgument(format!(
-            "kv_put of {} keys with {} sizes adding up to {total:?} bytes, but a payload of {len} bytes; \
-             send one size per key, adding up to the payload",
-            keys.len(),
-            sizes.len()
-        )));
-    }
-    Ok(())
-}
-
 /// The values (or members) of `keys`, back to back; a reply larger than the server's reply bound
 /// is refused before anything is copied.
 pub fn get(state: &State, keys: &[String], members: bool) -> Result<Reply> {
-    check_keys(keys)?;
     let (sizes, bytes) = state.kv.get(keys, members, state.store.max_reply())?;
     Ok(Reply::WithPayload(Response::Values { sizes }, Payload::Owned(bytes)))
 }

@@ -4,8 +4,10 @@
 //! - [`commit`]: end of step, seal, release, and the step queries readers make.
 //! - [`kv`]: keyed values and sets (the task store).
 //! - [`admin`]: status, object listing, datasets, shutdown.
+//! - [`check`]: the stateless checks every request passes first.
 
 pub mod admin;
+pub mod check;
 pub mod commit;
 pub mod data;
 pub mod kv;
@@ -47,8 +49,9 @@ impl Payload {
 
 /// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
 pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
-    if p.payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. }) {
-        return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {} bytes", op_name(&req), p.payload_len)));
+    if let Err(e) = check::request(&req, p.payload_len) {
+        crate::handler::discard(stream, p.payload_len).await?;
+        return Err(e);
     }
     let plain = |r: Result<Response>| r.map(Reply::Plain);
     match req {

@@ -1,0 +1,57 @@
+//! Checks of a request that need no server state: every length, size and shape is consistent
+//! before anything is reserved, locked or allocated. Pure, so the fuzz target runs it on
+//! arbitrary input (`fuzz/fuzz_targets/request_decode.rs`).
+
+use cairn_core::{Error, Result};
+use cairn_proto::message::{Request, MAX_KEY, MAX_KEYS};
+
+/// Checks `req`, whose frame announced `payload_len` payload bytes.
+pub fn request(req: &Request, payload_len: u64) -> Result<()> {
+    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. }) {
+        return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", super::op_name(req))));
+    }
+    match req {
+        Request::Put { id, region, elem, .. } => {
+            region.volume().checked_mul(u64::from(*elem)).filter(|want| *want == payload_len && *elem > 0).map(|_| ()).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "object {id:#x}: payload of {payload_len} bytes does not match its box {:?} of {elem}-byte elements",
+                    region.count
+                ))
+            })
+        }
+        Request::EndStep { fragment, .. } => fragment.validate(),
+        Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
+        Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
+        Request::SetView { view } => view.validate(),
+        _ => Ok(()),
+    }
+}
+
+fn check_keys(keys: &[String]) -> Result<()> {
+    if keys.len() > MAX_KEYS {
+        return Err(Error::InvalidArgument(format!("{} keys in one request; send at most {MAX_KEYS} per request", keys.len())));
+    }
+    keys.iter().try_for_each(|k| check_key(k))
+}
+
+fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(Error::InvalidArgument(format!("key of {} bytes: keys must have 1 to {MAX_KEY} bytes", key.len())));
+    }
+    Ok(())
+}
+
+/// A batch's keys are valid, and its sizes match the keys and add up to the payload.
+fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
+    check_keys(keys)?;
+    let total = sizes.iter().try_fold(0u64, |a, &n| a.checked_add(n));
+    if keys.len() != sizes.len() || total != Some(len) {
+        return Err(Error::InvalidArgument(format!(
+            "kv_put of {} keys with {} sizes adding up to {total:?} bytes, but a payload of {len} bytes; \
+             send one size per key, adding up to the payload",
+            keys.len(),
+            sizes.len()
+        )));
+    }
+    Ok(())
+}
