@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import zlib
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ def _digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+#: Environment variable naming a file each database-mode task appends its result key to once the
+#: result is in the store: how a harness that kills a run knows which results survive it.
+DONE_LOG = "CAIRN_TASKS_DONE_LOG"
+
 _worker_stores: dict[str, Store] = {}
 
 
@@ -80,6 +85,10 @@ def _db_task(tag: tuple[str, Callable[[Any], Any], str, str, bool]) -> bool:
     if skip:
         return False
     store.put(result_key, pickle.dumps((_digest(raw), fn(pickle.loads(raw))), protocol=5))
+    done = os.environ.get(DONE_LOG)
+    if done:
+        with open(done, "a") as fh:  # one short O_APPEND write: lines from concurrent workers stay whole
+            fh.write(result_key + "\n")
     return True
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ...tasks.runtime import DONE_LOG
 from .flux import EVAL_LOG
 
 
@@ -23,14 +24,17 @@ def command(out: Path, *args: str) -> list[str]:
 def kill_mid_step(out: Path, args: list[str], after_steps: int, after_tasks: int = 2, timeout: float = 300) -> int:
     """Runs ``cairn cohmm --out out *args`` until ``after_steps`` steps are done and
     ``after_tasks`` tasks of the next step have evaluated fluxes, then SIGKILLs its process group.
-    Returns the flux evaluations the killed attempt made (each task appends its count to a log,
-    since a killed run reports nothing)."""
-    log = out / "evals-killed.log"
+    In database mode it also waits until those tasks' results are in the store. Returns the flux
+    evaluations the killed attempt made (each task appends its count to a log, since a killed run
+    reports nothing)."""
+    log, done = out / "evals-killed.log", out / "results-killed.log"
     out.mkdir(parents=True, exist_ok=True)
     log.write_text("")
+    done.write_text("")
+    stored = "runtime" not in args  # runtime mode keeps results in the engine, never in the store
     p = subprocess.Popen(command(out, *args), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env={**os.environ, EVAL_LOG: str(log)})
-    stats, seen = out / "stats.json", None
+                         env={**os.environ, EVAL_LOG: str(log), DONE_LOG: str(done)})
+    stats, seen, seen_done = out / "stats.json", None, 0
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -39,9 +43,9 @@ def kill_mid_step(out: Path, args: list[str], after_steps: int, after_tasks: int
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {after_steps} of the run in {out} did not start within {timeout} s")
             if seen is None and stats.exists() and len(json.loads(stats.read_text())["steps"]) >= after_steps:
-                seen = len(log.read_text().split())
-            if seen is not None and len(log.read_text().split()) >= seen + after_tasks:
-                time.sleep(0.05)  # their results reach the store just after the log line
+                seen, seen_done = len(log.read_text().split()), len(done.read_text().split())
+            if (seen is not None and len(log.read_text().split()) >= seen + after_tasks
+                    and (not stored or len(done.read_text().split()) >= seen_done + after_tasks)):
                 break
             time.sleep(0.005)
     finally:
