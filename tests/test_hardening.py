@@ -150,3 +150,35 @@ def test_cluster_status_reports_survivors_and_json(tmp_path):
         assert set(up) == {"id", "node", "rack", "addr", "pid", "state", "meta", "used", "limit", "objects"}
     finally:
         c.stop()
+
+
+def test_a_killed_writers_objects_are_freed_when_its_restart_commits(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="256MiB")
+    try:
+        writer = f"""
+import numpy as np, cairn, sys
+w = cairn.open("run", "w", engine="staging", cluster={str(c.file)!r}, object_size=1 << 20, session="first")
+w.define("x", "u1", (64 << 20,))
+with w.step(0):
+    w.put("x", np.ones(64 << 20, "u1"), offset=(0,))
+    print("put", flush=True)
+    sys.stdin.read()  # killed here, mid-step
+"""
+        p = subprocess.Popen([PY, "-c", writer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "put"
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=10)
+        assert all(s["memory_used"] > 0 for s in cluster.status(c.file)), "the killed run's objects sit on every server"
+        # The restart writes the step again, small: its object lands on one server only.
+        with cairn.open("run", "a", engine="staging", cluster=c.file, session="second") as w:
+            w.define("x", "u1", (64 << 20,))
+            with w.step(0):
+                w.put("x", np.full(1000, 2, "u1"), offset=(0,))
+        deadline = time.monotonic() + 10
+        while sum(s["memory_used"] for s in cluster.status(c.file)) != 1000:
+            assert time.monotonic() < deadline, cluster.status(c.file)
+            time.sleep(0.01)
+        r = cairn.open("run", "r", engine="staging", cluster=c.file)
+        assert (r.get("x", 0, offset=(0,), count=(1000,)) == 2).all()
+    finally:
+        c.stop()

@@ -44,6 +44,18 @@ impl<S> Deadline<S> {
         self.sleep.as_mut().reset(at);
     }
 
+    /// A write's outcome: progress resets the deadline; waiting checks it.
+    fn wrote(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                self.progress();
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(e) => Poll::Ready(e),
+            Poll::Pending => self.expired(cx, "reading our reply").map_ok(|()| 0),
+        }
+    }
+
     fn expired(&mut self, cx: &mut Context<'_>, what: &str) -> Poll<io::Result<()>> {
         match self.sleep.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
@@ -74,25 +86,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for Deadline<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Deadline<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                self.progress();
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(e) => Poll::Ready(e),
-            Poll::Pending => self.expired(cx, "reading our reply").map_ok(|()| 0),
-        }
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(cx, r)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                self.progress();
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(e) => Poll::Ready(e),
-            Poll::Pending => self.expired(cx, "reading our reply").map_ok(|()| 0),
-        }
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
