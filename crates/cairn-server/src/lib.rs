@@ -10,7 +10,8 @@
 //! - [`cmd`]: one module per kind of request.
 //! - [`store`]: objects with memory accounting.
 //! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
-//! - [`meta`]: the coordinator's fragments and committed step indexes.
+//! - [`meta`]: the coordinator's side of commits, as commands of the control plane's log
+//!   (`cairn-meta`).
 //! - [`peer`]: calls to other servers (seal, drop).
 //! - [`state`]: what all connections share: limits, the cluster view, the stores.
 //! - [`testing`]: a cluster of servers in one process that tests kill and restart.

@@ -59,7 +59,7 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
             state.id, view.epoch
         )));
     }
-    let Some(ready) = state.meta.add_fragment(dataset, frag, shares)? else {
+    let Some(ready) = state.meta.add_fragment(dataset, frag, shares).await? else {
         return Ok(Response::Committed { committed: false });
     };
     let (step, session) = (ready.index.step, ready.session.clone());
@@ -69,6 +69,9 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
     })
     .await;
     if let Err(e) = sealed {
+        // The seal failure is what the writer must hear; an abort that fails leaves the step
+        // prepared, for the next coordinator to finish.
+        let _ = state.meta.abort(dataset, step, &session).await;
         let _ = on_all(state, ready.shares.keys().copied(), |_| Request::Drop {
             dataset: dataset.into(),
             step,
@@ -80,8 +83,9 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
         .await;
         return Err(e);
     }
+    let released = state.meta.commit(dataset, step, &session, keep_last).await?;
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
-    for old in state.meta.commit(dataset, ready.index, keep_last) {
+    for old in released {
         free(state, dataset, &old).await?;
     }
     Ok(Response::Committed { committed: true })
@@ -119,7 +123,7 @@ async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()
 
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
-    let index = state.meta.release(dataset, step)?;
+    let index = state.meta.release(dataset, step).await?;
     free(state, dataset, &index).await?;
     Ok(Response::Ok)
 }

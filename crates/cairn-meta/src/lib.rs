@@ -1,0 +1,14 @@
+//! Cairn's control plane: a replicated service in the DAOS `rsvc` sense. Requests become
+//! deterministic commands ([`Cmd`]); a log ([`MetaLog`]) orders them and, once committed, every
+//! replica applies them to the same pure state machine ([`MetaState`]). Data never passes through
+//! it: only cluster views, step fragments and commit records, and small keyed values.
+//!
+//! # Layout
+//! - [`state`]: the state machine: commands, outcomes, queries (pure; tested with no network).
+//! - [`log`]: the log trait, and the in-memory log of a single replica.
+
+pub mod log;
+pub mod state;
+
+pub use log::{MemLog, MetaLog};
+pub use state::{Cmd, MetaState, Outcome, Prepared};

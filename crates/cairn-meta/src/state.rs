@@ -1,0 +1,569 @@
+//! The control plane's state machine: what a replicated log applies, command after command, the
+//! same on every replica. Pure: no I/O, no clocks, no randomness, so replicas that apply the same
+//! commands hold the same state, and tests drive it with no network at all.
+//!
+//! A step's commit (D²T) runs through it in three commands: every writer's `AddFragment` (the
+//! last one merges the step and *prepares* it: its seals may go out), then `Commit` (the step is
+//! visible, at once, everywhere) or `Abort`. A coordinator that dies between them is replaced by
+//! one that finds the prepared steps in [`MetaState::in_flight`] and finishes each.
+
+use cairn_core::index::{Fragment, StepIndex};
+use cairn_core::{Error, ErrorKind};
+use cairn_proto::message::Share;
+use cairn_proto::ClusterView;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A command of the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Cmd {
+    /// A writer's part of a step: its fragment and where its objects went.
+    AddFragment {
+        /// Dataset.
+        dataset: String,
+        /// The writer's definitions and blocks.
+        fragment: Fragment,
+        /// Objects and bytes it put on each server.
+        shares: Vec<Share>,
+    },
+    /// The finalize of a prepared step: it becomes visible. `keep_last` then releases the oldest.
+    Commit {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// The session whose prepared step commits.
+        session: String,
+        /// Keep only this many newest committed steps.
+        keep_last: Option<u64>,
+    },
+    /// A step (pending or prepared) of a session that will not commit: a seal failed, or its
+    /// writers are gone. Its fragments are forgotten.
+    Abort {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Session.
+        session: String,
+    },
+    /// Forgets a committed step.
+    Release {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+    },
+    /// Installs the next cluster view (its epoch must be the next one).
+    SetView {
+        /// The view.
+        view: ClusterView,
+    },
+    /// Compare-and-set of a small keyed value (markers, claims, leases).
+    KvCas {
+        /// Key.
+        key: String,
+        /// The version the caller saw: `None` when the key must not exist.
+        expect: Option<u64>,
+        /// The new value, or `None` to delete.
+        value: Option<Vec<u8>>,
+    },
+}
+
+/// What applying a command did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// A fragment was recorded; others are still missing.
+    Pending {
+        /// Fragments in.
+        have: u32,
+        /// Fragments expected.
+        want: u32,
+    },
+    /// The last fragment came in: the step is merged and prepared; seal it on `shares`' servers.
+    Prepared {
+        /// The merged index.
+        index: Arc<StepIndex>,
+        /// Objects and bytes expected per server.
+        shares: BTreeMap<u32, (u64, u64)>,
+    },
+    /// A step committed; these older steps were released by `keep_last` (free their objects).
+    Committed {
+        /// Released indexes.
+        released: Vec<Arc<StepIndex>>,
+    },
+    /// A step was aborted: free its session's objects on these servers.
+    Aborted {
+        /// Servers that may hold its objects (from the shares recorded so far).
+        servers: Vec<u32>,
+    },
+    /// A committed step was released (free its objects).
+    Released {
+        /// Its index.
+        index: Arc<StepIndex>,
+    },
+    /// The view is installed.
+    ViewSet,
+    /// A compare-and-set: whether it took, and the key's version now (0: absent).
+    Cas {
+        /// Whether the value was set.
+        ok: bool,
+        /// Version after the command (0 when the key is absent).
+        version: u64,
+    },
+    /// The command was refused; nothing changed.
+    Refused {
+        /// Error kind.
+        kind: ErrorKind,
+        /// What was wrong and what to do.
+        message: String,
+    },
+}
+
+impl Outcome {
+    fn refused(e: Error) -> Outcome {
+        Outcome::Refused { kind: e.kind(), message: e.to_string() }
+    }
+
+    /// The outcome as a result: `Refused` becomes its error.
+    pub fn into_result(self) -> Result<Outcome, Error> {
+        match self {
+            Outcome::Refused { kind, message } => Err(Error::from_kind(kind, message)),
+            o => Ok(o),
+        }
+    }
+}
+
+/// A step of one session whose fragments are coming in.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Pending {
+    frags: BTreeMap<u32, Fragment>,
+    shares: BTreeMap<u32, BTreeMap<u32, (u64, u64)>>,
+}
+
+/// A step whose fragments are all in, merged, waiting for its seals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prepared {
+    /// Dataset.
+    pub dataset: String,
+    /// Session.
+    pub session: String,
+    /// Merged index.
+    pub index: Arc<StepIndex>,
+    /// Objects and bytes expected per server.
+    pub shares: BTreeMap<u32, (u64, u64)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Dataset {
+    committed: BTreeMap<u64, Arc<StepIndex>>,
+    /// By step, then session (nested: snapshots are JSON, whose keys are strings).
+    pending: BTreeMap<u64, BTreeMap<String, Pending>>,
+    prepared: BTreeMap<u64, BTreeMap<String, Prepared>>,
+}
+
+impl Dataset {
+    fn take_pending(&mut self, step: u64, session: &str) -> Option<Pending> {
+        take(&mut self.pending, step, session)
+    }
+
+    fn take_prepared(&mut self, step: u64, session: &str) -> Option<Prepared> {
+        take(&mut self.prepared, step, session)
+    }
+}
+
+fn take<T>(m: &mut BTreeMap<u64, BTreeMap<String, T>>, step: u64, session: &str) -> Option<T> {
+    let by_session = m.get_mut(&step)?;
+    let v = by_session.remove(session);
+    if by_session.is_empty() {
+        m.remove(&step);
+    }
+    v
+}
+
+/// The replicated state: views, datasets' steps, keyed values.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaState {
+    view: Option<ClusterView>,
+    datasets: BTreeMap<String, Dataset>,
+    kv: BTreeMap<String, (u64, Vec<u8>)>,
+    /// Commands applied (a replica's position; equal states have equal counts).
+    applied: u64,
+}
+
+impl MetaState {
+    /// Applies one command. Deterministic; a refused command changes nothing but the count.
+    pub fn apply(&mut self, cmd: Cmd) -> Outcome {
+        self.applied += 1;
+        let r = match cmd {
+            Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
+            Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
+            Cmd::Abort { dataset, step, session } => Ok(self.abort(&dataset, step, &session)),
+            Cmd::Release { dataset, step } => self.release(&dataset, step),
+            Cmd::SetView { view } => self.set_view(view),
+            Cmd::KvCas { key, expect, value } => Ok(self.cas(key, expect, value)),
+        };
+        r.unwrap_or_else(Outcome::refused)
+    }
+
+    fn add_fragment(&mut self, dataset: &str, frag: Fragment, shares: &[Share]) -> Result<Outcome, Error> {
+        frag.validate()?;
+        let step = frag.step;
+        let session = frag.session.clone();
+        let ds = self.datasets.entry(dataset.to_string()).or_default();
+        if ds.committed.contains_key(&step) {
+            return Err(Error::AlreadyExists(format!("step {step} of '{dataset}' is already committed; write a new step number")));
+        }
+        if ds.prepared.get(&step).is_some_and(|p| p.contains_key(&session)) {
+            return Err(Error::Conflict(format!(
+                "step {step} of '{dataset}' (session '{}') is already being committed; wait for its outcome",
+                frag.session
+            )));
+        }
+        let p = ds.pending.entry(step).or_default().entry(session.clone()).or_default();
+        if let Some(other) = p.frags.values().next().filter(|o| o.nranks != frag.nranks) {
+            return Err(Error::Conflict(format!(
+                "writer {} ends step {step} of '{dataset}' for {} writers, but writer {} did for {}; all ranks must agree",
+                frag.writer, frag.nranks, other.writer, other.nranks
+            )));
+        }
+        if let Some(prev) = p.frags.get(&frag.writer).filter(|prev| !prev.same_content(&frag)) {
+            return Err(Error::Conflict(format!(
+                "rank {} of session '{}' already ended step {step} of '{dataset}' with other blocks ({} vs {}); two \
+                 processes were started as the same rank: give each its own rank (or its own session)",
+                frag.writer,
+                frag.session,
+                prev.blocks.len(),
+                frag.blocks.len()
+            )));
+        }
+        let want = frag.nranks;
+        p.shares.insert(frag.writer, shares.iter().map(|s| (s.server, (s.objects, s.bytes))).collect());
+        p.frags.insert(frag.writer, frag);
+        let have = p.frags.len() as u32;
+        if have < want {
+            return Ok(Outcome::Pending { have, want });
+        }
+        let p = ds.take_pending(step, &session).expect("present");
+        let mut total: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for per_writer in p.shares.values() {
+            for (server, (n, b)) in per_writer {
+                let t = total.entry(*server).or_default();
+                t.0 = t.0.saturating_add(*n);
+                t.1 = t.1.saturating_add(*b);
+            }
+        }
+        // A merge that fails (overlapping blocks, disagreeing definitions) forgets the step's
+        // fragments: the writers learn why and write the step again.
+        let index = Arc::new(StepIndex::merge(step, p.frags.into_values().collect())?);
+        let prepared = Prepared { dataset: dataset.to_string(), session: session.clone(), index: index.clone(), shares: total.clone() };
+        ds.prepared.entry(step).or_default().insert(session, prepared);
+        Ok(Outcome::Prepared { index, shares: total })
+    }
+
+    fn commit(&mut self, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Outcome, Error> {
+        let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        let p = ds.take_prepared(step, session).ok_or_else(|| {
+            Error::Conflict(format!("step {step} of '{dataset}' (session '{session}') is not prepared; it cannot commit"))
+        })?;
+        ds.committed.insert(step, p.index);
+        // Other sessions' fragments of this step (a crashed run) can never complete now.
+        ds.pending.remove(&step);
+        ds.prepared.remove(&step);
+        let mut released = Vec::new();
+        if let Some(k) = keep_last {
+            while ds.committed.len() as u64 > k.max(1) {
+                released.push(ds.committed.pop_first().expect("non-empty").1);
+            }
+        }
+        Ok(Outcome::Committed { released })
+    }
+
+    fn abort(&mut self, dataset: &str, step: u64, session: &str) -> Outcome {
+        let mut servers: Vec<u32> = Vec::new();
+        if let Some(ds) = self.datasets.get_mut(dataset) {
+            if let Some(p) = ds.take_prepared(step, session) {
+                servers.extend(p.shares.keys());
+            }
+            if let Some(p) = ds.take_pending(step, session) {
+                servers.extend(p.shares.values().flat_map(|s| s.keys()));
+            }
+        }
+        servers.sort_unstable();
+        servers.dedup();
+        Outcome::Aborted { servers }
+    }
+
+    fn release(&mut self, dataset: &str, step: u64) -> Result<Outcome, Error> {
+        let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        let index = ds.committed.remove(&step).ok_or_else(|| not_committed(dataset, step, &ds.committed))?;
+        Ok(Outcome::Released { index })
+    }
+
+    fn set_view(&mut self, view: ClusterView) -> Result<Outcome, Error> {
+        view.validate()?;
+        let now = self.view.as_ref().map_or(0, |v| v.epoch);
+        if view.epoch != now + 1 {
+            return Err(Error::Conflict(format!(
+                "the cluster is at view {now}; a view of epoch {} is not the next one, change the current view",
+                view.epoch
+            )));
+        }
+        self.view = Some(view);
+        Ok(Outcome::ViewSet)
+    }
+
+    fn cas(&mut self, key: String, expect: Option<u64>, value: Option<Vec<u8>>) -> Outcome {
+        let current = self.kv.get(&key).map(|(v, _)| *v);
+        if current != expect {
+            return Outcome::Cas { ok: false, version: current.unwrap_or(0) };
+        }
+        match value {
+            Some(bytes) => {
+                let version = current.unwrap_or(0) + 1;
+                self.kv.insert(key, (version, bytes));
+                Outcome::Cas { ok: true, version }
+            }
+            None => {
+                self.kv.remove(&key);
+                Outcome::Cas { ok: true, version: 0 }
+            }
+        }
+    }
+
+    /// Commands applied so far.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The current view, once one is set.
+    pub fn view(&self) -> Option<&ClusterView> {
+        self.view.as_ref()
+    }
+
+    /// Committed steps of a dataset (empty if unknown: a reader may come before the writers).
+    pub fn steps(&self, dataset: &str) -> Vec<u64> {
+        self.datasets.get(dataset).map(|d| d.committed.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// The committed index of a step.
+    pub fn index(&self, dataset: &str, step: u64) -> Result<Arc<StepIndex>, Error> {
+        let ds = self.datasets.get(dataset).ok_or_else(|| no_dataset(dataset))?;
+        ds.committed.get(&step).cloned().ok_or_else(|| not_committed(dataset, step, &ds.committed))
+    }
+
+    /// Whether `step` of `dataset` is committed.
+    pub fn is_committed(&self, dataset: &str, step: u64) -> bool {
+        self.datasets.get(dataset).is_some_and(|d| d.committed.contains_key(&step))
+    }
+
+    /// Names of the datasets with committed steps.
+    pub fn datasets(&self) -> Vec<String> {
+        self.datasets.iter().filter(|(_, d)| !d.committed.is_empty()).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Steps prepared but neither committed nor aborted: what a new coordinator must finish.
+    pub fn in_flight(&self) -> Vec<Prepared> {
+        self.datasets.values().flat_map(|d| d.prepared.values().flat_map(|s| s.values().cloned())).collect()
+    }
+
+    /// A keyed value and its version.
+    pub fn kv(&self, key: &str) -> Option<(u64, &[u8])> {
+        self.kv.get(key).map(|(v, b)| (*v, b.as_slice()))
+    }
+}
+
+fn no_dataset(dataset: &str) -> Error {
+    Error::NotFound(format!("dataset '{dataset}' has no committed step in this cluster"))
+}
+
+fn not_committed(dataset: &str, step: u64, committed: &BTreeMap<u64, Arc<StepIndex>>) -> Error {
+    let have = match (committed.keys().next(), committed.keys().next_back()) {
+        (Some(a), Some(b)) => format!("committed: {} steps, {a}..={b}", committed.len()),
+        _ => "no step is committed".into(),
+    };
+    Error::NotFound(format!("step {step} of '{dataset}' is not committed ({have}); wait for the writers or pick a kept step"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::index::{BlockRecord, ObjectRef, VarDef};
+    use cairn_core::{DType, Region};
+
+    /// Writer `w` of `n`'s fragment of `step` in `session`: one row of a (n, 4) f64 array, in one
+    /// object on server `w % 3`.
+    fn frag(step: u64, w: u32, n: u32, session: &str) -> (Fragment, Vec<Share>) {
+        let region = Region::new(vec![u64::from(w), 0], vec![1, 4]).unwrap();
+        let obj = ObjectRef { id: u64::from(w) << 32, region: region.clone(), server: w % 3, checksum: 7 };
+        let block = BlockRecord {
+            var: "p".into(),
+            writer: w,
+            region,
+            file: String::new(),
+            pos: 0,
+            len: 32,
+            chunk: 0,
+            crcs: Vec::new(),
+            checksum: 7,
+            stats: Default::default(),
+            objects: vec![obj],
+            codec: None,
+            stored: 0,
+        };
+        let def = VarDef::new("p", DType::F64, Some(vec![u64::from(n), 4])).unwrap();
+        let f = Fragment::new(step, w, n, session.into(), vec![def], vec![block]);
+        (f, vec![Share { server: w % 3, objects: 1, bytes: 32 }])
+    }
+
+    fn add(s: &mut MetaState, step: u64, w: u32, n: u32, session: &str) -> Outcome {
+        let (fragment, shares) = frag(step, w, n, session);
+        s.apply(Cmd::AddFragment { dataset: "d".into(), fragment, shares })
+    }
+
+    fn commit(s: &mut MetaState, step: u64, session: &str, keep_last: Option<u64>) -> Outcome {
+        s.apply(Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last })
+    }
+
+    #[test]
+    fn a_step_is_invisible_until_its_commit_and_then_visible_at_once() {
+        let mut s = MetaState::default();
+        assert_eq!(add(&mut s, 0, 1, 3, "a"), Outcome::Pending { have: 1, want: 3 });
+        assert_eq!(add(&mut s, 0, 0, 3, "a"), Outcome::Pending { have: 2, want: 3 });
+        let Outcome::Prepared { index, shares } = add(&mut s, 0, 2, 3, "a") else { panic!("prepared") };
+        assert_eq!(index.blocks.len(), 3);
+        assert_eq!(shares, BTreeMap::from([(0, (1, 32)), (1, (1, 32)), (2, (1, 32))]));
+        assert!(s.steps("d").is_empty() && !s.is_committed("d", 0), "prepared is not visible");
+        assert_eq!(s.in_flight().len(), 1, "a new coordinator would find it");
+        assert!(matches!(commit(&mut s, 0, "a", None), Outcome::Committed { ref released } if released.is_empty()));
+        assert_eq!(s.steps("d"), vec![0]);
+        assert_eq!(s.index("d", 0).unwrap().blocks.len(), 3);
+        assert!(s.in_flight().is_empty());
+        assert_eq!(add(&mut s, 0, 0, 3, "b").into_result().unwrap_err().kind(), ErrorKind::AlreadyExists);
+        assert_eq!(commit(&mut s, 0, "a", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "commits once");
+    }
+
+    #[test]
+    fn an_aborted_step_is_forgotten_and_may_be_written_again() {
+        let mut s = MetaState::default();
+        add(&mut s, 5, 0, 2, "a");
+        assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
+        assert_eq!(add(&mut s, 5, 1, 2, "a").into_result().unwrap_err().kind(), ErrorKind::Conflict, "prepared: wait for it");
+        assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 5, session: "a".into() }), Outcome::Aborted { servers: vec![0, 1] });
+        assert!(s.in_flight().is_empty() && s.steps("d").is_empty());
+        assert_eq!(commit(&mut s, 5, "a", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "an aborted step never commits");
+        add(&mut s, 5, 0, 2, "a");
+        assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
+        assert!(matches!(commit(&mut s, 5, "a", None), Outcome::Committed { .. }));
+        assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 9, session: "x".into() }), Outcome::Aborted { servers: vec![] });
+    }
+
+    #[test]
+    fn duplicate_ranks_mismatched_counts_and_crashed_sessions() {
+        let mut s = MetaState::default();
+        add(&mut s, 1, 0, 2, "a");
+        assert_eq!(add(&mut s, 1, 0, 2, "a"), Outcome::Pending { have: 1, want: 2 }, "a retry of the same part is accepted");
+        let (mut other, shares) = frag(1, 0, 2, "a");
+        other.blocks[0].checksum = 9;
+        let e = s.apply(Cmd::AddFragment { dataset: "d".into(), fragment: other, shares }).into_result().unwrap_err();
+        assert!(e.to_string().contains("rank 0 of session 'a'") && e.kind() == ErrorKind::Conflict, "{e}");
+        assert_eq!(add(&mut s, 1, 1, 3, "a").into_result().unwrap_err().kind(), ErrorKind::Conflict, "ranks must agree on nranks");
+        // A crashed run's fragment of step 1 (session "a") never mixes with its restart's ("b").
+        add(&mut s, 1, 0, 2, "b");
+        assert!(matches!(add(&mut s, 1, 1, 2, "b"), Outcome::Prepared { .. }));
+        commit(&mut s, 1, "b", None);
+        assert!(s.in_flight().is_empty());
+        assert_eq!(s.datasets.get("d").unwrap().pending.len(), 0, "the crashed session's part is dropped at commit");
+        let (bad, shares) = frag(2, 3, 2, "a");
+        assert_eq!(
+            s.apply(Cmd::AddFragment { dataset: "d".into(), fragment: bad, shares }).into_result().unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn keep_last_and_release_free_steps() {
+        let mut s = MetaState::default();
+        for step in 0..5 {
+            add(&mut s, step, 0, 1, "a");
+            let Outcome::Committed { released } = commit(&mut s, step, "a", Some(2)) else { panic!() };
+            assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), if step >= 2 { vec![step - 2] } else { vec![] });
+        }
+        assert_eq!(s.steps("d"), vec![3, 4]);
+        assert!(matches!(s.apply(Cmd::Release { dataset: "d".into(), step: 3 }), Outcome::Released { ref index } if index.step == 3));
+        assert_eq!(s.apply(Cmd::Release { dataset: "d".into(), step: 3 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(s.apply(Cmd::Release { dataset: "x".into(), step: 0 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(s.datasets(), vec!["d".to_string()]);
+    }
+
+    #[test]
+    fn views_advance_one_epoch_at_a_time() {
+        use cairn_proto::cluster::{ClusterFile, ServerEntry};
+        let servers = (0..3)
+            .map(|id| ServerEntry {
+                spec: cairn_core::placement::ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id == 2 },
+                addr: format!("h:{id}"),
+                unix: None,
+                host: String::new(),
+                pid: 0,
+                memory: 1,
+            })
+            .collect();
+        let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers });
+        let mut s = MetaState::default();
+        assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }), Outcome::ViewSet);
+        assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }).into_result().unwrap_err().kind(), ErrorKind::Conflict);
+        let v2 = v1.replace(1, 2).unwrap();
+        assert_eq!(s.apply(Cmd::SetView { view: v2.clone() }), Outcome::ViewSet);
+        assert_eq!(s.view(), Some(&v2));
+        let mut bad = v2.clone();
+        bad.epoch = 3;
+        bad.slots.push(0);
+        assert_eq!(s.apply(Cmd::SetView { view: bad }).into_result().unwrap_err().kind(), ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn compare_and_set_claims_once() {
+        let mut s = MetaState::default();
+        let cas = |s: &mut MetaState, expect, value: Option<&[u8]>| {
+            s.apply(Cmd::KvCas { key: "claim/7".into(), expect, value: value.map(<[u8]>::to_vec) })
+        };
+        assert_eq!(cas(&mut s, None, Some(b"w1")), Outcome::Cas { ok: true, version: 1 });
+        assert_eq!(cas(&mut s, None, Some(b"w2")), Outcome::Cas { ok: false, version: 1 }, "the second claimer loses");
+        assert_eq!(s.kv("claim/7"), Some((1, &b"w1"[..])));
+        assert_eq!(cas(&mut s, Some(1), Some(b"w1+")), Outcome::Cas { ok: true, version: 2 });
+        assert_eq!(cas(&mut s, Some(1), None), Outcome::Cas { ok: false, version: 2 });
+        assert_eq!(cas(&mut s, Some(2), None), Outcome::Cas { ok: true, version: 0 });
+        assert_eq!(s.kv("claim/7"), None);
+    }
+
+    proptest::proptest! {
+        /// Replicas applying the same commands in the same order hold equal states, whatever the
+        /// commands; a snapshot (JSON) restores the state exactly; no command sequence commits a
+        /// step before every fragment of one session is in.
+        #[test]
+        fn replicas_agree_and_snapshots_restore(ops in proptest::collection::vec((0u8..5, 0u64..3, 0u32..3, 0u8..2), 0..60)) {
+            let (mut a, mut b) = (MetaState::default(), MetaState::default());
+            for (op, step, w, sess) in ops {
+                let session = if sess == 0 { "a" } else { "b" };
+                let cmd = match op {
+                    0 | 1 => { let (fragment, shares) = frag(step, w, 3, session); Cmd::AddFragment { dataset: "d".into(), fragment, shares } }
+                    2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2) },
+                    3 => Cmd::Abort { dataset: "d".into(), step, session: session.into() },
+                    _ => Cmd::Release { dataset: "d".into(), step },
+                };
+                let (oa, ob) = (a.apply(cmd.clone()), b.apply(cmd));
+                proptest::prop_assert_eq!(&oa, &ob);
+                if let Outcome::Committed { .. } = oa {
+                    proptest::prop_assert_eq!(a.index("d", step).unwrap().blocks.len(), 3);
+                }
+            }
+            proptest::prop_assert_eq!(&a, &b);
+            let snap: MetaState = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+            proptest::prop_assert_eq!(snap, a);
+        }
+    }
+}
