@@ -58,6 +58,14 @@ pub enum Error {
     /// A server is out of memory for the request.
     #[error("{0}")]
     Capacity(String),
+    /// This server does not lead the control plane; the request goes to `leader` (when known).
+    #[error("{message}")]
+    NotLeader {
+        /// What happened and where to go.
+        message: String,
+        /// The staging server believed to lead.
+        leader: Option<u32>,
+    },
     /// An operating-system I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -81,6 +89,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Config(_) => ErrorKind::Config,
             Error::Capacity(_) => ErrorKind::Capacity,
+            Error::NotLeader { .. } => ErrorKind::NotLeader,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,

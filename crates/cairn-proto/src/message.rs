@@ -325,7 +325,11 @@ pub enum Response {
 impl Response {
     /// The response for a failed request.
     pub fn error(e: &Error) -> Response {
-        Response::Error { kind: e.kind(), message: e.to_string(), view: None, leader: None, retry_after_ms: None }
+        let leader = match e {
+            Error::NotLeader { leader, .. } => *leader,
+            _ => None,
+        };
+        Response::Error { kind: e.kind(), message: e.to_string(), view: None, leader, retry_after_ms: None }
     }
 
     /// The reply to a request placed by an older view than `view`.

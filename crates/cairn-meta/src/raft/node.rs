@@ -1,0 +1,159 @@
+//! One replica of the control plane's log: starting it, bootstrapping a new cluster, proposing
+//! commands (committed by a majority, then applied) and reading the applied state.
+
+use super::machine::Machine;
+use super::store::MemStore;
+use super::types::{MetaNode, MetaTypes, NodeId, Raft};
+use crate::log::{MetaLog, Proposal};
+use crate::state::{Cmd, MetaState, Outcome};
+use cairn_core::{Error, Result};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{Config, RaftNetworkFactory};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Raft's clock: how often the leader heartbeats, and how long followers wait before they elect.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Leader heartbeat interval (also each append RPC's deadline).
+    pub heartbeat: Duration,
+    /// Election timeout, drawn between these.
+    pub election: (Duration, Duration),
+    /// How long a proposal may wait to be committed before it fails as unavailable.
+    pub write: Duration,
+}
+
+impl Default for Timing {
+    /// 100 ms heartbeats and 0.5–1 s elections: a dead leader is replaced within about 1.5 s.
+    fn default() -> Self {
+        Timing {
+            heartbeat: Duration::from_millis(100),
+            election: (Duration::from_millis(500), Duration::from_millis(1000)),
+            write: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A replica of the log, and the [`MetaLog`] over it.
+#[derive(Clone)]
+pub struct RaftLog {
+    id: NodeId,
+    raft: Raft,
+    machine: Arc<Machine>,
+    write: Duration,
+}
+
+impl std::fmt::Debug for RaftLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaftLog").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!("the control plane could not {what}: {e}"))
+}
+
+impl RaftLog {
+    /// Starts replica `id` on `network` with a volatile log (a new replica, or a rejoin under a
+    /// new id). Must run inside a tokio runtime.
+    pub async fn start<N: RaftNetworkFactory<MetaTypes>>(id: NodeId, timing: Timing, network: N) -> Result<RaftLog> {
+        let ms = |d: Duration| d.as_millis().max(1) as u64;
+        let config = Config {
+            cluster_name: "cairn-meta".into(),
+            heartbeat_interval: ms(timing.heartbeat),
+            election_timeout_min: ms(timing.election.0),
+            election_timeout_max: ms(timing.election.1),
+            install_snapshot_timeout: 10_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| Error::Config(format!("control plane timing: {e}")))?;
+        let machine = Arc::new(Machine::default());
+        let raft =
+            Raft::new(id, Arc::new(config), network, MemStore::default(), machine.clone()).await.map_err(|e| unavailable("start", e))?;
+        Ok(RaftLog { id, raft, machine, write: timing.write })
+    }
+
+    /// Makes `members` the voters of a new cluster. Call it on one replica, once; a replica that
+    /// is already part of a cluster ignores it.
+    pub async fn bootstrap(&self, members: BTreeMap<NodeId, MetaNode>) -> Result<()> {
+        match self.raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(unavailable("bootstrap", e)),
+        }
+    }
+
+    /// This replica's node id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The openraft handle (membership changes, metrics).
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// The leader this replica knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// The index of the last entry applied here.
+    pub fn applied(&self) -> Option<u64> {
+        self.machine.last_applied().map(|l| l.index)
+    }
+
+    /// Confirms with a majority that this replica still leads, so a read of its state that
+    /// follows sees every committed command.
+    pub async fn linearize(&self) -> Result<()> {
+        match tokio::time::timeout(self.write, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(match e.forward_to_leader() {
+                Some(f) => not_leader(self.id, f.leader_node.as_ref().map(|n| n.server)),
+                None => unavailable("confirm its leader", e),
+            }),
+            Err(_) => Err(no_quorum(self.write)),
+        }
+    }
+
+    /// Stops the replica.
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+
+    async fn write(&self, cmd: Cmd) -> Result<Outcome> {
+        match tokio::time::timeout(self.write, self.raft.client_write(cmd)).await {
+            Ok(Ok(r)) => r.data.0.ok_or_else(|| Error::Corrupt("a command's entry applied without an outcome".into()))?.into_result(),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => Err(not_leader(self.id, f.leader_node.map(|n| n.server))),
+            Ok(Err(e)) => Err(unavailable("commit a command", e)),
+            // The command may still commit later: commands are idempotent or checked (a commit
+            // of a step already committed is refused), so the writer's retry is safe.
+            Err(_) => Err(no_quorum(self.write)),
+        }
+    }
+}
+
+fn not_leader(id: NodeId, leader: Option<u32>) -> Error {
+    let hint =
+        leader.map_or_else(|| "no leader is known yet (an election is under way); retry shortly".into(), |l| format!("server {l} leads"));
+    Error::NotLeader { message: format!("meta node {id:#x} does not lead the control plane: {hint}"), leader }
+}
+
+fn no_quorum(after: Duration) -> Error {
+    Error::Unavailable(format!(
+        "the control plane did not commit within {:.1} s: a majority of its meta servers is unreachable (lost quorum); \
+         nothing committed before is lost — restart or reconnect the meta servers",
+        after.as_secs_f64()
+    ))
+}
+
+impl MetaLog for RaftLog {
+    fn propose(&self, cmd: Cmd) -> Proposal<'_> {
+        Box::pin(self.write(cmd))
+    }
+
+    fn read(&self, f: &mut dyn FnMut(&MetaState)) {
+        self.machine.read(|s| f(s));
+    }
+}

@@ -1,0 +1,195 @@
+//! The control plane's log replicated by Raft, with 3 replicas in one process on a network whose
+//! links tests cut: commits need a majority, a killed leader is replaced and its prepared step
+//! finished, a cut-off follower commits nothing and catches up when healed, a lost majority is a
+//! clear error within the deadline, and nothing committed is ever lost.
+
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef};
+use cairn_core::{DType, ErrorKind, Region};
+use cairn_meta::log::query;
+use cairn_meta::raft::local::LocalNet;
+use cairn_meta::raft::node::Timing;
+use cairn_meta::raft::{MetaNode, NodeId, RaftLog};
+use cairn_meta::{Cmd, MetaLog, Outcome};
+use cairn_proto::message::Share;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn timing() -> Timing {
+    Timing {
+        heartbeat: Duration::from_millis(50),
+        election: (Duration::from_millis(150), Duration::from_millis(300)),
+        write: Duration::from_secs(2),
+    }
+}
+
+struct Cluster {
+    net: LocalNet,
+    logs: BTreeMap<NodeId, RaftLog>,
+}
+
+impl Cluster {
+    async fn start(n: u64) -> Cluster {
+        let net = LocalNet::default();
+        let mut logs = BTreeMap::new();
+        for id in 1..=n {
+            let log = RaftLog::start(id, timing(), net.endpoint(id)).await.unwrap();
+            net.add(id, log.raft().clone());
+            logs.insert(id, log);
+        }
+        let members = (1..=n).map(|id| (id, MetaNode { server: id as u32 - 1, addr: String::new() })).collect();
+        logs[&1].bootstrap(members).await.unwrap();
+        Cluster { net, logs }
+    }
+
+    /// The leader every live, connected replica agrees on.
+    async fn leader(&self, among: &[NodeId]) -> NodeId {
+        let start = Instant::now();
+        loop {
+            let seen: Vec<Option<NodeId>> = among.iter().map(|id| self.logs[id].leader()).collect();
+            if let Some(Some(l)) = seen.first() {
+                if among.contains(l) && seen.iter().all(|s| *s == Some(*l)) {
+                    return *l;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "no agreed leader among {among:?}: {seen:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn kill(&mut self, id: NodeId) {
+        self.net.remove(id);
+        self.logs.remove(&id).unwrap().shutdown().await;
+    }
+
+    async fn caught_up(&self, id: NodeId, with: NodeId) {
+        let start = Instant::now();
+        while self.logs[&id].applied() < self.logs[&with].applied() {
+            assert!(start.elapsed() < Duration::from_secs(10), "node {id} did not catch up with {with}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) {
+        for log in self.logs.values() {
+            log.shutdown().await;
+        }
+    }
+}
+
+fn fragment(step: u64, w: u32, n: u32) -> Cmd {
+    let region = Region::new(vec![u64::from(w)], vec![1]).unwrap();
+    let block = BlockRecord {
+        var: "x".into(),
+        writer: w,
+        region: region.clone(),
+        file: String::new(),
+        pos: 0,
+        len: 8,
+        chunk: 0,
+        crcs: Vec::new(),
+        checksum: 1,
+        stats: Default::default(),
+        objects: vec![ObjectRef { id: u64::from(w) << 32, region, server: w, checksum: 1 }],
+        codec: None,
+        stored: 0,
+    };
+    let def = VarDef::new("x", DType::F64, Some(vec![u64::from(n)])).unwrap();
+    Cmd::AddFragment {
+        dataset: "d".into(),
+        fragment: Fragment::new(step, w, n, "s".into(), vec![def], vec![block]),
+        shares: vec![Share { server: w, objects: 1, bytes: 8 }],
+    }
+}
+
+fn commit(step: u64) -> Cmd {
+    Cmd::Commit { dataset: "d".into(), step, session: "s".into(), keep_last: None }
+}
+
+/// Writes `step` with 2 writers through `log` and commits it.
+async fn write_step(log: &RaftLog, step: u64) {
+    log.propose(fragment(step, 0, 2)).await.unwrap();
+    assert!(matches!(log.propose(fragment(step, 1, 2)).await.unwrap(), Outcome::Prepared { .. }));
+    assert!(matches!(log.propose(commit(step)).await.unwrap(), Outcome::Committed { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_commits_and_followers_name_the_leader() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    write_step(&c.logs[&leader], 0).await;
+    for id in [1, 2, 3] {
+        c.caught_up(id, leader).await;
+        assert_eq!(query(&c.logs[&id], |s| s.steps("d")), vec![0], "replica {id} applied the commit");
+    }
+    let follower = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let e = c.logs[&follower].propose(commit(7)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotLeader);
+    match e {
+        cairn_core::Error::NotLeader { leader: hint, .. } => {
+            assert_eq!(hint, Some(leader as u32 - 1), "the hint names the leader's server")
+        }
+        other => panic!("{other:?}"),
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_prepared_step_is_finished_by_the_next_and_nothing_is_lost() {
+    let mut c = Cluster::start(3).await;
+    let first = c.leader(&[1, 2, 3]).await;
+    write_step(&c.logs[&first], 0).await;
+    // Step 1 is prepared (both fragments in) when its coordinator dies before the commit.
+    c.logs[&first].propose(fragment(1, 0, 2)).await.unwrap();
+    assert!(matches!(c.logs[&first].propose(fragment(1, 1, 2)).await.unwrap(), Outcome::Prepared { .. }));
+    let killed = Instant::now();
+    c.kill(first).await;
+    let rest: Vec<NodeId> = c.logs.keys().copied().collect();
+    let next = c.leader(&rest).await;
+    assert_ne!(next, first);
+    let log = &c.logs[&next];
+    let in_flight = query(log, |s| s.in_flight());
+    assert_eq!(in_flight.iter().map(|p| p.index.step).collect::<Vec<_>>(), vec![1], "the new leader finds the prepared step");
+    assert!(matches!(log.propose(commit(1)).await.unwrap(), Outcome::Committed { .. }));
+    assert!(killed.elapsed() < Duration::from_secs(2), "failover to the next commit took {:?}", killed.elapsed());
+    write_step(log, 2).await;
+    for id in &rest {
+        c.caught_up(*id, next).await;
+        assert_eq!(query(&c.logs[id], |s| s.steps("d")), vec![0, 1, 2]);
+    }
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_follower_commits_nothing_and_catches_up_when_healed() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let lonely = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    c.net.cut(lonely);
+    let e = c.logs[&lonely].propose(fragment(0, 0, 1)).await.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable), "{e}");
+    for step in 0..5 {
+        write_step(&c.logs[&leader], step).await;
+    }
+    assert!(query(&c.logs[&lonely], |s| s.steps("d")).is_empty(), "nothing reaches a cut-off replica");
+    c.net.heal(lonely);
+    let leader = c.leader(&[1, 2, 3]).await;
+    c.caught_up(lonely, leader).await;
+    assert_eq!(query(&c.logs[&lonely], |s| s.steps("d")), vec![0, 1, 2, 3, 4]);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_majority_is_a_clear_error_within_the_deadline_and_loses_nothing() {
+    let c = Cluster::start(3).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    write_step(&c.logs[&leader], 0).await;
+    for id in [1, 2, 3].into_iter().filter(|id| *id != leader) {
+        c.net.cut(id);
+    }
+    let t = Instant::now();
+    let e = c.logs[&leader].propose(fragment(1, 0, 1)).await.unwrap_err();
+    assert!(t.elapsed() < timing().write + Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!((e.kind() == ErrorKind::Unavailable && e.to_string().contains("lost quorum")) || e.kind() == ErrorKind::NotLeader, "{e}");
+    assert_eq!(query(&c.logs[&leader], |s| s.steps("d")), vec![0], "what was committed stays");
+    c.stop().await;
+}
