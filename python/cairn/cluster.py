@@ -88,12 +88,13 @@ class LocalCluster:
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
           topology: str | os.PathLike[str] | None = None, memory: str | int = "4GiB",
           bind: str = "127.0.0.1", timeout: float = 60.0, io_timeout: float | None = None,
-          hello_timeout: float | None = None, peer_timeout: float | None = None) -> LocalCluster:
+          hello_timeout: float | None = None, peer_timeout: float | None = None, meta: int = 3) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
-    the servers' deadlines (``cairn serve --help``)."""
-    extra: list[str] = []
+    the servers' deadlines (``cairn serve --help``); ``meta`` servers (the first of the ring) run
+    the control plane."""
+    extra: list[str] = ["--meta", str(meta)]
     for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
         if value is not None:
             extra += [flag, str(value)]
@@ -129,7 +130,7 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
         try:
             st = request(file, s["id"], "status", timeout)["status"]
         except CairnError as e:
-            out.append({**row, "state": "down", "error": str(e), "memory_used": None, "memory_limit": s.get("memory"),
+            out.append({**row, "state": "down", "error": str(e), "meta": "none", "leader": None, "memory_used": None, "memory_limit": s.get("memory"),
                         "objects": None, "steps": None, "requests": None, "uptime_s": None, "requests_per_s": None})
             continue
         row.update(st, state="spare" if row["spare"] else "up", requests_per_s=st["requests"] / max(st["uptime_s"], 1e-9))

@@ -18,12 +18,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
-                  args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout)
+                  args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
+                  args.meta)
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
-                      memory=args.memory, bind=args.host)
+                      memory=args.memory, bind=args.host, meta=args.meta)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
@@ -35,11 +36,12 @@ def cmd_stop(args: argparse.Namespace) -> None:
 
 def status_json(rows: list[dict[str, Any]], view: dict[str, Any] | None) -> dict[str, Any]:
     """The status as scripts read it (``cairn cluster status --json``)."""
+    leaders = [r["leader"] for r in rows if r["state"] != "down" and r.get("leader") is not None]
     return {
         "epoch": view["epoch"] if view else None,
-        "leader": None,  # no control-plane leader yet: each dataset has one coordinator
+        "leader": max(set(leaders), key=leaders.count) if leaders else None,
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
-                     "state": r["state"], "meta": "none", "used": r["memory_used"], "limit": r["memory_limit"],
+                     "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
                      "objects": r["objects"]} for r in rows],
     }
 
@@ -83,6 +85,8 @@ def add(sub: Any) -> None:
     s.add_argument("--io-timeout", type=float, help="seconds a started frame (or a reply) may stall before the connection is closed (default 10)")
     s.add_argument("--hello-timeout", type=float, help="seconds a new connection has to authenticate (default 3)")
     s.add_argument("--peer-timeout", type=float, help="seconds a call to another server may take (default 5)")
+    s.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
+                   help="servers running the control plane's Raft replicas: the first M of the ring (1-5, default 3)")
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
@@ -96,6 +100,8 @@ def add(sub: Any) -> None:
     st.add_argument("--memory", default="4GiB", help="memory limit per server")
     st.add_argument("--host", "--bind", dest="host", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
     st.add_argument("--file", default="cluster.json")
+    st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
+                    help="servers running the control plane (1-5, default 3; all when fewer)")
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json")

@@ -192,7 +192,40 @@ pub enum Request {
     Objects,
     /// Stops the server.
     Shutdown,
+    /// Server → meta server: a Raft RPC of the control plane. The payload is the RPC as JSON
+    /// (`kind` says which); the reply is `raft` with the result as JSON in its payload.
+    Raft {
+        /// `append`, `vote` or `snapshot`.
+        kind: RaftRpc,
+        /// With `snapshot`: the vote and the snapshot's metadata (the payload is its data).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        head: Option<serde_json::Value>,
+    },
+    /// A meta server that restarted without its Raft state asks to rejoin under a new node id.
+    MetaJoin {
+        /// Its new Raft node id.
+        node: u64,
+        /// Its server id.
+        server: u32,
+        /// Its address.
+        addr: String,
+    },
 }
+
+/// The kinds of Raft RPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RaftRpc {
+    /// Append entries (and heartbeats).
+    Append,
+    /// Request a vote.
+    Vote,
+    /// Install a whole snapshot.
+    Snapshot,
+}
+
+/// Largest Raft RPC payload accepted (entries carry step fragments, snapshots the whole state).
+pub const MAX_RAFT_PAYLOAD: u64 = 256 << 20;
 
 /// A server's counters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -211,6 +244,15 @@ pub struct ServerStatus {
     pub requests: u64,
     /// Seconds since start.
     pub uptime_s: f64,
+    /// Its part in the control plane: `leader`, `follower`, `candidate`, `learner` or `none`.
+    #[serde(default)]
+    pub meta: String,
+    /// The server it knows to lead the control plane.
+    #[serde(default)]
+    pub leader: Option<u32>,
+    /// Its cluster-view epoch.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// One object as `cairn cluster status --objects` lists it.
@@ -274,6 +316,8 @@ pub enum Response {
         /// The view.
         view: ClusterView,
     },
+    /// A Raft RPC's result; the payload holds it as JSON.
+    Raft,
     /// Object bytes follow as the payload.
     Data {
         /// crc32c of the payload.

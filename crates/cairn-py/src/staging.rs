@@ -16,7 +16,7 @@ pub(crate) fn seconds(s: f64) -> PyResult<Duration> {
 
 /// Runs one staging server until it is shut down; blocks (without the GIL).
 #[pyfunction]
-#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None))]
+#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -32,6 +32,7 @@ pub(crate) fn serve(
     io_timeout_s: Option<f64>,
     hello_timeout_s: Option<f64>,
     peer_timeout_s: Option<f64>,
+    meta: u32,
 ) -> PyResult<()> {
     let mut limits = cairn_server::Limits::default();
     if let Some(s) = io_timeout_s {
@@ -43,7 +44,9 @@ pub(crate) fn serve(
     if let Some(s) = peer_timeout_s {
         limits.peer_timeout = seconds(s)?;
     }
-    let opts = cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits };
+    let meta = meta.clamp(1, 5);
+    let opts =
+        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits, meta };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }
 

@@ -8,7 +8,7 @@ use crate::server::Place;
 use crate::state::State;
 use cairn_core::{Error, Result};
 use cairn_proto::async_io::{read_head, write_frame};
-use cairn_proto::message::{Envelope, Request, Response};
+use cairn_proto::message::{Envelope, Request, Response, MAX_RAFT_PAYLOAD};
 use cairn_proto::{MAX_HEADER, MAX_HELLO};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
     loop {
         stream.expect_frame();
         let head = tokio::select! {
-            h = read_head::<Envelope>(&mut stream, MAX_HEADER, state.store.limit()) => h,
+            h = read_head::<Envelope>(&mut stream, MAX_HEADER, state.store.limit().max(MAX_RAFT_PAYLOAD)) => h,
             _ = shutdown.recv() => return,
         };
         let (env, prefix) = match head {
@@ -58,6 +58,14 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
             // The stream is out of step with the frames now: answer, then hang up.
             Err(e) => return refuse(&mut stream, &Response::error(&e)).await,
         };
+        if prefix.payload_len > state.store.limit() && !matches!(env.req, Request::Raft { .. }) {
+            let e = Error::InvalidArgument(format!(
+                "frame payload of {} bytes exceeds the {} bytes accepted here",
+                prefix.payload_len,
+                state.store.limit()
+            ));
+            return refuse(&mut stream, &Response::error(&e)).await;
+        }
         state.requests.fetch_add(1, Ordering::Relaxed);
         let stop_after = matches!(env.req, Request::Shutdown);
         let reply = match check_epoch(&state, env.epoch) {

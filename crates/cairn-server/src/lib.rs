@@ -7,6 +7,8 @@
 //!   connection bounds (unauthenticated connections evict each other; authenticated ones are counted).
 //! - [`handler`]: one connection: challenge and hello, then framed requests in order.
 //! - [`deadline`]: the progress deadline on a connection's reads and writes.
+//! - [`control`]: this server's replica of the control plane (meta servers), and Raft's
+//!   transport over the staging protocol.
 //! - [`cmd`]: one module per kind of request.
 //! - [`store`]: objects with memory accounting.
 //! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
@@ -17,6 +19,7 @@
 //! - [`testing`]: a cluster of servers in one process that tests kill and restart.
 
 pub mod cmd;
+pub mod control;
 pub mod deadline;
 pub mod handler;
 pub mod kv;

@@ -76,7 +76,8 @@ pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
     }
 }
 
-async fn connect(state: &State, addr: &str) -> Result<TcpStream> {
+/// A new authenticated connection to the server at `addr`.
+pub async fn connect(state: &State, addr: &str) -> Result<TcpStream> {
     let mut s = TcpStream::connect(addr).await.map_err(|e| Error::io("connecting", e))?;
     s.set_nodelay(true).map_err(|e| Error::io("connecting", e))?;
     let nonce = match read_head::<Response>(&mut s, MAX_HEADER, 0).await? {

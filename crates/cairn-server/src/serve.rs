@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub timeout: Duration,
     /// Deadlines and bounds of the running server.
     pub limits: Limits,
+    /// Meta servers in the cluster (the first this many ring slots run the control plane).
+    pub meta: u32,
 }
 
 fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
@@ -50,6 +52,9 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 
 /// Runs a server until it is told to shut down (a shutdown request, SIGTERM or SIGINT).
 pub fn serve(opts: ServeOptions) -> Result<()> {
+    // A cluster file that exists before this server publishes its entry means it is restarting
+    // into a running cluster: its control-plane replica rejoins under a new node id.
+    let rejoin = opts.cluster.exists();
     let dir = ClusterFile::entries_dir(&opts.cluster);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let secret_path = dir.join("secret");
@@ -82,7 +87,9 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             memory: opts.memory,
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
-        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
+        let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
+        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone(), meta);
+        crate::control::start(state.clone());
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
             tokio::task::spawn_blocking(move || {

@@ -2,6 +2,7 @@
 //! the store, the keyed values, the coordinator metadata, peer connections, counters and the
 //! shutdown signal.
 
+use crate::control::MetaOptions;
 use crate::kv::Kv;
 use crate::meta::Meta;
 use crate::peer::Peers;
@@ -11,7 +12,7 @@ use cairn_proto::cluster::ClusterFile;
 use cairn_proto::ClusterView;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -64,6 +65,10 @@ pub struct State {
     pub meta: Meta,
     /// Pooled connections to other servers.
     pub peers: Peers,
+    /// How this server takes part in the control plane.
+    pub meta_options: MetaOptions,
+    /// Its replica of the control plane's log, once started (meta servers only).
+    pub control: OnceLock<cairn_meta::raft::RaftLog>,
     /// Requests served.
     pub requests: AtomicU64,
     /// Start time.
@@ -74,7 +79,7 @@ pub struct State {
 
 impl State {
     /// New state for server `id` with `memory` bytes of room.
-    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits) -> Arc<State> {
+    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits, meta_options: MetaOptions) -> Arc<State> {
         Arc::new(State {
             id,
             secret,
@@ -85,6 +90,8 @@ impl State {
             kv: Kv::default(),
             meta: Meta::default(),
             peers: Peers::default(),
+            meta_options,
+            control: OnceLock::new(),
             requests: AtomicU64::new(0),
             started: Instant::now(),
             shutdown: broadcast::channel(1).0,

@@ -32,6 +32,7 @@ pub struct TestCluster {
     secret: String,
     memory: u64,
     limits: Limits,
+    meta: crate::control::MetaOptions,
     addrs: Vec<SocketAddr>,
     servers: Vec<Option<Running>>,
 }
@@ -60,7 +61,8 @@ impl TestCluster {
         }
         let cluster = ClusterFile { secret: secret.clone(), servers: entries };
         write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
-        let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, addrs: Vec::new(), servers: Vec::new() };
+        let meta = crate::control::MetaOptions::default();
+        let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };
         for (id, (addr, l)) in listeners.into_iter().enumerate() {
             c.addrs.push(addr);
             c.servers.push(Some(c.launch(id as u32, Some(l))?));
@@ -72,13 +74,15 @@ impl TestCluster {
         dir.join(format!("server-{id}.sock"))
     }
 
-    /// Runs server `id` on `listener`, or on a new listener at its address (a restart).
+    /// Runs server `id` on `listener`, or on a new listener at its address (a restart, whose
+    /// control-plane replica rejoins under a new node id).
     fn launch(&self, id: u32, listener: Option<std::net::TcpListener>) -> Result<Running> {
+        let meta = crate::control::MetaOptions { rejoin: listener.is_none(), ..self.meta };
         if let Some(l) = &listener {
             l.set_nonblocking(true).map_err(|e| Error::io("configuring a test listener", e))?;
         }
         let addr = self.addrs[id as usize];
-        let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone());
+        let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone(), meta);
         let (stop, stopped) = oneshot::channel::<()>();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -105,6 +109,7 @@ impl TestCluster {
             .map_err(|e| Error::io(format!("listening on {addr}"), e))?;
         let thread = std::thread::spawn(move || {
             rt.block_on(async move {
+                crate::control::start(st.clone());
                 run(st, Listeners { tcp, unix: Some(unix) }, async {
                     let _ = stopped.await;
                 })

@@ -99,6 +99,50 @@ impl RaftLog {
         self.raft.metrics().borrow().current_leader
     }
 
+    /// This replica's part (`leader`, `follower`, `candidate`, `learner`; `none` once shut
+    /// down) and the server it knows to lead.
+    pub fn role(&self) -> (&'static str, Option<u32>) {
+        let m = self.raft.metrics().borrow().clone();
+        let role = match m.state {
+            openraft::ServerState::Leader => "leader",
+            openraft::ServerState::Follower => "follower",
+            openraft::ServerState::Candidate => "candidate",
+            openraft::ServerState::Learner => "learner",
+            openraft::ServerState::Shutdown => "none",
+        };
+        let leader = m.current_leader.and_then(|l| m.membership_config.membership().get_node(&l).map(|n| n.server));
+        (role, leader)
+    }
+
+    /// Voters of the current membership.
+    pub fn voters(&self) -> Vec<NodeId> {
+        self.raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+    }
+
+    /// Adds node `id` (server `node.server`) as a voter in place of that server's earlier nodes
+    /// (a meta server that restarted without its Raft state). Only the leader can.
+    pub async fn rejoin(&self, id: NodeId, node: MetaNode) -> Result<()> {
+        let server = node.server;
+        let fail = |e: RaftError<NodeId, ClientWriteError<NodeId, MetaNode>>| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(self.id, f.leader_node.map(|n| n.server)),
+            e => unavailable("change its membership", e),
+        };
+        let run = async {
+            self.raft.add_learner(id, node, true).await.map_err(fail)?;
+            let old: std::collections::BTreeSet<NodeId> = {
+                let m = self.raft.metrics().borrow().clone();
+                let membership = m.membership_config.membership();
+                membership.voter_ids().filter(|v| *v != id && membership.get_node(v).is_some_and(|n| n.server == server)).collect()
+            };
+            self.raft.change_membership(openraft::ChangeMembers::AddVoterIds([id].into()), false).await.map_err(fail)?;
+            if !old.is_empty() {
+                self.raft.change_membership(openraft::ChangeMembers::RemoveVoters(old), false).await.map_err(fail)?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(self.write * 2, run).await.unwrap_or_else(|_| Err(no_quorum(self.write * 2)))
+    }
+
     /// The index of the last entry applied here.
     pub fn applied(&self) -> Option<u64> {
         self.machine.last_applied().map(|l| l.index)

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers N] [--spares N] [--memory SIZE] [--host ADDR]
                     [--node NAME] [--rack NAME] [--timeout S] [--io-timeout S] [--hello-timeout S] [--peer-timeout S]
-The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface).";
+                    [--meta M]
+The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
+--meta (1 to 5, default 3) servers run the control plane's Raft replicas.";
 
 fn main() {
     if let Err(e) = run() {
@@ -29,6 +31,7 @@ fn run() -> Result<(), String> {
         rack: String::new(),
         timeout: Duration::from_secs(120),
         limits: Limits::default(),
+        meta: 3,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -59,6 +62,7 @@ fn run() -> Result<(), String> {
             "--io-timeout" => opts.limits.io_timeout = secs()?,
             "--hello-timeout" => opts.limits.hello_timeout = secs()?,
             "--peer-timeout" => opts.limits.peer_timeout = secs()?,
+            "--meta" => opts.meta = num("a meta server count")?.clamp(1, 5),
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }

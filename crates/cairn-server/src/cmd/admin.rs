@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 /// Counters for `cairn cluster status`.
 pub fn status(state: &State) -> Response {
     let (objects, steps) = state.store.counts();
+    let (meta, leader) = state.control.get().map_or(("none", None), |c| c.role());
     Response::Status {
         status: ServerStatus {
             server: state.id,
@@ -16,6 +17,9 @@ pub fn status(state: &State) -> Response {
             steps,
             requests: state.requests.load(Ordering::Relaxed),
             uptime_s: state.started.elapsed().as_secs_f64(),
+            meta: meta.to_string(),
+            leader,
+            epoch: state.view().map_or(0, |v| v.epoch),
         },
     }
 }

@@ -3,11 +3,14 @@
 //! arbitrary input (`fuzz/fuzz_targets/request_decode.rs`).
 
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Request, MAX_KEY, MAX_KEYS};
+use cairn_proto::message::{Request, MAX_KEY, MAX_KEYS, MAX_RAFT_PAYLOAD};
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
 pub fn request(req: &Request, payload_len: u64) -> Result<()> {
-    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. }) {
+    if matches!(req, Request::Raft { .. }) && payload_len > MAX_RAFT_PAYLOAD {
+        return Err(Error::InvalidArgument(format!("a raft message of {payload_len} bytes exceeds {MAX_RAFT_PAYLOAD}")));
+    }
+    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. } | Request::Raft { .. }) {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", super::op_name(req))));
     }
     match req {

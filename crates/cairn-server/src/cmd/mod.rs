@@ -17,7 +17,7 @@ use cairn_core::{Error, Result};
 use cairn_proto::frame::Prefix;
 use cairn_proto::message::{Request, Response};
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
 /// What a request produced: a response, or a response with payload bytes.
 #[derive(Debug)]
@@ -78,6 +78,16 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),
         // The connection sends the reply, then signals the shutdown.
         Request::Shutdown => plain(Ok(Response::Ok)),
+        Request::Raft { kind, head } => {
+            let mut payload = vec![0u8; p.payload_len as usize];
+            stream.read_exact(&mut payload).await.map_err(|e| Error::io("reading a raft message", e))?;
+            let out = crate::control::serve_rpc(state, kind, head, payload).await?;
+            Ok(Reply::WithPayload(Response::Raft, Payload::Owned(out)))
+        }
+        Request::MetaJoin { node, server, addr } => {
+            let log = state.control.get().ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server", state.id)))?;
+            plain(log.rejoin(node, cairn_meta::raft::MetaNode { server, addr }).await.map(|()| Response::Ok))
+        }
     }
 }
 

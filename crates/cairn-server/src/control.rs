@@ -1,0 +1,244 @@
+//! This server's part in the control plane: the first `meta` servers of the ring (different
+//! failure domains) run a Raft replica of the control plane's log (`cairn-meta`), talking to each
+//! other over the staging protocol (`raft` requests). Their state is volatile: a meta server that
+//! restarts rejoins under a new node id (server id in the high 32 bits, a random incarnation
+//! below) through a membership change on the leader, so it never votes twice in a term.
+
+use crate::state::State;
+use cairn_core::{Error, Result};
+use cairn_meta::raft::node::Timing;
+use cairn_meta::raft::types::{MetaTypes, Snapshot, Vote};
+use cairn_meta::raft::{MetaNode, NodeId, RaftLog};
+use cairn_proto::async_io::{read_head, write_frame};
+use cairn_proto::message::{Envelope, RaftRpc, Request, Response, MAX_RAFT_PAYLOAD};
+use cairn_proto::MAX_HEADER;
+use openraft::error::{Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::RPCOption;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::{AnyError, OptionalSend, RaftNetwork, RaftNetworkFactory};
+use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+/// How this server takes part in the control plane.
+#[derive(Debug, Clone, Copy)]
+pub struct MetaOptions {
+    /// Meta servers in the cluster (the first this many ring slots; all when fewer).
+    pub servers: u32,
+    /// This server restarted: it rejoins under a new node id instead of bootstrapping.
+    pub rejoin: bool,
+    /// Raft's heartbeat and election timing.
+    pub timing: Timing,
+}
+
+impl Default for MetaOptions {
+    fn default() -> Self {
+        MetaOptions { servers: 3, rejoin: false, timing: Timing::default() }
+    }
+}
+
+/// Starts this server's replica once the cluster view is known, if it is a meta server.
+pub fn start(state: Arc<State>) {
+    tokio::spawn(async move {
+        let view = loop {
+            if let Ok(v) = state.view() {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let members: Vec<u32> = view.slots.iter().copied().take(state.meta_options.servers.max(1) as usize).collect();
+        if !members.contains(&state.id) {
+            return;
+        }
+        let incarnation = if state.meta_options.rejoin { u64::from(rand_u32().max(1)) } else { 0 };
+        let id = (u64::from(state.id) << 32) | incarnation;
+        let net = PeerNet { state: Arc::downgrade(&state) };
+        let log = match RaftLog::start(id, state.meta_options.timing, net).await {
+            Ok(l) => l,
+            Err(e) => return eprintln!("cairn server {}: control plane did not start: {e}", state.id),
+        };
+        let _ = state.control.set(log.clone());
+        let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
+        if !state.meta_options.rejoin {
+            if members.first() == Some(&state.id) {
+                let all: Option<BTreeMap<NodeId, MetaNode>> = members.iter().map(|s| Some((u64::from(*s) << 32, node(*s).ok()?))).collect();
+                if let Some(all) = all {
+                    if let Err(e) = log.bootstrap(all).await {
+                        eprintln!("cairn server {}: control plane bootstrap failed: {e}", state.id);
+                    }
+                }
+            }
+            return;
+        }
+        // A restart: ask the meta servers (any; followers name the leader) to take this node in.
+        let Ok(me) = node(state.id) else { return };
+        let join = Request::MetaJoin { node: id, server: state.id, addr: me.addr };
+        let mut shutdown = state.shutdown.subscribe();
+        loop {
+            for s in members.iter().filter(|s| **s != state.id) {
+                if crate::peer::call(&state, *s, &join).await.is_ok() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.recv() => return,
+            }
+        }
+    });
+}
+
+fn rand_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // Without randomness the incarnation is 1: still a new id, unless the same server restarts
+    // twice on such a host.
+    let _ = getrandom::fill(&mut b);
+    u32::from_le_bytes(b)
+}
+
+/// The Raft network of a server: connections to the other meta servers.
+#[derive(Debug, Clone)]
+pub struct PeerNet {
+    state: Weak<State>,
+}
+
+/// One meta server as a Raft peer, over one kept, authenticated connection.
+#[derive(Debug)]
+pub struct PeerRaft {
+    state: Weak<State>,
+    target: NodeId,
+    node: MetaNode,
+    conn: Option<TcpStream>,
+}
+
+impl RaftNetworkFactory<MetaTypes> for PeerNet {
+    type Network = PeerRaft;
+
+    async fn new_client(&mut self, target: NodeId, node: &MetaNode) -> PeerRaft {
+        PeerRaft { state: self.state.clone(), target, node: node.clone(), conn: None }
+    }
+}
+
+/// Why an RPC failed: the peer could not be reached, or the exchange broke.
+enum Failure {
+    Unreachable(String),
+    Network(String),
+}
+
+impl PeerRaft {
+    async fn exchange(&mut self, kind: RaftRpc, head: Option<serde_json::Value>, body: &[u8]) -> Result<Vec<u8>, Failure> {
+        let state = self.state.upgrade().ok_or_else(|| Failure::Unreachable("this server is stopping".into()))?;
+        if self.conn.is_none() {
+            let s = crate::peer::connect(&state, &self.node.addr).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+            self.conn = Some(s);
+        }
+        let s = self.conn.as_mut().expect("connected above");
+        let env = Envelope { epoch: None, req: Request::Raft { kind, head } };
+        let broke = |e: Error| Failure::Network(e.to_string());
+        write_frame(s, &env, body).await.map_err(broke)?;
+        let (resp, p) = read_head::<Response>(s, MAX_HEADER, MAX_RAFT_PAYLOAD)
+            .await
+            .map_err(broke)?
+            .ok_or_else(|| Failure::Network("closed".into()))?;
+        let mut out = vec![0u8; p.payload_len as usize];
+        s.read_exact(&mut out).await.map_err(|e| Failure::Network(e.to_string()))?;
+        match resp {
+            Response::Raft => Ok(out),
+            other => Err(Failure::Network(format!("{:?}", other.into_result().err()))),
+        }
+    }
+
+    /// One RPC within `ttl`: the reply decoded as the peer's `Result`. A failed connection is
+    /// dropped, so the next RPC reconnects.
+    async fn rpc<T: DeserializeOwned, E: DeserializeOwned>(
+        &mut self,
+        kind: RaftRpc,
+        head: Option<serde_json::Value>,
+        body: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Result<T, E>, Failure> {
+        let r = match tokio::time::timeout(ttl, self.exchange(kind, head, &body)).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Network(format!("no answer within {ttl:?}"))),
+        };
+        let bytes = r.inspect_err(|_| self.conn = None)?;
+        serde_json::from_slice(&bytes).map_err(|e| Failure::Network(format!("bad raft reply: {e}")))
+    }
+}
+
+type RpcError = RPCError<NodeId, MetaNode, RaftError<NodeId>>;
+
+fn rpc_error(f: Failure) -> RpcError {
+    match f {
+        Failure::Unreachable(m) => RPCError::Unreachable(Unreachable::new(&AnyError::error(m))),
+        Failure::Network(m) => RPCError::Network(NetworkError::new(&AnyError::error(m))),
+    }
+}
+
+fn body<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("raft messages serialize")
+}
+
+impl RaftNetwork<MetaTypes> for PeerRaft {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<MetaTypes>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        match self.rpc(RaftRpc::Append, None, body(&rpc), option.hard_ttl()).await.map_err(rpc_error)? {
+            Ok(r) => Ok(r),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+        }
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RpcError> {
+        match self.rpc(RaftRpc::Vote, None, body(&rpc), option.hard_ttl()).await.map_err(rpc_error)? {
+            Ok(r) => Ok(r),
+            Err(e) => Err(RPCError::RemoteError(RemoteError::new(self.target, e))),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        _cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<NodeId>, StreamingError<MetaTypes, Fatal<NodeId>>> {
+        let head = serde_json::json!({"vote": vote, "meta": snapshot.meta});
+        let data = snapshot.snapshot.into_inner();
+        match self.rpc::<SnapshotResponse<NodeId>, Fatal<NodeId>>(RaftRpc::Snapshot, Some(head), data, option.hard_ttl()).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(StreamingError::RemoteError(RemoteError::new(self.target, e))),
+            Err(Failure::Unreachable(m)) => Err(StreamingError::Unreachable(Unreachable::new(&AnyError::error(m)))),
+            Err(Failure::Network(m)) => Err(StreamingError::Network(NetworkError::new(&AnyError::error(m)))),
+        }
+    }
+}
+
+/// Serves a Raft RPC from another meta server: the payload in, the result (as JSON) out.
+pub async fn serve_rpc(state: &State, kind: RaftRpc, head: Option<serde_json::Value>, payload: Vec<u8>) -> Result<Vec<u8>> {
+    let log = state
+        .control
+        .get()
+        .ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server (or its control plane is starting)", state.id)))?;
+    let bad = |e: serde_json::Error| Error::InvalidArgument(format!("raft {kind:?} does not parse: {e}"));
+    let raft = log.raft();
+    Ok(match kind {
+        RaftRpc::Append => body(&raft.append_entries(serde_json::from_slice(&payload).map_err(bad)?).await),
+        RaftRpc::Vote => body(&raft.vote(serde_json::from_slice(&payload).map_err(bad)?).await),
+        RaftRpc::Snapshot => {
+            #[derive(serde::Deserialize)]
+            struct Head {
+                vote: Vote,
+                meta: cairn_meta::raft::types::SnapshotMeta,
+            }
+            let h: Head = serde_json::from_value(head.unwrap_or_default()).map_err(bad)?;
+            let snapshot = Snapshot { meta: h.meta, snapshot: Box::new(std::io::Cursor::new(payload)) };
+            body(&raft.install_full_snapshot(h.vote, snapshot).await)
+        }
+    })
+}

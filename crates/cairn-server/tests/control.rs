@@ -1,0 +1,55 @@
+//! The control plane across real servers in one process: the first meta servers of the ring
+//! elect a leader over the staging protocol, a killed leader is replaced within 2 s, and a
+//! restarted meta server rejoins under a new node id.
+
+use cairn_server::testing::TestCluster;
+use cairn_server::Limits;
+use std::time::{Duration, Instant};
+
+fn roles(c: &TestCluster, ids: &[u32]) -> Vec<(&'static str, Option<u32>)> {
+    ids.iter().map(|id| c.state(*id).and_then(|s| s.control.get()).map_or(("none", None), |l| l.role())).collect()
+}
+
+/// The leader every listed meta server agrees on, once they do (non-meta servers hold no replica).
+fn agreed_leader(c: &TestCluster, ids: &[u32], within: Duration) -> u32 {
+    let start = Instant::now();
+    loop {
+        let r: Vec<_> = roles(c, ids).into_iter().filter(|(role, _)| *role != "none").collect();
+        if let Some((_, Some(l))) = r.first() {
+            if r.iter().all(|(_, x)| *x == Some(*l)) && r.iter().filter(|(role, _)| *role == "leader").count() == 1 {
+                return *l;
+            }
+        }
+        assert!(start.elapsed() < within, "no agreed leader among {ids:?} within {within:?}: {r:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn meta_servers_elect_fail_over_and_rejoin() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestCluster::start(dir.path(), 4, 0, 1 << 20, Limits::default()).unwrap();
+    let all = [0, 1, 2, 3];
+    let leader = agreed_leader(&c, &all, Duration::from_secs(10));
+    let meta: Vec<u32> = all.iter().copied().filter(|id| roles(&c, &[*id])[0].0 != "none").collect();
+    assert_eq!(meta.len(), 3, "three of four servers run the control plane: {:?}", roles(&c, &all));
+    c.kill(leader);
+    let killed = Instant::now();
+    let rest: Vec<u32> = all.iter().copied().filter(|id| *id != leader).collect();
+    let next = agreed_leader(&c, &rest, Duration::from_secs(10));
+    assert_ne!(next, leader);
+    assert!(killed.elapsed() < Duration::from_secs(2), "failover took {:?}", killed.elapsed());
+    // Restarted empty, it rejoins under a new node id in place of its old one.
+    c.restart(leader).unwrap();
+    let start = Instant::now();
+    loop {
+        let voters = c.state(next).unwrap().control.get().unwrap().voters();
+        let mine: Vec<u64> = voters.iter().copied().filter(|v| (v >> 32) as u32 == leader).collect();
+        if voters.len() == 3 && mine.len() == 1 && mine[0] & 0xffff_ffff != 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no rejoin: voters {voters:x?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(agreed_leader(&c, &all, Duration::from_secs(10)), next, "the rejoined server follows the leader");
+}
