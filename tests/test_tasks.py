@@ -74,6 +74,18 @@ def test_values_sets_and_delete(store, ns):
     assert store.delete(ns) == 4 and store.delete_many([]) == 0
 
 
+def test_compare_and_set_claims_once_on_every_store(store, ns):
+    other = tasks.open_store(store.url)
+    assert store.cas(ns + "claim", None, b"w1") == (True, 1)
+    assert other.cas(ns + "claim", None, b"w2") == (False, 1)  # the second claimer loses
+    assert other.cas_get(ns + "claim") == (1, b"w1")
+    assert store.cas(ns + "claim", 1, b"w1 renewed") == (True, 2)
+    assert other.cas(ns + "claim", 1, None) == (False, 2)  # a stale version cannot release it
+    assert other.cas(ns + "claim", 2, None) == (True, 0)
+    assert store.cas_get(ns + "claim") is None and store.get(ns + "claim") is None
+    other.close()
+
+
 def test_reopened_by_url(store, ns):
     store.put(ns + "x", b"hello")
     other = tasks.open_store(store.url)

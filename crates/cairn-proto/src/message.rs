@@ -201,6 +201,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         head: Option<serde_json::Value>,
     },
+    /// Compare-and-set of a small value through the control plane (claims, leases, markers):
+    /// set `key` to the payload (or delete it) if its version is `expect` (`None`: absent).
+    /// Answered by the leader; other servers say `not_leader`.
+    MetaCas {
+        /// Key.
+        key: String,
+        /// The version the caller saw; `None` when the key must not exist.
+        expect: Option<u64>,
+        /// Delete instead of setting (the payload is then empty).
+        #[serde(default)]
+        delete: bool,
+    },
+    /// Reads a compare-and-set value and its version (at the leader, after confirming it leads).
+    MetaGet {
+        /// Key.
+        key: String,
+    },
     /// A meta server that restarted without its Raft state asks to rejoin under a new node id.
     MetaJoin {
         /// Its new Raft node id.
@@ -211,6 +228,9 @@ pub enum Request {
         addr: String,
     },
 }
+
+/// Largest value a compare-and-set may store (they live in the replicated log and its snapshots).
+pub const MAX_CAS_VALUE: u64 = 64 << 10;
 
 /// The kinds of Raft RPC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -318,6 +338,13 @@ pub enum Response {
     },
     /// A Raft RPC's result; the payload holds it as JSON.
     Raft,
+    /// A compare-and-set's result, or a read's (`ok`: the key exists; its value is the payload).
+    Cas {
+        /// Whether the value was set (read: whether the key exists).
+        ok: bool,
+        /// The key's version now (0: absent).
+        version: u64,
+    },
     /// Object bytes follow as the payload.
     Data {
         /// crc32c of the payload.

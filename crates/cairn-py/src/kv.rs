@@ -35,6 +35,18 @@ impl PyKvStore {
         Ok(got.into_iter().map(|vals| vals.into_iter().map(|v| PyBytes::new(py, &v)).collect()).collect())
     }
 
+    /// Compare-and-set through the control plane: (took, version now).
+    #[pyo3(signature = (key, expect, value))]
+    fn cas(&self, py: Python<'_>, key: String, expect: Option<u64>, value: Option<Vec<u8>>) -> PyResult<(bool, u64)> {
+        py.detach(|| self.inner.cas(&key, expect, value.as_deref())).map_err(to_py)
+    }
+
+    /// A compare-and-set value: (version, bytes), or None when absent.
+    fn cas_get<'py>(&self, py: Python<'py>, key: String) -> PyResult<Option<(u64, Bound<'py, PyBytes>)>> {
+        let got = py.detach(|| self.inner.cas_get(&key)).map_err(to_py)?;
+        Ok(got.map(|(v, b)| (v, PyBytes::new(py, &b))))
+    }
+
     /// Deletes `keys` (with `prefix`: every key starting with one of them); returns how many.
     #[pyo3(signature = (keys, prefix=false))]
     fn delete(&self, py: Python<'_>, keys: Vec<String>, prefix: bool) -> PyResult<u64> {

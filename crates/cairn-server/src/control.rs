@@ -242,3 +242,29 @@ pub async fn serve_rpc(state: &State, kind: RaftRpc, head: Option<serde_json::Va
         }
     })
 }
+
+/// This server's replica, or the not-leader error a non-meta server answers with.
+fn replica(state: &State) -> Result<&RaftLog> {
+    state.control.get().ok_or_else(|| Error::NotLeader {
+        message: format!("server {} does not run the control plane; ask one of the first meta servers of the ring", state.id),
+        leader: None,
+    })
+}
+
+/// A compare-and-set through the log (the leader only).
+pub async fn cas(state: &State, key: String, expect: Option<u64>, value: Option<Vec<u8>>) -> Result<Response> {
+    use cairn_meta::{Cmd, MetaLog, Outcome};
+    match replica(state)?.propose(Cmd::KvCas { key, expect, value }).await? {
+        Outcome::Cas { ok, version } => Ok(Response::Cas { ok, version }),
+        other => Err(Error::Corrupt(format!("the control plane answered a compare-and-set with {other:?}"))),
+    }
+}
+
+/// A compare-and-set value, read at the leader once it has confirmed it leads.
+pub async fn cas_get(state: &State, key: &str) -> Result<crate::cmd::Reply> {
+    let log = replica(state)?;
+    log.linearize().await?;
+    let found = cairn_meta::log::query(log, |s| s.kv(key).map(|(v, b)| (v, b.to_vec())));
+    let (ok, version, value) = found.map_or((false, 0, Vec::new()), |(v, b)| (true, v, b));
+    Ok(crate::cmd::Reply::WithPayload(Response::Cas { ok, version }, crate::cmd::Payload::Owned(value)))
+}

@@ -50,6 +50,17 @@ class Store:
         the store: where the keys are known, :meth:`delete_many` is far cheaper."""
         raise NotImplementedError
 
+    def cas(self, key: str, expect: int | None, value: bytes | None) -> tuple[bool, int]:
+        """Compare-and-set, decided once for all clients: sets ``key`` to ``value`` (deletes it
+        with ``None``) if its version is ``expect`` (``None``: it must not exist). Returns whether
+        it took and the version now (0: absent). For claims, leases and markers; these keys are
+        apart from ``put``/``get`` ones."""
+        raise NotImplementedError
+
+    def cas_get(self, key: str) -> tuple[int, bytes] | None:
+        """(version, value) of a compare-and-set key, or None."""
+        raise NotImplementedError
+
     def put(self, key: str, value: bytes) -> None:
         self.put_many([(key, value)])
 
@@ -93,6 +104,13 @@ class StagingStore(Store):
     def delete(self, prefix: str) -> int:
         return self._kv.delete([prefix], prefix=True)
 
+    def cas(self, key: str, expect: int | None, value: bytes | None) -> tuple[bool, int]:
+        # Through the cluster's control plane (Raft): decided once, kept across a server's death.
+        return self._kv.cas(key, expect, value)
+
+    def cas_get(self, key: str) -> tuple[int, bytes] | None:
+        return self._kv.cas_get(key)
+
 
 class RedisStore(Store):
     """Keyed values in a Redis server (values are strings, sets are Redis sets), in batches of
@@ -110,6 +128,7 @@ class RedisStore(Store):
         # CoHMM's memo than pipelines of single commands (redis-py's command packing dominated).
         self._smembers_many = self._r.register_script(_SMEMBERS_MANY)
         self._sadd_many = self._r.register_script(_SADD_MANY)
+        self._cas = self._r.register_script(_CAS)
 
     def _call(self, fn, *args):
         try:
@@ -142,9 +161,28 @@ class RedisStore(Store):
     def delete(self, prefix: str) -> int:
         return self.delete_many(self._call(lambda: list(self._r.scan_iter(match=_glob_escape(prefix) + "*", count=1000))))
 
+    def cas(self, key: str, expect: int | None, value: bytes | None) -> tuple[bool, int]:
+        ok, version = self._call(self._cas, [_CAS_PREFIX + key], [-1 if expect is None else expect, value if value is not None else b"", int(value is None)])
+        return bool(ok), int(version)
+
+    def cas_get(self, key: str) -> tuple[int, bytes] | None:
+        got = self._call(self._r.hmget, _CAS_PREFIX + key, ["version", "value"])
+        return None if got[0] is None else (int(got[0]), got[1])
+
     def close(self) -> None:
         self._r.close()
 
+
+#: Compare-and-set keys live apart, as hashes of (version, value); a script makes each atomic.
+_CAS_PREFIX = "cairn-cas:"
+_CAS = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+local expect = tonumber(ARGV[1])
+if (expect < 0 and cur ~= 0) or (expect >= 0 and cur ~= expect) then return {0, cur} end
+if ARGV[3] == '1' then redis.call('DEL', KEYS[1]) return {1, 0} end
+redis.call('HSET', KEYS[1], 'version', cur + 1, 'value', ARGV[2])
+return {1, cur + 1}
+"""
 
 _SMEMBERS_MANY = """
 local out = {}

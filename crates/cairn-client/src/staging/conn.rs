@@ -15,7 +15,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Attempts of one request while the cluster redirects it (newer view, busy server).
 const REDIRECTS: usize = 4;
@@ -223,6 +223,8 @@ pub(crate) struct Cluster {
     file: ClusterFile,
     view: RwLock<Arc<ClusterView>>,
     slots: Mutex<HashMap<u32, Arc<Mutex<Option<Conn>>>>>,
+    /// The control plane's leader, as last found.
+    leader: Mutex<Option<u32>>,
     transport: Transport,
     /// Deadline of every read and write.
     pub(crate) timeout: Duration,
@@ -233,7 +235,7 @@ impl Cluster {
         let file = ClusterFile::load(path)?;
         let view = RwLock::new(Arc::new(ClusterView::initial(&file)));
         let transport = if std::env::var_os("CAIRN_TRANSPORT").is_some_and(|t| t == "tcp") { Transport::Tcp } else { Transport::Auto };
-        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), transport, timeout }))
+        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout }))
     }
 
     /// The current view.
@@ -313,6 +315,54 @@ impl Cluster {
             }
         }
         unreachable!("the last attempt returns")
+    }
+
+    /// A request for the control plane's leader, with a payload of at most `max_reply` bytes
+    /// back. It goes to the leader last found, else the ring's servers in order; a `not_leader`
+    /// reply's hint is followed, and a server that is down or knows no leader (an election) is
+    /// passed over, until the deadline.
+    pub(crate) fn leader_call(&self, req: &Request, payload: &[&[u8]], max_reply: u64) -> Result<(Response, Vec<u8>)> {
+        let op = op(req);
+        let started = Instant::now();
+        let mut next = *self.leader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tried = 0usize;
+        loop {
+            let slots = self.view().slots.clone();
+            let target = next.unwrap_or(slots[tried % slots.len()]);
+            let reply = self.with(target, |c| {
+                c.send(req, payload)?;
+                let (resp, len) = c.recv(max_reply, &op)?;
+                let mut body = vec![0u8; len as usize];
+                c.read_payload(&mut [&mut body], &op)?;
+                Ok((resp, body))
+            });
+            let why = match reply {
+                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, .. }, _)) => {
+                    next = leader.filter(|l| *l != target);
+                    message
+                }
+                Ok((resp, body)) => {
+                    *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
+                    return resp.into_result().map(|r| (r, body));
+                }
+                Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    next = None;
+                    e.to_string()
+                }
+                Err(e) => return Err(e),
+            };
+            tried += 1;
+            if started.elapsed() > self.timeout {
+                return Err(Error::Unavailable(format!(
+                    "no leader of the control plane answered {op} within {:.1} s (last: {why}); is a majority of the meta servers up? \
+                     (`cairn cluster status`)",
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            if next.is_none() && tried % slots.len() == 0 {
+                std::thread::sleep(Duration::from_millis(50)); // an election is under way
+            }
+        }
     }
 
     /// One request to `server`.

@@ -113,6 +113,28 @@ impl KvStore {
         Ok(out)
     }
 
+    /// Compare-and-set through the control plane (replicated by Raft, answered by its leader):
+    /// sets `key` to `value` (or deletes it, with `None`) if its version is `expect` (`None`: the
+    /// key must not exist). Returns whether it took and the key's version now (0: absent). For
+    /// claims, leases and markers; values are at most 64 KiB.
+    pub fn cas(&self, key: &str, expect: Option<u64>, value: Option<&[u8]>) -> Result<(bool, u64)> {
+        let req = Request::MetaCas { key: key.to_string(), expect, delete: value.is_none() };
+        match self.cluster.leader_call(&req, &[value.unwrap_or_default()], 0)?.0 {
+            Response::Cas { ok, version } => Ok((ok, version)),
+            other => Err(unexpected("meta_cas", &other)),
+        }
+    }
+
+    /// A compare-and-set value and its version, read at the control plane's leader.
+    pub fn cas_get(&self, key: &str) -> Result<Option<(u64, Vec<u8>)>> {
+        let req = Request::MetaGet { key: key.to_string() };
+        match self.cluster.leader_call(&req, &[], cairn_proto::message::MAX_CAS_VALUE)? {
+            (Response::Cas { ok: true, version }, value) => Ok(Some((version, value))),
+            (Response::Cas { ok: false, .. }, _) => Ok(None),
+            (other, _) => Err(unexpected("meta_get", &other)),
+        }
+    }
+
     /// Deletes `keys` or, with `prefix`, every key starting with one of them (asking every
     /// server); returns how many.
     pub fn delete(&self, keys: &[&str], prefix: bool) -> Result<u64> {

@@ -3,14 +3,14 @@
 //! arbitrary input (`fuzz/fuzz_targets/request_decode.rs`).
 
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Request, MAX_KEY, MAX_KEYS, MAX_RAFT_PAYLOAD};
+use cairn_proto::message::{Request, MAX_CAS_VALUE, MAX_KEY, MAX_KEYS, MAX_RAFT_PAYLOAD};
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
 pub fn request(req: &Request, payload_len: u64) -> Result<()> {
     if matches!(req, Request::Raft { .. }) && payload_len > MAX_RAFT_PAYLOAD {
         return Err(Error::InvalidArgument(format!("a raft message of {payload_len} bytes exceeds {MAX_RAFT_PAYLOAD}")));
     }
-    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. } | Request::Raft { .. }) {
+    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. } | Request::Raft { .. } | Request::MetaCas { .. }) {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", super::op_name(req))));
     }
     match req {
@@ -26,6 +26,17 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
         Request::SetView { view } => view.validate(),
+        Request::MetaCas { key, delete, .. } => {
+            check_key(key)?;
+            if payload_len > MAX_CAS_VALUE || (*delete && payload_len > 0) {
+                return Err(Error::InvalidArgument(format!(
+                    "a compare-and-set value of {payload_len} bytes: at most {MAX_CAS_VALUE}, and none with delete; \
+                     keep bulk values in kv_put"
+                )));
+            }
+            Ok(())
+        }
+        Request::MetaGet { key } => check_key(key),
         _ => Ok(()),
     }
 }

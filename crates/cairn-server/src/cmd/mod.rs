@@ -84,6 +84,12 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             let out = crate::control::serve_rpc(state, kind, head, payload).await?;
             Ok(Reply::WithPayload(Response::Raft, Payload::Owned(out)))
         }
+        Request::MetaCas { key, expect, delete } => {
+            let mut value = vec![0u8; p.payload_len as usize];
+            stream.read_exact(&mut value).await.map_err(|e| Error::io("reading a compare-and-set value", e))?;
+            plain(crate::control::cas(state, key, expect, (!delete).then_some(value)).await)
+        }
+        Request::MetaGet { key } => crate::control::cas_get(state, &key).await,
         Request::MetaJoin { node, server, addr } => {
             let log = state.control.get().ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server", state.id)))?;
             plain(log.rejoin(node, cairn_meta::raft::MetaNode { server, addr }).await.map(|()| Response::Ok))
