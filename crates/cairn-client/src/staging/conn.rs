@@ -359,7 +359,7 @@ impl Cluster {
                     self.timeout.as_secs_f64()
                 )));
             }
-            if next.is_none() && tried % slots.len() == 0 {
+            if next.is_none() && tried.is_multiple_of(slots.len()) {
                 std::thread::sleep(Duration::from_millis(50)); // an election is under way
             }
         }
