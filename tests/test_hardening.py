@@ -55,22 +55,32 @@ def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
             w.put("x", np.arange(20_000.0), offset=(0,))
         r = cairn.open("hang", "r", **opts)
         assert r.steps() == [0]
-        victim = _native.coordinator(str(c.file), "hang")  # holds objects too: they go to every server
+        # The control plane's leader, which holds objects too (they go to every server): the
+        # hardest server to lose.
+        victim = next(row["leader"] for row in cluster.status(c.file) if row.get("leader") is not None)
         c.procs[victim].send_signal(signal.SIGSTOP)
         try:
+            # The step's index comes from the next leader (the hung one's deadline, then the
+            # election); the objects on the hung server then miss their own deadline.
             e, took = timed(r.get, "x", 0)
-            assert took < DEADLINE + 1 and f"server {victim}" in str(e) and "did not answer" in str(e), (took, e)
-            e, took = timed(r.wait_step, 1, timeout=1.0)
-            assert took < 1.0 + DEADLINE + 1, (took, e)
-            e, took = timed(r.steps)
-            assert took < DEADLINE + 1, (took, e)
+            assert took < 2 * DEADLINE + 3 and f"server {victim}" in str(e) and "did not answer" in str(e), (took, e)
+            # Metadata calls do not fail: the client passes the hung leader over (its deadline)
+            # and the other two elect a new one (within about a second).
+            t = time.monotonic()
+            assert r.steps() == [0]
+            assert time.monotonic() - t < DEADLINE + 3, time.monotonic() - t
+            t = time.monotonic()
+            assert r.wait_step(1, timeout=1.0) is False
+            assert time.monotonic() - t < 1.0 + DEADLINE + 3, time.monotonic() - t
 
             def write_step() -> None:
                 with w.step(1):
                     w.put("x", np.zeros(20_000), offset=(0,))
 
+            # The step's first call finds the new leader (the hung one's deadline, then the
+            # election), then the put to the hung server misses its own deadline.
             e, took = timed(write_step)
-            assert took < 2 * (DEADLINE + 1) and f"server {victim}" in str(e), (took, e)
+            assert took < 2 * DEADLINE + 3 and f"server {victim}" in str(e), (took, e)
             t = time.monotonic()
             st = cli("cluster", "status", "--file", str(c.file), "--timeout", str(DEADLINE))
             assert st.returncode == 0 and time.monotonic() - t < 3 * DEADLINE + 5, st.stderr
@@ -79,7 +89,7 @@ def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
             assert f"server {victim} is down" in st.stdout and "did not answer" in st.stdout
         finally:
             c.procs[victim].send_signal(signal.SIGCONT)
-        # Resumed, the server serves again; the cluster is usable.
+        # Resumed, the server serves again (a follower now); the cluster is usable.
         assert r.steps() == [0]
         assert (r.get("x", 0) == np.arange(20_000.0)).all()
         c.procs[victim].send_signal(signal.SIGSTOP)

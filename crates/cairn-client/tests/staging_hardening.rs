@@ -279,19 +279,20 @@ fn a_server_that_never_answers_is_named_within_the_deadline() {
 
 #[test]
 fn a_killed_server_is_named_and_a_restarted_one_serves_again() {
-    let mut cl = start(2, 0, 64 << 20, Limits::default());
+    // Three servers, all meta: any one may die and the other two keep the control plane.
+    let mut cl = start(3, 0, 64 << 20, Limits::default());
     let cfg = cfg(&cl.c, 4096);
     let data = vec![5u8; 64 << 10];
     assert!(write_step(&cfg, "k", 0, "s", &data, false));
     let r = Reader::open("k", &cfg).unwrap();
-    let coord = ClusterView::initial(&cairn_proto::cluster::ClusterFile::load(&cl.c.file).unwrap()).coordinator("k");
-    let other = 1 - coord;
-    cl.c.kill(other);
+    let holders: Vec<u32> = r.blocks("x", 0).unwrap()[0].objects.iter().map(|o| o.server).collect();
+    let victim = holders[0];
+    cl.c.kill(victim);
     let mut out = vec![0u8; data.len()];
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable);
-    assert!(e.to_string().contains(&format!("server {other}")), "{e}");
-    cl.c.restart(other).unwrap();
+    assert!(e.to_string().contains(&format!("server {victim}")), "{e}");
+    cl.c.restart(victim).unwrap();
     // Its memory is gone (no redundancy yet): the step's objects there are missing, by name.
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");

@@ -160,6 +160,9 @@ pub struct Prepared {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct Dataset {
     committed: BTreeMap<u64, Arc<StepIndex>>,
+    /// The session that committed each committed step (a repeated commit of it is a no-op).
+    #[serde(default)]
+    committed_by: BTreeMap<u64, String>,
     /// By step, then session (nested: snapshots are JSON, whose keys are strings).
     pending: BTreeMap<u64, BTreeMap<String, Pending>>,
     prepared: BTreeMap<u64, BTreeMap<String, Prepared>>,
@@ -266,17 +269,25 @@ impl MetaState {
 
     fn commit(&mut self, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        // Two finishers of one step (the writer's coordinator and a new leader's sweep of
+        // prepared steps) may both commit it: the second is told it is done.
+        if ds.committed_by.get(&step).is_some_and(|s| s == session) {
+            return Ok(Outcome::Committed { released: Vec::new() });
+        }
         let p = ds.take_prepared(step, session).ok_or_else(|| {
             Error::Conflict(format!("step {step} of '{dataset}' (session '{session}') is not prepared; it cannot commit"))
         })?;
         ds.committed.insert(step, p.index);
+        ds.committed_by.insert(step, session.to_string());
         // Other sessions' fragments of this step (a crashed run) can never complete now.
         ds.pending.remove(&step);
         ds.prepared.remove(&step);
         let mut released = Vec::new();
         if let Some(k) = keep_last {
             while ds.committed.len() as u64 > k.max(1) {
-                released.push(ds.committed.pop_first().expect("non-empty").1);
+                let (old, index) = ds.committed.pop_first().expect("non-empty");
+                ds.committed_by.remove(&old);
+                released.push(index);
             }
         }
         Ok(Outcome::Committed { released })
@@ -300,6 +311,7 @@ impl MetaState {
     fn release(&mut self, dataset: &str, step: u64) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
         let index = ds.committed.remove(&step).ok_or_else(|| not_committed(dataset, step, &ds.committed))?;
+        ds.committed_by.remove(&step);
         Ok(Outcome::Released { index })
     }
 
@@ -443,7 +455,8 @@ mod tests {
         assert_eq!(s.index("d", 0).unwrap().blocks.len(), 3);
         assert!(s.in_flight().is_empty());
         assert_eq!(add(&mut s, 0, 0, 3, "b").into_result().unwrap_err().kind(), ErrorKind::AlreadyExists);
-        assert_eq!(commit(&mut s, 0, "a", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "commits once");
+        assert_eq!(commit(&mut s, 0, "a", None), Outcome::Committed { released: vec![] }, "a second finisher is told it is done");
+        assert_eq!(commit(&mut s, 0, "b", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "another session cannot");
     }
 
     #[test]

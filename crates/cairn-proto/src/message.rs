@@ -197,6 +197,9 @@ pub enum Request {
     Raft {
         /// `append`, `vote` or `snapshot`.
         kind: RaftRpc,
+        /// The Raft node it is meant for: a server that restarted under a new node id must not
+        /// answer for its old one (it would vote twice in a term).
+        target: u64,
         /// With `snapshot`: the vote and the snapshot's metadata (the payload is its data).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         head: Option<serde_json::Value>,

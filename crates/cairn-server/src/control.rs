@@ -61,6 +61,7 @@ pub fn start(state: Arc<State>) {
             Err(e) => return eprintln!("cairn server {}: control plane did not start: {e}", state.id),
         };
         let _ = state.control.set(log.clone());
+        tokio::spawn(on_leadership(state.clone(), log.clone()));
         let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
         if !state.meta_options.rejoin {
             if members.first() == Some(&state.id) {
@@ -89,6 +90,25 @@ pub fn start(state: Arc<State>) {
             }
         }
     });
+}
+
+/// Each time this replica becomes leader: once its state has caught up with every committed entry,
+/// it finishes the steps the previous leader left prepared.
+async fn on_leadership(state: Arc<State>, log: RaftLog) {
+    let mut metrics = log.raft().metrics();
+    let mut leading = false;
+    let mut shutdown = state.shutdown.subscribe();
+    loop {
+        let now = metrics.borrow().state == openraft::ServerState::Leader;
+        if now && !leading && log.linearize().await.is_ok() {
+            crate::cmd::commit::finish_in_flight(&state).await;
+        }
+        leading = now;
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = shutdown.recv() => return,
+        }
+    }
 }
 
 fn rand_u32() -> u32 {
@@ -136,7 +156,7 @@ impl PeerRaft {
             self.conn = Some(s);
         }
         let s = self.conn.as_mut().expect("connected above");
-        let env = Envelope { epoch: None, req: Request::Raft { kind, head } };
+        let env = Envelope { epoch: None, req: Request::Raft { kind, target: self.target, head } };
         let broke = |e: Error| Failure::Network(e.to_string());
         write_frame(s, &env, body).await.map_err(broke)?;
         let (resp, p) = read_head::<Response>(s, MAX_HEADER, MAX_RAFT_PAYLOAD)
@@ -220,11 +240,18 @@ impl RaftNetwork<MetaTypes> for PeerRaft {
 }
 
 /// Serves a Raft RPC from another meta server: the payload in, the result (as JSON) out.
-pub async fn serve_rpc(state: &State, kind: RaftRpc, head: Option<serde_json::Value>, payload: Vec<u8>) -> Result<Vec<u8>> {
+pub async fn serve_rpc(state: &State, kind: RaftRpc, target: NodeId, head: Option<serde_json::Value>, payload: Vec<u8>) -> Result<Vec<u8>> {
     let log = state
         .control
         .get()
         .ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server (or its control plane is starting)", state.id)))?;
+    if log.id() != target {
+        return Err(Error::Unavailable(format!(
+            "server {} is meta node {:#x} now, not node {target:#x} (it restarted and rejoins under the new id)",
+            state.id,
+            log.id()
+        )));
+    }
     let bad = |e: serde_json::Error| Error::InvalidArgument(format!("raft {kind:?} does not parse: {e}"));
     let raft = log.raft();
     Ok(match kind {
@@ -241,6 +268,23 @@ pub async fn serve_rpc(state: &State, kind: RaftRpc, head: Option<serde_json::Va
             body(&raft.install_full_snapshot(h.vote, snapshot).await)
         }
     })
+}
+
+/// This server's replica if it leads the control plane, else the not-leader error naming the
+/// leader it knows (commits and their reads go to the leader).
+pub fn leader(state: &State) -> Result<&RaftLog> {
+    let log = replica(state)?;
+    match log.role() {
+        ("leader", _) => Ok(log),
+        (_, leader) => Err(Error::NotLeader {
+            message: format!(
+                "server {} does not lead the control plane ({}); retry at the leader",
+                state.id,
+                leader.map_or_else(|| "no leader is known yet".to_string(), |l| format!("server {l} leads"))
+            ),
+            leader,
+        }),
+    }
 }
 
 /// This server's replica, or the not-leader error a non-meta server answers with.

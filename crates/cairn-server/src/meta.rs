@@ -1,14 +1,14 @@
 //! The coordinator's side of commits (D²T) over the control plane's log: writers' fragments, the
-//! prepared step, its commit or abort, and releases become commands of a [`MetaLog`] applied to
-//! the pure [`MetaState`](cairn_meta::MetaState); reads query the applied state. Today the log is
-//! this server's own ([`MemLog`]); a replicated log takes its place behind the same trait. Until a
-//! step's `Commit` is applied readers cannot see it; `wait_step` callers wake when it is.
+//! prepared step, its commit or abort, and releases become commands of the Raft-replicated
+//! [`MetaLog`], applied to the pure [`MetaState`](cairn_meta::MetaState) on every meta server;
+//! reads query the applied state of the leader. A step is visible once its `Commit` entry is
+//! committed by a majority, never before; `wait_step` callers on the leader wake when it is.
 
 use crate::state::lock;
 use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_meta::log::query;
-use cairn_meta::{Cmd, MemLog, MetaLog, Outcome};
+use cairn_meta::{Cmd, MetaLog, Outcome};
 use cairn_proto::message::Share;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,23 +25,11 @@ pub struct Ready {
     pub shares: BTreeMap<u32, (u64, u64)>,
 }
 
-/// Metadata of the datasets this server coordinates.
+/// The commit side of the control plane on this server; each call takes the log it goes through.
+#[derive(Debug, Default)]
 pub struct Meta {
-    log: Box<dyn MetaLog>,
     /// Bumped at every commit and release of a dataset; `wait_step` callers watch it.
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
-}
-
-impl std::fmt::Debug for Meta {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Meta").finish_non_exhaustive()
-    }
-}
-
-impl Default for Meta {
-    fn default() -> Self {
-        Meta { log: Box::new(MemLog::default()), versions: Mutex::new(HashMap::new()) }
-    }
 }
 
 impl Meta {
@@ -52,9 +40,9 @@ impl Meta {
     }
 
     /// Records a writer's fragment. Returns the step ready to seal when this was the last one.
-    pub async fn add_fragment(&self, dataset: &str, fragment: Fragment, shares: Vec<Share>) -> Result<Option<Ready>> {
+    pub async fn add_fragment(&self, log: &dyn MetaLog, dataset: &str, fragment: Fragment, shares: Vec<Share>) -> Result<Option<Ready>> {
         let session = fragment.session.clone();
-        match self.log.propose(Cmd::AddFragment { dataset: dataset.to_string(), fragment, shares }).await? {
+        match log.propose(Cmd::AddFragment { dataset: dataset.to_string(), fragment, shares }).await? {
             Outcome::Pending { .. } => Ok(None),
             Outcome::Prepared { index, shares } => Ok(Some(Ready { index, session, shares })),
             other => Err(unexpected_outcome("add_fragment", &other)),
@@ -62,9 +50,16 @@ impl Meta {
     }
 
     /// Makes a prepared step visible. Returns the steps that `keep_last` now releases.
-    pub async fn commit(&self, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Vec<Arc<StepIndex>>> {
+    pub async fn commit(
+        &self,
+        log: &dyn MetaLog,
+        dataset: &str,
+        step: u64,
+        session: &str,
+        keep_last: Option<u64>,
+    ) -> Result<Vec<Arc<StepIndex>>> {
         let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last };
-        let released = match self.log.propose(cmd).await? {
+        let released = match log.propose(cmd).await? {
             Outcome::Committed { released } => released,
             other => return Err(unexpected_outcome("commit", &other)),
         };
@@ -73,13 +68,13 @@ impl Meta {
     }
 
     /// Forgets a step that will not commit.
-    pub async fn abort(&self, dataset: &str, step: u64, session: &str) -> Result<()> {
-        self.log.propose(Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await.map(drop)
+    pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> Result<()> {
+        log.propose(Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await.map(drop)
     }
 
     /// Removes a committed step; returns its index so its objects can be freed.
-    pub async fn release(&self, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
-        let index = match self.log.propose(Cmd::Release { dataset: dataset.to_string(), step }).await? {
+    pub async fn release(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
+        let index = match log.propose(Cmd::Release { dataset: dataset.to_string(), step }).await? {
             Outcome::Released { index } => index,
             other => return Err(unexpected_outcome("release", &other)),
         };
@@ -88,13 +83,13 @@ impl Meta {
     }
 
     /// Committed steps of a dataset (empty if unknown: a reader may come before the writers).
-    pub fn steps(&self, dataset: &str) -> Vec<u64> {
-        query(&*self.log, |s| s.steps(dataset))
+    pub fn steps(&self, log: &dyn MetaLog, dataset: &str) -> Vec<u64> {
+        query(log, |s| s.steps(dataset))
     }
 
     /// The committed index of a step.
-    pub fn index(&self, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
-        query(&*self.log, |s| s.index(dataset, step))
+    pub fn index(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
+        query(log, |s| s.index(dataset, step))
     }
 
     /// A receiver that changes whenever a step of `dataset` commits or is released.
@@ -103,13 +98,13 @@ impl Meta {
     }
 
     /// Whether `step` of `dataset` is committed.
-    pub fn is_committed(&self, dataset: &str, step: u64) -> bool {
-        query(&*self.log, |s| s.is_committed(dataset, step))
+    pub fn is_committed(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> bool {
+        query(log, |s| s.is_committed(dataset, step))
     }
 
     /// Names of the datasets with committed steps.
-    pub fn datasets(&self) -> Vec<String> {
-        query(&*self.log, |s| s.datasets())
+    pub fn datasets(&self, log: &dyn MetaLog) -> Vec<String> {
+        query(log, |s| s.datasets())
     }
 }
 

@@ -39,8 +39,13 @@ pub struct TestCluster {
 
 impl TestCluster {
     /// Starts `active + spares` servers with `memory` bytes each; the cluster file goes to
-    /// `dir/cluster.json`.
+    /// `dir/cluster.json`. The first 3 ring slots run the control plane.
     pub fn start(dir: &Path, active: u32, spares: u32, memory: u64, limits: Limits) -> Result<TestCluster> {
+        Self::start_meta(dir, active, spares, memory, limits, 3)
+    }
+
+    /// [`TestCluster::start`] with the first `meta` ring slots running the control plane.
+    pub fn start_meta(dir: &Path, active: u32, spares: u32, memory: u64, limits: Limits, meta: u32) -> Result<TestCluster> {
         let file = dir.join("cluster.json");
         let secret = cairn_proto::auth::new_secret()?;
         let mut listeners = Vec::new();
@@ -61,7 +66,7 @@ impl TestCluster {
         }
         let cluster = ClusterFile { secret: secret.clone(), servers: entries };
         write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
-        let meta = crate::control::MetaOptions::default();
+        let meta = crate::control::MetaOptions { servers: meta, ..Default::default() };
         let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };
         for (id, (addr, l)) in listeners.into_iter().enumerate() {
             c.addrs.push(addr);

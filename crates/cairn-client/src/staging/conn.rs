@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 /// Attempts of one request while the cluster redirects it (newer view, busy server).
 const REDIRECTS: usize = 4;
+/// Time allowed beyond the deadline to find the control plane's leader: Raft elects a new one
+/// within about 1.5 s of the last heartbeat (election timeouts of 0.5–1 s).
+const ELECTION: Duration = Duration::from_secs(3);
 
 /// A byte stream to one server.
 #[derive(Debug)]
@@ -320,25 +323,52 @@ impl Cluster {
     /// A request for the control plane's leader, with a payload of at most `max_reply` bytes
     /// back. It goes to the leader last found, else the ring's servers in order; a `not_leader`
     /// reply's hint is followed, and a server that is down or knows no leader (an election) is
-    /// passed over, until the deadline.
+    /// passed over, for the deadline plus [`ELECTION`] (one hung leader costs its deadline, and
+    /// the others need about a second to elect the next).
     pub(crate) fn leader_call(&self, req: &Request, payload: &[&[u8]], max_reply: u64) -> Result<(Response, Vec<u8>)> {
+        self.leader_call_waiting(req, payload, max_reply, Duration::ZERO)
+    }
+
+    /// [`Cluster::leader_call`] whose reply may take `wait` beyond the deadline (a long poll).
+    pub(crate) fn leader_call_waiting(
+        &self,
+        req: &Request,
+        payload: &[&[u8]],
+        max_reply: u64,
+        wait: Duration,
+    ) -> Result<(Response, Vec<u8>)> {
         let op = op(req);
         let started = Instant::now();
         let mut next = *self.leader.lock().unwrap_or_else(|p| p.into_inner());
         let mut tried = 0usize;
+        // Whether any server answered: with none alive there is nobody to elect a leader.
+        let mut alive = false;
         loop {
             let slots = self.view().slots.clone();
             let target = next.unwrap_or(slots[tried % slots.len()]);
             let reply = self.with(target, |c| {
-                c.send(req, payload)?;
-                let (resp, len) = c.recv(max_reply, &op)?;
-                let mut body = vec![0u8; len as usize];
-                c.read_payload(&mut [&mut body], &op)?;
-                Ok((resp, body))
+                c.waiting(wait, |c| {
+                    c.send(req, payload)?;
+                    let (resp, len) = c.recv(max_reply, &op)?;
+                    let mut body = vec![0u8; len as usize];
+                    c.read_payload(&mut [&mut body], &op)?;
+                    Ok((resp, body))
+                })
             });
+            alive |= reply.is_ok();
             let why = match reply {
                 Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, .. }, _)) => {
                     next = leader.filter(|l| *l != target);
+                    message
+                }
+                Ok((Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), message, .. }, _)) => {
+                    self.install(*v);
+                    next = Some(target);
+                    message
+                }
+                Ok((Response::Error { kind: ErrorKind::Busy, retry_after_ms, message, .. }, _)) => {
+                    std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)));
+                    next = Some(target);
                     message
                 }
                 Ok((resp, body)) => {
@@ -352,11 +382,12 @@ impl Cluster {
                 Err(e) => return Err(e),
             };
             tried += 1;
-            if started.elapsed() > self.timeout {
+            let budget = if alive || tried < slots.len() { self.timeout + ELECTION } else { Duration::ZERO };
+            if started.elapsed() > budget {
                 return Err(Error::Unavailable(format!(
                     "no leader of the control plane answered {op} within {:.1} s (last: {why}); is a majority of the meta servers up? \
                      (`cairn cluster status`)",
-                    self.timeout.as_secs_f64()
+                    budget.as_secs_f64()
                 )));
             }
             if next.is_none() && tried.is_multiple_of(slots.len()) {
@@ -370,13 +401,13 @@ impl Cluster {
         self.request(|_| server, req)
     }
 
-    /// One request to the coordinator of `dataset`.
-    pub(crate) fn coord(&self, dataset: &str, req: &Request) -> Result<Response> {
-        self.request(|v| v.coordinator(dataset), req)
+    /// One request to the control plane's leader, which coordinates every step commit.
+    pub(crate) fn coord(&self, req: &Request) -> Result<Response> {
+        self.leader_call(req, &[], 0).map(|(r, _)| r)
     }
 
-    /// A request to the coordinator of `dataset` whose reply may take `wait` beyond the deadline.
-    pub(crate) fn coord_waiting(&self, dataset: &str, req: &Request, wait: Duration) -> Result<Response> {
-        self.request_waiting(|v| v.coordinator(dataset), req, wait)
+    /// A request to the leader whose reply may take `wait` beyond the deadline.
+    pub(crate) fn coord_waiting(&self, req: &Request, wait: Duration) -> Result<Response> {
+        self.leader_call_waiting(req, &[], 0, wait).map(|(r, _)| r)
     }
 }

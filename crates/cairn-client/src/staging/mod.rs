@@ -32,14 +32,14 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
 }
 
 pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
-    match c.coord(dataset, &Request::Steps { dataset: dataset.to_string() })? {
+    match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
         Response::Steps { steps } => Ok(steps),
         other => Err(unexpected("steps", &other)),
     }
 }
 
 pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepIndex> {
-    match c.coord(dataset, &Request::Index { dataset: dataset.to_string(), step })? {
+    match c.coord(&Request::Index { dataset: dataset.to_string(), step })? {
         Response::Index { index } => {
             index.validate()?;
             Ok(index)

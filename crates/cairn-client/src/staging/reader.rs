@@ -145,7 +145,7 @@ impl ReadEngine for StagingReader {
 
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
         let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis().min(u64::MAX.into()) as u64 };
-        match self.cluster.coord_waiting(&self.dataset, &req, timeout)? {
+        match self.cluster.coord_waiting(&req, timeout)? {
             Response::Committed { committed } => Ok(committed),
             other => Err(unexpected("wait", &other)),
         }
@@ -153,7 +153,7 @@ impl ReadEngine for StagingReader {
 
     fn release(&self, step: u64) -> Result<()> {
         self.cache.lock().expect("cache lock").remove(&step);
-        match self.cluster.coord(&self.dataset, &Request::Release { dataset: self.dataset.clone(), step })? {
+        match self.cluster.coord(&Request::Release { dataset: self.dataset.clone(), step })? {
             Response::Ok => Ok(()),
             other => Err(unexpected("release", &other)),
         }

@@ -10,7 +10,7 @@ use cairn_core::assemble::for_each_run;
 use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
-use cairn_core::{stats, Error, Region, Result};
+use cairn_core::{stats, Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response, Share};
 use cairn_proto::ClusterView;
 use std::collections::BTreeMap;
@@ -138,24 +138,30 @@ impl StagingWriter {
         // Servers receive in parallel while this thread computes the blocks' statistics.
         let this = &*self;
         let all_stats = || blocks.iter().map(|(_, b)| stats::compute(b.def.dtype, b.bytes)).collect::<Vec<_>>();
-        let (sent, st) = if by_server.len() <= 1 {
+        // Per server: whether its objects all arrived.
+        let (sent, st): (Vec<(u32, Result<()>)>, _) = if by_server.len() <= 1 {
             // One server (small blocks): no thread to start; a put costs one round trip.
-            let sent = by_server.iter().try_for_each(|(srv, objs)| this.send_all(*srv, objs));
+            let sent = by_server.iter().map(|(srv, objs)| (*srv, this.send_all(*srv, objs))).collect();
             (sent, all_stats())
         } else {
             std::thread::scope(|s| {
-                let handles: Vec<_> = by_server.iter().map(|(srv, objs)| s.spawn(move || this.send_all(*srv, objs))).collect();
+                let handles: Vec<_> = by_server.iter().map(|(srv, objs)| (*srv, s.spawn(move || this.send_all(*srv, objs)))).collect();
                 let st = all_stats();
-                let sent: Result<()> = handles.into_iter().try_for_each(|h| h.join().expect("sender thread panicked"));
+                let sent = handles.into_iter().map(|(srv, h)| (srv, h.join().expect("sender thread panicked"))).collect();
                 (sent, st)
             })
         };
         for (step, seq) in &seqs {
             self.open.entry(*step).or_default().seq = *seq;
         }
-        if let Err(e) = sent {
+        if let Some(e) = sent.iter().find_map(|(_, r)| r.as_ref().err()) {
+            let e = Error::from_kind(e.kind(), e.to_string());
+            // What arrived is dropped again, from the servers that answered: one that failed
+            // (dead, hung) would only cost another deadline; its leftovers go with the step.
+            let answered: Vec<u32> =
+                sent.iter().filter(|(_, r)| !matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
             for ((step, _), objs) in blocks.iter().zip(&refs) {
-                for &server in by_server.keys() {
+                for &server in &answered {
                     let ids: Vec<u64> = objs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
                     if !ids.is_empty() {
                         let req = Request::Drop {
@@ -213,6 +219,17 @@ fn slot(base: u64, step: u64, rank: u32, seq: u32) -> u64 {
     base.wrapping_add(step).wrapping_add(u64::from(rank)).wrapping_add(u64::from(seq))
 }
 
+impl StagingWriter {
+    /// Whether committed `step` holds this writer's blocks of `req` (its end of step).
+    fn committed_with(&self, step: u64, req: &Request) -> Result<bool> {
+        let Request::EndStep { fragment, .. } = req else { return Ok(false) };
+        let index = index_of(&self.cluster, &self.dataset, step)?;
+        Ok(fragment.blocks.iter().all(|b| {
+            index.blocks.iter().any(|c| c.writer == b.writer && c.var == b.var && c.region == b.region && c.checksum == b.checksum)
+        }))
+    }
+}
+
 impl WriteEngine for StagingWriter {
     fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
         match steps_of(&self.cluster, &self.dataset)?.last() {
@@ -239,9 +256,20 @@ impl WriteEngine for StagingWriter {
         let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
         let shares = open.shares.into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
-        let result = match self.cluster.coord(&self.dataset, &req) {
+        let result = match self.cluster.coord(&req) {
             Ok(Response::Committed { committed }) => return Ok(committed),
             Ok(other) => unexpected("end of step", &other),
+            // The request was retried after the leader died with it: the step may have been
+            // finished by the next leader, or be finishing.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && self.committed_with(step, &req)? => return Ok(true),
+            Err(e) if e.kind() == ErrorKind::Conflict && e.to_string().contains("already being committed") => {
+                let wait = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: self.cluster.timeout.as_millis() as u64 };
+                match self.cluster.coord_waiting(&wait, self.cluster.timeout) {
+                    Ok(Response::Committed { committed: true }) if self.committed_with(step, &req)? => return Ok(true),
+                    Ok(_) => e,
+                    Err(e) => e,
+                }
+            }
             Err(e) => e,
         };
         // Kept, so that a retry sends this writer's blocks and shares again, not an empty fragment.

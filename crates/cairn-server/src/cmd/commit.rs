@@ -1,6 +1,7 @@
 //! Step commits on the dataset's coordinator: collect fragments, have every server holding objects
 //! of the step verify and seal them, then make the step visible at once; release and wait.
 
+use crate::meta::Ready;
 use crate::peer;
 use crate::state::State;
 use cairn_core::index::{Fragment, StepIndex};
@@ -49,19 +50,24 @@ async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req:
     first
 }
 
-/// Records a writer's fragment; the last one commits the step.
+/// Records a writer's fragment; the last one commits the step. Only the control plane's leader
+/// takes fragments (others answer `not_leader`).
 pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
-    let view = state.view()?;
-    let coordinator = view.coordinator(dataset);
-    if coordinator != state.id {
-        return Err(Error::Conflict(format!(
-            "server {} does not coordinate '{dataset}' in view {} (server {coordinator} does); client and server views disagree",
-            state.id, view.epoch
-        )));
-    }
-    let Some(ready) = state.meta.add_fragment(dataset, frag, shares).await? else {
+    let log = crate::control::leader(state)?;
+    let Some(ready) = state.meta.add_fragment(log, dataset, frag, shares).await? else {
         return Ok(Response::Committed { committed: false });
     };
+    finish(state, dataset, &ready, keep_last).await?;
+    Ok(Response::Committed { committed: true })
+}
+
+/// The finalize of a prepared step: every server holding its objects verifies and seals them,
+/// then the `Commit` entry makes it visible; if a seal fails the step is aborted and its objects
+/// dropped. A new leader runs this for every step its predecessor left prepared (seals are
+/// idempotent), so the step ends committed everywhere or invisible everywhere.
+pub async fn finish(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
+    let log = crate::control::leader(state)?;
+    let view = state.view()?;
     let (step, session) = (ready.index.step, ready.session.clone());
     let sealed = on_all(state, ready.shares.keys().copied(), |s| {
         let (objects, bytes) = ready.shares[&s];
@@ -70,8 +76,8 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
     .await;
     if let Err(e) = sealed {
         // The seal failure is what the writer must hear; an abort that fails leaves the step
-        // prepared, for the next coordinator to finish.
-        let _ = state.meta.abort(dataset, step, &session).await;
+        // prepared, for the next leader to finish.
+        let _ = state.meta.abort(log, dataset, step, &session).await;
         let _ = on_all(state, ready.shares.keys().copied(), |_| Request::Drop {
             dataset: dataset.into(),
             step,
@@ -83,12 +89,24 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
         .await;
         return Err(e);
     }
-    let released = state.meta.commit(dataset, step, &session, keep_last).await?;
+    let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
     for old in released {
         free(state, dataset, &old).await?;
     }
-    Ok(Response::Committed { committed: true })
+    Ok(())
+}
+
+/// On becoming leader: finishes every step the previous leader left prepared.
+pub async fn finish_in_flight(state: &Arc<State>) {
+    let Ok(log) = crate::control::leader(state) else { return };
+    let prepared = cairn_meta::log::query(log, |s| s.in_flight());
+    for p in prepared {
+        let ready = Ready { index: p.index, session: p.session, shares: p.shares };
+        if let Err(e) = finish(state, &p.dataset, &ready, None).await {
+            eprintln!("cairn server {}: finishing step {} of '{}' left prepared: {e}", state.id, ready.index.step, p.dataset);
+        }
+    }
 }
 
 /// After a commit, servers that took no part in it drop what other sessions left of the step
@@ -123,7 +141,7 @@ async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()
 
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
-    let index = state.meta.release(dataset, step).await?;
+    let index = state.meta.release(crate::control::leader(state)?, dataset, step).await?;
     free(state, dataset, &index).await?;
     Ok(Response::Ok)
 }
@@ -132,16 +150,20 @@ pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Res
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
 
 /// Waits until `step` commits or the timeout passes.
-pub async fn wait_step(state: &State, dataset: &str, step: u64, timeout_ms: u64) -> Response {
+pub async fn wait_step(state: &State, dataset: &str, step: u64, timeout_ms: u64) -> Result<Response> {
     let mut rx = state.meta.watch(dataset);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
-        if state.meta.is_committed(dataset, step) {
-            return Response::Committed { committed: true };
+        // A leader that loses its place mid-wait sends the reader to the new one.
+        if state.meta.is_committed(crate::control::leader(state)?, dataset, step) {
+            return Ok(Response::Committed { committed: true });
         }
-        match tokio::time::timeout_at(deadline, rx.changed()).await {
+        // Re-checked at least every second: commits finished by a new leader do not ring here.
+        let tick = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+        match tokio::time::timeout_at(tick, rx.changed()).await {
             Ok(Ok(())) => continue,
-            _ => return Response::Committed { committed: false },
+            _ if tokio::time::Instant::now() < deadline => continue,
+            _ => return Ok(Response::Committed { committed: false }),
         }
     }
 }

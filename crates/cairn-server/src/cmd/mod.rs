@@ -66,22 +66,28 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
         }
-        Request::Steps { dataset } => plain(Ok(Response::Steps { steps: state.meta.steps(&dataset) })),
-        Request::Index { dataset, step } => plain(state.meta.index(&dataset, step).map(|i| Response::Index { index: (*i).clone() })),
-        Request::WaitStep { dataset, step, timeout_ms } => plain(Ok(commit::wait_step(state, &dataset, step, timeout_ms).await)),
+        Request::Steps { dataset } => {
+            plain(crate::control::leader(state).map(|log| Response::Steps { steps: state.meta.steps(log, &dataset) }))
+        }
+        Request::Index { dataset, step } => plain(
+            crate::control::leader(state)
+                .and_then(|log| state.meta.index(log, &dataset, step))
+                .map(|i| Response::Index { index: (*i).clone() }),
+        ),
+        Request::WaitStep { dataset, step, timeout_ms } => plain(commit::wait_step(state, &dataset, step, timeout_ms).await),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
         Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
         Request::KvGet { keys, members } => kv::get(state, &keys, members),
         Request::KvDelete { keys, prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &keys, prefix) })),
-        Request::Datasets => plain(Ok(Response::Datasets { names: state.meta.datasets() })),
+        Request::Datasets => plain(crate::control::leader(state).map(|log| Response::Datasets { names: state.meta.datasets(log) })),
         Request::Status => plain(Ok(admin::status(state))),
         Request::Objects => plain(Ok(Response::Objects { objects: state.store.list() })),
         // The connection sends the reply, then signals the shutdown.
         Request::Shutdown => plain(Ok(Response::Ok)),
-        Request::Raft { kind, head } => {
+        Request::Raft { kind, target, head } => {
             let mut payload = vec![0u8; p.payload_len as usize];
             stream.read_exact(&mut payload).await.map_err(|e| Error::io("reading a raft message", e))?;
-            let out = crate::control::serve_rpc(state, kind, head, payload).await?;
+            let out = crate::control::serve_rpc(state, kind, target, head, payload).await?;
             Ok(Reply::WithPayload(Response::Raft, Payload::Owned(out)))
         }
         Request::MetaCas { key, expect, delete } => {
