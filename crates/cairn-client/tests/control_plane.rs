@@ -121,7 +121,7 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
         let told = ends.iter().any(|e| matches!(e, Ok(true)));
         assert_eq!(r.steps().unwrap().contains(&step), told, "step {step} is visible exactly when a writer was told so: {ends:?}");
         if !told {
-            let e = ends.iter().find_map(|e| e.as_ref().err()).expect("the last writer hears why");
+            let e = ends.iter().find_map(|e| e.as_ref().err()).unwrap_or_else(|| panic!("the last writer hears why: {ends:?}"));
             assert!(e.to_string().contains(&format!("server {dead}")), "{e}");
         }
         let view = replace(&c, &live, dead, spare);

@@ -92,20 +92,20 @@ pub fn start(state: Arc<State>) {
     });
 }
 
-/// Each time this replica becomes leader: once its state has caught up with every committed entry,
-/// it finishes the steps the previous leader left prepared.
+/// While this replica leads: once its state has caught up with every committed entry, it finishes
+/// the steps a previous leader left prepared, and checks again every second for any that a failed
+/// finish left behind.
 async fn on_leadership(state: Arc<State>, log: RaftLog) {
     let mut metrics = log.raft().metrics();
-    let mut leading = false;
     let mut shutdown = state.shutdown.subscribe();
     loop {
-        let now = metrics.borrow().state == openraft::ServerState::Leader;
-        if now && !leading && log.linearize().await.is_ok() {
+        let leading = metrics.borrow().state == openraft::ServerState::Leader;
+        if leading && log.linearize().await.is_ok() {
             crate::cmd::commit::finish_in_flight(&state).await;
         }
-        leading = now;
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(1)), if leading => {}
             _ = shutdown.recv() => return,
         }
     }
@@ -151,11 +151,14 @@ enum Failure {
 impl PeerRaft {
     async fn exchange(&mut self, kind: RaftRpc, head: Option<serde_json::Value>, body: &[u8]) -> Result<Vec<u8>, Failure> {
         let state = self.state.upgrade().ok_or_else(|| Failure::Unreachable("this server is stopping".into()))?;
-        if self.conn.is_none() {
-            let s = crate::peer::connect(&state, &self.node.addr).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-            self.conn = Some(s);
-        }
-        let s = self.conn.as_mut().expect("connected above");
+        // The connection is owned by this exchange until it completes: if openraft drops the
+        // call (its own deadline), the socket goes with it, so a late reply can never be read
+        // as the answer to the next request.
+        let mut conn = match self.conn.take() {
+            Some(s) => s,
+            None => crate::peer::connect(&state, &self.node.addr).await.map_err(|e| Failure::Unreachable(e.to_string()))?,
+        };
+        let s = &mut conn;
         let env = Envelope { epoch: None, req: Request::Raft { kind, target: self.target, head } };
         let broke = |e: Error| Failure::Network(e.to_string());
         write_frame(s, &env, body).await.map_err(broke)?;
@@ -165,6 +168,7 @@ impl PeerRaft {
             .ok_or_else(|| Failure::Network("closed".into()))?;
         let mut out = vec![0u8; p.payload_len as usize];
         s.read_exact(&mut out).await.map_err(|e| Failure::Network(e.to_string()))?;
+        self.conn = Some(conn);
         match resp {
             Response::Raft => Ok(out),
             other => Err(Failure::Network(format!("{:?}", other.into_result().err()))),

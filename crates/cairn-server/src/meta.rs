@@ -30,6 +30,9 @@ pub struct Ready {
 pub struct Meta {
     /// Bumped at every commit and release of a dataset; `wait_step` callers watch it.
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Steps (dataset, step, session) this server is finishing, so that a leader's sweep of
+    /// prepared steps leaves a writer's own finish alone.
+    finishing: Mutex<std::collections::HashSet<(String, u64, String)>>,
 }
 
 impl Meta {
@@ -67,9 +70,28 @@ impl Meta {
         Ok(released)
     }
 
-    /// Forgets a step that will not commit.
-    pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> Result<()> {
-        log.propose(Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await.map(drop)
+    /// Forgets a step that will not commit; returns the servers that may hold its objects (none
+    /// when the step was no longer prepared: another finisher committed or aborted it).
+    pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> Result<Vec<u32>> {
+        match log.propose(Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await? {
+            Outcome::Aborted { servers } => Ok(servers),
+            other => Err(unexpected_outcome("abort", &other)),
+        }
+    }
+
+    /// Marks a step as being finished on this server; `false` if it already is.
+    pub fn start_finishing(&self, dataset: &str, step: u64, session: &str) -> bool {
+        lock(&self.finishing).insert((dataset.to_string(), step, session.to_string()))
+    }
+
+    /// Whether this server is finishing the step.
+    pub fn is_finishing(&self, dataset: &str, step: u64, session: &str) -> bool {
+        lock(&self.finishing).contains(&(dataset.to_string(), step, session.to_string()))
+    }
+
+    /// Ends [`Meta::start_finishing`].
+    pub fn done_finishing(&self, dataset: &str, step: u64, session: &str) {
+        lock(&self.finishing).remove(&(dataset.to_string(), step, session.to_string()));
     }
 
     /// Removes a committed step; returns its index so its objects can be freed.

@@ -382,7 +382,13 @@ impl Cluster {
                 Err(e) => return Err(e),
             };
             tried += 1;
-            let budget = if alive || tried < slots.len() { self.timeout + ELECTION } else { Duration::ZERO };
+            let budget = self.timeout + ELECTION;
+            if !alive && tried >= slots.len() {
+                return Err(Error::Unavailable(format!(
+                    "no staging server of the control plane could be reached for {op} (last: {why}); is the cluster up? \
+                     (`cairn cluster status`)"
+                )));
+            }
             if started.elapsed() > budget {
                 return Err(Error::Unavailable(format!(
                     "no leader of the control plane answered {op} within {:.1} s (last: {why}); is a majority of the meta servers up? \

@@ -184,12 +184,17 @@ fn not_leader(id: NodeId, leader: Option<u32>) -> Error {
     Error::NotLeader { message: format!("meta node {id:#x} does not lead the control plane: {hint}"), leader }
 }
 
+/// A leader cut off from its majority: a not-leader answer (with no hint), so that clients look
+/// for a leader elsewhere, and say why if there is none.
 fn no_quorum(after: Duration) -> Error {
-    Error::Unavailable(format!(
-        "the control plane did not commit within {:.1} s: a majority of its meta servers is unreachable (lost quorum); \
-         nothing committed before is lost — restart or reconnect the meta servers",
-        after.as_secs_f64()
-    ))
+    Error::NotLeader {
+        message: format!(
+            "the control plane did not commit within {:.1} s: a majority of its meta servers is unreachable (lost quorum); \
+             nothing committed before is lost — restart or reconnect the meta servers",
+            after.as_secs_f64()
+        ),
+        leader: None,
+    }
 }
 
 impl MetaLog for RaftLog {

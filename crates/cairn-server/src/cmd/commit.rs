@@ -66,6 +66,14 @@ pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares:
 /// dropped. A new leader runs this for every step its predecessor left prepared (seals are
 /// idempotent), so the step ends committed everywhere or invisible everywhere.
 pub async fn finish(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
+    let (step, session) = (ready.index.step, ready.session.clone());
+    state.meta.start_finishing(dataset, step, &session);
+    let r = finish_once(state, dataset, ready, keep_last).await;
+    state.meta.done_finishing(dataset, step, &session);
+    r
+}
+
+async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
     let log = crate::control::leader(state)?;
     let view = state.view()?;
     let (step, session) = (ready.index.step, ready.session.clone());
@@ -75,24 +83,25 @@ pub async fn finish(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last:
     })
     .await;
     if let Err(e) = sealed {
-        // The seal failure is what the writer must hear; an abort that fails leaves the step
-        // prepared, for the next leader to finish.
-        let _ = state.meta.abort(log, dataset, step, &session).await;
-        let _ = on_all(state, ready.shares.keys().copied(), |_| Request::Drop {
-            dataset: dataset.into(),
-            step,
-            session: Some(session.clone()),
-            writer: None,
-            ids: Vec::new(),
-            except: None,
-        })
-        .await;
+        // The seal failure is what the writer must hear. Objects are dropped only if this abort
+        // took: a step another finisher committed (or this leader can no longer abort) keeps them.
+        if let Ok(servers) = state.meta.abort(log, dataset, step, &session).await {
+            let _ = on_all(state, servers, |_| Request::Drop {
+                dataset: dataset.into(),
+                step,
+                session: Some(session.clone()),
+                writer: None,
+                ids: Vec::new(),
+                except: None,
+            })
+            .await;
+        }
         return Err(e);
     }
     let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
     for old in released {
-        free(state, dataset, &old).await?;
+        free(state, dataset, &old);
     }
     Ok(())
 }
@@ -101,7 +110,7 @@ pub async fn finish(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last:
 pub async fn finish_in_flight(state: &Arc<State>) {
     let Ok(log) = crate::control::leader(state) else { return };
     let prepared = cairn_meta::log::query(log, |s| s.in_flight());
-    for p in prepared {
+    for p in prepared.into_iter().filter(|p| !state.meta.is_finishing(&p.dataset, p.index.step, &p.session)) {
         let ready = Ready { index: p.index, session: p.session, shares: p.shares };
         if let Err(e) = finish(state, &p.dataset, &ready, None).await {
             eprintln!("cairn server {}: finishing step {} of '{}' left prepared: {e}", state.id, ready.index.step, p.dataset);
@@ -131,18 +140,24 @@ fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &Clu
     });
 }
 
-/// Frees the objects of a released step on every server that holds some.
-async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) -> Result<()> {
+/// Frees the objects of a released step on every server that holds some, in the background: the
+/// step is gone from the index already, and a server that is down must not make the commit or
+/// release that freed it look failed.
+fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
     let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
-    let step = index.step;
-    on_all(state, servers, |_| Request::Drop { dataset: dataset.into(), step, session: None, writer: None, ids: Vec::new(), except: None })
-        .await
+    let (state, dataset, step) = (state.clone(), dataset.to_string(), index.step);
+    tokio::spawn(async move {
+        let drop = |_| Request::Drop { dataset: dataset.clone(), step, session: None, writer: None, ids: Vec::new(), except: None };
+        if let Err(e) = on_all(&state, servers, drop).await {
+            eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
+        }
+    });
 }
 
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
     let index = state.meta.release(crate::control::leader(state)?, dataset, step).await?;
-    free(state, dataset, &index).await?;
+    free(state, dataset, &index);
     Ok(Response::Ok)
 }
 
