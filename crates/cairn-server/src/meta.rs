@@ -32,7 +32,7 @@ pub struct Meta {
     versions: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Steps (dataset, step, session) this server is finishing, so that a leader's sweep of
     /// prepared steps leaves a writer's own finish alone.
-    finishing: Mutex<std::collections::HashSet<(String, u64, String)>>,
+    finishing: Mutex<HashMap<(String, u64, String), usize>>,
 }
 
 impl Meta {
@@ -79,19 +79,27 @@ impl Meta {
         }
     }
 
-    /// Marks a step as being finished on this server; `false` if it already is.
-    pub fn start_finishing(&self, dataset: &str, step: u64, session: &str) -> bool {
-        lock(&self.finishing).insert((dataset.to_string(), step, session.to_string()))
+    /// Marks a step as being ended or finished on this server (counted: several writers' ends
+    /// of one step may be under way).
+    pub fn start_finishing(&self, dataset: &str, step: u64, session: &str) {
+        *lock(&self.finishing).entry((dataset.to_string(), step, session.to_string())).or_default() += 1;
     }
 
     /// Whether this server is finishing the step.
     pub fn is_finishing(&self, dataset: &str, step: u64, session: &str) -> bool {
-        lock(&self.finishing).contains(&(dataset.to_string(), step, session.to_string()))
+        lock(&self.finishing).contains_key(&(dataset.to_string(), step, session.to_string()))
     }
 
     /// Ends [`Meta::start_finishing`].
     pub fn done_finishing(&self, dataset: &str, step: u64, session: &str) {
-        lock(&self.finishing).remove(&(dataset.to_string(), step, session.to_string()));
+        let mut f = lock(&self.finishing);
+        let key = (dataset.to_string(), step, session.to_string());
+        if let Some(n) = f.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                f.remove(&key);
+            }
+        }
     }
 
     /// Removes a committed step; returns its index so its objects can be freed.

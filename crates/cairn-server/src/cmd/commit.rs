@@ -54,11 +54,20 @@ async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req:
 /// takes fragments (others answer `not_leader`).
 pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
     let log = crate::control::leader(state)?;
-    let Some(ready) = state.meta.add_fragment(log, dataset, frag, shares).await? else {
-        return Ok(Response::Committed { committed: false });
-    };
-    finish(state, dataset, &ready, keep_last).await?;
-    Ok(Response::Committed { committed: true })
+    // Marked from before its fragment is proposed: the leader's sweep of prepared steps must not
+    // take up a step this end of step is about to finish itself.
+    let (step, session) = (frag.step, frag.session.clone());
+    state.meta.start_finishing(dataset, step, &session);
+    let r = async {
+        let Some(ready) = state.meta.add_fragment(log, dataset, frag, shares).await? else {
+            return Ok(Response::Committed { committed: false });
+        };
+        finish_once(state, dataset, &ready, keep_last).await?;
+        Ok(Response::Committed { committed: true })
+    }
+    .await;
+    state.meta.done_finishing(dataset, step, &session);
+    r
 }
 
 /// The finalize of a prepared step: every server holding its objects verifies and seals them,
@@ -101,7 +110,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
     for old in released {
-        free(state, dataset, &old);
+        free(state, dataset, &old).await;
     }
     Ok(())
 }
@@ -140,24 +149,23 @@ fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &Clu
     });
 }
 
-/// Frees the objects of a released step on every server that holds some, in the background: the
-/// step is gone from the index already, and a server that is down must not make the commit or
-/// release that freed it look failed.
-fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
+/// Frees the objects of a released step on every server that holds some, before the commit or
+/// release that released it is answered (so the writer's next step finds the space), but without
+/// failing it: the step is gone from the index already, and a server that is down only keeps its
+/// share until it restarts empty.
+async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
     let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
-    let (state, dataset, step) = (state.clone(), dataset.to_string(), index.step);
-    tokio::spawn(async move {
-        let drop = |_| Request::Drop { dataset: dataset.clone(), step, session: None, writer: None, ids: Vec::new(), except: None };
-        if let Err(e) = on_all(&state, servers, drop).await {
-            eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
-        }
-    });
+    let step = index.step;
+    let drop = |_| Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None };
+    if let Err(e) = on_all(state, servers, drop).await {
+        eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
+    }
 }
 
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
     let index = state.meta.release(crate::control::leader(state)?, dataset, step).await?;
-    free(state, dataset, &index);
+    free(state, dataset, &index).await;
     Ok(Response::Ok)
 }
 
