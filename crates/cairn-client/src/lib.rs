@@ -8,7 +8,7 @@
 //! - [`session`]: the writer session when the caller names none (environment, launcher, random).
 //! - [`engine`]: the traits engines implement.
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
-//! - [`staging`]: the `staging` engine (objects in staging servers' memory, coordinator commits).
+//! - [`staging`]: the `staging` engine (objects in staging servers' memory, commits through the control plane).
 //! - `trace`: the writer's trace buffer (per-process records written every `trace_flush` steps).
 
 pub mod config;

@@ -431,6 +431,13 @@ impl Response {
     }
 }
 
+impl Request {
+    /// The request's name as it appears on the wire (`put`, `end_step`, ...), for messages.
+    pub fn op_name(&self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
+    }
+}
+
 /// The error a reply of the wrong kind stands for: its own if it is an error reply, else
 /// [`unexpected`].
 pub fn refused(what: &str, got: Response) -> Error {

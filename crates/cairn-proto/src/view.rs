@@ -3,7 +3,7 @@
 //! Requests carry the sender's epoch and a server with a newer view answers `stale_epoch` with it.
 
 use crate::cluster::{ClusterFile, ServerEntry};
-use cairn_core::placement::{place_key, Ring};
+use cairn_core::placement::Ring;
 use cairn_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -58,11 +58,6 @@ impl ClusterView {
     /// The server at the ring position `key` falls on.
     pub fn place(&self, key: u64) -> u32 {
         self.slots[(key % self.slots.len() as u64) as usize]
-    }
-
-    /// The server that coordinates commits of `dataset` and keeps its step index.
-    pub fn coordinator(&self, dataset: &str) -> u32 {
-        self.place(place_key(dataset, "", &[]))
     }
 
     /// The entry of server `id`.

@@ -48,7 +48,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(staging::load_topology, m)?)?;
     m.add_function(wrap_pyfunction!(staging::new_secret, m)?)?;
-    m.add_function(wrap_pyfunction!(staging::coordinator, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_start, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_stop, m)?)?;
     errors::register(m)

@@ -78,13 +78,6 @@ pub(crate) fn new_secret() -> PyResult<String> {
     cairn_proto::auth::new_secret().map_err(to_py)
 }
 
-/// The server that coordinates `dataset` in the first view of the cluster in `cluster`.
-#[pyfunction]
-pub(crate) fn coordinator(cluster: PathBuf, dataset: &str) -> PyResult<u32> {
-    let file = cairn_proto::cluster::ClusterFile::load(&cluster).map_err(to_py)?;
-    Ok(cairn_proto::ClusterView::initial(&file).coordinator(dataset))
-}
-
 /// Starts a local cluster whose servers run `command` (plus their flags and `extra`); returns
 /// the server pids by id once every server answers.
 #[pyfunction]

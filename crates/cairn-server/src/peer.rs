@@ -39,7 +39,7 @@ impl Peers {
 pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
     let view = state.view()?;
     let addr = view.server(to)?.addr.clone();
-    let op = crate::cmd::op_name(req);
+    let op = req.op_name();
     let limit = state.limits.peer_timeout;
     let attempt = |pooled: Option<TcpStream>| {
         let addr = addr.as_str();

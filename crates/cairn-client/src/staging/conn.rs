@@ -127,7 +127,7 @@ impl Conn {
                 | Request::KvDelete { .. }
         );
         let env = Envelope { epoch: self.epoch.filter(|_| placed), req: req.clone() };
-        write_frame(&mut self.stream, &env, payload).map_err(|e| self.fail(&op(req), e))
+        write_frame(&mut self.stream, &env, payload).map_err(|e| self.fail(&req.op_name(), e))
     }
 
     /// Reads one reply as sent (an error reply is a `Response::Error`), with a payload of at most
@@ -149,7 +149,7 @@ impl Conn {
     /// Sends a request without payload and reads its reply as sent (which carries none).
     pub(crate) fn call(&mut self, req: &Request) -> Result<Response> {
         self.send(req, &[])?;
-        Ok(self.recv(0, &op(req))?.0)
+        Ok(self.recv(0, &req.op_name())?.0)
     }
 
     /// Runs `f` with reads allowed to take `wait` longer than the deadline (a long poll).
@@ -203,11 +203,6 @@ fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Erro
         }
         other => Error::from_kind(other.kind(), other.to_string()),
     }
-}
-
-/// The request's name as it appears on the wire.
-fn op(req: &Request) -> String {
-    serde_json::to_value(req).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
 }
 
 /// Which transport clients use.
@@ -299,27 +294,6 @@ impl Cluster {
         resp.into_result()
     }
 
-    /// One request without payloads to the server `pick` chooses in the current view, asked
-    /// again while the cluster redirects it (newer view, busy server).
-    pub(crate) fn request(&self, pick: impl Fn(&ClusterView) -> u32, req: &Request) -> Result<Response> {
-        self.request_waiting(pick, req, Duration::ZERO)
-    }
-
-    fn request_waiting(&self, pick: impl Fn(&ClusterView) -> u32, req: &Request, wait: Duration) -> Result<Response> {
-        for attempt in 1..=REDIRECTS {
-            let server = pick(&self.view());
-            let resp = self.with(server, |c| c.waiting(wait, |c| c.call(req)))?;
-            match &resp {
-                Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), .. } if attempt < REDIRECTS => self.install((**v).clone()),
-                Response::Error { kind: ErrorKind::Busy, retry_after_ms, .. } if attempt < REDIRECTS => {
-                    std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)))
-                }
-                _ => return self.settle(resp),
-            }
-        }
-        unreachable!("the last attempt returns")
-    }
-
     /// A request for the control plane's leader, with a payload of at most `max_reply` bytes
     /// back. It goes to the leader last found, else the ring's servers in order; a `not_leader`
     /// reply's hint is followed, and a server that is down or knows no leader (an election) is
@@ -337,7 +311,7 @@ impl Cluster {
         max_reply: u64,
         wait: Duration,
     ) -> Result<(Response, Vec<u8>)> {
-        let op = op(req);
+        let op = req.op_name();
         let started = Instant::now();
         let mut next = *self.leader.lock().unwrap_or_else(|p| p.into_inner());
         let mut tried = 0usize;
@@ -402,9 +376,20 @@ impl Cluster {
         }
     }
 
-    /// One request to `server`.
+    /// One request without payloads to `server`, asked again while the cluster redirects it
+    /// (newer view, busy server).
     pub(crate) fn call(&self, server: u32, req: &Request) -> Result<Response> {
-        self.request(|_| server, req)
+        for attempt in 1..=REDIRECTS {
+            let resp = self.with(server, |c| c.call(req))?;
+            match &resp {
+                Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), .. } if attempt < REDIRECTS => self.install((**v).clone()),
+                Response::Error { kind: ErrorKind::Busy, retry_after_ms, .. } if attempt < REDIRECTS => {
+                    std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)))
+                }
+                _ => return self.settle(resp),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// One request to the control plane's leader, which coordinates every step commit.

@@ -1,5 +1,5 @@
 //! The `staging` engine: blocks go to staging servers that hold them in memory; a step commits
-//! on the dataset's coordinator server when every writer has ended it and every server holding
+//! through the control plane (its Raft leader) when every writer has ended it and every server holding
 //! its objects has sealed them. [`local`] starts and stops clusters of server processes.
 
 mod conn;

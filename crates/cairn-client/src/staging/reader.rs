@@ -1,4 +1,4 @@
-//! The staging engine's reader: step indexes come from the dataset's coordinator (cached, since
+//! The staging engine's reader: step indexes come from the control plane's leader (cached, since
 //! committed steps are immutable); each object a box touches is fetched from its server cut to
 //! the intersection, and scattered straight into the caller's buffer. Objects on different servers
 //! are fetched in parallel.

@@ -1,6 +1,6 @@
 //! The staging engine's writer: each block is split into objects (CoREC Algorithm 1) and sent
 //! to the servers the ring places them on, one thread per server, with the bytes gathered straight
-//! from the caller's buffer. At the end of a step the fragment goes to the dataset's coordinator.
+//! from the caller's buffer. At the end of a step the fragment goes to the control plane's leader.
 
 use super::conn::Cluster;
 use super::{index_of, steps_of};

@@ -11,7 +11,7 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         return Err(Error::InvalidArgument(format!("a raft message of {payload_len} bytes exceeds {MAX_RAFT_PAYLOAD}")));
     }
     if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. } | Request::Raft { .. } | Request::MetaCas { .. }) {
-        return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", super::op_name(req))));
+        return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", req.op_name())));
     }
     match req {
         Request::Put { id, region, elem, .. } => {

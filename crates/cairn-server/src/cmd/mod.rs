@@ -102,8 +102,3 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         }
     }
 }
-
-/// The request's name as it appears on the wire.
-pub fn op_name(req: &Request) -> String {
-    serde_json::to_value(req).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
-}
