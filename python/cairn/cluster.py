@@ -119,10 +119,11 @@ def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def status(file: str | os.PathLike[str], objects: bool = False, timeout: float = 5.0) -> list[dict[str, Any]]:
-    """Per server: id, node, rack, address, pid, ``state`` (``up``, ``down`` or ``spare``), memory
-    used/limit, objects, steps, requests/s (and with ``objects`` the objects it holds). A server
-    that does not answer within ``timeout`` seconds (dead or hung) is listed as ``down`` with
-    ``error`` saying why; the others are still reported."""
+    """Per server: id, node, rack, address, pid, ``state`` (``up``, ``down`` or ``spare``, by the
+    newest cluster view), view ``epoch``, memory used/limit, objects, steps, requests/s (and with
+    ``objects`` the objects it holds). A server that does not answer within ``timeout`` seconds
+    (dead or hung), or answers but has left its slot, is listed as ``down`` with ``error`` saying
+    why; the others are still reported."""
     out = []
     for s in servers_of(file):
         row: dict[str, Any] = {"id": s["id"], "node": s.get("node", ""), "rack": s.get("rack", ""), "spare": s.get("spare", False),
@@ -130,24 +131,53 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
         try:
             st = request(file, s["id"], "status", timeout)["status"]
         except CairnError as e:
-            out.append({**row, "state": "down", "error": str(e), "meta": "none", "leader": None, "memory_used": None, "memory_limit": s.get("memory"),
-                        "objects": None, "steps": None, "requests": None, "uptime_s": None, "requests_per_s": None})
+            out.append({**row, "state": "down", "error": str(e), "meta": "none", "leader": None, "epoch": None, "memory_used": None,
+                        "memory_limit": s.get("memory"), "objects": None, "steps": None, "requests": None, "uptime_s": None,
+                        "requests_per_s": None})
             continue
-        row.update(st, state="spare" if row["spare"] else "up", requests_per_s=st["requests"] / max(st["uptime_s"], 1e-9))
+        row.update(st, state="up", requests_per_s=st["requests"] / max(st["uptime_s"], 1e-9))
         if objects:
             row["object_list"] = request(file, s["id"], "objects", timeout)["objects"]
         out.append(row)
+    # States by the newest view, asked of a server that holds it.
+    newest = max((r for r in out if r["epoch"] is not None), key=lambda r: r["epoch"], default=None)
+    current = None
+    if newest is not None:
+        try:
+            current = request(file, newest["id"], "view", timeout)["view"]
+        except CairnError:
+            pass
+    for r in out:
+        if r["state"] == "up":
+            r["state"] = _state_in(current, r)
+            r["spare"] = r["state"] == "spare"
+            if r["state"] == "down":
+                r["error"] = f"answers, but left its slot in view {current['epoch'] if current else '?'} (a spare took it)"
     return out
 
 
 def view(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] | None:
-    """The cluster view (epoch, slots, spares) of the first server that answers, or None."""
+    """The newest cluster view (epoch, slots, spares, down) any server holds, or None if none
+    answers. Every view a server holds was committed by the control plane, so the newest is the
+    current one (or one a server has not learnt yet)."""
+    newest = None
     for s in servers_of(file):
         try:
-            return request(file, s["id"], "view", timeout)["view"]
+            v = request(file, s["id"], "view", timeout)["view"]
         except CairnError:
             continue
-    return None
+        if newest is None or v["epoch"] > newest["epoch"]:
+            newest = v
+    return newest
+
+
+def _state_in(current: dict[str, Any] | None, server: dict[str, Any]) -> str:
+    """``up``, ``spare`` or ``down`` (left its slot) for an answering server, by the view."""
+    if current is None:
+        return "spare" if server.get("spare") else "up"
+    if server["id"] in current.get("spares", []):
+        return "spare"
+    return "up" if server["id"] in current["slots"] else "down"
 
 
 def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0) -> None:

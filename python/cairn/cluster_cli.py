@@ -34,11 +34,12 @@ def cmd_stop(args: argparse.Namespace) -> None:
     print(f"stopped {n} servers of {args.file}")
 
 
-def status_json(rows: list[dict[str, Any]], view: dict[str, Any] | None) -> dict[str, Any]:
+def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The status as scripts read it (``cairn cluster status --json``)."""
     leaders = [r["leader"] for r in rows if r["state"] != "down" and r.get("leader") is not None]
+    epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
     return {
-        "epoch": view["epoch"] if view else None,
+        "epoch": max(epochs) if epochs else None,
         "leader": max(set(leaders), key=leaders.count) if leaders else None,
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
                      "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
@@ -49,7 +50,7 @@ def status_json(rows: list[dict[str, Any]], view: dict[str, Any] | None) -> dict
 def cmd_status(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
     if args.json:
-        print(json.dumps(status_json(rows, cluster.view(args.file, timeout=args.timeout)), indent=2))
+        print(json.dumps(status_json(rows), indent=2))
         return
     print(f"{'server':>6} {'state':<6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
           f"{'objects':>8} {'steps':>6} {'req/s':>8}")

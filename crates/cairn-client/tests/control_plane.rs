@@ -86,18 +86,13 @@ fn rejoined(c: &TestCluster, at: u32, server: u32) {
     }
 }
 
-/// A spare takes `dead`'s slot on every live server.
+/// A spare takes `dead`'s slot: one view change through the log, which every live server learns.
 fn replace(c: &TestCluster, live: &[u32], dead: u32, spare: u32) -> cairn_proto::ClusterView {
     let mut conn = cairn_server::testing::RawConn::open(&c.addr(live[0]).to_string(), c.secret()).unwrap();
     let cairn_proto::Response::View { view } = conn.call(None, &cairn_proto::Request::View, &[]).unwrap() else { panic!() };
     let next = view.replace(dead, spare).unwrap();
-    for s in live.iter().chain([&spare]) {
-        if c.state(*s).is_none() {
-            continue;
-        }
-        let mut conn = cairn_server::testing::RawConn::open(&c.addr(*s).to_string(), c.secret()).unwrap();
-        conn.call(None, &cairn_proto::Request::SetView { view: next.clone() }, &[]).unwrap().into_result().unwrap();
-    }
+    c.set_view(&next).unwrap();
+    c.await_epoch(next.epoch, Duration::from_secs(5)).unwrap();
     next
 }
 
@@ -128,12 +123,12 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
         live.push(spare);
         spare += 1;
         // Restarted empty, the dead server rejoins the control plane under a new node id (its
-        // data slot now belongs to the spare), so the next failure still leaves a majority.
-        // (Views are not in the replicated log yet: it is told the current one.)
+        // data slot now belongs to the spare), so the next failure still leaves a majority,
+        // and learns the current view from the others, down in it.
         c.restart(dead).unwrap();
-        let mut conn = cairn_server::testing::RawConn::open(&c.addr(dead).to_string(), c.secret()).unwrap();
-        conn.call(None, &cairn_proto::Request::SetView { view }, &[]).unwrap().into_result().unwrap();
         rejoined(&c, next, dead);
+        c.await_epoch(view.epoch, Duration::from_secs(5)).unwrap();
+        assert!(c.state(dead).unwrap().view().unwrap().down.contains(&dead));
         live.push(dead);
     }
     // The writers' next step commits with both spares in place, and reads back whole.

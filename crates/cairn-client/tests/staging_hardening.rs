@@ -233,14 +233,14 @@ fn a_client_on_an_old_view_is_redirected_and_places_by_the_new_one() {
     assert!(write_step(&cfg, "v", 0, "s", &data, false));
     let r = Reader::open("v", &cfg).unwrap();
     assert_eq!(used(c, 3), 0, "the spare holds nothing");
-    // Spare 3 takes server 2's slot: every server learns view 2, clients still hold view 1.
+    // Spare 3 takes server 2's slot through the control plane's log: every server learns view
+    // 2 (the non-meta spare by the leader's push), clients still hold view 1.
     let mut conn = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
     let Response::View { view } = conn.call(None, &Request::View, &[]).unwrap() else { panic!("no view") };
     let next: ClusterView = view.replace(2, 3).unwrap();
-    for id in 0..4 {
-        let mut conn = RawConn::open(&c.addr(id).to_string(), c.secret()).unwrap();
-        conn.call(None, &Request::SetView { view: next.clone() }, &[]).unwrap().into_result().unwrap();
-    }
+    c.set_view(&next).unwrap();
+    c.await_epoch(2, Duration::from_secs(5)).unwrap();
+    let mut conn = RawConn::open(&c.addr(c.leader(Duration::from_secs(5)).unwrap()).to_string(), c.secret()).unwrap();
     let mut stale = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
     match stale.call(Some(1), &Request::Steps { dataset: "v".into() }, &[]).unwrap() {
         Response::Error { kind, view: Some(v), .. } => assert_eq!((kind, v.epoch), (ErrorKind::StaleEpoch, 2)),
@@ -248,6 +248,9 @@ fn a_client_on_an_old_view_is_redirected_and_places_by_the_new_one() {
     }
     let older = conn.call(None, &Request::SetView { view: view.clone() }, &[]).unwrap().into_result().unwrap_err();
     assert_eq!(older.kind(), ErrorKind::Conflict, "an older view is refused: {older}");
+    let mut follower = RawConn::open(&c.addr(3).to_string(), c.secret()).unwrap();
+    let e = follower.call(None, &Request::SetView { view: next.clone() }, &[]).unwrap();
+    assert!(matches!(e, Response::Error { kind: ErrorKind::NotLeader, .. }), "only the leader changes views: {e:?}");
     // The reader on view 1 is told, refreshes and goes on; the next step lands on the spare.
     assert_eq!(r.steps().unwrap(), vec![0]);
     assert!(write_step(&cfg, "v", 1, "s", &data, true));

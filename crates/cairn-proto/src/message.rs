@@ -179,9 +179,15 @@ pub enum Request {
     },
     /// The server's cluster view.
     View,
-    /// Installs a newer cluster view (a spare taking a slot); older epochs are refused.
+    /// Proposes the next cluster view (a spare taking a slot) to the control plane's leader: a
+    /// log entry, committed by a majority, whose epoch must be the current one's plus one.
     SetView {
         /// The new view.
+        view: ClusterView,
+    },
+    /// A committed view, pushed by the leader to every server (older epochs are ignored).
+    ViewChanged {
+        /// The view.
         view: ClusterView,
     },
     /// Datasets this server coordinates.

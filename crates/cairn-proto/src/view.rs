@@ -17,7 +17,10 @@ pub struct ClusterView {
     pub slots: Vec<u32>,
     /// Servers that hold nothing until they take a slot.
     pub spares: Vec<u32>,
-    /// Every server's entry (address, node, rack), active or spare.
+    /// Servers that left their slot (failed or replaced); they hold nothing of this view.
+    #[serde(default)]
+    pub down: Vec<u32>,
+    /// Every server's entry (address, node, rack), active, spare or down.
     pub servers: Vec<ServerEntry>,
 }
 
@@ -29,11 +32,13 @@ impl ClusterView {
             epoch: 1,
             slots: ring.servers().to_vec(),
             spares: file.servers.iter().filter(|s| s.spec.spare).map(|s| s.spec.id).collect(),
+            down: Vec::new(),
             servers: file.servers.clone(),
         }
     }
 
-    /// Checks a view that came from the network: slots and spares name listed servers, once each.
+    /// Checks a view that came from the network: slots, spares and down servers name listed
+    /// servers, once each.
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidArgument(format!("cluster view of epoch {}: {why}", self.epoch)));
         if self.slots.is_empty() {
@@ -44,12 +49,12 @@ impl ClusterView {
             return bad("a server is listed twice".into());
         }
         let mut seen = BTreeSet::new();
-        for id in self.slots.iter().chain(&self.spares) {
+        for id in self.slots.iter().chain(&self.spares).chain(&self.down) {
             if !known.contains(id) {
-                return bad(format!("server {id} has a slot or is a spare but has no entry"));
+                return bad(format!("server {id} has a slot, is a spare or is down, but has no entry"));
             }
             if !seen.insert(*id) {
-                return bad(format!("server {id} holds two slots, or a slot while a spare"));
+                return bad(format!("server {id} is listed twice among slots, spares and down servers"));
             }
         }
         Ok(())
@@ -73,7 +78,7 @@ impl ClusterView {
         &self.slots
     }
 
-    /// The next view, in which spare `spare` takes the slot(s) of server `out`; `out` leaves.
+    /// The next view, in which spare `spare` takes the slot(s) of server `out`, which is down.
     pub fn replace(&self, out: u32, spare: u32) -> Result<ClusterView> {
         if !self.spares.contains(&spare) {
             return Err(Error::InvalidArgument(format!(
@@ -88,6 +93,7 @@ impl ClusterView {
         next.epoch += 1;
         next.slots.iter_mut().filter(|s| **s == out).for_each(|s| *s = spare);
         next.spares.retain(|s| *s != spare);
+        next.down.push(out);
         Ok(next)
     }
 }
@@ -119,7 +125,7 @@ mod tests {
         let before: Vec<u32> = (0..64).map(|k| v.place(k)).collect();
         let next = v.replace(2, 4).unwrap();
         next.validate().unwrap();
-        assert_eq!(next.epoch, 2);
+        assert_eq!((next.epoch, next.down.clone()), (2, vec![2]));
         for (k, b) in before.iter().enumerate() {
             let now = next.place(k as u64);
             assert_eq!(now, if *b == 2 { 4 } else { *b }, "only server 2's positions move, to the spare");
@@ -137,5 +143,8 @@ mod tests {
         assert!(v.validate().is_err());
         v.slots = vec![7];
         assert!(v.validate().unwrap_err().to_string().contains("server 7"));
+        let mut v = ClusterView::initial(&file(2, 0));
+        v.down.push(v.slots[0]);
+        assert!(v.validate().is_err(), "a server with a slot cannot be down");
     }
 }

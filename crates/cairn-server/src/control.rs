@@ -49,6 +49,9 @@ pub fn start(state: Arc<State>) {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
+        if state.meta_options.rejoin {
+            crate::views::refresh(&state);
+        }
         let members: Vec<u32> = view.slots.iter().copied().take(state.meta_options.servers.max(1) as usize).collect();
         if !members.contains(&state.id) {
             return;
@@ -62,6 +65,7 @@ pub fn start(state: Arc<State>) {
         };
         let _ = state.control.set(log.clone());
         tokio::spawn(on_leadership(state.clone(), log.clone()));
+        tokio::spawn(crate::views::follow(state.clone(), log.clone()));
         let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
         if !state.meta_options.rejoin {
             if members.first() == Some(&state.id) {
@@ -101,6 +105,9 @@ async fn on_leadership(state: Arc<State>, log: RaftLog) {
     loop {
         let leading = metrics.borrow().state == openraft::ServerState::Leader;
         if leading && log.linearize().await.is_ok() {
+            if let Err(e) = crate::views::log_first_view(&state, &log).await {
+                eprintln!("cairn server {}: the first view is not in the log yet: {e}", state.id);
+            }
             crate::cmd::commit::finish_in_flight(&state).await;
         }
         tokio::select! {

@@ -89,7 +89,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
 }
 
 /// The refusal of a request placed by another view than this server's, if it was.
-fn check_epoch(state: &State, epoch: Option<u64>) -> Option<Response> {
+fn check_epoch(state: &Arc<State>, epoch: Option<u64>) -> Option<Response> {
     let given = epoch?;
     let view = match state.view() {
         Ok(v) => v,
@@ -99,6 +99,7 @@ fn check_epoch(state: &State, epoch: Option<u64>) -> Option<Response> {
         return Some(Response::stale_epoch(given, &view));
     }
     (given > view.epoch).then(|| {
+        crate::views::refresh(state);
         Response::busy(
             format!(
                 "server {} is at cluster view {}, the request at {given}: the view change has not reached it yet; retry",

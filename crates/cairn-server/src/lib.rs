@@ -7,6 +7,7 @@
 //!   connection bounds (unauthenticated connections evict each other; authenticated ones are counted).
 //! - [`handler`]: one connection: challenge and hello, then framed requests in order.
 //! - [`deadline`]: the progress deadline on a connection's reads and writes.
+//! - [`views`]: cluster views as entries of the control plane's log, and how servers learn them.
 //! - [`control`]: this server's replica of the control plane (meta servers), and Raft's
 //!   transport over the staging protocol.
 //! - [`cmd`]: one module per kind of request.
@@ -30,6 +31,7 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod testing;
+pub mod views;
 
 pub use serve::{serve, ServeOptions};
 pub use server::{run, Listeners};

@@ -7,11 +7,11 @@ use crate::kv::Kv;
 use crate::meta::Meta;
 use crate::peer::Peers;
 use crate::store::Store;
-use cairn_core::{Error, Result};
+use cairn_core::Result;
 use cairn_proto::cluster::ClusterFile;
 use cairn_proto::ClusterView;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
@@ -57,6 +57,8 @@ pub struct State {
     /// The cluster file (read when the view is first needed).
     pub cluster_path: PathBuf,
     view: RwLock<Option<Arc<ClusterView>>>,
+    /// A refresh of the view from the other servers is under way.
+    pub view_refreshing: AtomicBool,
     /// Objects held here.
     pub store: Store,
     /// Keyed values and sets.
@@ -86,6 +88,7 @@ impl State {
             limits,
             cluster_path,
             view: RwLock::new(None),
+            view_refreshing: AtomicBool::new(false),
             store: Store::new(id, memory),
             kv: Kv::default(),
             meta: Meta::default(),
@@ -108,20 +111,16 @@ impl State {
         Ok(v.get_or_insert(loaded).clone())
     }
 
-    /// Installs a newer view; an older or equal epoch is a conflict.
-    pub fn set_view(&self, next: ClusterView) -> Result<()> {
+    /// Installs a committed view if it is newer than this server's; returns whether it was.
+    pub fn adopt(&self, next: ClusterView) -> Result<bool> {
         next.validate()?;
         let current = self.view()?;
         let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
-        let now = v.as_ref().map_or(current.epoch, |v| v.epoch);
-        if next.epoch <= now {
-            return Err(Error::Conflict(format!(
-                "server {} is at view {now}; a view of epoch {} is not newer, fetch the current one and change that",
-                self.id, next.epoch
-            )));
+        if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
+            return Ok(false);
         }
         *v = Some(Arc::new(next));
-        Ok(())
+        Ok(true)
     }
 }
 

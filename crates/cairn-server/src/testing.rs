@@ -8,10 +8,12 @@ use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::ClusterView;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// One running server of a [`TestCluster`].
@@ -145,6 +147,45 @@ impl TestCluster {
         if let Some(r) = self.servers[id as usize].take() {
             let _ = r.stop.send(());
             let _ = r.thread.join();
+        }
+    }
+
+    /// The running server that leads the control plane, once one does within `within`.
+    pub fn leader(&self, within: Duration) -> Result<u32> {
+        let start = Instant::now();
+        loop {
+            let lead = (0..self.servers.len() as u32)
+                .find(|id| self.state(*id).and_then(|s| s.control.get()).is_some_and(|l| l.role().0 == "leader"));
+            if let Some(l) = lead {
+                return Ok(l);
+            }
+            if start.elapsed() > within {
+                return Err(Error::Unavailable(format!("no server led the control plane within {within:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Proposes `view` (the next epoch) at the leader, as `cairn` admin tools do.
+    pub fn set_view(&self, view: &ClusterView) -> Result<()> {
+        let mut conn = RawConn::open(&self.addr(self.leader(Duration::from_secs(10))?).to_string(), &self.secret)?;
+        conn.call(None, &Request::SetView { view: view.clone() }, &[])?.into_result().map(|_| ())
+    }
+
+    /// Waits until every running server holds a view of epoch `epoch` or newer.
+    pub fn await_epoch(&self, epoch: u64, within: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let behind: Vec<u32> = (0..self.servers.len() as u32)
+                .filter(|id| self.state(*id).is_some_and(|s| s.view().map_or(true, |v| v.epoch < epoch)))
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                return Err(Error::Unavailable(format!("servers {behind:?} did not reach view {epoch} within {within:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

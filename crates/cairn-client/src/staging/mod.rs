@@ -49,8 +49,8 @@ pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepInde
 }
 
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,
-/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster`, within
-/// `timeout`; returns the reply as JSON.
+/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster` (`set_view` to
+/// the control plane's leader), within `timeout`; returns the reply as JSON.
 pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, timeout: std::time::Duration) -> Result<String> {
     let req: Request =
         serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
@@ -61,6 +61,7 @@ pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, time
         )));
     }
     let c = Cluster::open(cluster, timeout)?;
-    let resp = c.call(server, &req)?;
+    // A view change is a log entry: it goes to the control plane's leader, whichever server.
+    let resp = if matches!(req, Request::SetView { .. }) { c.coord(&req)? } else { c.call(server, &req)? };
     Ok(serde_json::to_string(&resp).expect("responses serialize"))
 }

@@ -25,7 +25,7 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         Request::EndStep { fragment, .. } => fragment.validate(),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
-        Request::SetView { view } => view.validate(),
+        Request::SetView { view } | Request::ViewChanged { view } => view.validate(),
         Request::MetaCas { key, delete, .. } => {
             check_key(key)?;
             if payload_len > MAX_CAS_VALUE || (*delete && payload_len > 0) {

@@ -57,7 +57,8 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
     match req {
         Request::Hello { .. } => Err(Error::Conflict("hello sent twice on one connection".into())),
         Request::View => state.view().map(|v| Reply::Plain(Response::View { view: (*v).clone() })),
-        Request::SetView { view } => plain(state.set_view(view).map(|()| Response::Ok)),
+        Request::SetView { view } => plain(crate::views::set_view(state, view).await),
+        Request::ViewChanged { view } => plain(state.adopt(view).map(|_| Response::Ok)),
         Request::Put { dataset, step, session, var, id, region, elem, checksum } => plain(
             data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await,
         ),
