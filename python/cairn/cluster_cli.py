@@ -47,6 +47,11 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def cmd_replace(args: argparse.Namespace) -> None:
+    v = cluster.replace(args.file, args.server, args.spare, timeout=args.timeout)
+    print(f"view {v['epoch']}: server {args.server} is down and its slot went to a spare (slots {v['slots']}, spares {v['spares']})")
+
+
 def cmd_status(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
     if args.json:
@@ -107,6 +112,12 @@ def add(sub: Any) -> None:
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json")
     sp.set_defaults(func=cmd_stop)
+    rp = csub.add_parser("replace", help="give a failed server's ring slot to a spare (a view change)")
+    rp.add_argument("server", type=int, help="the server that is down")
+    rp.add_argument("--spare", type=int, help="the spare that takes its slot (default: the first)")
+    rp.add_argument("--file", default="cluster.json")
+    rp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the control plane (default 10)")
+    rp.set_defaults(func=cmd_replace)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--file", default="cluster.json")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")

@@ -105,9 +105,9 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
     let mut live: Vec<u32> = (0..5).collect();
     assert!(step_of_four(&cfg, 0, 4, || {}).into_iter().any(|r| r.unwrap()));
     let r = Reader::open("f", &cfg).unwrap();
-    let mut spare = 5;
-    // (a) between the puts and the ends; (b) after two of four writers ended the step.
-    for (step, kill_after) in [(1u64, 0usize), (2, 2)] {
+    // (a) between the puts and the ends; (b) after two of four writers ended the step. Spares
+    // 5 and 6 take the dead servers' slots.
+    for (spare, (step, kill_after)) in [(5u32, (1u64, 0usize)), (6, (2, 2))] {
         let dead = leader(&c, &live);
         let ends = step_of_four(&cfg, step, kill_after, || c.kill(dead));
         live.retain(|s| *s != dead);
@@ -121,7 +121,6 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
         }
         let view = replace(&c, &live, dead, spare);
         live.push(spare);
-        spare += 1;
         // Restarted empty, the dead server rejoins the control plane under a new node id (its
         // data slot now belongs to the spare), so the next failure still leaves a majority,
         // and learns the current view from the others, down in it.

@@ -55,3 +55,39 @@ impl MetaLog for MemLog {
         f(&self.state.lock().unwrap_or_else(|p| p.into_inner()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::frag;
+    use cairn_core::ErrorKind;
+
+    fn block_on(f: Proposal<'_>) -> Result<Outcome, Error> {
+        // A MemLog's proposals are ready at once: one poll completes them.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut f = f;
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => panic!("a MemLog proposal did not resolve at once"),
+        }
+    }
+
+    #[test]
+    fn a_mem_log_applies_proposals_in_order_and_reads_see_them() {
+        let log = MemLog::default();
+        let add = |w| {
+            let (fragment, shares) = frag(3, w, 2, "s");
+            block_on(log.propose(Cmd::AddFragment { dataset: "d".into(), fragment, shares }))
+        };
+        assert_eq!(add(0).unwrap(), Outcome::Pending { have: 1, want: 2 });
+        assert!(matches!(add(1).unwrap(), Outcome::Prepared { .. }));
+        assert!(query(&log, |s| s.steps("d").is_empty()), "prepared is not visible");
+        let commit = Cmd::Commit { dataset: "d".into(), step: 3, session: "s".into(), keep_last: None };
+        assert!(matches!(block_on(log.propose(commit.clone())).unwrap(), Outcome::Committed { .. }));
+        assert_eq!(query(&log, |s| s.steps("d")), vec![3]);
+        let e = block_on(log.propose(Cmd::Release { dataset: "d".into(), step: 4 })).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "a refused command resolves to its error: {e}");
+        assert_eq!(query(&log, |s| s.steps("d")), vec![3], "and changes nothing");
+    }
+}

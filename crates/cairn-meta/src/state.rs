@@ -12,7 +12,7 @@ use cairn_core::{Error, ErrorKind};
 use cairn_proto::message::Share;
 use cairn_proto::ClusterView;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A command of the log.
@@ -166,7 +166,14 @@ struct Dataset {
     /// By step, then session (nested: snapshots are JSON, whose keys are strings).
     pending: BTreeMap<u64, BTreeMap<String, Pending>>,
     prepared: BTreeMap<u64, BTreeMap<String, Prepared>>,
+    /// Sessions whose step was aborted, by step (the newest [`ABORTED_KEPT`] steps): a writer's
+    /// late or repeated end of such a step is refused, never left pending forever.
+    #[serde(default)]
+    aborted: BTreeMap<u64, BTreeSet<String>>,
 }
+
+/// Aborted steps remembered per dataset.
+const ABORTED_KEPT: usize = 4096;
 
 impl Dataset {
     fn take_pending(&mut self, step: u64, session: &str) -> Option<Pending> {
@@ -219,6 +226,12 @@ impl MetaState {
         let ds = self.datasets.entry(dataset.to_string()).or_default();
         if ds.committed.contains_key(&step) {
             return Err(Error::AlreadyExists(format!("step {step} of '{dataset}' is already committed; write a new step number")));
+        }
+        if ds.aborted.get(&step).is_some_and(|a| a.contains(&session)) {
+            return Err(Error::Conflict(format!(
+                "step {step} of '{dataset}' (session '{session}') was aborted (a server holding its objects failed or did not \
+                 have them all) and will never commit; write the data as a new step"
+            )));
         }
         if ds.prepared.get(&step).is_some_and(|p| p.contains_key(&session)) {
             return Err(Error::Conflict(format!(
@@ -296,11 +309,20 @@ impl MetaState {
     fn abort(&mut self, dataset: &str, step: u64, session: &str) -> Outcome {
         let mut servers: Vec<u32> = Vec::new();
         if let Some(ds) = self.datasets.get_mut(dataset) {
+            let mut found = false;
             if let Some(p) = ds.take_prepared(step, session) {
                 servers.extend(p.shares.keys());
+                found = true;
             }
             if let Some(p) = ds.take_pending(step, session) {
                 servers.extend(p.shares.values().flat_map(|s| s.keys()));
+                found = true;
+            }
+            if found {
+                ds.aborted.entry(step).or_default().insert(session.to_string());
+                while ds.aborted.len() > ABORTED_KEPT {
+                    ds.aborted.pop_first();
+                }
             }
         }
         servers.sort_unstable();
@@ -401,14 +423,14 @@ fn not_committed(dataset: &str, step: u64, committed: &BTreeMap<u64, Arc<StepInd
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use cairn_core::index::{BlockRecord, ObjectRef, VarDef};
     use cairn_core::{DType, Region};
 
     /// Writer `w` of `n`'s fragment of `step` in `session`: one row of a (n, 4) f64 array, in one
     /// object on server `w % 3`.
-    fn frag(step: u64, w: u32, n: u32, session: &str) -> (Fragment, Vec<Share>) {
+    pub(crate) fn frag(step: u64, w: u32, n: u32, session: &str) -> (Fragment, Vec<Share>) {
         let region = Region::new(vec![u64::from(w), 0], vec![1, 4]).unwrap();
         let obj = ObjectRef { id: u64::from(w) << 32, region: region.clone(), server: w % 3, checksum: 7 };
         let block = BlockRecord {
@@ -460,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn an_aborted_step_is_forgotten_and_may_be_written_again() {
+    fn an_aborted_step_never_commits_and_late_ends_of_it_are_refused() {
         let mut s = MetaState::default();
         add(&mut s, 5, 0, 2, "a");
         assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
@@ -468,9 +490,14 @@ mod tests {
         assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 5, session: "a".into() }), Outcome::Aborted { servers: vec![0, 1] });
         assert!(s.in_flight().is_empty() && s.steps("d").is_empty());
         assert_eq!(commit(&mut s, 5, "a", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "an aborted step never commits");
-        add(&mut s, 5, 0, 2, "a");
-        assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
-        assert!(matches!(commit(&mut s, 5, "a", None), Outcome::Committed { .. }));
+        // A writer cut off during the abort sends its end again: refused, not left pending.
+        let e = add(&mut s, 5, 0, 2, "a").into_result().unwrap_err();
+        assert!(e.kind() == ErrorKind::Conflict && e.to_string().contains("was aborted"), "{e}");
+        assert!(s.datasets["d"].pending.is_empty());
+        // A new session (a restarted run) may write the step.
+        add(&mut s, 5, 0, 2, "b");
+        assert!(matches!(add(&mut s, 5, 1, 2, "b"), Outcome::Prepared { .. }));
+        assert!(matches!(commit(&mut s, 5, "b", None), Outcome::Committed { .. }));
         assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 9, session: "x".into() }), Outcome::Aborted { servers: vec![] });
     }
 

@@ -150,14 +150,23 @@ impl Store {
     }
 
     /// Stores an object under `(dataset, step, id)`, consuming the reservation of its bytes. An
-    /// object put again (a writer retrying) replaces the earlier one.
-    pub fn insert(&self, dataset: &str, step: u64, id: u64, obj: Object, r: Reservation<'_>) {
-        std::mem::forget(r);
+    /// object put again (a writer retrying) replaces the earlier one, unless that one is sealed:
+    /// a committed step's objects never change (the reservation is given back).
+    pub fn insert(&self, dataset: &str, step: u64, id: u64, obj: Object, r: Reservation<'_>) -> Result<()> {
         let mut steps = lock(&self.steps);
-        let old = steps.entry((dataset.to_string(), step)).or_default().insert(id, obj);
-        if let Some(old) = old {
+        let held = steps.entry((dataset.to_string(), step)).or_default();
+        if held.get(&id).is_some_and(|o| o.sealed) {
+            return Err(Error::AlreadyExists(format!(
+                "object {id:#x} of dataset '{dataset}' step {step} on server {} is sealed (its step is committed or being \
+                 committed); committed steps are immutable, write a new step number",
+                self.server
+            )));
+        }
+        std::mem::forget(r);
+        if let Some(old) = held.insert(id, obj) {
             self.used.fetch_sub(old.data.len() as u64, Ordering::AcqRel);
         }
+        Ok(())
     }
 
     /// The bytes, box and checksum of an object.
@@ -199,7 +208,9 @@ impl Store {
     }
 
     /// Frees objects of a step (only a session's, a writer's, the listed ones, or those of every
-    /// session but `except`, if given). Returns bytes freed.
+    /// session but `except`, if given). Returns bytes freed. A writer's own clean-up (by writer
+    /// or by ids) never frees sealed objects: its step may have committed after all (an end of
+    /// step whose answer was lost); only the coordinator (abort, release) does.
     pub fn drop_objects(
         &self,
         dataset: &str,
@@ -215,7 +226,8 @@ impl Store {
         let hits: Vec<u64> = held
             .iter()
             .filter(|(id, o)| {
-                session.is_none_or(|s| o.session == s)
+                !(o.sealed && (writer.is_some() || !ids.is_empty()))
+                    && session.is_none_or(|s| o.session == s)
                     && except.is_none_or(|s| o.session != s)
                     && writer.is_none_or(|w| (**id >> 32) as u32 == w)
                     && (ids.is_empty() || ids.contains(id))
@@ -284,7 +296,7 @@ mod tests {
         let e = s.reserve(50).unwrap_err();
         assert_eq!(e.kind(), cairn_core::ErrorKind::Capacity);
         assert!(e.to_string().contains("server 3") && e.to_string().contains("50 bytes"), "{e}");
-        s.insert("d", 1, 7, obj("a", 60), r);
+        s.insert("d", 1, 7, obj("a", 60), r).unwrap();
         assert_eq!(s.used(), 60);
         drop(s.reserve(40).unwrap());
         assert_eq!(s.used(), 60);
@@ -295,16 +307,25 @@ mod tests {
     #[test]
     fn seal_checks_counts_and_drops_stale_sessions() {
         let s = Store::new(0, 1000);
-        s.insert("d", 1, 1, obj("old", 10), s.reserve(10).unwrap());
-        s.insert("d", 1, 2, obj("new", 20), s.reserve(20).unwrap());
+        s.insert("d", 1, 1, obj("old", 10), s.reserve(10).unwrap()).unwrap();
+        s.insert("d", 1, 2, obj("new", 20), s.reserve(20).unwrap()).unwrap();
         assert!(s.seal("d", 1, "new", 2, 40).unwrap_err().to_string().contains("holds 1 objects"));
         s.seal("d", 1, "new", 1, 20).unwrap();
         assert_eq!(s.used(), 20);
         assert!(s.list().iter().all(|o| o.sealed));
-        // Replacing an object accounts for the old bytes.
-        s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap());
-        assert_eq!(s.used(), 5);
-        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[], Some("new")), 0, "except keeps that session's");
-        assert_eq!(s.drop_objects("d", 1, None, Some(0), &[], None), 5);
+        // A sealed object never changes, and a writer's clean-up leaves it: its step committed.
+        let e = s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap()).unwrap_err();
+        assert!(e.kind() == cairn_core::ErrorKind::AlreadyExists && e.to_string().contains("sealed"), "{e}");
+        assert_eq!(s.used(), 20, "the refused put's reservation is given back");
+        assert_eq!(s.drop_objects("d", 1, Some("new"), Some(0), &[], None), 0);
+        assert_eq!(s.drop_objects("d", 1, Some("new"), None, &[2], None), 0);
+        // Replacing an unsealed object accounts for the old bytes.
+        s.insert("d", 2, 2, obj("new", 20), s.reserve(20).unwrap()).unwrap();
+        s.insert("d", 2, 2, obj("new", 5), s.reserve(5).unwrap()).unwrap();
+        assert_eq!(s.used(), 25);
+        assert_eq!(s.drop_objects("d", 2, None, Some(0), &[], Some("new")), 0, "except keeps that session's");
+        assert_eq!(s.drop_objects("d", 2, None, Some(0), &[], None), 5);
+        // The coordinator (an abort, a release) frees sealed objects.
+        assert_eq!(s.drop_objects("d", 1, Some("new"), None, &[], None), 20);
     }
 }

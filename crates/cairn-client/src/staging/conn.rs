@@ -261,6 +261,16 @@ impl Cluster {
         });
     }
 
+    /// Asks the cluster for its current view (the leader's when known) and takes it if newer;
+    /// returns whether the view changed. For a server that failed: a spare may hold its slot now.
+    pub(crate) fn refresh_view(&self) -> bool {
+        let before = self.view().epoch;
+        if let Ok((Response::View { view }, _)) = self.leader_call(&Request::View, &[], 0) {
+            self.install(view);
+        }
+        self.view().epoch != before
+    }
+
     /// A server's memory limit as the cluster file gives it.
     pub(crate) fn memory(&self, server: u32) -> Result<u64> {
         Ok(self.view().server(server)?.memory)
@@ -317,6 +327,9 @@ impl Cluster {
         let mut tried = 0usize;
         // Whether any server answered: with none alive there is nobody to elect a leader.
         let mut alive = false;
+        let mut unreachable = std::collections::BTreeSet::new();
+        // A leader's word that it lost its quorum: the best explanation if no leader answers.
+        let mut quorum_lost: Option<String> = None;
         loop {
             let slots = self.view().slots.clone();
             let target = next.unwrap_or(slots[tried % slots.len()]);
@@ -333,6 +346,9 @@ impl Cluster {
             let why = match reply {
                 Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, .. }, _)) => {
                     next = leader.filter(|l| *l != target);
+                    if message.contains("lost quorum") {
+                        quorum_lost = Some(message.clone());
+                    }
                     message
                 }
                 Ok((Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), message, .. }, _)) => {
@@ -350,6 +366,7 @@ impl Cluster {
                     return resp.into_result().map(|r| (r, body));
                 }
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    unreachable.insert(target);
                     next = None;
                     e.to_string()
                 }
@@ -357,16 +374,19 @@ impl Cluster {
             };
             tried += 1;
             let budget = self.timeout + ELECTION;
-            if !alive && tried >= slots.len() {
+            if !alive && slots.iter().all(|s| unreachable.contains(s)) {
                 return Err(Error::Unavailable(format!(
                     "no staging server of the control plane could be reached for {op} (last: {why}); is the cluster up? \
                      (`cairn cluster status`)"
                 )));
             }
             if started.elapsed() > budget {
+                if let Some(q) = quorum_lost {
+                    return Err(Error::Unavailable(format!("no leader of the control plane answered {op} within {:.1} s: {q}", budget.as_secs_f64())));
+                }
                 return Err(Error::Unavailable(format!(
-                    "no leader of the control plane answered {op} within {:.1} s (last: {why}); is a majority of the meta servers up? \
-                     (`cairn cluster status`)",
+                    "no leader of the control plane answered {op} within {:.1} s: without a majority of its meta servers up \
+                     (its quorum) nothing can commit; see `cairn cluster status` (last: {why})",
                     budget.as_secs_f64()
                 )));
             }

@@ -245,8 +245,11 @@ impl WriteEngine for StagingWriter {
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let view = self.cluster.view();
         match self.put_once(&view, &blocks) {
-            // The cluster moved to a newer view meanwhile: place again by it, once.
-            Err(_) if self.cluster.view().epoch != view.epoch => self.put_once(&self.cluster.view(), &blocks),
+            // The cluster moved to a newer view meanwhile (told by a server, or found after a
+            // server failed: a spare may have its slot): place again by it, once.
+            Err(e) if self.cluster.view().epoch != view.epoch || (e.kind() == ErrorKind::Unavailable && self.cluster.refresh_view()) => {
+                self.put_once(&self.cluster.view(), &blocks)
+            }
             r => r,
         }
     }
@@ -290,8 +293,10 @@ impl WriteEngine for StagingWriter {
             ids: Vec::new(),
             except: None,
         };
+        // Best effort: a server that failed lost the objects anyway, and whatever a hung one
+        // keeps goes with the next commit's sweep of other sessions' leftovers.
         for server in open.shares.into_keys() {
-            self.cluster.call(server, &req)?;
+            let _ = self.cluster.call(server, &req);
         }
         Ok(())
     }

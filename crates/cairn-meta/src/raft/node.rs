@@ -42,6 +42,7 @@ pub struct RaftLog {
     raft: Raft,
     machine: Arc<Machine>,
     write: Duration,
+    timing: Timing,
 }
 
 impl std::fmt::Debug for RaftLog {
@@ -72,7 +73,7 @@ impl RaftLog {
         let machine = Arc::new(Machine::default());
         let raft =
             Raft::new(id, Arc::new(config), network, MemStore::default(), machine.clone()).await.map_err(|e| unavailable("start", e))?;
-        Ok(RaftLog { id, raft, machine, write: timing.write })
+        Ok(RaftLog { id, raft, machine, write: timing.write, timing })
     }
 
     /// Makes `members` the voters of a new cluster. Call it on one replica, once; a replica that
@@ -140,7 +141,9 @@ impl RaftLog {
             }
             Ok(())
         };
-        tokio::time::timeout(self.write * 2, run).await.unwrap_or_else(|_| Err(no_quorum(self.write * 2)))
+        tokio::time::timeout(self.write * 2, run)
+            .await
+            .unwrap_or_else(|_| Err(no_quorum(format!("a membership change did not commit within {:.1} s", (self.write * 2).as_secs_f64()))))
     }
 
     /// The index of the last entry applied here.
@@ -151,13 +154,40 @@ impl RaftLog {
     /// Confirms with a majority that this replica still leads, so a read of its state that
     /// follows sees every committed command.
     pub async fn linearize(&self) -> Result<()> {
-        match tokio::time::timeout(self.write, self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(match e.forward_to_leader() {
+        match self.unless_quorum_lost(self.raft.ensure_linearizable()).await? {
+            Ok(_) => Ok(()),
+            Err(e) => Err(match e.forward_to_leader() {
                 Some(f) => not_leader(self.id, f.leader_node.as_ref().map(|n| n.server)),
                 None => unavailable("confirm its leader", e),
             }),
-            Err(_) => Err(no_quorum(self.write)),
+        }
+    }
+
+    /// How long ago a majority last answered this leader, if it leads and that is longer than
+    /// the longest election timeout: by then the followers could have elected another leader, so
+    /// nothing this one proposes can commit.
+    pub fn quorum_lost_for(&self) -> Option<Duration> {
+        let m = self.raft.metrics().borrow().clone();
+        let since = Duration::from_millis(m.millis_since_quorum_ack?);
+        (m.state == openraft::ServerState::Leader && since > self.timing.election.1).then_some(since)
+    }
+
+    /// Runs `f` within the write deadline, failing early (checked every heartbeat) once the
+    /// quorum is lost, so clients hear why well within their own deadline.
+    async fn unless_quorum_lost<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T> {
+        let lost = async {
+            loop {
+                if let Some(since) = self.quorum_lost_for() {
+                    return no_quorum(format!("no majority of its meta servers has answered its leader for {:.1} s", since.as_secs_f64()));
+                }
+                tokio::time::sleep(self.timing.heartbeat).await;
+            }
+        };
+        tokio::select! {
+            r = tokio::time::timeout(self.write, f) => {
+                r.map_err(|_| no_quorum(format!("it did not commit within {:.1} s", self.write.as_secs_f64())))
+            }
+            e = lost => Err(e),
         }
     }
 
@@ -167,13 +197,12 @@ impl RaftLog {
     }
 
     async fn write(&self, cmd: Cmd) -> Result<Outcome> {
-        match tokio::time::timeout(self.write, self.raft.client_write(cmd)).await {
-            Ok(Ok(r)) => r.data.0.ok_or_else(|| Error::Corrupt("a command's entry applied without an outcome".into()))?.into_result(),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => Err(not_leader(self.id, f.leader_node.map(|n| n.server))),
-            Ok(Err(e)) => Err(unavailable("commit a command", e)),
-            // The command may still commit later: commands are idempotent or checked (a commit
-            // of a step already committed is refused), so the writer's retry is safe.
-            Err(_) => Err(no_quorum(self.write)),
+        // On a lost quorum the command may still commit later: commands are idempotent or
+        // checked (a commit of a step already committed is refused), so the writer's retry is safe.
+        match self.unless_quorum_lost(self.raft.client_write(cmd)).await? {
+            Ok(r) => r.data.0.ok_or_else(|| Error::Corrupt("a command's entry applied without an outcome".into()))?.into_result(),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(not_leader(self.id, f.leader_node.map(|n| n.server))),
+            Err(e) => Err(unavailable("commit a command", e)),
         }
     }
 }
@@ -186,12 +215,11 @@ fn not_leader(id: NodeId, leader: Option<u32>) -> Error {
 
 /// A leader cut off from its majority: a not-leader answer (with no hint), so that clients look
 /// for a leader elsewhere, and say why if there is none.
-fn no_quorum(after: Duration) -> Error {
+fn no_quorum(why: String) -> Error {
     Error::NotLeader {
         message: format!(
-            "the control plane did not commit within {:.1} s: a majority of its meta servers is unreachable (lost quorum); \
-             nothing committed before is lost — restart or reconnect the meta servers",
-            after.as_secs_f64()
+            "the control plane cannot commit: {why}; a majority of its meta servers is unreachable (lost quorum). Nothing \
+             committed before is lost; restart or reconnect the meta servers"
         ),
         leader: None,
     }

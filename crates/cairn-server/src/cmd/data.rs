@@ -61,7 +61,7 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         data: Arc::new(data),
         sealed: false,
     };
-    state.store.insert(&h.dataset, h.step, h.id, obj, reservation);
+    state.store.insert(&h.dataset, h.step, h.id, obj, reservation)?;
     Ok(Response::Ok)
 }
 
