@@ -282,6 +282,22 @@ pub struct ServerStatus {
     /// Its cluster-view epoch.
     #[serde(default)]
     pub epoch: u64,
+    /// Where the steps this server committed (as the control plane's leader) spent their time.
+    #[serde(default)]
+    pub commits: CommitTimes,
+}
+
+/// Time spent in each phase of the step commits one server coordinated, summed over `steps`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CommitTimes {
+    /// Steps committed.
+    pub steps: u64,
+    /// From a step's first fragment arriving to its last one applied by the log (prepared).
+    pub fragments_us: u64,
+    /// Sealing its objects on the servers that hold them.
+    pub seal_us: u64,
+    /// Its `Commit` entry, from proposal to applied by a majority.
+    pub commit_us: u64,
 }
 
 /// One object as `cairn cluster status --objects` lists it.

@@ -9,9 +9,10 @@ use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_meta::log::query;
 use cairn_meta::{Cmd, MetaLog, Outcome};
-use cairn_proto::message::Share;
+use cairn_proto::message::{CommitTimes, Share};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// A step whose fragments are complete and must now be sealed.
@@ -33,7 +34,15 @@ pub struct Meta {
     /// Steps (dataset, step, session) this server is finishing, so that a leader's sweep of
     /// prepared steps leaves a writer's own finish alone.
     finishing: Mutex<HashMap<(String, u64, String), usize>>,
+    /// When the first fragment of each step being gathered here arrived.
+    first_fragment: Mutex<HashMap<(String, u64, String), Instant>>,
+    /// Time per commit phase (`cairn cluster status`, `python -m cairn.bench commit`).
+    times: Mutex<CommitTimes>,
 }
+
+/// Steps whose first fragment time is kept; past this (fragments of steps that never complete)
+/// the times start over.
+const TIMED_STEPS: usize = 65_536;
 
 impl Meta {
     fn changed(&self, dataset: &str) {
@@ -45,11 +54,37 @@ impl Meta {
     /// Records a writer's fragment. Returns the step ready to seal when this was the last one.
     pub async fn add_fragment(&self, log: &dyn MetaLog, dataset: &str, fragment: Fragment, shares: Vec<Share>) -> Result<Option<Ready>> {
         let session = fragment.session.clone();
+        let key = (dataset.to_string(), fragment.step, session.clone());
+        {
+            let mut first = lock(&self.first_fragment);
+            if first.len() >= TIMED_STEPS {
+                first.clear();
+            }
+            first.entry(key.clone()).or_insert_with(Instant::now);
+        }
         match log.propose(Cmd::AddFragment { dataset: dataset.to_string(), fragment, shares }).await? {
             Outcome::Pending { .. } => Ok(None),
-            Outcome::Prepared { index, shares } => Ok(Some(Ready { index, session, shares })),
+            Outcome::Prepared { index, shares } => {
+                if let Some(t) = lock(&self.first_fragment).remove(&key) {
+                    lock(&self.times).fragments_us += t.elapsed().as_micros() as u64;
+                }
+                Ok(Some(Ready { index, session, shares }))
+            }
             other => Err(unexpected_outcome("add_fragment", &other)),
         }
+    }
+
+    /// Adds a committed step's seal and commit times.
+    pub fn timed(&self, seal: Duration, commit: Duration) {
+        let mut t = lock(&self.times);
+        t.steps += 1;
+        t.seal_us += seal.as_micros() as u64;
+        t.commit_us += commit.as_micros() as u64;
+    }
+
+    /// Time per commit phase so far.
+    pub fn times(&self) -> CommitTimes {
+        *lock(&self.times)
     }
 
     /// Makes a prepared step visible. Returns the steps that `keep_last` now releases.

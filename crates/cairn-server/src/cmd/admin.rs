@@ -20,6 +20,7 @@ pub fn status(state: &State) -> Response {
             meta: meta.to_string(),
             leader,
             epoch: state.view().map_or(0, |v| v.epoch),
+            commits: state.meta.times(),
         },
     }
 }

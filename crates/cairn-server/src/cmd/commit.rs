@@ -86,6 +86,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     let log = crate::control::leader(state)?;
     let view = state.view()?;
     let (step, session) = (ready.index.step, ready.session.clone());
+    let started = std::time::Instant::now();
     let sealed = on_all(state, ready.shares.keys().copied(), |s| {
         let (objects, bytes) = ready.shares[&s];
         Request::Seal { dataset: dataset.into(), step, session: session.clone(), objects, bytes }
@@ -107,7 +108,9 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
         }
         return Err(e);
     }
+    let seal = started.elapsed();
     let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
+    state.meta.timed(seal, started.elapsed() - seal);
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
     for old in released {
         free(state, dataset, &old).await;
