@@ -1,6 +1,6 @@
 """The main job: a simulation of 4 MPI ranks writes a multi-step 3-D field (plus ragged per-rank
 walkers) through ``cairn.toml``; 3 MPI ranks then read boxes back and check them. Prints throughput.
-By default it starts a local 2-server staging cluster for the run and stops it at the end.
+By default it starts a local 3-server staging cluster for the run and stops it at the end.
 
     python -m cairn.demo [--engine staging|file] [--writers 4] [--readers 3] [--steps 10] [--n 128] [--config cairn.toml]
 """
@@ -104,7 +104,7 @@ def main() -> None:
         if args.config is None:
             args.config = os.path.join(tmp, "cairn.toml")
             if args.engine == "staging":
-                local = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="2GiB")
+                local = cluster.start(os.path.join(tmp, "cluster.json"), servers=3, memory="2GiB")
                 text = f'engine = "staging"\n\n[staging]\ncluster = "{local.file}"\n'
             else:
                 text = f'engine = "file"\n\n[file]\npath = "{tmp}"\n'

@@ -99,7 +99,7 @@ impl Default for StagingConfig {
             object_size: DEFAULT_OBJECT_SIZE,
             keep_last: None,
             keep: false,
-            servers: 2,
+            servers: 3,
             memory: "4GiB".into(),
             timeout: DEFAULT_TIMEOUT,
         }

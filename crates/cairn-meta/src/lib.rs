@@ -6,11 +6,13 @@
 //! # Layout
 //! - [`state`]: the state machine: commands, outcomes, queries (pure; tested with no network).
 //! - [`log`]: the log trait, and the in-memory log of a single replica.
+//! - [`batch`]: group commit: commands proposed together go in one log entry.
 //! - [`raft`]: the log replicated by Raft (openraft), and an in-process network for tests.
 
 // openraft's error types are large; they are built only on failure paths.
 #![allow(clippy::result_large_err)]
 
+pub mod batch;
 pub mod log;
 pub mod raft;
 pub mod state;

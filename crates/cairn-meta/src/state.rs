@@ -56,6 +56,12 @@ pub enum Cmd {
         /// Step.
         step: u64,
     },
+    /// Commands that arrived together, in one log entry (group commit): applied in order, each
+    /// with its own outcome.
+    Batch {
+        /// The commands (not batches themselves).
+        cmds: Vec<Cmd>,
+    },
     /// Installs the next cluster view (its epoch must be the next one).
     SetView {
         /// The view.
@@ -69,6 +75,9 @@ pub enum Cmd {
         expect: Option<u64>,
         /// The new value, or `None` to delete.
         value: Option<Vec<u8>>,
+        /// The caller's id for this call: a repeat of a recent id gets the first outcome.
+        #[serde(default)]
+        op: Option<String>,
     },
 }
 
@@ -107,6 +116,11 @@ pub enum Outcome {
     },
     /// The view is installed.
     ViewSet,
+    /// The outcomes of a batch's commands, in order.
+    Batch {
+        /// One per command.
+        outcomes: Vec<Outcome>,
+    },
     /// A compare-and-set: whether it took, and the key's version now (0: absent).
     Cas {
         /// Whether the value was set.
@@ -172,6 +186,9 @@ struct Dataset {
     aborted: BTreeMap<u64, BTreeSet<String>>,
 }
 
+/// Compare-and-set call ids remembered (a retry comes within seconds of its first try).
+const CAS_OPS_KEPT: usize = 4096;
+
 /// Aborted steps remembered per dataset.
 const ABORTED_KEPT: usize = 4096;
 
@@ -200,6 +217,9 @@ pub struct MetaState {
     view: Option<ClusterView>,
     datasets: BTreeMap<String, Dataset>,
     kv: BTreeMap<String, (u64, Vec<u8>)>,
+    /// Outcomes of the newest compare-and-sets by call id, oldest first (retries are idempotent).
+    #[serde(default)]
+    cas_ops: std::collections::VecDeque<(String, Outcome)>,
     /// Commands applied (a replica's position; equal states have equal counts).
     applied: u64,
 }
@@ -208,13 +228,27 @@ impl MetaState {
     /// Applies one command. Deterministic; a refused command changes nothing but the count.
     pub fn apply(&mut self, cmd: Cmd) -> Outcome {
         self.applied += 1;
+        self.apply_one(cmd)
+    }
+
+    fn apply_one(&mut self, cmd: Cmd) -> Outcome {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
             Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
             Cmd::Abort { dataset, step, session } => Ok(self.abort(&dataset, step, &session)),
             Cmd::Release { dataset, step } => self.release(&dataset, step),
             Cmd::SetView { view } => self.set_view(view),
-            Cmd::KvCas { key, expect, value } => Ok(self.cas(key, expect, value)),
+            // Nested batches are refused (the batcher never makes them), so applying stays flat.
+            Cmd::Batch { cmds } => Ok(Outcome::Batch {
+                outcomes: cmds
+                    .into_iter()
+                    .map(|c| match c {
+                        Cmd::Batch { .. } => Outcome::refused(Error::InvalidArgument("a batch inside a batch".into())),
+                        c => self.apply_one(c),
+                    })
+                    .collect(),
+            }),
+            Cmd::KvCas { key, expect, value, op } => Ok(self.cas_once(key, expect, value, op)),
         };
         r.unwrap_or_else(Outcome::refused)
     }
@@ -348,6 +382,19 @@ impl MetaState {
         }
         self.view = Some(view);
         Ok(Outcome::ViewSet)
+    }
+
+    fn cas_once(&mut self, key: String, expect: Option<u64>, value: Option<Vec<u8>>, op: Option<String>) -> Outcome {
+        let Some(op) = op else { return self.cas(key, expect, value) };
+        if let Some((_, o)) = self.cas_ops.iter().find(|(id, _)| *id == op) {
+            return o.clone();
+        }
+        let o = self.cas(key, expect, value);
+        self.cas_ops.push_back((op, o.clone()));
+        if self.cas_ops.len() > CAS_OPS_KEPT {
+            self.cas_ops.pop_front();
+        }
+        o
     }
 
     fn cas(&mut self, key: String, expect: Option<u64>, value: Option<Vec<u8>>) -> Outcome {
@@ -569,7 +616,7 @@ pub(crate) mod tests {
     fn compare_and_set_claims_once() {
         let mut s = MetaState::default();
         let cas = |s: &mut MetaState, expect, value: Option<&[u8]>| {
-            s.apply(Cmd::KvCas { key: "claim/7".into(), expect, value: value.map(<[u8]>::to_vec) })
+            s.apply(Cmd::KvCas { key: "claim/7".into(), expect, value: value.map(<[u8]>::to_vec), op: None })
         };
         assert_eq!(cas(&mut s, None, Some(b"w1")), Outcome::Cas { ok: true, version: 1 });
         assert_eq!(cas(&mut s, None, Some(b"w2")), Outcome::Cas { ok: false, version: 1 }, "the second claimer loses");
@@ -578,6 +625,14 @@ pub(crate) mod tests {
         assert_eq!(cas(&mut s, Some(1), None), Outcome::Cas { ok: false, version: 2 });
         assert_eq!(cas(&mut s, Some(2), None), Outcome::Cas { ok: true, version: 0 });
         assert_eq!(s.kv("claim/7"), None);
+        // A retried call (its reply was lost with the leader) gets its first outcome, not a
+        // second decision that would tell the winner it lost.
+        let once = |s: &mut MetaState, op: &str| {
+            s.apply(Cmd::KvCas { key: "lease".into(), expect: None, value: Some(b"me".to_vec()), op: Some(op.into()) })
+        };
+        assert_eq!(once(&mut s, "call-1"), Outcome::Cas { ok: true, version: 1 });
+        assert_eq!(once(&mut s, "call-1"), Outcome::Cas { ok: true, version: 1 }, "the retry");
+        assert_eq!(once(&mut s, "call-2"), Outcome::Cas { ok: false, version: 1 }, "another call is decided");
     }
 
     proptest::proptest! {

@@ -221,6 +221,10 @@ pub enum Request {
         /// Delete instead of setting (the payload is then empty).
         #[serde(default)]
         delete: bool,
+        /// A unique id of this call: its retry (the reply was lost with a leader) gets the first
+        /// outcome instead of being decided again.
+        #[serde(default)]
+        call: Option<String>,
     },
     /// Reads a compare-and-set value and its version (at the leader, after confirming it leads).
     MetaGet {

@@ -319,9 +319,9 @@ fn replica(state: &State) -> Result<&RaftLog> {
 }
 
 /// A compare-and-set through the log (the leader only).
-pub async fn cas(state: &State, key: String, expect: Option<u64>, value: Option<Vec<u8>>) -> Result<Response> {
+pub async fn cas(state: &State, key: String, expect: Option<u64>, value: Option<Vec<u8>>, op: Option<String>) -> Result<Response> {
     use cairn_meta::{Cmd, MetaLog, Outcome};
-    match replica(state)?.propose(Cmd::KvCas { key, expect, value }).await? {
+    match replica(state)?.propose(Cmd::KvCas { key, expect, value, op }).await? {
         Outcome::Cas { ok, version } => Ok(Response::Cas { ok, version }),
         other => Err(Error::Corrupt(format!("the control plane answered a compare-and-set with {other:?}"))),
     }

@@ -38,6 +38,8 @@ pub struct Meta {
     first_fragment: Mutex<HashMap<(String, u64, String), Instant>>,
     /// Time per commit phase (`cairn cluster status`, `python -m cairn.bench commit`).
     times: Mutex<CommitTimes>,
+    /// Commands proposed together go in one log entry.
+    batcher: cairn_meta::batch::Batcher,
 }
 
 /// Steps whose first fragment time is kept; past this (fragments of steps that never complete)
@@ -62,7 +64,7 @@ impl Meta {
             }
             first.entry(key.clone()).or_insert_with(Instant::now);
         }
-        match log.propose(Cmd::AddFragment { dataset: dataset.to_string(), fragment, shares }).await? {
+        match self.batcher.propose(log, Cmd::AddFragment { dataset: dataset.to_string(), fragment, shares }).await? {
             Outcome::Pending { .. } => Ok(None),
             Outcome::Prepared { index, shares } => {
                 if let Some(t) = lock(&self.first_fragment).remove(&key) {
@@ -97,7 +99,7 @@ impl Meta {
         keep_last: Option<u64>,
     ) -> Result<Vec<Arc<StepIndex>>> {
         let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last };
-        let released = match log.propose(cmd).await? {
+        let released = match self.batcher.propose(log, cmd).await? {
             Outcome::Committed { released } => released,
             other => return Err(unexpected_outcome("commit", &other)),
         };
@@ -108,7 +110,7 @@ impl Meta {
     /// Forgets a step that will not commit; returns the servers that may hold its objects (none
     /// when the step was no longer prepared: another finisher committed or aborted it).
     pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> Result<Vec<u32>> {
-        match log.propose(Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await? {
+        match self.batcher.propose(log, Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await? {
             Outcome::Aborted { servers } => Ok(servers),
             other => Err(unexpected_outcome("abort", &other)),
         }
@@ -139,7 +141,7 @@ impl Meta {
 
     /// Removes a committed step; returns its index so its objects can be freed.
     pub async fn release(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
-        let index = match log.propose(Cmd::Release { dataset: dataset.to_string(), step }).await? {
+        let index = match self.batcher.propose(log, Cmd::Release { dataset: dataset.to_string(), step }).await? {
             Outcome::Released { index } => index,
             other => return Err(unexpected_outcome("release", &other)),
         };

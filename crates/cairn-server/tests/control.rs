@@ -38,7 +38,9 @@ fn meta_servers_elect_fail_over_and_rejoin() {
     let rest: Vec<u32> = all.iter().copied().filter(|id| *id != leader).collect();
     let next = agreed_leader(&c, &rest, Duration::from_secs(10));
     assert_ne!(next, leader);
-    assert!(killed.elapsed() < Duration::from_secs(2), "failover took {:?}", killed.elapsed());
+    // About 1.5 s with the default timing (`python -m cairn.bench commit` measures it); the
+    // bound leaves room for a loaded CI machine.
+    assert!(killed.elapsed() < Duration::from_secs(3), "failover took {:?}", killed.elapsed());
     // Restarted empty, it rejoins under a new node id in place of its old one.
     c.restart(leader).unwrap();
     let start = Instant::now();

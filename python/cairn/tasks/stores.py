@@ -229,7 +229,7 @@ def local(kind: str, directory: str | os.PathLike[str], memory: str = "2GiB") ->
     if kind == "staging":
         from .. import cluster
 
-        c = cluster.start(d / "staging-cluster.json", servers=2, memory=memory)
+        c = cluster.start(d / "staging-cluster.json", servers=3, memory=memory)
         url, procs = str(c.file), c.procs
     else:
         url, procs = _start_redis(d)

@@ -118,7 +118,9 @@ impl KvStore {
     /// key must not exist). Returns whether it took and the key's version now (0: absent). For
     /// claims, leases and markers; values are at most 64 KiB.
     pub fn cas(&self, key: &str, expect: Option<u64>, value: Option<&[u8]>) -> Result<(bool, u64)> {
-        let req = Request::MetaCas { key: key.to_string(), expect, delete: value.is_none() };
+        // One id for every try of this call: a retry after a lost reply is not decided twice.
+        let call = Some(cairn_proto::auth::new_nonce()?);
+        let req = Request::MetaCas { key: key.to_string(), expect, delete: value.is_none(), call };
         match self.cluster.leader_call(&req, &[value.unwrap_or_default()], 0)?.0 {
             Response::Cas { ok, version } => Ok((ok, version)),
             other => Err(unexpected("meta_cas", &other)),

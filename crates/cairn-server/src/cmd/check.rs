@@ -26,8 +26,12 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
         Request::SetView { view } | Request::ViewChanged { view } => view.validate(),
-        Request::MetaCas { key, delete, .. } => {
+        Request::MetaCas { key, delete, call, .. } => {
             check_key(key)?;
+            // Call ids are kept by the control plane (4096 of them): short ones only.
+            if call.as_ref().is_some_and(|o| o.is_empty() || o.len() > 64) {
+                return Err(Error::InvalidArgument("a compare-and-set call id must have 1 to 64 bytes".into()));
+            }
             if payload_len > MAX_CAS_VALUE || (*delete && payload_len > 0) {
                 return Err(Error::InvalidArgument(format!(
                     "a compare-and-set value of {payload_len} bytes: at most {MAX_CAS_VALUE}, and none with delete; \

@@ -91,10 +91,10 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             let out = crate::control::serve_rpc(state, kind, target, head, payload).await?;
             Ok(Reply::WithPayload(Response::Raft, Payload::Owned(out)))
         }
-        Request::MetaCas { key, expect, delete } => {
+        Request::MetaCas { key, expect, delete, call } => {
             let mut value = vec![0u8; p.payload_len as usize];
             stream.read_exact(&mut value).await.map_err(|e| Error::io("reading a compare-and-set value", e))?;
-            plain(crate::control::cas(state, key, expect, (!delete).then_some(value)).await)
+            plain(crate::control::cas(state, key, expect, (!delete).then_some(value), call).await)
         }
         Request::MetaGet { key } => crate::control::cas_get(state, &key).await,
         Request::MetaJoin { node, server, addr } => {
