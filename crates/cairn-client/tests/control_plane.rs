@@ -1,6 +1,8 @@
-//! Compare-and-set through the control plane: claims are decided once by the Raft leader, the
-//! client finds the leader by itself (followers name it, servers without a replica pass it on),
-//! and keeps working across a leader's death with nothing lost.
+//! The control plane across servers in one process: claims are decided once by the Raft leader,
+//! the client finds the leader by itself (followers name it, servers without a replica pass it
+//! on) and keeps working across a leader's death with nothing lost; a leader killed in any phase
+//! of a step leaves it committed everywhere or nowhere, with views changed through the log; a
+//! leader partitioned from its followers commits nothing and catches up when healed.
 
 use cairn_client::staging::KvStore;
 use cairn_server::testing::TestCluster;
@@ -143,4 +145,43 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
     assert!(r.steps().unwrap().contains(&3));
     assert_eq!(r.blocks("x", 3).unwrap().len(), 4);
     assert!(r.steps().unwrap().starts_with(&[0]));
+}
+
+#[test]
+fn a_partitioned_leader_commits_nothing_and_catches_up_when_healed() {
+    use cairn_core::ErrorKind;
+    use cairn_proto::{Request, Response};
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCluster::start(dir.path(), 3, 0, 16 << 20, Limits::default()).unwrap();
+    let kv = KvStore::open(&c.file, Duration::from_secs(5)).unwrap();
+    assert_eq!(kv.cas("before", None, Some(b"1")).unwrap(), (true, 1));
+    let old = c.leader(Duration::from_secs(10)).unwrap();
+    c.partition(old, true);
+    // Cut off from both followers, the leader commits nothing: it says it lost its quorum.
+    let started = Instant::now();
+    let mut conn = cairn_server::testing::RawConn::open(&c.addr(old).to_string(), c.secret()).unwrap();
+    let cas = Request::MetaCas { key: "cut".into(), expect: None, delete: false, call: None };
+    match conn.call(None, &cas, &[b"x"]).unwrap() {
+        Response::Error { kind: ErrorKind::NotLeader, message, .. } => assert!(message.contains("lost quorum"), "{message}"),
+        other => panic!("a cut-off leader must not commit: {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(4), "told within {:?}", started.elapsed());
+    // The majority elects a leader and goes on; the client finds it.
+    assert_eq!(kv.cas("after", None, Some(b"2")).unwrap(), (true, 1));
+    let others: Vec<u32> = (0..3).filter(|s| *s != old).collect();
+    assert_ne!(leader(&c, &others), old);
+    // Healed, the old leader follows the new one and catches up; what it could not commit is gone.
+    c.partition(old, false);
+    let start = Instant::now();
+    loop {
+        let log = c.state(old).unwrap().control.get().unwrap();
+        let has = |k: &str| cairn_meta::log::query(log, |s| s.kv(k).is_some());
+        if log.role().0 == "follower" && has("after") && has("before") {
+            assert!(!has("cut"));
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "server {old} did not catch up: {:?}", log.role());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(kv.cas_get("cut").unwrap(), None);
 }

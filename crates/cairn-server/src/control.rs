@@ -158,6 +158,10 @@ enum Failure {
 impl PeerRaft {
     async fn exchange(&mut self, kind: RaftRpc, head: Option<serde_json::Value>, body: &[u8]) -> Result<Vec<u8>, Failure> {
         let state = self.state.upgrade().ok_or_else(|| Failure::Unreachable("this server is stopping".into()))?;
+        if state.raft_cut.load(std::sync::atomic::Ordering::Relaxed) {
+            self.conn = None;
+            return Err(Failure::Unreachable("cut off from the other meta servers".into()));
+        }
         // The connection is owned by this exchange until it completes: if openraft drops the
         // call (its own deadline), the socket goes with it, so a late reply can never be read
         // as the answer to the next request.
@@ -256,6 +260,9 @@ pub async fn serve_rpc(state: &State, kind: RaftRpc, target: NodeId, head: Optio
         .control
         .get()
         .ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server (or its control plane is starting)", state.id)))?;
+    if state.raft_cut.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Error::Unavailable(format!("server {} is cut off from the other meta servers", state.id)));
+    }
     if log.id() != target {
         return Err(Error::Unavailable(format!(
             "server {} is meta node {:#x} now, not node {target:#x} (it restarted and rejoins under the new id)",

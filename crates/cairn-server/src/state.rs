@@ -59,6 +59,9 @@ pub struct State {
     view: RwLock<Option<Arc<ClusterView>>>,
     /// A refresh of the view from the other servers is under way.
     pub view_refreshing: AtomicBool,
+    /// Raft traffic to and from this server is dropped: a network partition of the control
+    /// plane, for tests ([`crate::testing::TestCluster::partition`]); clients still reach it.
+    pub raft_cut: AtomicBool,
     /// Objects held here.
     pub store: Store,
     /// Keyed values and sets.
@@ -89,6 +92,7 @@ impl State {
             cluster_path,
             view: RwLock::new(None),
             view_refreshing: AtomicBool::new(false),
+            raft_cut: AtomicBool::new(false),
             store: Store::new(id, memory),
             kv: Kv::default(),
             meta: Meta::default(),

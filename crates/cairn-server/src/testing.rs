@@ -166,6 +166,14 @@ impl TestCluster {
         }
     }
 
+    /// Cuts server `id` off from the other meta servers (`true`) or heals it: its Raft messages
+    /// in and out are dropped, as in a network partition; clients still reach it.
+    pub fn partition(&self, id: u32, cut: bool) {
+        if let Some(s) = self.state(id) {
+            s.raft_cut.store(cut, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Proposes `view` (the next epoch) at the leader, as `cairn` admin tools do.
     pub fn set_view(&self, view: &ClusterView) -> Result<()> {
         let mut conn = RawConn::open(&self.addr(self.leader(Duration::from_secs(10))?).to_string(), &self.secret)?;
