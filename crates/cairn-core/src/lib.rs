@@ -11,6 +11,7 @@
 //! - [`placement`]: the server ring ordered by failure domain, and where each object goes.
 //! - [`stats`]: per-block min/max/mean, computed while data is written.
 //! - [`codec`]: the compression pipeline (pco for numbers, zstd/gzip for bytes) chosen by element type.
+//! - [`erasure`]: the Reed–Solomon code of encoded (cold) objects: parity, shards, decode.
 //! - [`checksum`]: crc32c per fixed-size chunk, so partial reads verify exactly what they return.
 //! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
 //! - [`error`]: the crate's error type and the small public set of error kinds.
@@ -19,6 +20,7 @@ pub mod assemble;
 pub mod checksum;
 pub mod codec;
 pub mod dtype;
+pub mod erasure;
 pub mod error;
 pub mod index;
 pub mod partition;

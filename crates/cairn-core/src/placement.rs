@@ -1,7 +1,8 @@
 //! Where objects live: the servers on a logical ring ordered by failure domain (rack, then node),
 //! so that consecutive ring positions sit in different domains. An object's primary position comes
-//! from a stable hash of its place in the data; replication and erasure-coding groups (later) are
-//! the consecutive positions after it, and so never share a domain while enough domains exist.
+//! from a stable hash of its place in the data; replication and erasure-coding groups are drawn
+//! from the positions after it, never two members in one failure domain while enough exist
+//! ([`spread_group`]).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,12 +27,15 @@ pub struct ServerSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ring {
     order: Vec<u32>,
+    /// (node, rack) of each server, by id.
+    domains: BTreeMap<u32, (String, String)>,
 }
 
 impl Ring {
     /// Orders the non-spare servers so that neighbours differ in rack, then node, as far as the
     /// topology allows: racks take turns, and within a rack its nodes take turns.
     pub fn new(servers: &[ServerSpec]) -> Ring {
+        let domains = servers.iter().filter(|s| !s.spare).map(|s| (s.id, (s.node.clone(), s.rack.clone()))).collect();
         let mut racks: BTreeMap<&str, BTreeMap<&str, Vec<u32>>> = BTreeMap::new();
         for s in servers.iter().filter(|s| !s.spare) {
             racks.entry(&s.rack).or_default().entry(&s.node).or_default().push(s.id);
@@ -62,7 +66,7 @@ impl Ring {
                 order.extend(q.pop_front());
             }
         }
-        Ring { order }
+        Ring { order, domains }
     }
 
     /// Number of active servers.
@@ -88,11 +92,63 @@ impl Ring {
         self.order[(key % self.order.len() as u64) as usize]
     }
 
-    /// The `n` servers at consecutive ring positions from `key`'s (n capped at the ring size).
-    pub fn group(&self, key: u64, n: usize) -> Vec<u32> {
+    /// A group of `n` servers from `key`'s ring position on (see [`spread_group`]).
+    pub fn group(&self, key: u64, n: usize) -> (Vec<u32>, Spread) {
         let start = (key % self.order.len() as u64) as usize;
-        (0..n.min(self.order.len())).map(|i| self.order[(start + i) % self.order.len()]).collect()
+        spread_group(&self.order, |id| self.domains.get(&id).map_or(("", ""), |(n, r)| (n.as_str(), r.as_str())), start, n)
     }
+}
+
+/// The failure domain a group's members are all in different ones of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Spread {
+    /// Only distinct servers: fewer nodes than members.
+    Server,
+    /// Distinct nodes (hosts).
+    Node,
+    /// Distinct racks.
+    Rack,
+}
+
+/// A replica or stripe group of `n` servers (capped at the ring's size) taken from ring order
+/// `order` starting at position `start`: the next servers whose rack no member has, when there
+/// are at least `n` racks; else whose node no member has, when there are `n` nodes; else the next
+/// distinct servers. `domain` gives a server's (node, rack). So no two members share the widest
+/// failure domain the topology allows, and the group is a function of the start position only.
+pub fn spread_group<'a>(order: &[u32], domain: impl Fn(u32) -> (&'a str, &'a str), start: usize, n: usize) -> (Vec<u32>, Spread) {
+    let n = n.min(order.len());
+    let distinct = |f: &dyn Fn(u32) -> (&'a str, &'a str)| order.iter().map(|s| f(*s)).collect::<std::collections::BTreeSet<_>>().len();
+    let racks = distinct(&|s| ("", domain(s).1));
+    let nodes = distinct(&|s| domain(s));
+    let spread = if racks >= n {
+        Spread::Rack
+    } else if nodes >= n {
+        Spread::Node
+    } else {
+        Spread::Server
+    };
+    // A node is named within its rack: (node, rack) is the node's identity.
+    let key = |s: u32| -> (&'a str, &'a str, u32) {
+        let (node, rack) = domain(s);
+        match spread {
+            Spread::Rack => ("", rack, 0),
+            Spread::Node => (node, rack, 0),
+            Spread::Server => ("", "", s),
+        }
+    };
+    let mut taken = std::collections::BTreeSet::new();
+    let mut group = Vec::with_capacity(n);
+    for i in 0..order.len() {
+        if group.len() == n {
+            break;
+        }
+        let s = order[(start + i) % order.len()];
+        if taken.insert(key(s)) {
+            group.push(s);
+        }
+    }
+    (group, spread)
 }
 
 /// A hash of an object's place in the data that every process computes alike: FNV-1a over the
@@ -147,10 +203,15 @@ mod tests {
         for i in 0..o.len() {
             assert_ne!(rack(o[i]), rack(o[(i + 1) % o.len()]), "{o:?}");
         }
-        // Groups of 2 never share a node.
+        // Groups of 2 never share a rack; of 3, a node (there are only two racks).
         for k in 0..6 {
-            let g = ring.group(k, 2);
-            assert_ne!(servers[g[0] as usize].node, servers[g[1] as usize].node);
+            let (g, spread) = ring.group(k, 2);
+            assert_eq!(spread, Spread::Rack);
+            assert_ne!(rack(g[0]), rack(g[1]));
+            let (g, spread) = ring.group(k, 3);
+            assert_eq!(spread, Spread::Node);
+            let nodes: std::collections::BTreeSet<_> = g.iter().map(|s| &servers[*s as usize].node).collect();
+            assert_eq!(nodes.len(), 3, "{g:?}");
         }
     }
 
@@ -163,7 +224,41 @@ mod tests {
         assert_eq!(place_key("d", "v", &[1, 2]), place_key("d", "v", &[1, 2]));
         assert_ne!(place_key("d", "v", &[1, 2]), place_key("d", "v", &[2, 1]));
         assert_ne!(place_key("dv", "", &[]), place_key("d", "v", &[]));
-        assert_eq!(ring.group(5, 9).len(), 2);
+        assert_eq!(ring.group(5, 9).0.len(), 2);
+    }
+
+    proptest::proptest! {
+        /// Over random topologies, a group has `n` distinct servers, no two in one domain of the
+        /// widest level that has `n` domains, and that level is the widest possible.
+        #[test]
+        fn groups_never_put_two_members_in_one_failure_domain(
+            layout in proptest::collection::vec((0u8..4, 0u8..4), 1..24),
+            n in 1usize..7,
+            start in 0usize..64,
+        ) {
+            let servers: Vec<ServerSpec> = layout
+                .iter()
+                .enumerate()
+                .map(|(i, (rack, node))| spec(i as u32, &format!("n{node}"), &format!("r{rack}")))
+                .collect();
+            let ring = Ring::new(&servers);
+            let (g, spread) = ring.group(start as u64, n);
+            let want = n.min(servers.len());
+            let of = |s: u32| &servers[s as usize];
+            proptest::prop_assert_eq!(g.len(), want);
+            proptest::prop_assert_eq!(g.iter().collect::<std::collections::BTreeSet<_>>().len(), want);
+            let racks = servers.iter().map(|s| &s.rack).collect::<std::collections::BTreeSet<_>>().len();
+            let nodes = servers.iter().map(|s| (&s.rack, &s.node)).collect::<std::collections::BTreeSet<_>>().len();
+            let distinct = |f: &dyn Fn(u32) -> String| g.iter().map(|s| f(*s)).collect::<std::collections::BTreeSet<_>>().len();
+            match spread {
+                Spread::Rack => proptest::prop_assert_eq!(distinct(&|s| of(s).rack.clone()), want),
+                Spread::Node => {
+                    proptest::prop_assert!(racks < want);
+                    proptest::prop_assert_eq!(distinct(&|s| format!("{}/{}", of(s).rack, of(s).node)), want);
+                }
+                Spread::Server => proptest::prop_assert!(nodes < want),
+            }
+        }
     }
 
     #[test]

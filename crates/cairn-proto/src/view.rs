@@ -3,7 +3,7 @@
 //! Requests carry the sender's epoch and a server with a newer view answers `stale_epoch` with it.
 
 use crate::cluster::{ClusterFile, ServerEntry};
-use cairn_core::placement::Ring;
+use cairn_core::placement::{spread_group, Ring, Spread};
 use cairn_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -63,6 +63,14 @@ impl ClusterView {
     /// The server at the ring position `key` falls on.
     pub fn place(&self, key: u64) -> u32 {
         self.slots[(key % self.slots.len() as u64) as usize]
+    }
+
+    /// The replica or stripe group of `n` servers from the slot `key` falls on: no two members
+    /// in one rack (or node, or server) while the topology has `n` of them.
+    pub fn group(&self, key: u64, n: usize) -> (Vec<u32>, Spread) {
+        let start = (key % self.slots.len() as u64) as usize;
+        let domain = |id: u32| self.server(id).map_or(("", ""), |e| (e.spec.node.as_str(), e.spec.rack.as_str()));
+        spread_group(&self.slots, domain, start, n)
     }
 
     /// The entry of server `id`.
@@ -132,6 +140,16 @@ mod tests {
         }
         assert!(next.replace(1, 4).is_err(), "the spare is used up");
         assert!(v.replace(9, 4).is_err());
+    }
+
+    #[test]
+    fn groups_follow_the_slots_through_a_replacement() {
+        let v = ClusterView::initial(&file(4, 1));
+        let (g, spread) = v.group(0, 2);
+        assert_eq!((g.len(), spread), (2, Spread::Rack));
+        let next = v.replace(g[0], 4).unwrap();
+        let (h, _) = next.group(0, 2);
+        assert_eq!(h[0], 4, "the spare takes the member's place: {g:?} -> {h:?}");
     }
 
     #[test]

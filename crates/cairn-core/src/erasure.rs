@@ -1,0 +1,152 @@
+//! The Reed–Solomon code for objects that CoREC keeps encoded (cold objects): an object of `len`
+//! bytes becomes `k` data shards (its bytes, cut in `k` equal pieces, the last zero-padded) and
+//! `m` parity shards, any `k` of which give the object back. The code is systematic, so reading
+//! an encoded object with no shard missing needs no decode: its data shards are its bytes.
+//! Galois-field arithmetic is `reed-solomon-erasure`'s (SIMD kernels with the `simd` feature).
+
+use crate::{Error, Result};
+use reed_solomon_erasure::galois_8::ReedSolomon;
+use std::borrow::Cow;
+
+/// Shards in a stripe at most (GF(2⁸)).
+pub const MAX_SHARDS: usize = 256;
+
+/// A `k + m` Reed–Solomon code.
+#[derive(Debug)]
+pub struct Code {
+    k: usize,
+    m: usize,
+    rs: ReedSolomon,
+}
+
+impl Code {
+    /// The code with `k` data and `m` parity shards per stripe.
+    pub fn new(k: usize, m: usize) -> Result<Code> {
+        if k == 0 || m == 0 || k + m > MAX_SHARDS {
+            return Err(Error::InvalidArgument(format!(
+                "an erasure code of {k} data and {m} parity shards: both must be at least 1 and together at most {MAX_SHARDS}"
+            )));
+        }
+        let rs = ReedSolomon::new(k, m).map_err(|e| Error::InvalidArgument(format!("erasure code {k}+{m}: {e:?}")))?;
+        Ok(Code { k, m, rs })
+    }
+
+    /// Data shards per stripe.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Parity shards per stripe.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// Bytes of each shard of an object of `len` bytes (at least 1).
+    pub fn shard_len(&self, len: usize) -> usize {
+        len.div_ceil(self.k).max(1)
+    }
+
+    /// The `k` data shards of `data`: slices of it, and a padded copy only where it ends.
+    fn data_shards<'a>(&self, data: &'a [u8]) -> Vec<Cow<'a, [u8]>> {
+        let n = self.shard_len(data.len());
+        (0..self.k)
+            .map(|i| match data.get(i * n..(i + 1) * n) {
+                Some(whole) => Cow::Borrowed(whole),
+                None => Cow::Owned(self.shard(data, i)),
+            })
+            .collect()
+    }
+
+    /// The `m` parity shards of `data` (its data shards are its own bytes: see [`Code::shard`]).
+    pub fn parity(&self, data: &[u8]) -> Vec<Vec<u8>> {
+        let n = self.shard_len(data.len());
+        let shards = self.data_shards(data);
+        let mut parity = vec![vec![0u8; n]; self.m];
+        self.rs.encode_sep(&shards, &mut parity).expect("shard counts and lengths are consistent by construction");
+        parity
+    }
+
+    /// Data shard `i` (`i < k`) of an object: its bytes `i·n..(i+1)·n`, zero-padded to `n`.
+    pub fn shard(&self, data: &[u8], i: usize) -> Vec<u8> {
+        let n = self.shard_len(data.len());
+        let lo = (i * n).min(data.len());
+        let hi = ((i + 1) * n).min(data.len());
+        let mut s = data[lo..hi].to_vec();
+        s.resize(n, 0);
+        s
+    }
+
+    /// The object of `len` bytes from its shards (`k + m` slots, `None` where missing): the data
+    /// shards are used as they are when all present, else any `k` shards are decoded.
+    pub fn decode(&self, shards: &mut [Option<Vec<u8>>], len: usize) -> Result<Vec<u8>> {
+        let n = self.shard_len(len);
+        if shards.len() != self.k + self.m {
+            return Err(Error::InvalidArgument(format!("{} shards given for a {}+{} code", shards.len(), self.k, self.m)));
+        }
+        if let Some(bad) = shards.iter().flatten().find(|s| s.len() != n) {
+            return Err(Error::Corrupt(format!("a shard of {} bytes where a {len}-byte object has {n}-byte shards", bad.len())));
+        }
+        let have = shards.iter().filter(|s| s.is_some()).count();
+        if have < self.k {
+            return Err(Error::NotFound(format!(
+                "only {have} of {} shards are left and {} are needed: the object is lost",
+                self.k + self.m,
+                self.k
+            )));
+        }
+        if shards[..self.k].iter().any(Option::is_none) {
+            self.rs.reconstruct_data(shards).map_err(|e| Error::Corrupt(format!("erasure decode failed: {e:?}")))?;
+        }
+        let mut out = Vec::with_capacity(n * self.k);
+        for s in &shards[..self.k] {
+            out.extend_from_slice(s.as_ref().expect("present or reconstructed"));
+        }
+        out.truncate(len);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any `m` of `k + m` shards missing still decodes exactly; one more is a clear loss.
+        #[test]
+        fn any_m_missing_decode_exactly(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+            k in 1usize..9,
+            m in 1usize..4,
+            seed in any::<u64>(),
+        ) {
+            let code = Code::new(k, m).unwrap();
+            let parity = code.parity(&data);
+            let all: Vec<Vec<u8>> = (0..k).map(|i| code.shard(&data, i)).chain(parity).collect();
+            // Lose m shards chosen by the seed (a permutation's first m).
+            let mut order: Vec<usize> = (0..k + m).collect();
+            let mut s = seed;
+            for i in (1..order.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                order.swap(i, (s >> 33) as usize % (i + 1));
+            }
+            let mut shards: Vec<Option<Vec<u8>>> = all.iter().cloned().map(Some).collect();
+            for &i in &order[..m] {
+                shards[i] = None;
+            }
+            prop_assert_eq!(code.decode(&mut shards.clone(), data.len()).unwrap(), data.clone());
+            shards[order[m]] = None;
+            let e = code.decode(&mut shards, data.len()).unwrap_err();
+            prop_assert!(e.to_string().contains("the object is lost"), "{}", e);
+        }
+    }
+
+    #[test]
+    fn bad_codes_and_shards_are_refused() {
+        assert!(Code::new(0, 2).is_err() && Code::new(4, 0).is_err() && Code::new(200, 57).is_err());
+        let code = Code::new(4, 2).unwrap();
+        let mut shards: Vec<Option<Vec<u8>>> = vec![Some(vec![0; 3]); 6];
+        assert_eq!(code.decode(&mut shards, 100).unwrap_err().kind(), crate::ErrorKind::Corrupt, "25-byte shards expected");
+        assert!(code.decode(&mut shards[..5], 12).is_err());
+    }
+}
