@@ -192,3 +192,30 @@ def test_a_trace_flush_into_full_servers_keeps_the_held_steps_for_a_retry(small)
     w.close()  # the retry publishes step 1 with its records
     assert r.steps() == [1]
     assert np.array_equal(r.get_trace("e", 1, 0), np.full(3 << 20, 1, "u1"))
+
+
+def test_a_replicated_variable_survives_a_sigkilled_server(tmp_path):
+    """``define(..., redundancy=1)``: each object has a copy on another server, so SIGKILL of
+    any one server (here a non-meta one) loses no byte of any committed step."""
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3)
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=2.0)
+        data = {s: np.random.default_rng(s).random((64, 64)) for s in range(3)}
+        with cairn.open("r1", "w", **opts) as w:
+            w.define("p", "f8", (64, 64), redundancy=1)
+            for s, a in data.items():
+                with w.step(s):
+                    w.put("p", a)
+        status = {r["id"]: r for r in cluster.status(c.file)}
+        victim = next(i for i, r in status.items() if r["meta"] == "none")
+        assert status[victim]["objects"] > 0
+        c.procs[victim].send_signal(signal.SIGKILL)
+        c.procs[victim].wait(timeout=10)
+        r = cairn.open("r1", "r", **opts)
+        for s, a in data.items():
+            assert np.array_equal(r.get("p", s), a)
+            assert np.array_equal(r.get("p", s, offset=(10, 20), count=(30, 5)), a[10:40, 20:25])
+        with pytest.raises(cairn.InvalidArgumentError, match="redundancy"):
+            cairn.open("bad", "w", **opts).define("q", "f8", (4,), redundancy=-1)
+    finally:
+        c.stop()

@@ -159,14 +159,19 @@ class Writer:
         self._comm = comm
         self._local: dict[str, bool] = {}
 
-    def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False) -> None:
+    def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
+               redundancy: int = 0) -> None:
         """Define a variable: a global array of ``shape``, or with ``local=True`` a per-writer
-        block of any size (ragged). Every rank must define it identically."""
+        block of any size (ragged). Every rank must define it identically. With the staging
+        engine, ``redundancy=r`` keeps each of its objects on ``r + 1`` servers in different
+        failure domains, so it survives any ``r`` server failures (reads fall back to a copy)."""
+        if int(redundancy) < 0:
+            raise InvalidArgumentError(f"'{name}': redundancy={redundancy}; give the number of server failures to survive (0 or more)")
         if local and shape is not None:
             raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
         if not local and shape is None:
             raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
-        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape])
+        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape], int(redundancy))
         self._local[name] = local
 
     @contextlib.contextmanager

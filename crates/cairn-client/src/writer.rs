@@ -75,7 +75,15 @@ impl Writer {
     /// Defines a variable: a global array of `shape`, or a local (ragged) one when `shape` is None.
     /// Defining it again identically is allowed; differently is a conflict.
     pub fn define(&mut self, name: &str, dtype: DType, shape: Option<Vec<u64>>) -> Result<()> {
-        let def = VarDef::new(name, dtype, shape)?;
+        self.define_var(VarDef::new(name, dtype, shape)?)
+    }
+
+    /// [`Writer::define`] of a full definition (with its redundancy level, which the staging
+    /// engine honours by keeping that many extra copies of each object, each in another failure
+    /// domain).
+    pub fn define_var(&mut self, def: VarDef) -> Result<()> {
+        let name = def.name.clone();
+        let name = name.as_str();
         let earlier = match self.vars.get(name) {
             Some(d) => Some(d.clone()),
             None => self.engine.committed_def(name)?,

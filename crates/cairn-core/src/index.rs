@@ -21,6 +21,13 @@ pub struct VarDef {
     pub dtype: DType,
     /// Global shape; `None` for a local variable.
     pub shape: Option<Vec<u64>>,
+    /// Server failures its objects survive in a staging cluster (0: one copy).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub redundancy: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 impl VarDef {
@@ -32,7 +39,13 @@ impl VarDef {
         if let Some(s) = &shape {
             Region::new(vec![0; s.len()], s.clone())?;
         }
-        Ok(VarDef { name: name.to_string(), dtype, shape })
+        Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0 })
+    }
+
+    /// The definition with redundancy level `r` (server failures its objects survive).
+    pub fn with_redundancy(mut self, r: u32) -> VarDef {
+        self.redundancy = r;
+        self
     }
 
     /// Whether the variable is local (ragged, per writer).
@@ -42,9 +55,13 @@ impl VarDef {
 
     /// Human description, e.g. `f8 (256, 256)` or `f8 local`.
     pub fn describe(&self) -> String {
-        match &self.shape {
+        let kind = match &self.shape {
             Some(s) => format!("{} {s:?}", self.dtype),
             None => format!("{} local", self.dtype),
+        };
+        match self.redundancy {
+            0 => kind,
+            r => format!("{kind} surviving {r} server failures"),
         }
     }
 }
@@ -97,10 +114,43 @@ pub struct ObjectRef {
     pub id: u64,
     /// Its box (inside the block's).
     pub region: Region,
-    /// Server holding it.
+    /// Server holding it (the first copy).
     pub server: u32,
     /// crc32c of its bytes (C order of `region`).
     pub checksum: u32,
+    /// The copies it has beyond one.
+    #[serde(default, skip_serializing_if = "Redundancy::is_single")]
+    pub redundancy: Redundancy,
+}
+
+/// How an object survives server failures.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Redundancy {
+    /// One copy, on `server`.
+    #[default]
+    Single,
+    /// Whole copies on each of `servers` (the first is `server`), in different failure domains.
+    Replicated {
+        /// Servers holding a copy, in the order readers try them.
+        servers: Vec<u32>,
+    },
+}
+
+impl Redundancy {
+    fn is_single(&self) -> bool {
+        matches!(self, Redundancy::Single)
+    }
+}
+
+impl ObjectRef {
+    /// The servers holding a whole copy, in the order to try them.
+    pub fn holders(&self) -> Vec<u32> {
+        match &self.redundancy {
+            Redundancy::Single => vec![self.server],
+            Redundancy::Replicated { servers } => servers.clone(),
+        }
+    }
 }
 
 impl BlockRecord {
@@ -135,6 +185,12 @@ impl BlockRecord {
                         .all(|((&oo, &oc), (&bo, &bc))| oo >= bo && oo.checked_add(oc).is_some_and(|e| Some(e) <= bo.checked_add(bc)));
                 if !inside {
                     return bad(format!("object {:?}+{:?} lies outside its block", o.region.offset, o.region.count));
+                }
+                if let Redundancy::Replicated { servers } = &o.redundancy {
+                    let distinct = servers.iter().collect::<std::collections::BTreeSet<_>>().len();
+                    if servers.first() != Some(&o.server) || distinct != servers.len() || servers.len() > 256 {
+                        return bad(format!("object {:#x} lists its copies on {servers:?}, not distinct servers led by {}", o.id, o.server));
+                    }
                 }
                 volume = volume.saturating_add(o.region.volume());
             }
@@ -411,7 +467,8 @@ mod tests {
     fn malformed_object_regions_are_errors_not_panics() {
         let mut b = block("p", 0, &[0, 0], &[10, 4]);
         // Built in code, bypassing the checks decoding applies: validation must still not index past it.
-        b.objects = vec![ObjectRef { id: 1, region: Region { offset: vec![], count: vec![10, 4] }, server: 0, checksum: 0 }];
+        b.objects =
+            vec![ObjectRef { id: 1, region: Region { offset: vec![], count: vec![10, 4] }, server: 0, checksum: 0, redundancy: Redundancy::Single }];
         let def = VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap();
         assert!(b.validate(&def).unwrap_err().to_string().contains("outside its block"));
         b.objects[0].region = Region { offset: vec![0, u64::MAX], count: vec![10, 4] };

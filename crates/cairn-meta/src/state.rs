@@ -479,7 +479,7 @@ pub(crate) mod tests {
     /// object on server `w % 3`.
     pub(crate) fn frag(step: u64, w: u32, n: u32, session: &str) -> (Fragment, Vec<Share>) {
         let region = Region::new(vec![u64::from(w), 0], vec![1, 4]).unwrap();
-        let obj = ObjectRef { id: u64::from(w) << 32, region: region.clone(), server: w % 3, checksum: 7 };
+        let obj = ObjectRef { id: u64::from(w) << 32, region: region.clone(), server: w % 3, checksum: 7, redundancy: Default::default() };
         let block = BlockRecord {
             var: "p".into(),
             writer: w,

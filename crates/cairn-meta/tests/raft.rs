@@ -89,7 +89,7 @@ fn fragment(step: u64, w: u32, n: u32) -> Cmd {
         crcs: Vec::new(),
         checksum: 1,
         stats: Default::default(),
-        objects: vec![ObjectRef { id: u64::from(w) << 32, region, server: w, checksum: 1 }],
+        objects: vec![ObjectRef { id: u64::from(w) << 32, region, server: w, checksum: 1, redundancy: Default::default() }],
         codec: None,
         stored: 0,
     };

@@ -44,10 +44,11 @@ impl PyWriter {
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 
-    #[pyo3(signature = (name, dtype, shape))]
-    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>) -> PyResult<()> {
+    #[pyo3(signature = (name, dtype, shape, redundancy=0))]
+    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>, redundancy: u32) -> PyResult<()> {
         let dtype = DType::parse(dtype).map_err(to_py)?;
-        self.with(|w| w.define(name, dtype, shape))
+        let def = cairn_core::index::VarDef::new(name, dtype, shape).map_err(to_py)?.with_redundancy(redundancy);
+        self.with(|w| w.define_var(def))
     }
 
     fn begin_step(&self, step: u64) -> PyResult<()> {

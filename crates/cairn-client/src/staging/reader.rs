@@ -8,7 +8,7 @@ use super::{index_of, steps_of};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::for_each_run;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
-use cairn_core::{Error, Region, Result};
+use cairn_core::{Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,8 @@ struct Fetch<'a> {
     req: Request,
     what: String,
     parts: Vec<&'a mut [u8]>,
+    /// Servers holding a copy, in the order to try them.
+    holders: Vec<u32>,
 }
 
 impl StagingReader {
@@ -84,6 +86,36 @@ impl StagingReader {
             first_err.map_or(Ok(()), Err)
         })
     }
+
+    /// Fetches objects whose first copy is on `server`; when a server fails (dead, hung), its
+    /// objects are fetched again from their next copies, server by server.
+    fn fetch_with_failover(&self, server: u32, fetches: Vec<Fetch<'_>>) -> Result<()> {
+        let mut failed: Vec<u32> = Vec::new();
+        let mut todo = vec![(server, fetches)];
+        while let Some((srv, mut f)) = todo.pop() {
+            let e = match self.fetch_all(srv, &mut f) {
+                Ok(()) => continue,
+                Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                Err(e) => return Err(e),
+            };
+            failed.push(srv);
+            let mut next: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
+            for x in f {
+                match x.holders.iter().find(|h| !failed.contains(h)) {
+                    Some(h) => next.entry(*h).or_default().push(x),
+                    None if x.holders.len() == 1 => return Err(e),
+                    None => {
+                        return Err(Error::Unavailable(format!(
+                            "{} is lost: every server holding a copy ({:?}) failed (last: {e})",
+                            x.what, x.holders
+                        )))
+                    }
+                }
+            }
+            todo.extend(next);
+        }
+        Ok(())
+    }
 }
 
 impl ReadEngine for StagingReader {
@@ -131,14 +163,15 @@ impl ReadEngine for StagingReader {
         for (o, want, n) in wants {
             let what = format!("object {:#x} of '{}' step {step}", o.id, block.var);
             let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want };
-            by_server.entry(o.server).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect() });
+            let holders = o.holders();
+            by_server.entry(holders[0]).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect(), holders });
         }
         if by_server.len() == 1 {
-            let (server, mut f) = by_server.into_iter().next().expect("one server");
-            return self.fetch_all(server, &mut f);
+            let (server, f) = by_server.into_iter().next().expect("one server");
+            return self.fetch_with_failover(server, f);
         }
         std::thread::scope(|s| {
-            let handles: Vec<_> = by_server.iter_mut().map(|(srv, f)| s.spawn(move || self.fetch_all(*srv, f))).collect();
+            let handles: Vec<_> = by_server.into_iter().map(|(srv, f)| s.spawn(move || self.fetch_with_failover(srv, f))).collect();
             handles.into_iter().try_for_each(|h| h.join().expect("fetch thread panicked"))
         })
     }

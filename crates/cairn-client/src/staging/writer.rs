@@ -7,7 +7,7 @@ use super::{index_of, steps_of};
 use crate::config::StagingConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::assemble::for_each_run;
-use cairn_core::index::{BlockRecord, Fragment, ObjectRef, VarDef};
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, ErrorKind, Region, Result};
@@ -111,13 +111,25 @@ impl StagingWriter {
         let base = place_key(&self.dataset, "", &[]);
         for (step, block) in blocks {
             let elem = block.def.dtype.size();
+            let copies = block.def.redundancy as usize + 1;
+            if copies > view.slots.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "'{}' asks to survive {} server failures, which takes {copies} servers; the cluster has {} active: \
+                     lower its redundancy or add servers",
+                    block.def.name,
+                    block.def.redundancy,
+                    view.slots.len()
+                )));
+            }
             let pieces = split(&block.region, elem, self.object_size);
             let seq = seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
             let mut mine = Vec::with_capacity(pieces.len());
             for piece in pieces {
                 let parts = gather(block.bytes, &block.region, &piece, elem);
                 let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
-                let server = view.place(slot(base, *step, self.rank, *seq));
+                // The copies go to a group of servers in different failure domains.
+                let (group, _) = view.group(slot(base, *step, self.rank, *seq), copies);
+                let server = group[0];
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
                 let req = Request::Put {
@@ -130,8 +142,12 @@ impl StagingWriter {
                     elem: elem as u32,
                     checksum,
                 };
-                mine.push(ObjectRef { id, region: piece, server, checksum });
+                for s in &group[1..] {
+                    by_server.entry(*s).or_default().push(Outgoing { req: req.clone(), parts: parts.clone() });
+                }
                 by_server.entry(server).or_default().push(Outgoing { req, parts });
+                let redundancy = if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single };
+                mine.push(ObjectRef { id, region: piece, server, checksum, redundancy });
             }
             refs.push(mine);
         }
@@ -162,7 +178,7 @@ impl StagingWriter {
                 sent.iter().filter(|(_, r)| !matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
             for ((step, _), objs) in blocks.iter().zip(&refs) {
                 for &server in &answered {
-                    let ids: Vec<u64> = objs.iter().filter(|o| o.server == server).map(|o| o.id).collect();
+                    let ids: Vec<u64> = objs.iter().filter(|o| o.holders().contains(&server)).map(|o| o.id).collect();
                     if !ids.is_empty() {
                         let req = Request::Drop {
                             dataset: self.dataset.clone(),
@@ -183,9 +199,11 @@ impl StagingWriter {
             let elem = block.def.dtype.size() as u64;
             let open = self.open.entry(*step).or_default();
             for o in &objs {
-                let share = open.shares.entry(o.server).or_default();
-                share.0 += 1;
-                share.1 += o.region.volume() * elem;
+                for server in o.holders() {
+                    let share = open.shares.entry(server).or_default();
+                    share.0 += 1;
+                    share.1 += o.region.volume() * elem;
+                }
             }
             open.blocks.push(BlockRecord {
                 var: block.def.name.clone(),

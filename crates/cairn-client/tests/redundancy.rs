@@ -1,0 +1,98 @@
+//! Replicated variables on real servers in one process: with `redundancy = r` every object has
+//! `r + 1` copies in different failure domains, reads fall back to a copy when a server is gone,
+//! and only losing every copy of an object loses it, by name, while the rest still reads.
+
+use cairn_client::{Config, DType, Reader, Writer};
+use cairn_core::index::Redundancy;
+use cairn_server::testing::TestCluster;
+use cairn_server::Limits;
+
+const N: u64 = 8192;
+
+fn cfg(c: &TestCluster) -> Config {
+    let mut cfg = Config::default();
+    cfg.set("engine", "staging").unwrap();
+    cfg.set("cluster", c.file.to_str().unwrap()).unwrap();
+    cfg.set("object_size", "4096").unwrap();
+    cfg.set("timeout", "2").unwrap();
+    cfg
+}
+
+/// Two writers put steps 0..3 of `x` (u8, 2·N elements; writer r's half holds step·10 + r).
+fn write(cfg: &Config, redundancy: u32) {
+    let mut ws: Vec<Writer> = (0..2).map(|r| Writer::open("d", cfg, r, 2, false, "s").unwrap()).collect();
+    for step in 0..3u64 {
+        for (r, w) in ws.iter_mut().enumerate() {
+            if step == 0 {
+                let def = cairn_core::index::VarDef::new("x", DType::U8, Some(vec![2 * N])).unwrap().with_redundancy(redundancy);
+                w.define_var(def).unwrap();
+            }
+            w.begin_step(step).unwrap();
+            w.put("x", DType::U8, &vec![(step * 10) as u8 + r as u8; N as usize], Some(&[r as u64 * N]), &[N]).unwrap();
+        }
+        for w in &mut ws {
+            w.end_step().unwrap();
+        }
+    }
+}
+
+fn expected(step: u64) -> Vec<u8> {
+    (0..2 * N).map(|i| (step * 10) as u8 + (i / N) as u8).collect()
+}
+
+#[test]
+fn every_object_has_its_copies_in_other_domains_and_reads_survive_a_lost_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestCluster::start(dir.path(), 4, 0, 16 << 20, Limits::default()).unwrap();
+    let cfg = cfg(&c);
+    write(&cfg, 1);
+    let r = Reader::open("d", &cfg).unwrap();
+    for b in r.blocks("x", 0).unwrap() {
+        for o in &b.objects {
+            let Redundancy::Replicated { servers } = &o.redundancy else { panic!("{o:?} has one copy") };
+            assert_eq!(servers.len(), 2);
+            assert_ne!(servers[0], servers[1], "copies on distinct servers (each its own node here)");
+        }
+    }
+    // Every server holds copies: twice the data in all.
+    let used: u64 = (0..4).map(|s| c.state(s).unwrap().store.used()).sum();
+    assert_eq!(used, 2 * 3 * 2 * N);
+    // Server 3 (not a meta server) dies: every box of every step still reads back exactly.
+    c.kill(3);
+    for step in 0..3 {
+        let mut out = vec![0u8; 2 * N as usize];
+        r.get("x", step, &[0], &[2 * N], &mut out).unwrap();
+        assert!(out == expected(step), "step {step}");
+    }
+    // A second failure (server 2) loses the objects whose two copies were on 2 and 3, by name;
+    // a box elsewhere still reads.
+    c.kill(2);
+    let mut lost = 0;
+    for step in 0..3 {
+        for b in r.blocks("x", step).unwrap() {
+            for o in &b.objects {
+                let mut out = vec![0u8; o.region.volume() as usize];
+                match r.get("x", step, &o.region.offset, &o.region.count, &mut out) {
+                    Ok(()) => assert!(out.iter().all(|v| *v == (step * 10) as u8 + b.writer as u8)),
+                    Err(e) => {
+                        lost += 1;
+                        assert!(o.holders().iter().all(|s| [2, 3].contains(s)), "{o:?} had a live copy: {e}");
+                        assert!(e.to_string().contains("is lost") && e.to_string().contains(&format!("{:#x}", o.id)), "{e}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(lost > 0, "with 4 servers some object had its copies on exactly 2 and 3");
+}
+
+#[test]
+fn a_level_the_cluster_cannot_hold_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCluster::start(dir.path(), 2, 0, 16 << 20, Limits::default()).unwrap();
+    let mut w = Writer::open("d", &cfg(&c), 0, 1, false, "s").unwrap();
+    w.define_var(cairn_core::index::VarDef::new("x", DType::U8, Some(vec![8])).unwrap().with_redundancy(2)).unwrap();
+    w.begin_step(0).unwrap();
+    let e = w.put("x", DType::U8, &[1; 8], None, &[8]).and_then(|()| w.end_step().map(|_| ())).unwrap_err();
+    assert!(e.to_string().contains("'x' asks to survive 2 server failures") && e.to_string().contains("2 active"), "{e}");
+}
