@@ -134,7 +134,7 @@ def test_a_minority_of_meta_servers_killed_mid_stream_loses_no_committed_step(tm
                         want = np.repeat(10.0 * s + np.arange(4), n)
                         if not np.array_equal(a, want):
                             problems.append(f"reader {i}: step {s} reads wrong values")
-                    except cairn.UnavailableError as e:
+                    except (cairn.UnavailableError, cairn.DataLossError) as e:
                         lost_reads.append(str(e))  # its objects were on a killed server (no redundancy yet)
                     mine.add(s)
                 if last:

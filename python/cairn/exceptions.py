@@ -8,6 +8,7 @@ from ._native import (
     ConfigError,
     ConflictError,
     CorruptError,
+    DataLossError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
@@ -23,4 +24,5 @@ __all__ = [
     "InvalidArgumentError",
     "ConfigError",
     "CapacityError",
+    "DataLossError",
 ]

@@ -34,6 +34,8 @@ typedef enum cairn_status {
   CAIRN_ERR_INTERNAL = 8,
   // A staging server's memory limit would be exceeded; release old steps and retry.
   CAIRN_ERR_CAPACITY = 9,
+  // Committed data is gone: every server holding a copy failed.
+  CAIRN_ERR_DATA_LOSS = 10,
 } cairn_status;
 
 // An open dataset: a writer (mode "w" or "a") or a reader (mode "r").

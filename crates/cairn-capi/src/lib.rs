@@ -34,6 +34,8 @@ pub enum Status {
     CairnErrInternal = 8,
     /// A staging server's memory limit would be exceeded; release old steps and retry.
     CairnErrCapacity = 9,
+    /// Committed data is gone: every server holding a copy failed.
+    CairnErrDataLoss = 10,
 }
 
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
@@ -66,6 +68,7 @@ fn status(r: Result<(), Error>) -> Status {
                 ErrorKind::InvalidArgument => Status::CairnErrInvalidArgument,
                 ErrorKind::Config => Status::CairnErrConfig,
                 ErrorKind::Capacity => Status::CairnErrCapacity,
+                ErrorKind::DataLoss => Status::CairnErrDataLoss,
             };
             fail(kind, e.to_string())
         }

@@ -77,7 +77,9 @@ fn every_object_has_its_copies_in_other_domains_and_reads_survive_a_lost_server(
                     Err(e) => {
                         lost += 1;
                         assert!(o.holders().iter().all(|s| [2, 3].contains(s)), "{o:?} had a live copy: {e}");
+                        assert_eq!(e.kind(), cairn_core::ErrorKind::DataLoss);
                         assert!(e.to_string().contains("is lost") && e.to_string().contains(&format!("{:#x}", o.id)), "{e}");
+                        assert!(e.to_string().contains("server 2") && e.to_string().contains("server 3"), "{e}");
                     }
                 }
             }

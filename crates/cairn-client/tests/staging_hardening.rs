@@ -293,7 +293,7 @@ fn a_killed_server_is_named_and_a_restarted_one_serves_again() {
     cl.c.kill(victim);
     let mut out = vec![0u8; data.len()];
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert_eq!(e.kind(), ErrorKind::DataLoss, "its one copy died with it: {e}");
     assert!(e.to_string().contains(&format!("server {victim}")), "{e}");
     cl.c.restart(victim).unwrap();
     // Its memory is gone (no redundancy yet): the step's objects there are missing, by name.

@@ -20,6 +20,9 @@ pub enum ErrorKind {
     Config,
     /// A staging server's memory limit would be exceeded; release old steps and retry.
     Capacity,
+    /// Committed data is gone: every server holding a copy of it failed (more failures than
+    /// its variable's redundancy level).
+    DataLoss,
     /// On the wire only: the client's cluster view is older than the server's; the reply carries
     /// the new view, and the client refreshes and retries. Surfaces as [`Error::Unavailable`].
     StaleEpoch,
@@ -58,6 +61,9 @@ pub enum Error {
     /// A server is out of memory for the request.
     #[error("{0}")]
     Capacity(String),
+    /// Committed data is lost with the servers that held it.
+    #[error("{0}")]
+    DataLoss(String),
     /// This server does not lead the control plane; the request goes to `leader` (when known).
     #[error("{message}")]
     NotLeader {
@@ -89,6 +95,7 @@ impl Error {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
             Error::Config(_) => ErrorKind::Config,
             Error::Capacity(_) => ErrorKind::Capacity,
+            Error::DataLoss(_) => ErrorKind::DataLoss,
             Error::NotLeader { .. } => ErrorKind::NotLeader,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
@@ -110,6 +117,7 @@ impl Error {
             ErrorKind::InvalidArgument => Error::InvalidArgument(message),
             ErrorKind::Config => Error::Config(message),
             ErrorKind::Capacity => Error::Capacity(message),
+            ErrorKind::DataLoss => Error::DataLoss(message),
         }
     }
 

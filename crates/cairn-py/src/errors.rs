@@ -8,7 +8,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 /// (class name, built-in base, docstring), in the order of [`class_index`].
-const CLASSES: [(&str, &str, &str); 8] = [
+const CLASSES: [(&str, &str, &str); 9] = [
     ("NotFoundError", "KeyError", "A variable, step, writer or dataset does not exist."),
     ("AlreadyExistsError", "FileExistsError", "The thing to create exists already (a committed step, a dataset)."),
     ("ConflictError", "ValueError", "The request contradicts earlier writes (overlap, redefinition, step order)."),
@@ -17,6 +17,11 @@ const CLASSES: [(&str, &str, &str); 8] = [
     ("InvalidArgumentError", "ValueError", "The request is malformed (shape, dtype, box out of bounds)."),
     ("ConfigError", "ValueError", "The configuration is wrong (unknown engine or key, unreadable file)."),
     ("CapacityError", "MemoryError", "A staging server's memory limit would be exceeded; release old steps and retry."),
+    (
+        "DataLossError",
+        "OSError",
+        "Committed data is gone: every server holding a copy failed (more failures than the variable's redundancy).",
+    ),
 ];
 
 fn class_index(kind: ErrorKind) -> usize {
@@ -29,6 +34,7 @@ fn class_index(kind: ErrorKind) -> usize {
         ErrorKind::InvalidArgument => 5,
         ErrorKind::Config => 6,
         ErrorKind::Capacity => 7,
+        ErrorKind::DataLoss => 8,
     }
 }
 

@@ -91,6 +91,8 @@ impl StagingReader {
     /// objects are fetched again from their next copies, server by server.
     fn fetch_with_failover(&self, server: u32, fetches: Vec<Fetch<'_>>) -> Result<()> {
         let mut failed: Vec<u32> = Vec::new();
+        // Whether every failed server is gone (refuses connections), not merely hung.
+        let mut all_gone = true;
         let mut todo = vec![(server, fetches)];
         while let Some((srv, mut f)) = todo.pop() {
             let e = match self.fetch_all(srv, &mut f) {
@@ -99,15 +101,18 @@ impl StagingReader {
                 Err(e) => return Err(e),
             };
             failed.push(srv);
+            all_gone &= server_gone(&e);
             let mut next: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
             for x in f {
                 match x.holders.iter().find(|h| !failed.contains(h)) {
                     Some(h) => next.entry(*h).or_default().push(x),
-                    None if x.holders.len() == 1 => return Err(e),
+                    None if !all_gone => return Err(e),
                     None => {
-                        return Err(Error::Unavailable(format!(
-                            "{} is lost: every server holding a copy ({:?}) failed (last: {e})",
-                            x.what, x.holders
+                        return Err(Error::DataLoss(format!(
+                            "{} is lost: no server holding a copy of it ({}) answered (last: {e}); the rest of the step \
+                             still reads. Define variables with redundancy=r to survive r server failures",
+                            x.what,
+                            x.holders.iter().map(|s| format!("server {s}")).collect::<Vec<_>>().join(", ")
                         )))
                     }
                 }
@@ -116,6 +121,14 @@ impl StagingReader {
         }
         Ok(())
     }
+}
+
+/// Whether a failed call shows that the server's process is gone (the kernel refuses or resets
+/// its connections; its memory went with it), as opposed to slow or hung (it may come back). The
+/// client's errors carry the cause only as text.
+fn server_gone(e: &Error) -> bool {
+    let m = e.to_string();
+    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection"].iter().any(|p| m.contains(p))
 }
 
 impl ReadEngine for StagingReader {
@@ -161,7 +174,7 @@ impl ReadEngine for StagingReader {
         let mut slices = slices.into_iter().map(|s| s.expect("every run cut"));
         let mut by_server: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
         for (o, want, n) in wants {
-            let what = format!("object {:#x} of '{}' step {step}", o.id, block.var);
+            let what = format!("object {:#x} of '{}' step {step} (block {:?}+{:?} of writer {})", o.id, block.var, block.region.offset, block.region.count, block.writer);
             let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want };
             let holders = o.holders();
             by_server.entry(holders[0]).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect(), holders });
