@@ -197,21 +197,26 @@ def test_a_trace_flush_into_full_servers_keeps_the_held_steps_for_a_retry(small)
 def test_a_replicated_variable_survives_a_sigkilled_server(tmp_path):
     """``define(..., redundancy=1)``: each object has a copy on another server, so SIGKILL of
     any one server (here a non-meta one) loses no byte of any committed step."""
-    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3)
+    c = cluster.start(tmp_path / "cluster.json", servers=4, spares=1, memory="64MiB", meta=3)
     try:
         opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=2.0)
         data = {s: np.random.default_rng(s).random((64, 64)) for s in range(3)}
+        slots = cluster.view(c.file)["slots"]
         with cairn.open("r1", "w", **opts) as w:
             w.define("p", "f8", (64, 64), redundancy=1)
             for s, a in data.items():
                 with w.step(s):
                     w.put("p", a)
         status = {r["id"]: r for r in cluster.status(c.file)}
-        victim = next(i for i, r in status.items() if r["meta"] == "none")
+        victim = next(i for i, r in status.items() if r["meta"] == "none" and r["state"] == "up")
         assert status[victim]["objects"] > 0
         c.procs[victim].send_signal(signal.SIGKILL)
         c.procs[victim].wait(timeout=10)
         r = cairn.open("r1", "r", **opts)
+        assert [(b.redundancy, b.state) for b in r.blocks("p", 0)] == [(1, "replicated")]
+        # Recorded as down (a spare takes its slot), its copies make the blocks degraded.
+        cluster.replace(c.file, victim)
+        assert [(b.redundancy, b.state) for b in r.blocks("p", 0)] == [(1, "degraded")]
         for s, a in data.items():
             assert np.array_equal(r.get("p", s), a)
             assert np.array_equal(r.get("p", s, offset=(10, 20), count=(30, 5)), a[10:40, 20:25])
@@ -220,7 +225,6 @@ def test_a_replicated_variable_survives_a_sigkilled_server(tmp_path):
         # A second failure, of the server after it on the ring (not the leader), is more than
         # the level: the objects whose two copies were on those two are lost, by name; the
         # other boxes still read.
-        slots = cluster.view(c.file)["slots"]
         after = slots[(slots.index(victim) + 1) % len(slots)]
         before = slots[slots.index(victim) - 1]
         second = after if status[after]["meta"] != "leader" else before

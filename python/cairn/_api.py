@@ -40,6 +40,8 @@ class BlockInfo:
     nbytes: int  # raw size
     stored: int  # bytes on disk or in memory (less than nbytes when compressed)
     codec: str | None  # codec pipeline of the stored bytes (``pco:f8le:4+zstd:1``), None if raw
+    redundancy: int = 0  # server failures its variable survives (staging)
+    state: str = "replicated"  # "replicated", or "degraded" when a copy is on a server that is down
 
 
 def _dtype(spec: Any) -> str:
@@ -295,8 +297,8 @@ class Reader:
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
-        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec)
-                for w, o, c, lo, hi, mean, crc, n, stored, codec in self._inner.blocks(name, _step(step))]
+        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, level, state)
+                for w, o, c, lo, hi, mean, crc, n, stored, codec, level, state in self._inner.blocks(name, _step(step))]
 
     def get(self, name: str, step: int, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:

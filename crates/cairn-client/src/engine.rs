@@ -62,6 +62,12 @@ pub trait ReadEngine: Send + Sync {
             std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
         }
     }
+
+    /// Servers the cluster records as down (their copies are gone); none for files.
+    fn down_servers(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
     /// Frees a committed step (its data is gone for every reader).
     fn release(&self, step: u64) -> Result<()> {
         Err(cairn_core::Error::InvalidArgument(format!(

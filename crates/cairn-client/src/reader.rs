@@ -75,7 +75,21 @@ impl Reader {
         }
     }
 
-    /// Blocks of `var` in `step`, in writer order.
+    /// The redundancy level of `var` at `step`, and the state of each of its blocks (in
+    /// [`Reader::blocks`] order): `degraded` when a copy of one of its objects is on a server the
+    /// cluster records as down, else `replicated` (whole copies; one for level 0).
+    pub fn block_states(&self, var: &str, step: u64) -> Result<(u32, Vec<&'static str>)> {
+        let level = self.var(var, step)?.redundancy;
+        let blocks = self.blocks(var, step)?;
+        let down = if level > 0 { self.engine.down_servers() } else { Vec::new() };
+        let states = blocks
+            .iter()
+            .map(|b| if b.objects.iter().any(|o| o.holders().iter().any(|s| down.contains(s))) { "degraded" } else { "replicated" })
+            .collect();
+        Ok((level, states))
+    }
+
+    /// Blocks of `var` at `step`, sorted by writer then offset.
     pub fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
         self.var(var, step)?;
         let mut b = self.engine.blocks(var, step)?;

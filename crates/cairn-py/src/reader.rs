@@ -7,7 +7,8 @@ use numpy::PyUntypedArray;
 use pyo3::prelude::*;
 
 /// A block: (writer, offset, count, min, max, mean, checksum, raw bytes, stored bytes, codec).
-type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>);
+/// A block: (writer, offset, count, min, max, mean, checksum, bytes, stored, codec, redundancy, state).
+type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>, u32, &'static str);
 
 /// A variable's description: (name, dtype name, shape or None).
 type VarTuple = (String, String, Option<Vec<u64>>);
@@ -51,13 +52,28 @@ impl PyReader {
         Ok((v.dtype.name().to_string(), v.shape))
     }
 
-    fn blocks(&self, var: &str, step: u64) -> PyResult<Vec<BlockTuple>> {
+    fn blocks(&self, py: Python<'_>, var: &str, step: u64) -> PyResult<Vec<BlockTuple>> {
         let blocks = self.inner.blocks(var, step).map_err(to_py)?;
+        let (level, states) = py.detach(|| self.inner.block_states(var, step)).map_err(to_py)?;
         Ok(blocks
             .into_iter()
-            .map(|b| {
+            .zip(states)
+            .map(|(b, state)| {
                 let stored = if b.codec.is_some() { b.stored } else { b.len };
-                (b.writer, b.region.offset, b.region.count, b.stats.min, b.stats.max, b.stats.mean, b.checksum, b.len, stored, b.codec)
+                (
+                    b.writer,
+                    b.region.offset,
+                    b.region.count,
+                    b.stats.min,
+                    b.stats.max,
+                    b.stats.mean,
+                    b.checksum,
+                    b.len,
+                    stored,
+                    b.codec,
+                    level,
+                    state,
+                )
             })
             .collect())
     }

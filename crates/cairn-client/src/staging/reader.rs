@@ -189,6 +189,12 @@ impl ReadEngine for StagingReader {
         })
     }
 
+    fn down_servers(&self) -> Vec<u32> {
+        // The newest view: a spare may have taken a failed server's slot since this one was read.
+        self.cluster.refresh_view();
+        self.cluster.view().down.clone()
+    }
+
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
         let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis().min(u64::MAX.into()) as u64 };
         match self.cluster.coord_waiting(&req, timeout)? {
