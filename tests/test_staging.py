@@ -215,7 +215,9 @@ def test_a_replicated_variable_survives_a_sigkilled_server(tmp_path):
         r = cairn.open("r1", "r", **opts)
         assert [(b.redundancy, b.state) for b in r.blocks("p", 0)] == [(1, "replicated")]
         # Recorded as down (a spare takes its slot), its copies make the blocks degraded.
-        cluster.replace(c.file, victim)
+        out = subprocess.run([PY, "-m", "cairn", "cluster", "replace", str(victim), "--file", str(c.file)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and f"server {victim} is down" in out.stdout, out.stderr
         assert [(b.redundancy, b.state) for b in r.blocks("p", 0)] == [(1, "degraded")]
         for s, a in data.items():
             assert np.array_equal(r.get("p", s), a)
