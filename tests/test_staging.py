@@ -207,6 +207,11 @@ def test_a_replicated_variable_survives_a_sigkilled_server(tmp_path):
             for s, a in data.items():
                 with w.step(s):
                     w.put("p", a)
+        out = subprocess.run([PY, "-m", "cairn", "cluster", "status", "--file", str(c.file), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        doc = json.loads(out.stdout)
+        objects, replicas = (sum(s[k] or 0 for s in doc["servers"]) for k in ("objects", "replicas"))
+        assert replicas * 2 == objects > 0 and abs(doc["efficiency"] - 0.5) < 0.01, doc
         status = {r["id"]: r for r in cluster.status(c.file)}
         victim = next(i for i, r in status.items() if r["meta"] == "none" and r["state"] == "up")
         assert status[victim]["objects"] > 0

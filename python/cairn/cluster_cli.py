@@ -38,12 +38,16 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The status as scripts read it (``cairn cluster status --json``)."""
     leaders = [r["leader"] for r in rows if r["state"] != "down" and r.get("leader") is not None]
     epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
+    up = [r for r in rows if r.get("memory_used")]
+    stored = sum(r["memory_used"] for r in up)
     return {
         "epoch": max(epochs) if epochs else None,
+        # Data bytes (first copies) over bytes stored (every copy): 1.0 without redundancy.
+        "efficiency": sum(r.get("data_bytes", 0) for r in up) / stored if stored else None,
         "leader": max(set(leaders), key=leaders.count) if leaders else None,
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
                      "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
-                     "objects": r["objects"]} for r in rows],
+                     "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards")} for r in rows],
     }
 
 

@@ -122,6 +122,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         region: cairn_core::Region::new(vec![0], vec![6 << 20]).unwrap(),
         elem: 1,
         checksum: 0,
+        copy: 0,
     };
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
     use std::io::Write;

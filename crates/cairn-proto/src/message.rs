@@ -66,6 +66,10 @@ pub enum Request {
         elem: u32,
         /// crc32c of the payload.
         checksum: u32,
+        /// Which copy of the object this is: 0 for the first, 1… for the copies a redundancy
+        /// level adds (counted as replicas in `status`).
+        #[serde(default)]
+        copy: u32,
     },
     /// Reads the box `want` (inside the object's box) of one object; the reply's payload holds it.
     Get {
@@ -286,6 +290,15 @@ pub struct ServerStatus {
     /// Its cluster-view epoch.
     #[serde(default)]
     pub epoch: u64,
+    /// Objects held that are extra copies (redundancy), not first copies.
+    #[serde(default)]
+    pub replicas: u64,
+    /// Erasure-code shards held (none until cold objects are encoded).
+    #[serde(default)]
+    pub shards: u64,
+    /// Bytes of first copies held: the data, as against `memory_used` (what storing it costs).
+    #[serde(default)]
+    pub data_bytes: u64,
     /// Where the steps this server committed (as the control plane's leader) spent their time.
     #[serde(default)]
     pub commits: CommitTimes,

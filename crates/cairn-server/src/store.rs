@@ -25,6 +25,8 @@ pub struct Object {
     pub data: Arc<Vec<u8>>,
     /// Whether its step committed.
     pub sealed: bool,
+    /// Which copy it is (0: the first).
+    pub copy: u32,
 }
 
 type StepKey = (String, u64);
@@ -251,6 +253,18 @@ impl Store {
         (steps.values().map(|s| s.len() as u64).sum(), steps.len() as u64)
     }
 
+    /// (extra copies held, bytes of first copies held).
+    pub fn copies(&self) -> (u64, u64) {
+        let steps = lock(&self.steps);
+        steps.values().flat_map(|s| s.values()).fold((0, 0), |(n, b), o| {
+            if o.copy > 0 {
+                (n + 1, b)
+            } else {
+                (n, b + o.data.len() as u64)
+            }
+        })
+    }
+
     /// Every object, for the placement view.
     pub fn list(&self) -> Vec<ObjectInfo> {
         let steps = lock(&self.steps);
@@ -286,6 +300,7 @@ mod tests {
             checksum: 0,
             data: Arc::new(vec![0; n]),
             sealed: false,
+            copy: 0,
         }
     }
 

@@ -141,9 +141,14 @@ impl StagingWriter {
                     region: piece.clone(),
                     elem: elem as u32,
                     checksum,
+                    copy: 0,
                 };
-                for s in &group[1..] {
-                    by_server.entry(*s).or_default().push(Outgoing { req: req.clone(), parts: parts.clone() });
+                for (copy, s) in group.iter().enumerate().skip(1) {
+                    let mut req = req.clone();
+                    if let Request::Put { copy: c, .. } = &mut req {
+                        *c = copy as u32;
+                    }
+                    by_server.entry(*s).or_default().push(Outgoing { req, parts: parts.clone() });
                 }
                 by_server.entry(server).or_default().push(Outgoing { req, parts });
                 let redundancy = if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single };

@@ -31,6 +31,8 @@ pub struct PutHeader {
     pub elem: u32,
     /// crc32c of the payload.
     pub checksum: u32,
+    /// Which copy it is.
+    pub copy: u32,
 }
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
@@ -60,6 +62,7 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         checksum: crc,
         data: Arc::new(data),
         sealed: false,
+        copy: h.copy,
     };
     state.store.insert(&h.dataset, h.step, h.id, obj, reservation)?;
     Ok(Response::Ok)

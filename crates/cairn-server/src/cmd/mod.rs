@@ -59,8 +59,9 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::View => state.view().map(|v| Reply::Plain(Response::View { view: (*v).clone() })),
         Request::SetView { view } => plain(crate::views::set_view(state, view).await),
         Request::ViewChanged { view } => plain(state.adopt(view).map(|_| Response::Ok)),
-        Request::Put { dataset, step, session, var, id, region, elem, checksum } => plain(
-            data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum }).await,
+        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy } => plain(
+            data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum, copy })
+                .await,
         ),
         Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
