@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _native
-from .exceptions import CairnError, InvalidArgumentError, UnavailableError
+from .exceptions import CairnError, UnavailableError
 
 def parse_size(text: str | int) -> int:
     """Bytes in ``"4GiB"``, ``"512MB"``, ``"1e9"`` or an integer (parsed in Rust, like every client)."""
@@ -184,23 +184,7 @@ def _state_in(current: dict[str, Any] | None, server: dict[str, Any]) -> str:
 def replace(file: str | os.PathLike[str], down: int, spare: int | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """Give server ``down``'s ring slot to a spare (``spare``, or the first one): a view change
     committed through the control plane, after which ``down`` holds no slot. Returns the new view."""
-    current = view(file, timeout)
-    if current is None:
-        raise UnavailableError(f"no server of {file} answered; is the cluster up? (`cairn cluster status`)")
-    if down not in current["slots"]:
-        raise InvalidArgumentError(f"server {down} holds no slot in view {current['epoch']} (slots: {current['slots']})")
-    spares = current.get("spares", [])
-    if spare is None:
-        if not spares:
-            raise InvalidArgumentError(f"view {current['epoch']} has no spare; start the cluster with --spares N")
-        spare = spares[0]
-    if spare not in spares:
-        raise InvalidArgumentError(f"server {spare} is not a spare in view {current['epoch']} (spares: {spares})")
-    nxt = {**current, "epoch": current["epoch"] + 1, "slots": [spare if s == down else s for s in current["slots"]],
-           "spares": [s for s in spares if s != spare], "down": [*current.get("down", []), down]}
-    # Any server will do: the request goes to the control plane's leader.
-    _native.cluster_request(os.fspath(file), current["slots"][0], json.dumps({"op": "set_view", "view": nxt}), timeout)
-    return nxt
+    return json.loads(_native.cluster_replace(os.fspath(file), down, spare, timeout))
 
 
 def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0) -> None:

@@ -45,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::cluster_replace, m)?)?;
     m.add_function(wrap_pyfunction!(staging::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(staging::load_topology, m)?)?;
     m.add_function(wrap_pyfunction!(staging::new_secret, m)?)?;

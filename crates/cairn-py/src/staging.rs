@@ -59,6 +59,15 @@ pub(crate) fn cluster_request(py: Python<'_>, cluster: PathBuf, server: u32, req
     py.detach(|| cairn_client::staging::admin_request(&cluster, server, &request, timeout)).map_err(to_py)
 }
 
+/// Gives server `down`'s slot to a spare through the control plane; returns the new view (JSON).
+#[pyfunction]
+#[pyo3(signature = (cluster, down, spare=None, timeout_s=cairn_client::config::DEFAULT_TIMEOUT))]
+pub(crate) fn cluster_replace(py: Python<'_>, cluster: PathBuf, down: u32, spare: Option<u32>, timeout_s: f64) -> PyResult<String> {
+    let timeout = seconds(timeout_s)?;
+    let view = py.detach(|| cairn_client::staging::replace_server(&cluster, down, spare, timeout)).map_err(to_py)?;
+    Ok(serde_json::to_string(&view).expect("views serialize"))
+}
+
 /// Bytes in a size such as "4GiB".
 #[pyfunction]
 pub(crate) fn parse_size(text: &str) -> PyResult<u64> {

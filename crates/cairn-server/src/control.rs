@@ -293,17 +293,7 @@ pub async fn serve_rpc(state: &State, kind: RaftRpc, target: NodeId, head: Optio
 pub fn leader(state: &State) -> Result<&RaftLog> {
     let log = replica(state)?;
     // A leader cut off from its majority may have been replaced: its state could be stale.
-    if let Some(since) = log.quorum_lost_for() {
-        return Err(Error::NotLeader {
-            message: format!(
-                "server {} led the control plane but no majority of its meta servers has answered it for {:.1} s (lost quorum); \
-                 retry at the new leader, or restart or reconnect the meta servers",
-                state.id,
-                since.as_secs_f64()
-            ),
-            leader: None,
-        });
-    }
+    log.check_quorum()?;
     match log.role() {
         ("leader", _) => Ok(log),
         (_, leader) => Err(Error::NotLeader {

@@ -16,6 +16,7 @@ use crate::config::StagingConfig;
 use cairn_core::index::StepIndex;
 use cairn_core::{Error, Result};
 use cairn_proto::message::{unexpected, Request, Response};
+use cairn_proto::ClusterView;
 use conn::Cluster;
 use std::sync::Arc;
 
@@ -46,6 +47,21 @@ pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepInde
         }
         other => Err(unexpected("index", &other)),
     }
+}
+
+/// Gives server `down`'s ring slot to `spare` (or the first spare) by a view change through the
+/// control plane ([`ClusterView::replace`] of the newest view); returns the new view.
+pub fn replace_server(cluster: &std::path::Path, down: u32, spare: Option<u32>, timeout: std::time::Duration) -> Result<ClusterView> {
+    let c = Cluster::open(cluster, timeout)?;
+    c.refresh_view();
+    let view = c.view();
+    let spare = match spare.or_else(|| view.spares.first().copied()) {
+        Some(s) => s,
+        None => return Err(Error::InvalidArgument(format!("view {} has no spare; start the cluster with --spares N", view.epoch))),
+    };
+    let next = view.replace(down, spare)?;
+    c.coord(&Request::SetView { view: next.clone() })?;
+    Ok(next)
 }
 
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,

@@ -132,25 +132,20 @@ impl StagingWriter {
                 let server = group[0];
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
-                let req = Request::Put {
-                    dataset: self.dataset.clone(),
-                    step: *step,
-                    session: self.session.clone(),
-                    var: block.def.name.clone(),
-                    id,
-                    region: piece.clone(),
-                    elem: elem as u32,
-                    checksum,
-                    copy: 0,
-                };
-                for (copy, s) in group.iter().enumerate().skip(1) {
-                    let mut req = req.clone();
-                    if let Request::Put { copy: c, .. } = &mut req {
-                        *c = copy as u32;
-                    }
+                for (copy, s) in group.iter().enumerate() {
+                    let req = Request::Put {
+                        dataset: self.dataset.clone(),
+                        step: *step,
+                        session: self.session.clone(),
+                        var: block.def.name.clone(),
+                        id,
+                        region: piece.clone(),
+                        elem: elem as u32,
+                        checksum,
+                        copy: copy as u32,
+                    };
                     by_server.entry(*s).or_default().push(Outgoing { req, parts: parts.clone() });
                 }
-                by_server.entry(server).or_default().push(Outgoing { req, parts });
                 let redundancy = if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single };
                 mine.push(ObjectRef { id, region: piece, server, checksum, redundancy });
             }

@@ -166,10 +166,22 @@ impl RaftLog {
     /// How long ago a majority last answered this leader, if it leads and that is longer than
     /// the longest election timeout: by then the followers could have elected another leader, so
     /// nothing this one proposes can commit.
-    pub fn quorum_lost_for(&self) -> Option<Duration> {
+    fn quorum_lost_for(&self) -> Option<Duration> {
         let m = self.raft.metrics().borrow().clone();
         let since = Duration::from_millis(m.millis_since_quorum_ack?);
         (m.state == openraft::ServerState::Leader && since > self.timing.election.1).then_some(since)
+    }
+
+    /// The not-leader error ("lost quorum") of a leader that no majority has answered for
+    /// longer than an election timeout: it may have been replaced, so neither its commits nor
+    /// its state can be trusted.
+    pub fn check_quorum(&self) -> Result<()> {
+        match self.quorum_lost_for() {
+            Some(since) => {
+                Err(no_quorum(format!("no majority of its meta servers has answered its leader for {:.1} s", since.as_secs_f64())))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Runs `f` within the write deadline, failing early (checked every heartbeat) once the
@@ -177,8 +189,8 @@ impl RaftLog {
     async fn unless_quorum_lost<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T> {
         let lost = async {
             loop {
-                if let Some(since) = self.quorum_lost_for() {
-                    return no_quorum(format!("no majority of its meta servers has answered its leader for {:.1} s", since.as_secs_f64()));
+                if let Err(e) = self.check_quorum() {
+                    return e;
                 }
                 tokio::time::sleep(self.timing.heartbeat).await;
             }
