@@ -118,6 +118,10 @@ pub enum Spread {
 /// failure domain the topology allows, and the group is a function of the start position only.
 pub fn spread_group<'a>(order: &[u32], domain: impl Fn(u32) -> (&'a str, &'a str), start: usize, n: usize) -> (Vec<u32>, Spread) {
     let n = n.min(order.len());
+    if n <= 1 {
+        // One copy (the writer's hot path for variables without redundancy): no domains to count.
+        return (order.get(start % order.len().max(1)).into_iter().take(n).copied().collect(), Spread::Rack);
+    }
     let distinct = |f: &dyn Fn(u32) -> (&'a str, &'a str)| order.iter().map(|s| f(*s)).collect::<std::collections::BTreeSet<_>>().len();
     let racks = distinct(&|s| ("", domain(s).1));
     let nodes = distinct(&|s| domain(s));
