@@ -138,12 +138,12 @@ def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, ran
                               "(from `cairn cluster start`) or write with keep = true first")
         return [("cluster", os.path.abspath("cluster.json"))]
     if comm is not None and nranks > 1:
-        path = comm.bcast(str(cluster.embedded(st["servers"], st["memory"], st["keep"])) if rank == 0 else None, root=0)
+        path = comm.bcast(str(cluster.embedded(st["servers"], st["memory"], st["keep"], st)) if rank == 0 else None, root=0)
     elif nranks > 1:
         raise ConfigError(f"{nranks} writer ranks and no staging cluster: pass comm= so rank 0 starts the embedded one, "
                           "or start one with `cairn cluster start` and set [staging] cluster")
     else:
-        path = str(cluster.embedded(st["servers"], st["memory"], st["keep"]))
+        path = str(cluster.embedded(st["servers"], st["memory"], st["keep"], st))
     # Readers in this process (any rank) use the cluster its writers did.
     _shared_cluster = path
     return [("cluster", path)]
@@ -162,18 +162,21 @@ class Writer:
         self._local: dict[str, bool] = {}
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
-               redundancy: int = 0) -> None:
+               redundancy: int | None = None) -> None:
         """Define a variable: a global array of ``shape``, or with ``local=True`` a per-writer
         block of any size (ragged). Every rank must define it identically. With the staging
-        engine, ``redundancy=r`` keeps each of its objects on ``r + 1`` servers in different
-        failure domains, so it survives any ``r`` server failures (reads fall back to a copy)."""
-        if int(redundancy) < 0:
+        engine, ``redundancy=r`` makes it survive any ``r`` server failures: its objects are
+        written to ``r + 1`` servers in different failure domains, and the cluster's scheme may
+        later erasure-code cold ones into ``rs_data + r`` shards (CoREC). Without it the level is
+        ``[staging] redundancy`` or the cluster's default (``cairn cluster start --redundancy``)."""
+        if redundancy is not None and int(redundancy) < 0:
             raise InvalidArgumentError(f"'{name}': redundancy={redundancy}; give the number of server failures to survive (0 or more)")
         if local and shape is not None:
             raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
         if not local and shape is None:
             raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
-        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape], int(redundancy))
+        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape],
+                           None if redundancy is None else int(redundancy))
         self._local[name] = local
 
     @contextlib.contextmanager

@@ -85,16 +85,37 @@ class LocalCluster:
         stop(self.file, procs=self.procs)
 
 
+_REDUNDANCY_KEYS = ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")
+
+
+def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """The redundancy keys of a ``[staging]`` table that are set."""
+    return {k: settings[k] for k in _REDUNDANCY_KEYS if settings and settings.get(k) is not None}
+
+
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
           topology: str | os.PathLike[str] | None = None, memory: str | int = "4GiB",
           bind: str = "127.0.0.1", timeout: float = 60.0, io_timeout: float | None = None,
-          hello_timeout: float | None = None, peer_timeout: float | None = None, meta: int = 3) -> LocalCluster:
+          hello_timeout: float | None = None, peer_timeout: float | None = None, meta: int = 3,
+          redundancy: int | None = None, scheme: str | None = None, rs_data: int | None = None,
+          min_efficiency: float | None = None, hot_steps: int | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
     the servers' deadlines (``cairn serve --help``); ``meta`` servers (the first of the ring) run
-    the control plane."""
+    the control plane. ``redundancy`` is the level of variables that name none (default 1,
+    lowered to ``servers - 1``); ``scheme``, ``rs_data``, ``min_efficiency`` and ``hot_steps``
+    choose how objects are kept (``[staging]`` of ``cairn.toml`` gives the defaults)."""
+    given = {"redundancy": redundancy, "scheme": scheme, "rs_data": rs_data, "min_efficiency": min_efficiency,
+             "hot_steps": hot_steps}
+    toml = _redundancy_of(json.loads(_native.config_json(None, []))["staging"])
+    chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
+    if chosen["redundancy"] is None:
+        chosen["redundancy"] = min(1, max(servers - 1, 0))
     extra: list[str] = ["--meta", str(meta)]
+    for key, value in chosen.items():
+        if value is not None:
+            extra += ["--" + key.replace("_", "-"), str(value)]
     for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
         if value is not None:
             extra += [flag, str(value)]
@@ -200,7 +221,7 @@ def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeou
 _embedded: LocalCluster | None = None
 
 
-def embedded(servers: int, memory: str, keep: bool) -> Path:
+def embedded(servers: int, memory: str, keep: bool, settings: dict[str, Any] | None = None) -> Path:
     """The cluster file of this process's embedded cluster, starting it on first use. Without
     ``keep`` it lives in a temporary folder and stops when the program ends; with ``keep`` it is
     ``./cluster.json`` and stays up for readers in other processes (reused if already running)."""
@@ -211,10 +232,10 @@ def embedded(servers: int, memory: str, keep: bool) -> Path:
         file = Path("cluster.json").absolute()
         if file.exists() and any(r["state"] != "down" for r in status(file, timeout=2.0)):
             return file
-        _embedded = start(file, servers=servers, memory=memory)
+        _embedded = start(file, servers=servers, memory=memory, **_redundancy_of(settings))
         return _embedded.file
     tmp = Path(tempfile.mkdtemp(prefix="cairn-cluster-"))
-    _embedded = start(tmp / "cluster.json", servers=servers, memory=memory)
+    _embedded = start(tmp / "cluster.json", servers=servers, memory=memory, **_redundancy_of(settings))
 
     def _stop(c: LocalCluster = _embedded, tmp: Path = tmp) -> None:
         c.stop()

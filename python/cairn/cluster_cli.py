@@ -14,17 +14,33 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f}"
 
 
+def _redundancy_flags(p: argparse.ArgumentParser, serve: bool) -> None:
+    """Flags choosing how a cluster keeps objects (cairn.toml [staging] gives cluster start's defaults)."""
+    p.add_argument("--redundancy", type=int, default=1 if serve else None, metavar="R",
+                   help="server failures variables survive unless they say (default 1, lowered to servers - 1)")
+    p.add_argument("--scheme", choices=["corec", "replicate", "erasure", "hybrid", "none"], default="corec" if serve else None,
+                   help="corec: replicate hot objects, erasure-code cold ones (default); replicate; erasure (on the write "
+                        "path); hybrid (LRU); none")
+    p.add_argument("--rs-data", type=int, default=4 if serve else None, metavar="K", help="data shards per stripe (default 4)")
+    p.add_argument("--min-efficiency", type=float, default=0.6 if serve else None, metavar="S",
+                   help="storage efficiency CoREC never goes below (default 0.6)")
+    p.add_argument("--hot-steps", type=int, default=2 if serve else None, metavar="W",
+                   help="steps a box stays hot after it was written (default 2)")
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
-                  args.meta)
+                  args.meta, json.dumps({"redundancy": args.redundancy, "scheme": args.scheme, "rs_data": args.rs_data,
+                                         "min_efficiency": args.min_efficiency, "hot_steps": args.hot_steps}))
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
-                      memory=args.memory, bind=args.host, meta=args.meta)
+                      memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
+                      rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
@@ -97,6 +113,7 @@ def add(sub: Any) -> None:
     s.add_argument("--peer-timeout", type=float, help="seconds a call to another server may take (default 5)")
     s.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                    help="servers running the control plane's Raft replicas: the first M of the ring (1-5, default 3)")
+    _redundancy_flags(s, serve=True)
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
@@ -112,6 +129,7 @@ def add(sub: Any) -> None:
     st.add_argument("--file", default="cluster.json")
     st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                     help="servers running the control plane (1-5, default 3; all when fewer)")
+    _redundancy_flags(st, serve=False)
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json")

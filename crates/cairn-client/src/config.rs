@@ -71,6 +71,42 @@ pub struct StagingConfig {
     /// it (hung, overloaded, gone) is reported by `UnavailableError`. Waits such as `wait_step`
     /// add their own timeout to it.
     pub timeout: f64,
+    /// Redundancy level of variables that do not name one (default: the cluster's, set by
+    /// `cairn cluster start --redundancy`); also the level a cluster started from here gets.
+    pub redundancy: Option<u32>,
+    /// Clusters started from here: how objects are kept ("corec", "replicate", "erasure",
+    /// "hybrid", "none").
+    pub scheme: Option<String>,
+    /// Clusters started from here: data shards per stripe.
+    pub rs_data: Option<u32>,
+    /// Clusters started from here: storage efficiency CoREC never goes below.
+    pub min_efficiency: Option<f64>,
+    /// Clusters started from here: steps a box stays hot after it was written.
+    pub hot_steps: Option<u32>,
+}
+
+impl StagingConfig {
+    /// The redundancy settings of a cluster started from here: `base` with this table's keys.
+    pub fn policy(&self, base: cairn_core::corec::Policy) -> Result<cairn_core::corec::Policy> {
+        let mut p = base;
+        if let Some(r) = self.redundancy {
+            p.redundancy = r;
+        }
+        if let Some(s) = &self.scheme {
+            p.scheme = cairn_core::corec::Scheme::parse(s)?;
+        }
+        if let Some(k) = self.rs_data {
+            p.rs_data = k;
+        }
+        if let Some(e) = self.min_efficiency {
+            p.min_efficiency = e;
+        }
+        if let Some(h) = self.hot_steps {
+            p.hot_steps = h;
+        }
+        p.validate()?;
+        Ok(p)
+    }
 }
 
 /// Default deadline of every call to a staging server, in seconds: well above a loaded server's
@@ -102,6 +138,11 @@ impl Default for StagingConfig {
             servers: 3,
             memory: "4GiB".into(),
             timeout: DEFAULT_TIMEOUT,
+            redundancy: None,
+            scheme: None,
+            rs_data: None,
+            min_efficiency: None,
+            hot_steps: None,
         }
     }
 }
@@ -130,7 +171,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout";
+    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -174,6 +215,7 @@ impl Config {
                 cairn_core::checksum::DEFAULT_CHUNK
             )));
         }
+        self.staging.policy(cairn_core::corec::Policy { redundancy: 0, ..Default::default() })?;
         if self.staging.object_size == 0 {
             return Err(Error::Config(format!(
                 "[staging] object_size = 0: use a positive byte count (the default is {DEFAULT_OBJECT_SIZE}), or leave the key out"
@@ -221,6 +263,14 @@ impl Config {
                 self.staging.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
                 self.staging.deadline()?;
             }
+            "redundancy" => self.staging.redundancy = Some(value.parse().map_err(|_| bad("expected a number of server failures"))?),
+            "scheme" => {
+                cairn_core::corec::Scheme::parse(value)?;
+                self.staging.scheme = Some(value.to_string());
+            }
+            "rs_data" => self.staging.rs_data = Some(value.parse().map_err(|_| bad("expected a number of data shards"))?),
+            "min_efficiency" => self.staging.min_efficiency = Some(value.parse().map_err(|_| bad("expected a fraction, e.g. 0.6"))?),
+            "hot_steps" => self.staging.hot_steps = Some(value.parse().map_err(|_| bad("expected a step count"))?),
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
         Ok(())

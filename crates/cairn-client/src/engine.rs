@@ -37,6 +37,10 @@ pub trait WriteEngine: Send {
     fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool>;
     /// Drops what this writer put in an unpublished step; the step stays invisible.
     fn abort_step(&mut self, step: u64) -> Result<()>;
+    /// Redundancy level of variables that do not name one.
+    fn default_redundancy(&self) -> u32 {
+        0
+    }
 }
 
 /// The reading side of an engine.
@@ -62,6 +66,9 @@ pub trait ReadEngine: Send + Sync {
             std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
         }
     }
+
+    /// Forgets what is cached of a committed step's index (objects may have been encoded since).
+    fn forget(&self, _step: u64) {}
 
     /// Servers the cluster records as down (their copies are gone); none for files.
     fn down_servers(&self) -> Vec<u32> {

@@ -77,14 +77,25 @@ impl Reader {
 
     /// The redundancy level of `var` at `step`, and the state of each of its blocks (in
     /// [`Reader::blocks`] order): `degraded` when a copy of one of its objects is on a server the
-    /// cluster records as down, else `replicated` (whole copies; one for level 0).
+    /// cluster records as down, else `encoded` when an object is erasure coded, else
+    /// `replicated` (whole copies; one for level 0).
     pub fn block_states(&self, var: &str, step: u64) -> Result<(u32, Vec<&'static str>)> {
         let level = self.var(var, step)?.redundancy;
+        // Objects may have been encoded since the index was read.
+        self.engine.forget(step);
         let blocks = self.blocks(var, step)?;
         let down = if level > 0 { self.engine.down_servers() } else { Vec::new() };
         let states = blocks
             .iter()
-            .map(|b| if b.objects.iter().any(|o| o.holders().iter().any(|s| down.contains(s))) { "degraded" } else { "replicated" })
+            .map(|b| {
+                if b.objects.iter().any(|o| o.servers().iter().any(|s| down.contains(s))) {
+                    "degraded"
+                } else if b.objects.iter().any(|o| matches!(o.redundancy, cairn_core::index::Redundancy::Encoded { .. })) {
+                    "encoded"
+                } else {
+                    "replicated"
+                }
+            })
             .collect();
         Ok((level, states))
     }

@@ -78,6 +78,12 @@ impl Writer {
         self.define_var(VarDef::new(name, dtype, shape)?)
     }
 
+    /// Redundancy level of variables that do not name one (the staging cluster's default, or
+    /// `[staging] redundancy`; 0 for files).
+    pub fn default_redundancy(&self) -> u32 {
+        self.engine.default_redundancy()
+    }
+
     /// [`Writer::define`] of a full definition (with its redundancy level, which the staging
     /// engine honours by keeping that many extra copies of each object, each in another failure
     /// domain).

@@ -5,7 +5,9 @@
 use cairn_client::{Config, DType, Reader, Writer};
 use cairn_core::index::Redundancy;
 use cairn_server::testing::TestCluster;
+use cairn_core::corec::{Policy, Scheme};
 use cairn_server::Limits;
+use std::time::{Duration, Instant};
 
 const N: u64 = 8192;
 
@@ -16,6 +18,42 @@ fn cfg(c: &TestCluster) -> Config {
     cfg.set("object_size", "4096").unwrap();
     cfg.set("timeout", "2").unwrap();
     cfg
+}
+
+fn start(dir: &std::path::Path, n: u32, policy: Policy) -> TestCluster {
+    TestCluster::start_with(dir, n, 0, 64 << 20, Limits::default(), 3, policy).unwrap()
+}
+
+/// Waits until `f` holds (or fails the test after 20 s).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads every object of every step on its own: the ones that must read back exactly do, and
+/// the others fail with `DataLoss` naming the object; returns how many were lost.
+fn check_all(r: &Reader, lost_if: impl Fn(&cairn_core::index::ObjectRef) -> bool) -> usize {
+    let mut lost = 0;
+    for step in 0..3 {
+        for b in r.blocks("x", step).unwrap() {
+            for o in &b.objects {
+                let mut out = vec![0u8; o.region.volume() as usize];
+                match r.get("x", step, &o.region.offset, &o.region.count, &mut out) {
+                    Ok(()) => assert!(out.iter().all(|v| *v == (step * 10) as u8 + b.writer as u8), "step {step} {o:?}"),
+                    Err(e) => {
+                        assert!(lost_if(o), "{o:?} should have read: {e}");
+                        assert_eq!(e.kind(), cairn_core::ErrorKind::DataLoss, "{e}");
+                        assert!(e.to_string().contains(&format!("{:#x}", o.id)), "{e}");
+                        lost += 1;
+                    }
+                }
+            }
+        }
+    }
+    lost
 }
 
 /// Two writers put steps 0..3 of `x` (u8, 2·N elements; writer r's half holds step·10 + r).
@@ -43,7 +81,7 @@ fn expected(step: u64) -> Vec<u8> {
 #[test]
 fn every_object_has_its_copies_in_other_domains_and_reads_survive_a_lost_server() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = TestCluster::start(dir.path(), 4, 0, 16 << 20, Limits::default()).unwrap();
+    let mut c = start(dir.path(), 4, Policy { scheme: Scheme::Replicate, ..Policy::default() });
     let cfg = cfg(&c);
     write(&cfg, 1);
     let r = Reader::open("d", &cfg).unwrap();
@@ -97,4 +135,61 @@ fn a_level_the_cluster_cannot_hold_is_refused_by_name() {
     w.begin_step(0).unwrap();
     let e = w.put("x", DType::U8, &[1; 8], None, &[8]).and_then(|()| w.end_step().map(|_| ())).unwrap_err();
     assert!(e.to_string().contains("'x' asks to survive 2 server failures") && e.to_string().contains("2 active"), "{e}");
+}
+
+#[test]
+fn cold_objects_are_encoded_and_read_through_one_failure_then_lost_by_name_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy { scheme: Scheme::Corec, rs_data: 4, min_efficiency: 0.3, hot_steps: 1, ..Policy::default() };
+    let mut c = start(dir.path(), 6, policy);
+    let cfg = cfg(&c);
+    write(&cfg, 1);
+    // Steps 0 and 1 were superseded by the next step's writes of the same boxes: cold, encoded
+    // in the background into 4 + 1 shards; step 2 stays replicated (hot).
+    let encoded = |step| {
+        let r = Reader::open("d", &cfg).unwrap();
+        r.block_states("x", step).unwrap().1.iter().all(|s| *s == "encoded")
+    };
+    eventually("steps 0 and 1 encoded", || encoded(0) && encoded(1));
+    let r = Reader::open("d", &cfg).unwrap();
+    for b in r.blocks("x", 0).unwrap() {
+        for o in &b.objects {
+            let Redundancy::Encoded { k, m, shards } = &o.redundancy else { panic!("{o:?} not encoded") };
+            assert_eq!((*k, *m, shards.len()), (4, 1, 5));
+        }
+    }
+    assert!(r.block_states("x", 2).unwrap().1.iter().all(|s| *s == "replicated"));
+    // Copies made redundant are dropped: servers hold shards, and less than two copies' worth.
+    eventually("copies of encoded objects dropped", || {
+        let used: u64 = (0..6).map(|s| c.state(s).unwrap().store.used()).sum();
+        used < 2 * 3 * 2 * N
+    });
+    assert!((0..6).map(|s| c.state(s).unwrap().store.copies().1).sum::<u64>() >= 2 * 2 * 5);
+    // Server 5 (not a meta server) dies: every box of every step reads back exactly, encoded
+    // objects decoded from their other shards.
+    c.kill(5);
+    assert_eq!(check_all(&r, |_| false), 0);
+    // Server 4 too: objects with pieces on both are lost by name; everything else still reads.
+    c.kill(4);
+    let lost = check_all(&r, |o| o.servers().contains(&4) && o.servers().contains(&5));
+    assert!(lost > 0, "some object had pieces on both 4 and 5");
+}
+
+#[test]
+fn the_erasure_scheme_encodes_on_the_write_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = start(dir.path(), 4, Policy { scheme: Scheme::Erasure, rs_data: 2, ..Policy::default() });
+    let cfg = cfg(&c);
+    write(&cfg, 1);
+    let r = Reader::open("d", &cfg).unwrap();
+    for step in 0..3 {
+        for b in r.blocks("x", step).unwrap() {
+            assert!(b.objects.iter().all(|o| matches!(o.redundancy, Redundancy::Encoded { k: 2, m: 1, .. })), "{b:?}");
+        }
+    }
+    // 1.5 × the data stored (2 + 1 shards of half an object each).
+    let used: u64 = (0..4).map(|s| c.state(s).unwrap().store.used()).sum();
+    assert_eq!(used, 3 * 2 * N * 3 / 2);
+    c.kill(3);
+    assert_eq!(check_all(&r, |_| false), 0);
 }

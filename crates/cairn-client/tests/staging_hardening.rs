@@ -123,6 +123,9 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         elem: 1,
         checksum: 0,
         copy: 0,
+        writer: 0,
+        shard: 0,
+        sealed: false,
     };
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
     use std::io::Write;

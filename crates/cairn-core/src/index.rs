@@ -135,6 +135,17 @@ pub enum Redundancy {
         /// Servers holding a copy, in the order readers try them.
         servers: Vec<u32>,
     },
+    /// Reed–Solomon coded: `k` data shards (the object's bytes cut in `k`, the last padded) and
+    /// `m` parity shards, shard `i` on `shards[i]` (stored under shard number `i + 1`); any `k`
+    /// give the object back (see [`crate::erasure`]).
+    Encoded {
+        /// Data shards.
+        k: u32,
+        /// Parity shards (the level: server failures survived).
+        m: u32,
+        /// Server of each shard, data shards first.
+        shards: Vec<u32>,
+    },
 }
 
 impl Redundancy {
@@ -144,11 +155,20 @@ impl Redundancy {
 }
 
 impl ObjectRef {
-    /// The servers holding a whole copy, in the order to try them.
+    /// The servers holding a whole copy, in the order to try them (none when encoded).
     pub fn holders(&self) -> Vec<u32> {
         match &self.redundancy {
             Redundancy::Single => vec![self.server],
             Redundancy::Replicated { servers } => servers.clone(),
+            Redundancy::Encoded { .. } => Vec::new(),
+        }
+    }
+
+    /// Every server holding a copy or a shard of it.
+    pub fn servers(&self) -> Vec<u32> {
+        match &self.redundancy {
+            Redundancy::Encoded { shards, .. } => shards.clone(),
+            _ => self.holders(),
         }
     }
 }
@@ -186,10 +206,14 @@ impl BlockRecord {
                 if !inside {
                     return bad(format!("object {:?}+{:?} lies outside its block", o.region.offset, o.region.count));
                 }
-                if let Redundancy::Replicated { servers } = &o.redundancy {
-                    let distinct = servers.iter().collect::<std::collections::BTreeSet<_>>().len();
-                    if servers.first() != Some(&o.server) || distinct != servers.len() || servers.len() > 256 {
-                        return bad(format!("object {:#x} lists its copies on {servers:?}, not distinct servers led by {}", o.id, o.server));
+                let servers = o.servers();
+                let distinct = servers.iter().collect::<std::collections::BTreeSet<_>>().len();
+                if servers.first() != Some(&o.server) || distinct != servers.len() || servers.len() > crate::erasure::MAX_SHARDS {
+                    return bad(format!("object {:#x} lists its copies on {servers:?}, not distinct servers led by {}", o.id, o.server));
+                }
+                if let Redundancy::Encoded { k, m, shards } = &o.redundancy {
+                    if *k == 0 || *m == 0 || (*k as usize).saturating_add(*m as usize) != shards.len() {
+                        return bad(format!("object {:#x} is coded {k}+{m} but lists {} shards", o.id, shards.len()));
                     }
                 }
                 volume = volume.saturating_add(o.region.volume());

@@ -19,6 +19,7 @@
 pub mod assemble;
 pub mod checksum;
 pub mod codec;
+pub mod corec;
 pub mod dtype;
 pub mod erasure;
 pub mod error;

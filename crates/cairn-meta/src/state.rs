@@ -7,7 +7,7 @@
 //! visible, at once, everywhere) or `Abort`. A coordinator that dies between them is replaced by
 //! one that finds the prepared steps in [`MetaState::in_flight`] and finishes each.
 
-use cairn_core::index::{Fragment, StepIndex};
+use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, ErrorKind};
 use cairn_proto::message::Share;
 use cairn_proto::ClusterView;
@@ -55,6 +55,16 @@ pub enum Cmd {
         dataset: String,
         /// Step.
         step: u64,
+    },
+    /// Objects of a committed step were erasure coded (CoREC): their index entries now name
+    /// their shards instead of their copies. Objects no longer replicated (or gone) are skipped.
+    Encoded {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object ids and how each is now kept (`Redundancy::Encoded`).
+        objects: Vec<(u64, Redundancy)>,
     },
     /// Commands that arrived together, in one log entry (group commit): applied in order, each
     /// with its own outcome.
@@ -116,6 +126,11 @@ pub enum Outcome {
     },
     /// The view is installed.
     ViewSet,
+    /// Encodings recorded: how many of the objects named were changed.
+    Encoded {
+        /// Objects whose entries changed.
+        changed: u64,
+    },
     /// The outcomes of a batch's commands, in order.
     Batch {
         /// One per command.
@@ -238,6 +253,7 @@ impl MetaState {
             Cmd::Abort { dataset, step, session } => Ok(self.abort(&dataset, step, &session)),
             Cmd::Release { dataset, step } => self.release(&dataset, step),
             Cmd::SetView { view } => self.set_view(view),
+            Cmd::Encoded { dataset, step, objects } => self.encoded(&dataset, step, objects),
             // Nested batches are refused (the batcher never makes them), so applying stays flat.
             Cmd::Batch { cmds } => Ok(Outcome::Batch {
                 outcomes: cmds
@@ -369,6 +385,27 @@ impl MetaState {
         let index = ds.committed.remove(&step).ok_or_else(|| not_committed(dataset, step, &ds.committed))?;
         ds.committed_by.remove(&step);
         Ok(Outcome::Released { index })
+    }
+
+    fn encoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<Outcome, Error> {
+        let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        let index = ds.committed.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?;
+        let mut changed = 0;
+        let index = Arc::make_mut(index);
+        for (id, red) in objects {
+            let Redundancy::Encoded { shards, .. } = &red else {
+                return Err(Error::InvalidArgument(format!("object {id:#x}: an encoding must record shards, got {red:?}")));
+            };
+            let first = *shards.first().ok_or_else(|| Error::InvalidArgument(format!("object {id:#x}: an encoding without shards")))?;
+            for o in index.blocks.iter_mut().flat_map(|b| b.objects.iter_mut()) {
+                if o.id == id && matches!(o.redundancy, Redundancy::Replicated { .. }) {
+                    o.server = first;
+                    o.redundancy = red.clone();
+                    changed += 1;
+                }
+            }
+        }
+        Ok(Outcome::Encoded { changed })
     }
 
     fn set_view(&mut self, view: ClusterView) -> Result<Outcome, Error> {
@@ -599,7 +636,7 @@ pub(crate) mod tests {
                 memory: 1,
             })
             .collect();
-        let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers });
+        let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers, redundancy: Default::default() });
         let mut s = MetaState::default();
         assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }), Outcome::ViewSet);
         assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }).into_result().unwrap_err().kind(), ErrorKind::Conflict);

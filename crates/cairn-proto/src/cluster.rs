@@ -30,12 +30,15 @@ pub struct ServerEntry {
 }
 
 /// A complete cluster file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClusterFile {
     /// Token every client and server presents in its hello.
     pub secret: String,
     /// All servers, sorted by id.
     pub servers: Vec<ServerEntry>,
+    /// Redundancy settings: the default level of variables and how objects are kept.
+    #[serde(default)]
+    pub redundancy: cairn_core::corec::Policy,
 }
 
 impl ClusterFile {

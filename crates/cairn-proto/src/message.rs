@@ -70,8 +70,19 @@ pub enum Request {
         /// level adds (counted as replicas in `status`).
         #[serde(default)]
         copy: u32,
+        /// Rank of the writer (its objects are dropped together when it aborts a step).
+        #[serde(default)]
+        writer: u32,
+        /// 0 for a whole copy; `i + 1` for erasure-code shard `i` (the payload is the shard,
+        /// `region` the whole object's box).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        shard: u32,
+        /// An encoder's shard of a committed object: stored sealed at once.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sealed: bool,
     },
     /// Reads the box `want` (inside the object's box) of one object; the reply's payload holds it.
+    /// For a shard (`shard` > 0) the whole shard is returned and `want` must be the object's box.
     Get {
         /// Dataset name.
         dataset: String,
@@ -81,6 +92,25 @@ pub enum Request {
         id: u64,
         /// Box to return, in C order.
         want: Region,
+        /// 0 for a whole copy, `i + 1` for shard `i`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        shard: u32,
+    },
+    /// Leader → a holder of a committed object's whole copy: encode it into `k + m` shards and
+    /// store shard `i` on `shards[i]`. Answered with [`Response::Encoded`].
+    Encode {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object id.
+        id: u64,
+        /// Data shards.
+        k: u32,
+        /// Parity shards.
+        m: u32,
+        /// Server of each shard.
+        shards: Vec<u32>,
     },
     /// A writer's part of a step, sent to the dataset's coordinator server once its puts are done.
     EndStep {
@@ -122,6 +152,10 @@ pub enum Request {
         /// Keep this session's objects: drop what every other session left (a crashed run).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         except: Option<String>,
+        /// Only this shard (0: the whole copy) of each of `ids`, sealed or not: the leader
+        /// dropping copies an encoding made redundant, or shards of a failed encoding.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shard: Option<u32>,
     },
     /// Committed steps of a dataset.
     Steps {
@@ -328,6 +362,9 @@ pub struct ObjectInfo {
     pub var: String,
     /// Object id.
     pub id: u64,
+    /// 0 for a whole copy, `i + 1` for erasure-code shard `i`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shard: u32,
     /// Its box.
     pub region: Region,
     /// Bytes.
@@ -391,6 +428,12 @@ pub enum Response {
     Data {
         /// crc32c of the payload.
         checksum: u32,
+    },
+    /// An object was encoded; the encoder's request rate rides along (the leader gives the next
+    /// encoding of the group to its least loaded member).
+    Encoded {
+        /// Requests per second the encoder served lately.
+        rate: f64,
     },
     /// Result of an end of step or a wait.
     Committed {
@@ -475,6 +518,10 @@ impl Request {
     pub fn op_name(&self) -> String {
         serde_json::to_value(self).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The error a reply of the wrong kind stands for: its own if it is an error reply, else

@@ -122,7 +122,7 @@ mod tests {
                 memory: 1,
             })
             .collect();
-        ClusterFile { secret: "s".into(), servers }
+        ClusterFile { secret: "s".into(), servers, redundancy: Default::default() }
     }
 
     #[test]

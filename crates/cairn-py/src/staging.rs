@@ -16,7 +16,7 @@ pub(crate) fn seconds(s: f64) -> PyResult<Duration> {
 
 /// Runs one staging server until it is shut down; blocks (without the GIL).
 #[pyfunction]
-#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3))]
+#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3, redundancy="{}"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -33,7 +33,10 @@ pub(crate) fn serve(
     hello_timeout_s: Option<f64>,
     peer_timeout_s: Option<f64>,
     meta: u32,
+    redundancy: &str,
 ) -> PyResult<()> {
+    let redundancy: cairn_core::corec::Policy = serde_json::from_str(redundancy)
+        .map_err(|e| to_py(cairn_core::Error::Config(format!("redundancy settings {redundancy:?}: {e}"))))?;
     let mut limits = cairn_server::Limits::default();
     if let Some(s) = io_timeout_s {
         limits.io_timeout = seconds(s)?;
@@ -46,7 +49,7 @@ pub(crate) fn serve(
     }
     let meta = meta.clamp(1, 5);
     let opts =
-        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits, meta };
+        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits, meta, redundancy };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }
 

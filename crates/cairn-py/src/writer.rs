@@ -44,11 +44,15 @@ impl PyWriter {
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 
-    #[pyo3(signature = (name, dtype, shape, redundancy=0))]
-    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>, redundancy: u32) -> PyResult<()> {
+    /// Defines a variable; without `redundancy` it gets the cluster's default level.
+    #[pyo3(signature = (name, dtype, shape, redundancy=None))]
+    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>, redundancy: Option<u32>) -> PyResult<()> {
         let dtype = DType::parse(dtype).map_err(to_py)?;
-        let def = cairn_core::index::VarDef::new(name, dtype, shape).map_err(to_py)?.with_redundancy(redundancy);
-        self.with(|w| w.define_var(def))
+        let def = cairn_core::index::VarDef::new(name, dtype, shape).map_err(to_py)?;
+        self.with(|w| {
+            let level = redundancy.unwrap_or_else(|| w.default_redundancy());
+            w.define_var(def.with_redundancy(level))
+        })
     }
 
     fn begin_step(&self, step: u64) -> PyResult<()> {

@@ -21,7 +21,9 @@
 
 pub mod cmd;
 pub mod control;
+pub mod corec;
 pub mod deadline;
+pub mod encode;
 pub mod handler;
 pub mod kv;
 pub mod meta;

@@ -5,7 +5,7 @@
 //! committed by a majority, never before; `wait_step` callers on the leader wake when it is.
 
 use crate::state::lock;
-use cairn_core::index::{Fragment, StepIndex};
+use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_meta::log::query;
 use cairn_meta::{Cmd, MetaLog, Outcome};
@@ -147,6 +147,14 @@ impl Meta {
         };
         self.changed(dataset);
         Ok(index)
+    }
+
+    /// Records that objects of a committed step were encoded; returns how many entries changed.
+    pub async fn encoded(&self, log: &dyn MetaLog, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<u64> {
+        match self.batcher.propose(log, Cmd::Encoded { dataset: dataset.to_string(), step, objects }).await? {
+            Outcome::Encoded { changed } => Ok(changed),
+            other => Err(unexpected_outcome("encoded", &other)),
+        }
     }
 
     /// Committed steps of a dataset (empty if unknown: a reader may come before the writers).

@@ -37,6 +37,11 @@ impl Peers {
 /// turns out closed (the peer restarted) is replaced once; a peer that does not answer within
 /// the deadline is reported by id, address and operation.
 pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
+    call_with(state, to, req, &[]).await
+}
+
+/// [`call`] with a payload.
+pub async fn call_with(state: &State, to: u32, req: &Request, payload: &[u8]) -> Result<Response> {
     let view = state.view()?;
     let addr = view.server(to)?.addr.clone();
     let op = req.op_name();
@@ -49,7 +54,7 @@ pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
                 None => connect(state, addr).await?,
             };
             let env = Envelope { epoch: None, req: req.clone() };
-            write_frame(&mut s, &env, &[]).await?;
+            write_frame(&mut s, &env, payload).await?;
             let (resp, _): (Response, _) =
                 read_head(&mut s, MAX_HEADER, 0).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
             Ok::<_, Error>((s, resp))

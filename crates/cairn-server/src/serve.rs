@@ -35,6 +35,9 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// Meta servers in the cluster (the first this many ring slots run the control plane).
     pub meta: u32,
+    /// Redundancy settings server 0 writes into the cluster file (the level is lowered to what
+    /// the active servers can give: a level `r` needs `r + 1` of them).
+    pub redundancy: cairn_core::corec::Policy,
 }
 
 fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
@@ -52,6 +55,7 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 
 /// Runs a server until it is told to shut down (a shutdown request, SIGTERM or SIGINT).
 pub fn serve(opts: ServeOptions) -> Result<()> {
+    opts.redundancy.validate()?;
     // A cluster file that exists before this server publishes its entry means it is restarting
     // into a running cluster: its control-plane replica rejoins under a new node id.
     let rejoin = opts.cluster.exists();
@@ -92,8 +96,10 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         crate::control::start(state.clone());
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
+            let mut policy = opts.redundancy.clone();
+            policy.redundancy = policy.redundancy.min(opts.servers.saturating_sub(1));
             tokio::task::spawn_blocking(move || {
-                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout) {
+                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout, policy) {
                     eprintln!("cairn server 0: {e}");
                 }
             });
@@ -112,7 +118,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
 }
 
 /// Waits for `n` entries in `dir`, then writes the cluster file.
-fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration) -> Result<()> {
+fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration, redundancy: cairn_core::corec::Policy) -> Result<()> {
     let servers = wait_for(&format!("{n} servers to publish their entries in {}", dir.display()), timeout, || {
         (0..n)
             .map(|id| {
@@ -121,7 +127,7 @@ fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration)
             })
             .collect::<Option<Vec<_>>>()
     })?;
-    let file = ClusterFile { secret: secret.to_string(), servers };
+    let file = ClusterFile { secret: secret.to_string(), servers, redundancy };
     write_private(cluster, &serde_json::to_vec_pretty(&file).expect("serializes"))
 }
 

@@ -76,6 +76,12 @@ pub struct State {
     pub control: OnceLock<cairn_meta::raft::RaftLog>,
     /// Requests served.
     pub requests: AtomicU64,
+    /// The cluster's redundancy settings (from the cluster file, read when first needed).
+    policy: OnceLock<cairn_core::corec::Policy>,
+    /// The leader's CoREC encoder: classifier and encodings under way.
+    pub corec: crate::corec::Corec,
+    /// One encoding at a time on this server: encoding takes at most one core's share.
+    pub encoding: tokio::sync::Semaphore,
     /// Start time.
     pub started: Instant,
     /// Fires once when the server should stop.
@@ -100,9 +106,21 @@ impl State {
             meta_options,
             control: OnceLock::new(),
             requests: AtomicU64::new(0),
+            policy: OnceLock::new(),
+            corec: crate::corec::Corec::default(),
+            encoding: tokio::sync::Semaphore::new(1),
             started: Instant::now(),
             shutdown: broadcast::channel(1).0,
         })
+    }
+
+    /// The cluster's redundancy settings.
+    pub fn policy(&self) -> Result<cairn_core::corec::Policy> {
+        if let Some(p) = self.policy.get() {
+            return Ok(p.clone());
+        }
+        let p = ClusterFile::load(&self.cluster_path)?.redundancy;
+        Ok(self.policy.get_or_init(|| p).clone())
     }
 
     /// The current cluster view; the first one comes from the cluster file once it is complete.

@@ -1,4 +1,5 @@
-//! The object store: objects by (dataset, step, id), with memory accounting. Space is reserved
+//! The object store: objects by (dataset, step, id, shard), with memory accounting. Shard 0 is a
+//! whole copy; shard `i + 1` is erasure-code shard `i` of an encoded object. Space is reserved
 //! before a payload is read, so a put that would pass the limit is refused without allocating.
 
 use crate::state::lock;
@@ -19,17 +20,37 @@ pub struct Object {
     pub elem: u32,
     /// Writer session that put it.
     pub session: String,
+    /// Rank of the writer that put it.
+    pub writer: u32,
     /// crc32c of `data`.
     pub checksum: u32,
     /// C-order bytes of `region`.
     pub data: Arc<Vec<u8>>,
     /// Whether its step committed.
     pub sealed: bool,
-    /// Which copy it is (0: the first).
+    /// Which copy it is (0: the first); for a shard, 0 for data and 1 for parity.
     pub copy: u32,
 }
 
+/// An object's key within a step: its id and shard.
+pub type ObjKey = (u64, u32);
+
 type StepKey = (String, u64);
+
+/// Which objects of a step [`Store::drop_objects`] frees (every field narrows it).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Which<'a> {
+    /// Only this session's.
+    pub session: Option<&'a str>,
+    /// Only this writer's.
+    pub writer: Option<u32>,
+    /// Only these objects (when not empty).
+    pub ids: &'a [u64],
+    /// Every session's but this one's.
+    pub except: Option<&'a str>,
+    /// Only this shard of each of `ids`, sealed or not.
+    pub shard: Option<u32>,
+}
 
 /// Upper bound of a built reply (see [`Store::max_reply`]).
 pub const MAX_REPLY: u64 = 256 << 20;
@@ -40,7 +61,7 @@ pub struct Store {
     server: u32,
     limit: u64,
     used: AtomicU64,
-    steps: Mutex<HashMap<StepKey, HashMap<u64, Object>>>,
+    steps: Mutex<HashMap<StepKey, HashMap<ObjKey, Object>>>,
     pool: Pool,
 }
 
@@ -151,36 +172,44 @@ impl Store {
         }
     }
 
-    /// Stores an object under `(dataset, step, id)`, consuming the reservation of its bytes. An
+    /// Stores an object under `(dataset, step, key)`, consuming the reservation of its bytes. An
     /// object put again (a writer retrying) replaces the earlier one, unless that one is sealed:
     /// a committed step's objects never change (the reservation is given back).
-    pub fn insert(&self, dataset: &str, step: u64, id: u64, obj: Object, r: Reservation<'_>) -> Result<()> {
+    pub fn insert(&self, dataset: &str, step: u64, key: ObjKey, obj: Object, r: Reservation<'_>) -> Result<()> {
         let mut steps = lock(&self.steps);
         let held = steps.entry((dataset.to_string(), step)).or_default();
-        if held.get(&id).is_some_and(|o| o.sealed) {
+        if held.get(&key).is_some_and(|o| o.sealed) {
             return Err(Error::AlreadyExists(format!(
-                "object {id:#x} of dataset '{dataset}' step {step} on server {} is sealed (its step is committed or being \
+                "object {:#x} (shard {}) of dataset '{dataset}' step {step} on server {} is sealed (its step is committed or being \
                  committed); committed steps are immutable, write a new step number",
-                self.server
+                key.0, key.1, self.server
             )));
         }
         std::mem::forget(r);
-        if let Some(old) = held.insert(id, obj) {
+        if let Some(old) = held.insert(key, obj) {
             self.used.fetch_sub(old.data.len() as u64, Ordering::AcqRel);
         }
         Ok(())
     }
 
-    /// The bytes, box and checksum of an object.
-    pub fn get(&self, dataset: &str, step: u64, id: u64) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
+    /// The bytes, box, element size and checksum of an object's copy or shard.
+    pub fn get(&self, dataset: &str, step: u64, key: ObjKey) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
         let steps = lock(&self.steps);
-        let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&id)).ok_or_else(|| {
+        let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&key)).ok_or_else(|| {
+            let what = if key.1 == 0 { "a copy of".to_string() } else { format!("shard {} of", key.1 - 1) };
             Error::NotFound(format!(
-                "server {} holds no object {id:#x} of dataset '{dataset}' step {step}; the step may have been released",
-                self.server
+                "server {} holds no {what} object {:#x} of dataset '{dataset}' step {step}; the step may have been \
+                 released, or the object encoded since (read the step's index again)",
+                self.server, key.0
             ))
         })?;
         Ok((o.data.clone(), o.region.clone(), o.elem, o.checksum))
+    }
+
+    /// Variable, writer rank and session of an object's copy or shard.
+    pub fn owner(&self, dataset: &str, step: u64, key: ObjKey) -> Option<(String, u32, String)> {
+        let steps = lock(&self.steps);
+        steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&key)).map(|o| (o.var.clone(), o.writer, o.session.clone()))
     }
 
     /// Checks that exactly `objects` objects of `bytes` bytes of `session` are held for the step,
@@ -212,29 +241,23 @@ impl Store {
     /// Frees objects of a step (only a session's, a writer's, the listed ones, or those of every
     /// session but `except`, if given). Returns bytes freed. A writer's own clean-up (by writer
     /// or by ids) never frees sealed objects: its step may have committed after all (an end of
-    /// step whose answer was lost); only the coordinator (abort, release) does.
-    pub fn drop_objects(
-        &self,
-        dataset: &str,
-        step: u64,
-        session: Option<&str>,
-        writer: Option<u32>,
-        ids: &[u64],
-        except: Option<&str>,
-    ) -> u64 {
+    /// step whose answer was lost); only the coordinator (abort, release, `shard`) does.
+    pub fn drop_objects(&self, dataset: &str, step: u64, which: &Which<'_>) -> u64 {
         let mut steps = lock(&self.steps);
         let key = (dataset.to_string(), step);
         let Some(held) = steps.get_mut(&key) else { return 0 };
-        let hits: Vec<u64> = held
+        let Which { session, writer, ids, except, shard } = *which;
+        let hits: Vec<ObjKey> = held
             .iter()
-            .filter(|(id, o)| {
-                !(o.sealed && (writer.is_some() || !ids.is_empty()))
+            .filter(|((id, sh), o)| {
+                !(o.sealed && shard.is_none() && (writer.is_some() || !ids.is_empty()))
                     && session.is_none_or(|s| o.session == s)
                     && except.is_none_or(|s| o.session != s)
-                    && writer.is_none_or(|w| (**id >> 32) as u32 == w)
+                    && writer.is_none_or(|w| o.writer == w)
                     && (ids.is_empty() || ids.contains(id))
+                    && shard.is_none_or(|s| *sh == s)
             })
-            .map(|(id, _)| *id)
+            .map(|(k, _)| *k)
             .collect();
         let gone: Vec<Object> = hits.iter().filter_map(|id| held.remove(id)).collect();
         if held.is_empty() {
@@ -253,14 +276,15 @@ impl Store {
         (steps.values().map(|s| s.len() as u64).sum(), steps.len() as u64)
     }
 
-    /// (extra copies held, bytes of first copies held).
-    pub fn copies(&self) -> (u64, u64) {
+    /// (extra copies held, shards held, bytes of first copies and data shards held).
+    pub fn copies(&self) -> (u64, u64, u64) {
         let steps = lock(&self.steps);
-        steps.values().flat_map(|s| s.values()).fold((0, 0), |(n, b), o| {
-            if o.copy > 0 {
-                (n + 1, b)
-            } else {
-                (n, b + o.data.len() as u64)
+        steps.values().flat_map(|s| s.iter()).fold((0, 0, 0), |(n, sh, b), ((_, shard), o)| {
+            let data = if o.copy == 0 { o.data.len() as u64 } else { 0 };
+            match (*shard, o.copy) {
+                (0, c) if c > 0 => (n + 1, sh, b),
+                (0, _) => (n, sh, b + data),
+                _ => (n, sh + 1, b + data),
             }
         })
     }
@@ -271,18 +295,19 @@ impl Store {
         let mut out: Vec<ObjectInfo> = steps
             .iter()
             .flat_map(|((d, s), objs)| {
-                objs.iter().map(move |(id, o)| ObjectInfo {
+                objs.iter().map(move |((id, shard), o)| ObjectInfo {
                     dataset: d.clone(),
                     step: *s,
                     var: o.var.clone(),
                     id: *id,
+                    shard: *shard,
                     region: o.region.clone(),
                     bytes: o.data.len() as u64,
                     sealed: o.sealed,
                 })
             })
             .collect();
-        out.sort_by(|a, b| (&a.dataset, a.step, &a.var, a.id).cmp(&(&b.dataset, b.step, &b.var, b.id)));
+        out.sort_by(|a, b| (&a.dataset, a.step, &a.var, a.id, a.shard).cmp(&(&b.dataset, b.step, &b.var, b.id, b.shard)));
         out
     }
 }
@@ -297,6 +322,7 @@ mod tests {
             region: Region::new(vec![0], vec![n as u64]).unwrap(),
             elem: 1,
             session: session.into(),
+            writer: 0,
             checksum: 0,
             data: Arc::new(vec![0; n]),
             sealed: false,
@@ -311,36 +337,36 @@ mod tests {
         let e = s.reserve(50).unwrap_err();
         assert_eq!(e.kind(), cairn_core::ErrorKind::Capacity);
         assert!(e.to_string().contains("server 3") && e.to_string().contains("50 bytes"), "{e}");
-        s.insert("d", 1, 7, obj("a", 60), r).unwrap();
+        s.insert("d", 1, (7, 0), obj("a", 60), r).unwrap();
         assert_eq!(s.used(), 60);
         drop(s.reserve(40).unwrap());
         assert_eq!(s.used(), 60);
-        assert_eq!(s.drop_objects("d", 1, None, None, &[], None), 60);
+        assert_eq!(s.drop_objects("d", 1, &Which::default()), 60);
         assert_eq!((s.used(), s.counts()), (0, (0, 0)));
     }
 
     #[test]
     fn seal_checks_counts_and_drops_stale_sessions() {
         let s = Store::new(0, 1000);
-        s.insert("d", 1, 1, obj("old", 10), s.reserve(10).unwrap()).unwrap();
-        s.insert("d", 1, 2, obj("new", 20), s.reserve(20).unwrap()).unwrap();
+        s.insert("d", 1, (1, 0), obj("old", 10), s.reserve(10).unwrap()).unwrap();
+        s.insert("d", 1, (2, 0), obj("new", 20), s.reserve(20).unwrap()).unwrap();
         assert!(s.seal("d", 1, "new", 2, 40).unwrap_err().to_string().contains("holds 1 objects"));
         s.seal("d", 1, "new", 1, 20).unwrap();
         assert_eq!(s.used(), 20);
         assert!(s.list().iter().all(|o| o.sealed));
         // A sealed object never changes, and a writer's clean-up leaves it: its step committed.
-        let e = s.insert("d", 1, 2, obj("new", 5), s.reserve(5).unwrap()).unwrap_err();
+        let e = s.insert("d", 1, (2, 0), obj("new", 5), s.reserve(5).unwrap()).unwrap_err();
         assert!(e.kind() == cairn_core::ErrorKind::AlreadyExists && e.to_string().contains("sealed"), "{e}");
         assert_eq!(s.used(), 20, "the refused put's reservation is given back");
-        assert_eq!(s.drop_objects("d", 1, Some("new"), Some(0), &[], None), 0);
-        assert_eq!(s.drop_objects("d", 1, Some("new"), None, &[2], None), 0);
+        assert_eq!(s.drop_objects("d", 1, &Which { session: Some("new"), writer: Some(0), ..Which::default() }), 0);
+        assert_eq!(s.drop_objects("d", 1, &Which { session: Some("new"), ids: &[2], ..Which::default() }), 0);
         // Replacing an unsealed object accounts for the old bytes.
-        s.insert("d", 2, 2, obj("new", 20), s.reserve(20).unwrap()).unwrap();
-        s.insert("d", 2, 2, obj("new", 5), s.reserve(5).unwrap()).unwrap();
+        s.insert("d", 2, (2, 0), obj("new", 20), s.reserve(20).unwrap()).unwrap();
+        s.insert("d", 2, (2, 0), obj("new", 5), s.reserve(5).unwrap()).unwrap();
         assert_eq!(s.used(), 25);
-        assert_eq!(s.drop_objects("d", 2, None, Some(0), &[], Some("new")), 0, "except keeps that session's");
-        assert_eq!(s.drop_objects("d", 2, None, Some(0), &[], None), 5);
+        assert_eq!(s.drop_objects("d", 2, &Which { writer: Some(0), except: Some("new"), ..Which::default() }), 0, "except keeps that session's");
+        assert_eq!(s.drop_objects("d", 2, &Which { writer: Some(0), ..Which::default() }), 5);
         // The coordinator (an abort, a release) frees sealed objects.
-        assert_eq!(s.drop_objects("d", 1, Some("new"), None, &[], None), 20);
+        assert_eq!(s.drop_objects("d", 1, &Which { session: Some("new"), ..Which::default() }), 20);
     }
 }

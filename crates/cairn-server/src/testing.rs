@@ -48,6 +48,19 @@ impl TestCluster {
 
     /// [`TestCluster::start`] with the first `meta` ring slots running the control plane.
     pub fn start_meta(dir: &Path, active: u32, spares: u32, memory: u64, limits: Limits, meta: u32) -> Result<TestCluster> {
+        Self::start_with(dir, active, spares, memory, limits, meta, cairn_core::corec::Policy::default())
+    }
+
+    /// [`TestCluster::start_meta`] with redundancy settings in the cluster file.
+    pub fn start_with(
+        dir: &Path,
+        active: u32,
+        spares: u32,
+        memory: u64,
+        limits: Limits,
+        meta: u32,
+        redundancy: cairn_core::corec::Policy,
+    ) -> Result<TestCluster> {
         let file = dir.join("cluster.json");
         let secret = cairn_proto::auth::new_secret()?;
         let mut listeners = Vec::new();
@@ -66,7 +79,7 @@ impl TestCluster {
             });
             listeners.push((addr, l));
         }
-        let cluster = ClusterFile { secret: secret.clone(), servers: entries };
+        let cluster = ClusterFile { secret: secret.clone(), servers: entries, redundancy };
         write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
         let meta = crate::control::MetaOptions { servers: meta, ..Default::default() };
         let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };

@@ -236,6 +236,11 @@ impl Cluster {
         Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout }))
     }
 
+    /// The cluster's redundancy settings.
+    pub(crate) fn policy(&self) -> &cairn_core::corec::Policy {
+        &self.file.redundancy
+    }
+
     /// The current view.
     pub(crate) fn view(&self) -> Arc<ClusterView> {
         self.view.read().unwrap_or_else(|p| p.into_inner()).clone()

@@ -7,7 +7,9 @@ use super::conn::Cluster;
 use super::{index_of, steps_of};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::for_each_run;
-use cairn_core::index::{BlockRecord, StepIndex, VarDef};
+use cairn_core::assemble::{copy_box, Layout};
+use cairn_core::erasure::Code;
+use cairn_core::index::{BlockRecord, ObjectRef, Redundancy, StepIndex, VarDef};
 use cairn_core::{Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response};
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +34,19 @@ struct Fetch<'a> {
     parts: Vec<&'a mut [u8]>,
     /// Servers holding a copy, in the order to try them.
     holders: Vec<u32>,
+    /// Whether its bytes arrived intact.
+    done: bool,
+}
+
+/// An encoded object being read whole: which shards arrived into `buf` (shard `i` at `i·n`).
+struct Stripe {
+    k: usize,
+    m: usize,
+    n: usize,
+    len: usize,
+    servers: Vec<u32>,
+    have: Vec<bool>,
+    buf: Vec<u8>,
 }
 
 impl StagingReader {
@@ -72,6 +87,8 @@ impl StagingReader {
                                 "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
                                 f.what
                             )));
+                        } else {
+                            f.done = true;
                         }
                     }
                     Ok(other) => {
@@ -121,30 +138,10 @@ impl StagingReader {
         }
         Ok(())
     }
-}
 
-/// Whether a failed call shows that the server's process is gone (the kernel refuses or resets
-/// its connections; its memory went with it), as opposed to slow or hung (it may come back). The
-/// client's errors carry the cause only as text.
-fn server_gone(e: &Error) -> bool {
-    let m = e.to_string();
-    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection"].iter().any(|p| m.contains(p))
-}
-
-impl ReadEngine for StagingReader {
-    fn steps(&self) -> Result<Vec<u64>> {
-        steps_of(&self.cluster, &self.dataset)
-    }
-
-    fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
-        Ok(self.index(step)?.vars.clone())
-    }
-
-    fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
-        Ok(self.index(step)?.blocks_of(var).cloned().collect())
-    }
-
-    fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+    /// Reads `isect` of one block: whole-copy objects box by box (failing over between copies),
+    /// encoded ones whole from their shards.
+    fn read_block(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
         if isect.volume() == 0 {
             return Ok(());
         }
@@ -172,12 +169,36 @@ impl ReadEngine for StagingReader {
             pos = d + len;
         }
         let mut slices = slices.into_iter().map(|s| s.expect("every run cut"));
+        let what = |o: &ObjectRef| {
+            format!("object {:#x} of '{}' step {step} (block {:?}+{:?} of writer {})", o.id, block.var, block.region.offset, block.region.count, block.writer)
+        };
         let mut by_server: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
+        let mut encoded: Vec<(&ObjectRef, Region, Vec<&mut [u8]>)> = Vec::new();
         for (o, want, n) in wants {
-            let what = format!("object {:#x} of '{}' step {step} (block {:?}+{:?} of writer {})", o.id, block.var, block.region.offset, block.region.count, block.writer);
-            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want };
+            let parts: Vec<&mut [u8]> = slices.by_ref().take(n).collect();
             let holders = o.holders();
-            by_server.entry(holders[0]).or_default().push(Fetch { req, what, parts: slices.by_ref().take(n).collect(), holders });
+            if holders.is_empty() {
+                encoded.push((o, want, parts));
+                continue;
+            }
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0 };
+            by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), parts, holders, done: false });
+        }
+        if !encoded.is_empty() {
+            let objs: Vec<&ObjectRef> = encoded.iter().map(|(o, _, _)| *o).collect();
+            let whole = self.read_encoded(step, &objs, elem, &what)?;
+            for ((o, want, parts), bytes) in encoded.into_iter().zip(whole) {
+                let mut cut = vec![0u8; (want.volume() as usize) * elem];
+                copy_box(&bytes, Layout { layout: &o.region, base: 0 }, &mut cut, Layout { layout: &want, base: 0 }, &want, elem);
+                let mut at = 0;
+                for p in parts {
+                    p.copy_from_slice(&cut[at..at + p.len()]);
+                    at += p.len();
+                }
+            }
+        }
+        if by_server.is_empty() {
+            return Ok(());
         }
         if by_server.len() == 1 {
             let (server, f) = by_server.into_iter().next().expect("one server");
@@ -187,6 +208,173 @@ impl ReadEngine for StagingReader {
             let handles: Vec<_> = by_server.into_iter().map(|(srv, f)| s.spawn(move || self.fetch_with_failover(srv, f))).collect();
             handles.into_iter().try_for_each(|h| h.join().expect("fetch thread panicked"))
         })
+    }
+}
+
+impl StagingReader {
+    /// Reads encoded objects whole: their data shards as they are (the code is systematic), or,
+    /// where servers fail, parity shards too and any `k` decoded. Checked against each object's
+    /// crc32c, so a wrong byte is never returned.
+    fn read_encoded(&self, step: u64, objs: &[&ObjectRef], elem: usize, what: &dyn Fn(&ObjectRef) -> String) -> Result<Vec<Vec<u8>>> {
+        let mut stripes: Vec<Stripe> = objs
+            .iter()
+            .map(|o| {
+                let Redundancy::Encoded { k, m, shards } = &o.redundancy else { unreachable!("only encoded objects come here") };
+                let (k, m) = (*k as usize, *m as usize);
+                let len = o.region.volume() as usize * elem;
+                let n = len.div_ceil(k).max(1);
+                Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
+            })
+            .collect();
+        let mut failed: BTreeMap<u32, Error> = BTreeMap::new();
+        let mut other: Option<Error> = None;
+        // Round 0: data shards; round 1: parity shards of the objects still short.
+        for round in 0..2 {
+            let mut by_server: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
+            for (j, st) in stripes.iter().enumerate() {
+                let have = st.have.iter().filter(|h| **h).count();
+                let complete = if round == 0 { st.have[..st.k].iter().all(|h| *h) } else { have >= st.k };
+                if complete {
+                    continue;
+                }
+                let range = if round == 0 { 0..st.k } else { st.k..st.k + st.m };
+                for i in range.filter(|i| !st.have[*i] && !failed.contains_key(&st.servers[*i])) {
+                    by_server.entry(st.servers[i]).or_default().push((j, i));
+                }
+            }
+            if by_server.is_empty() {
+                continue;
+            }
+            let mut chunks: BTreeMap<(usize, usize), &mut [u8]> = BTreeMap::new();
+            for (j, st) in stripes.iter_mut().enumerate() {
+                for (i, c) in st.buf.chunks_mut(st.n).enumerate() {
+                    chunks.insert((j, i), c);
+                }
+            }
+            let mut work: Vec<(u32, Vec<(usize, usize)>, Vec<Fetch<'_>>)> = Vec::new();
+            for (srv, list) in by_server {
+                let fetches = list
+                    .iter()
+                    .map(|&(j, i)| {
+                        let o = objs[j];
+                        let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
+                        let part = chunks.remove(&(j, i)).expect("each shard fetched once");
+                        Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
+                    })
+                    .collect();
+                work.push((srv, list, fetches));
+            }
+            let results: Vec<(u32, Vec<(usize, usize)>, Vec<bool>, Result<()>)> = std::thread::scope(|s| {
+                let handles: Vec<_> = work
+                    .into_iter()
+                    .map(|(srv, list, mut f)| {
+                        s.spawn(move || {
+                            let r = self.fetch_all(srv, &mut f);
+                            (srv, list, f.iter().map(|x| x.done).collect::<Vec<_>>(), r)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("fetch thread panicked")).collect()
+            });
+            for (srv, list, done, r) in results {
+                for (&(j, i), ok) in list.iter().zip(done) {
+                    stripes[j].have[i] |= ok;
+                }
+                match r {
+                    Err(e) if e.kind() == ErrorKind::Unavailable => {
+                        failed.insert(srv, e);
+                    }
+                    Err(e) => {
+                        other.get_or_insert(e);
+                    }
+                    Ok(()) => {}
+                }
+            }
+        }
+        stripes
+            .into_iter()
+            .zip(objs)
+            .map(|(st, o)| {
+                let bytes = if st.have[..st.k].iter().all(|h| *h) {
+                    let mut b = st.buf;
+                    b.truncate(st.len);
+                    b
+                } else if st.have.iter().filter(|h| **h).count() >= st.k {
+                    let code = Code::new(st.k, st.m)?;
+                    let mut shards: Vec<Option<Vec<u8>>> =
+                        st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
+                    code.decode(&mut shards, st.len)?
+                } else if let Some(e) = &other {
+                    return Err(Error::from_kind(e.kind(), e.to_string()));
+                } else {
+                    let gone = st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| server_gone(&failed[s]));
+                    let lost: Vec<String> = st.servers.iter().filter(|s| failed.contains_key(s)).map(|s| format!("server {s}")).collect();
+                    let msg = format!(
+                        "{} is lost: it was coded into {}+{} shards on servers {:?} and {} of them failed ({}), more than the {} \
+                         it survives; the rest of the step still reads",
+                        what(o),
+                        st.k,
+                        st.m,
+                        st.servers,
+                        lost.len(),
+                        lost.join(", "),
+                        st.m
+                    );
+                    return Err(if gone { Error::DataLoss(msg) } else { Error::Unavailable(msg) });
+                };
+                let got = crc32c::crc32c(&bytes);
+                if got != o.checksum {
+                    return Err(Error::Corrupt(format!(
+                        "{} decoded to the wrong bytes (crc32c {got:#x}, expected {:#x}); read it again",
+                        what(o),
+                        o.checksum
+                    )));
+                }
+                Ok(bytes)
+            })
+            .collect()
+    }
+}
+
+/// Whether a failed call shows that the server's process is gone (the kernel refuses or resets
+/// its connections; its memory went with it), as opposed to slow or hung (it may come back). The
+/// client's errors carry the cause only as text.
+fn server_gone(e: &Error) -> bool {
+    let m = e.to_string();
+    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection"].iter().any(|p| m.contains(p))
+}
+
+impl ReadEngine for StagingReader {
+    fn steps(&self) -> Result<Vec<u64>> {
+        steps_of(&self.cluster, &self.dataset)
+    }
+
+    fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
+        Ok(self.index(step)?.vars.clone())
+    }
+
+    fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
+        Ok(self.index(step)?.blocks_of(var).cloned().collect())
+    }
+
+    fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        match self.read_block(step, block, elem, isect, dst, out) {
+            // Copies are dropped once an object is encoded: read the step's index again.
+            Err(e) if e.kind() == ErrorKind::NotFound && block.objects.iter().any(|o| !o.holders().is_empty()) => {
+                self.forget(step);
+                let fresh = self.index(step)?;
+                let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
+                match same {
+                    Some(b) if b.objects != block.objects => self.read_block(step, b, elem, isect, dst, out),
+                    _ => Err(e),
+                }
+            }
+            r => r,
+        }
+    }
+
+    fn forget(&self, step: u64) {
+        self.cache.lock().expect("cache lock").remove(&step);
     }
 
     fn down_servers(&self) -> Vec<u32> {

@@ -13,6 +13,9 @@ use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response, Share};
 use cairn_proto::ClusterView;
+use cairn_core::corec::Scheme;
+use cairn_core::erasure::Code;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -30,6 +33,8 @@ pub struct StagingWriter {
     session: String,
     object_size: u64,
     keep_last: Option<u64>,
+    /// Level of variables that do not name one.
+    default_level: u32,
     /// What this writer put in each unpublished step.
     open: BTreeMap<u64, OpenStep>,
 }
@@ -44,16 +49,20 @@ struct OpenStep {
     seq: u32,
 }
 
-/// One object to send: its header and its bytes as slices of the caller's buffer.
+/// One object to send: its header and its bytes as slices of the caller's buffer (or, for an
+/// erasure-code shard, the shard computed from them).
 struct Outgoing<'a> {
     req: Request,
-    parts: Vec<&'a [u8]>,
+    parts: Vec<Cow<'a, [u8]>>,
 }
 
 impl StagingWriter {
     pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, append: bool, session: String) -> Result<StagingWriter> {
+        let cluster = super::cluster(cfg)?;
+        let default_level = cfg.redundancy.unwrap_or(cluster.policy().redundancy);
         let w = StagingWriter {
-            cluster: super::cluster(cfg)?,
+            default_level,
+            cluster,
             dataset: dataset.to_string(),
             rank,
             nranks,
@@ -88,7 +97,8 @@ impl StagingWriter {
                 Ok(())
             };
             for (i, o) in objects.iter().enumerate() {
-                c.send(&o.req, &o.parts)?;
+                let parts: Vec<&[u8]> = o.parts.iter().map(|p| p.as_ref()).collect();
+                c.send(&o.req, &parts)?;
                 if i + 1 - acked >= WINDOW {
                     ack(c)?;
                     acked += 1;
@@ -109,9 +119,20 @@ impl StagingWriter {
         let mut refs: Vec<Vec<ObjectRef>> = Vec::with_capacity(blocks.len());
         let mut seqs: BTreeMap<u64, u32> = BTreeMap::new();
         let base = place_key(&self.dataset, "", &[]);
+        let policy = self.cluster.policy().clone();
         for (step, block) in blocks {
             let elem = block.def.dtype.size();
-            let copies = block.def.redundancy as usize + 1;
+            let level = block.def.redundancy;
+            let copies = level as usize + 1;
+            if level > 0 && policy.scheme == Scheme::None {
+                return Err(Error::InvalidArgument(format!(
+                    "'{}' asks to survive {level} server failures, but the cluster keeps one copy of everything (scheme \
+                     \"none\"); define it with redundancy=0 or start the cluster with another --scheme",
+                    block.def.name
+                )));
+            }
+            // The erasure scheme encodes on the write path (when the cluster has room for a stripe).
+            let stripe = if policy.scheme == Scheme::Erasure { policy.stripe(level, view.slots.len()) } else { None };
             if copies > view.slots.len() {
                 return Err(Error::InvalidArgument(format!(
                     "'{}' asks to survive {} server failures, which takes {copies} servers; the cluster has {} active: \
@@ -127,26 +148,53 @@ impl StagingWriter {
             for piece in pieces {
                 let parts = gather(block.bytes, &block.region, &piece, elem);
                 let checksum = parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
-                // The copies go to a group of servers in different failure domains.
-                let (group, _) = view.group(slot(base, *step, self.rank, *seq), copies);
-                let server = group[0];
+                let key = slot(base, *step, self.rank, *seq);
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
-                for (copy, s) in group.iter().enumerate() {
-                    let req = Request::Put {
-                        dataset: self.dataset.clone(),
-                        step: *step,
-                        session: self.session.clone(),
-                        var: block.def.name.clone(),
-                        id,
-                        region: piece.clone(),
-                        elem: elem as u32,
-                        checksum,
-                        copy: copy as u32,
-                    };
-                    by_server.entry(*s).or_default().push(Outgoing { req, parts: parts.clone() });
-                }
-                let redundancy = if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single };
+                let put = |copy: usize, shard: u32, checksum: u32| Request::Put {
+                    dataset: self.dataset.clone(),
+                    step: *step,
+                    session: self.session.clone(),
+                    var: block.def.name.clone(),
+                    id,
+                    region: piece.clone(),
+                    elem: elem as u32,
+                    checksum,
+                    copy: copy as u32,
+                    writer: self.rank,
+                    shard,
+                    sealed: false,
+                };
+                let redundancy = if let Some((k, m)) = stripe {
+                    // k data shards (the bytes, cut) and m parity shards, each on its own server.
+                    let (shards, _) = view.group(key, (k + m) as usize);
+                    let code = Code::new(k as usize, m as usize)?;
+                    let whole: Cow<'_, [u8]> = if parts.len() == 1 { Cow::Borrowed(parts[0]) } else { Cow::Owned(parts.concat()) };
+                    let mut pieces: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&whole, i)).collect();
+                    pieces.extend(code.parity(&whole));
+                    for (i, (bytes, s)) in pieces.into_iter().zip(&shards).enumerate() {
+                        let req = put(usize::from(i >= k as usize), i as u32 + 1, crc32c::crc32c(&bytes));
+                        by_server.entry(*s).or_default().push(Outgoing { req, parts: vec![Cow::Owned(bytes)] });
+                    }
+                    Redundancy::Encoded { k, m, shards }
+                } else {
+                    // The copies go to a group of servers in different failure domains.
+                    let (group, _) = view.group(key, copies);
+                    for (copy, s) in group.iter().enumerate() {
+                        let parts = parts.iter().map(|p| Cow::Borrowed(*p)).collect();
+                        by_server.entry(*s).or_default().push(Outgoing { req: put(copy, 0, checksum), parts });
+                    }
+                    if copies > 1 {
+                        Redundancy::Replicated { servers: group }
+                    } else {
+                        Redundancy::Single
+                    }
+                };
+                let server = match &redundancy {
+                    Redundancy::Replicated { servers } => servers[0],
+                    Redundancy::Encoded { shards, .. } => shards[0],
+                    Redundancy::Single => view.place(key),
+                };
                 mine.push(ObjectRef { id, region: piece, server, checksum, redundancy });
             }
             refs.push(mine);
@@ -178,7 +226,7 @@ impl StagingWriter {
                 sent.iter().filter(|(_, r)| !matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
             for ((step, _), objs) in blocks.iter().zip(&refs) {
                 for &server in &answered {
-                    let ids: Vec<u64> = objs.iter().filter(|o| o.holders().contains(&server)).map(|o| o.id).collect();
+                    let ids: Vec<u64> = objs.iter().filter(|o| o.servers().contains(&server)).map(|o| o.id).collect();
                     if !ids.is_empty() {
                         let req = Request::Drop {
                             dataset: self.dataset.clone(),
@@ -187,6 +235,7 @@ impl StagingWriter {
                             writer: None,
                             ids,
                             except: None,
+                            shard: None,
                         };
                         let _ = self.cluster.call(server, &req);
                     }
@@ -199,10 +248,14 @@ impl StagingWriter {
             let elem = block.def.dtype.size() as u64;
             let open = self.open.entry(*step).or_default();
             for o in &objs {
-                for server in o.holders() {
+                let bytes = match &o.redundancy {
+                    Redundancy::Encoded { k, .. } => (o.region.volume() * elem).div_ceil(u64::from(*k)).max(1),
+                    _ => o.region.volume() * elem,
+                };
+                for server in o.servers() {
                     let share = open.shares.entry(server).or_default();
                     share.0 += 1;
-                    share.1 += o.region.volume() * elem;
+                    share.1 += bytes;
                 }
             }
             open.blocks.push(BlockRecord {
@@ -301,6 +354,10 @@ impl WriteEngine for StagingWriter {
         Err(result)
     }
 
+    fn default_redundancy(&self) -> u32 {
+        self.default_level
+    }
+
     fn abort_step(&mut self, step: u64) -> Result<()> {
         let open = self.open.remove(&step).unwrap_or_default();
         let req = Request::Drop {
@@ -310,6 +367,7 @@ impl WriteEngine for StagingWriter {
             writer: Some(self.rank),
             ids: Vec::new(),
             except: None,
+            shard: None,
         };
         // Best effort: a server that failed lost the objects anyway, and whatever a hung one
         // keeps goes with the next commit's sweep of other sessions' leftovers.

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers N] [--spares N] [--memory SIZE] [--host ADDR]
                     [--node NAME] [--rack NAME] [--timeout S] [--io-timeout S] [--hello-timeout S] [--peer-timeout S]
-                    [--meta M]
+                    [--meta M] [--redundancy R] [--scheme corec|replicate|erasure|hybrid|none] [--rs-data K]
+                    [--min-efficiency S] [--hot-steps W]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
---meta (1 to 5, default 3) servers run the control plane's Raft replicas.";
+--meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
+server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).";
 
 fn main() {
     if let Err(e) = run() {
@@ -32,6 +34,7 @@ fn run() -> Result<(), String> {
         timeout: Duration::from_secs(120),
         limits: Limits::default(),
         meta: 3,
+        redundancy: cairn_core::corec::Policy { redundancy: 1, ..Default::default() },
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -63,6 +66,13 @@ fn run() -> Result<(), String> {
             "--hello-timeout" => opts.limits.hello_timeout = secs()?,
             "--peer-timeout" => opts.limits.peer_timeout = secs()?,
             "--meta" => opts.meta = num("a meta server count")?.clamp(1, 5),
+            "--redundancy" => opts.redundancy.redundancy = num("a number of server failures")?,
+            "--scheme" => opts.redundancy.scheme = cairn_core::corec::Scheme::parse(&value).map_err(|e| e.to_string())?,
+            "--rs-data" => opts.redundancy.rs_data = num("a number of data shards")?,
+            "--min-efficiency" => {
+                opts.redundancy.min_efficiency = value.parse().map_err(|_| format!("{flag} {value:?}: expected a fraction, e.g. 0.6"))?
+            }
+            "--hot-steps" => opts.redundancy.hot_steps = num("a step count")?,
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 /// Counters for `cairn cluster status`.
 pub fn status(state: &State) -> Response {
     let (objects, steps) = state.store.counts();
-    let (replicas, data_bytes) = state.store.copies();
+    let (replicas, shards, data_bytes) = state.store.copies();
     let (meta, leader) = state.control.get().map_or(("none", None), |c| c.role());
     Response::Status {
         status: ServerStatus {
@@ -23,7 +23,7 @@ pub fn status(state: &State) -> Response {
             epoch: state.view().map_or(0, |v| v.epoch),
             commits: state.meta.times(),
             replicas,
-            shards: 0,
+            shards,
             data_bytes,
         },
     }

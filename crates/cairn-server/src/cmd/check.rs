@@ -14,13 +14,21 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", req.op_name())));
     }
     match req {
-        Request::Put { id, region, elem, .. } => {
-            region.volume().checked_mul(u64::from(*elem)).filter(|want| *want == payload_len && *elem > 0).map(|_| ()).ok_or_else(|| {
+        Request::Put { id, region, elem, shard, .. } => {
+            // A shard is at most its object's bytes (at least 1: an empty object's shards).
+            let fits = |want: u64| if *shard == 0 { want == payload_len } else { payload_len >= 1 && payload_len <= want.max(1) };
+            region.volume().checked_mul(u64::from(*elem)).filter(|want| fits(*want) && *elem > 0).map(|_| ()).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "object {id:#x}: payload of {payload_len} bytes does not match its box {:?} of {elem}-byte elements",
+                    "object {id:#x} (shard {shard}): payload of {payload_len} bytes does not match its box {:?} of {elem}-byte elements",
                     region.count
                 ))
             })
+        }
+        Request::Encode { k, m, shards, .. } => {
+            if *k < 2 || *m == 0 || shards.len() != (*k as usize).saturating_add(*m as usize) || shards.len() > cairn_core::erasure::MAX_SHARDS {
+                return Err(Error::InvalidArgument(format!("encode into {k}+{m} shards on {} servers: not a valid stripe", shards.len())));
+            }
+            Ok(())
         }
         Request::EndStep { fragment, .. } => fragment.validate(),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),

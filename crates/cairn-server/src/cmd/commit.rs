@@ -4,6 +4,7 @@
 use crate::meta::Ready;
 use crate::peer;
 use crate::state::State;
+use crate::store::Which;
 use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_proto::message::{Request, Response, Share};
@@ -16,8 +17,9 @@ use std::time::Duration;
 pub fn seal_or_drop(state: &State, req: Request) -> Result<()> {
     match req {
         Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
-        Request::Drop { dataset, step, session, writer, ids, except } => {
-            state.store.drop_objects(&dataset, step, session.as_deref(), writer, &ids, except.as_deref());
+        Request::Drop { dataset, step, session, writer, ids, except, shard } => {
+            let which = Which { session: session.as_deref(), writer, ids: &ids, except: except.as_deref(), shard };
+            state.store.drop_objects(&dataset, step, &which);
             Ok(())
         }
         other => Err(Error::InvalidArgument(format!("expected a seal or drop request, got {other:?}"))),
@@ -103,6 +105,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
                 writer: None,
                 ids: Vec::new(),
                 except: None,
+                shard: None,
             })
             .await;
         }
@@ -112,6 +115,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
     state.meta.timed(seal, started.elapsed() - seal);
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
+    state.corec.committed(state, dataset, &ready.index, &released.iter().map(|i| i.step).collect::<Vec<_>>());
     for old in released {
         free(state, dataset, &old).await;
     }
@@ -147,6 +151,7 @@ fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &Clu
             writer: None,
             ids: Vec::new(),
             except: Some(session.clone()),
+            shard: None,
         })
         .await;
     });
@@ -157,9 +162,9 @@ fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &Clu
 /// failing it: the step is gone from the index already, and a server that is down only keeps its
 /// share until it restarts empty.
 async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
-    let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().map(|o| o.server)).collect();
+    let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().flat_map(|o| o.servers())).collect();
     let step = index.step;
-    let drop = |_| Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None };
+    let drop = |_| Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None };
     if let Err(e) = on_all(state, servers, drop).await {
         eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
     }
@@ -168,6 +173,7 @@ async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
     let index = state.meta.release(crate::control::leader(state)?, dataset, step).await?;
+    state.corec.released(dataset, step);
     free(state, dataset, &index).await;
     Ok(Response::Ok)
 }

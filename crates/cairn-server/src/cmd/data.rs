@@ -33,6 +33,12 @@ pub struct PutHeader {
     pub checksum: u32,
     /// Which copy it is.
     pub copy: u32,
+    /// Writer rank.
+    pub writer: u32,
+    /// 0 for a whole copy, `i + 1` for shard `i`.
+    pub shard: u32,
+    /// Stored sealed (an encoder's shard of a committed object).
+    pub sealed: bool,
 }
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
@@ -59,20 +65,22 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         region: h.region,
         elem: h.elem,
         session: h.session,
+        writer: h.writer,
         checksum: crc,
         data: Arc::new(data),
-        sealed: false,
+        sealed: h.sealed,
         copy: h.copy,
     };
-    state.store.insert(&h.dataset, h.step, h.id, obj, reservation)?;
+    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)?;
     Ok(Response::Ok)
 }
 
-/// Returns the box `want` of an object.
-pub fn get(state: &State, dataset: &str, step: u64, id: u64, want: &Region) -> Result<Reply> {
+/// Returns the box `want` of an object's copy, or a whole shard.
+pub fn get(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, want: &Region) -> Result<Reply> {
     Region::new(want.offset.clone(), want.count.clone())?;
-    let (data, region, elem, checksum) = state.store.get(dataset, step, id)?;
-    if want == &region {
+    let (data, region, elem, checksum) = state.store.get(dataset, step, key)?;
+    let id = key.0;
+    if want == &region || key.1 > 0 {
         return Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Shared(data)));
     }
     if want.ndim() != region.ndim() || want.intersect(&region).as_ref() != Some(want) {

@@ -59,11 +59,12 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::View => state.view().map(|v| Reply::Plain(Response::View { view: (*v).clone() })),
         Request::SetView { view } => plain(crate::views::set_view(state, view).await),
         Request::ViewChanged { view } => plain(state.adopt(view).map(|_| Response::Ok)),
-        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy } => plain(
-            data::put(state, stream, p.payload_len, data::PutHeader { dataset, step, session, var, id, region, elem, checksum, copy })
-                .await,
-        ),
-        Request::Get { dataset, step, id, want } => data::get(state, &dataset, step, id, &want),
+        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed } => {
+            let h = data::PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed };
+            plain(data::put(state, stream, p.payload_len, h).await)
+        }
+        Request::Get { dataset, step, id, want, shard } => data::get(state, &dataset, step, (id, shard), &want),
+        Request::Encode { dataset, step, id, k, m, shards } => plain(crate::encode::encode(state, &dataset, step, id, k, m, shards).await),
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)

@@ -1,0 +1,226 @@
+//! The control plane leader's CoREC encoder (§3.2–3.3): after each commit the classifier
+//! ([`cairn_core::corec`]) picks replicated objects to encode; each replication group holds one
+//! encode token, so a group encodes one object at a time, on its least loaded live member (by the
+//! request rate its last encoding reported). Once an object's shards are stored, a log entry
+//! makes its index entry name them, and only then are its whole copies dropped: a reader always
+//! finds either copies or shards.
+
+use crate::encode::drop_piece;
+use crate::state::{lock, State};
+use cairn_core::corec::{Classifier, Entry, Key, Policy};
+use cairn_core::index::{Redundancy, StepIndex};
+use cairn_core::{Error, Result};
+use cairn_proto::message::{Request, Response};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Encodings running at once (each on a different replication group and server).
+const PARALLEL: usize = 4;
+
+/// The leader's classifier and encoding state.
+#[derive(Debug, Default)]
+pub struct Corec {
+    classifier: Mutex<Option<Classifier>>,
+    running: AtomicBool,
+    /// Request rate each server reported with its last encoding.
+    rates: Mutex<HashMap<u32, f64>>,
+}
+
+/// The classifier's entries for a committed step's objects.
+fn entries(index: &StepIndex, policy: &Policy, active: usize) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for b in &index.blocks {
+        let Some(def) = index.vars.get(&b.var) else { continue };
+        let level = def.redundancy;
+        for o in &b.objects {
+            out.push(Entry {
+                id: o.id,
+                var: b.var.clone(),
+                region: o.region.clone(),
+                bytes: o.region.volume() * def.dtype.size() as u64,
+                level,
+                k: policy.stripe(level, active).map_or(0, |(k, _)| k),
+                encoded: matches!(o.redundancy, Redundancy::Encoded { .. }),
+            });
+        }
+    }
+    out
+}
+
+impl Corec {
+    /// Learns a committed step and the steps its commit released, then encodes what the
+    /// classifier chooses, in the background.
+    pub fn committed(&self, state: &Arc<State>, dataset: &str, index: &StepIndex, released: &[u64]) {
+        let (Ok(policy), Ok(view), Ok(log)) = (state.policy(), state.view(), crate::control::leader(state)) else { return };
+        if !policy.scheme.encodes_later() {
+            return;
+        }
+        let active = view.active().len();
+        {
+            let mut c = lock(&self.classifier);
+            let c = c.get_or_insert_with(|| {
+                // A new leader learns every committed step, so the bound holds over all of them.
+                let mut c = Classifier::new(policy.clone());
+                for ds in state.meta.datasets(log) {
+                    for step in state.meta.steps(log, &ds) {
+                        if let Ok(i) = state.meta.index(log, &ds, step) {
+                            c.committed(&ds, step, &entries(&i, &policy, active));
+                        }
+                    }
+                }
+                c
+            });
+            c.committed(dataset, index.step, &entries(index, &policy, active));
+            for s in released {
+                c.released(dataset, *s);
+            }
+        }
+        self.kick(state);
+    }
+
+    /// Forgets the objects of a released step.
+    pub fn released(&self, dataset: &str, step: u64) {
+        if let Some(c) = lock(&self.classifier).as_mut() {
+            c.released(dataset, step);
+        }
+    }
+
+    /// Storage efficiency the classifier accounts for (1 when it knows nothing).
+    pub fn efficiency(&self) -> Option<f64> {
+        lock(&self.classifier).as_ref().map(Classifier::efficiency)
+    }
+
+    /// Starts the encoding loop unless it runs.
+    fn kick(&self, state: &Arc<State>) {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let state = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let plan = lock(&state.corec.classifier).as_mut().map(Classifier::plan).unwrap_or_default();
+                if plan.is_empty() {
+                    state.corec.running.store(false, Ordering::Release);
+                    break;
+                }
+                run_plan(&state, plan).await;
+            }
+        });
+    }
+}
+
+/// Encodes the planned objects: groups in parallel (up to [`PARALLEL`]), one object at a time
+/// within a group (its encode token).
+async fn run_plan(state: &Arc<State>, plan: Vec<Key>) {
+    let mut by_group: BTreeMap<Vec<u32>, Vec<(Key, Vec<u32>)>> = BTreeMap::new();
+    for key in plan {
+        match holders_of(state, &key) {
+            Some(holders) => {
+                let mut group = holders.clone();
+                group.sort_unstable();
+                by_group.entry(group).or_default().push((key, holders));
+            }
+            // Released, or no longer replicated: nothing to do.
+            None => classifier_done(state, &key, true),
+        }
+    }
+    let mut groups: Vec<Vec<(Key, Vec<u32>)>> = by_group.into_values().collect();
+    let mut running = tokio::task::JoinSet::new();
+    while !groups.is_empty() || !running.is_empty() {
+        while running.len() < PARALLEL {
+            let Some(jobs) = groups.pop() else { break };
+            let state = state.clone();
+            running.spawn(async move {
+                for (key, holders) in jobs {
+                    let ok = encode_one(&state, &key, &holders).await;
+                    if let Err(e) = &ok {
+                        eprintln!("cairn server {}: encoding object {:#x} of '{}' step {}: {e}", state.id, key.id, key.dataset, key.step);
+                    }
+                    classifier_done(&state, &key, ok.is_ok());
+                }
+            });
+        }
+        let _ = running.join_next().await;
+    }
+}
+
+fn classifier_done(state: &State, key: &Key, ok: bool) {
+    if let Some(c) = lock(&state.corec.classifier).as_mut() {
+        c.done(key, ok);
+    }
+}
+
+/// The servers holding whole copies of a committed, still replicated object.
+fn holders_of(state: &State, key: &Key) -> Option<Vec<u32>> {
+    let log = crate::control::leader(state).ok()?;
+    let index = state.meta.index(log, &key.dataset, key.step).ok()?;
+    let o = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == key.id)?;
+    matches!(o.redundancy, Redundancy::Replicated { .. }).then(|| o.holders())
+}
+
+/// Encodes one object: its stripe starts at its first live holder's ring slot; the least
+/// loaded live holder encodes; the log records the shards; then the copies are dropped.
+async fn encode_one(state: &Arc<State>, key: &Key, holders: &[u32]) -> Result<()> {
+    let policy = state.policy()?;
+    let view = state.view()?;
+    let log = crate::control::leader(state)?;
+    let index = state.meta.index(log, &key.dataset, key.step)?;
+    let var = index.blocks.iter().find(|b| b.objects.iter().any(|o| o.id == key.id)).map(|b| b.var.clone()).unwrap_or_default();
+    let level = index.vars.get(&var).map_or(0, |d| d.redundancy);
+    let (k, m) = policy
+        .stripe(level, view.active().len())
+        .ok_or_else(|| Error::InvalidArgument(format!("level {level} cannot be encoded on {} servers", view.active().len())))?;
+    let live: Vec<u32> = holders.iter().copied().filter(|h| view.active().contains(h)).collect();
+    let start = live.first().and_then(|h| view.active().iter().position(|s| s == h)).ok_or_else(|| {
+        Error::Unavailable(format!("no holder of object {:#x} ({holders:?}) holds a slot in view {}", key.id, view.epoch))
+    })?;
+    let (shards, _) = view.group(start as u64, (k + m) as usize);
+    if shards.len() != (k + m) as usize {
+        return Err(Error::Unavailable(format!("a stripe of {} servers needs more than the {} active", k + m, view.active().len())));
+    }
+    let encoder = {
+        let rates = lock(&state.corec.rates);
+        *live.iter().min_by(|a, b| rates.get(a).unwrap_or(&0.0).total_cmp(rates.get(b).unwrap_or(&0.0))).expect("live is not empty")
+    };
+    let req = Request::Encode { dataset: key.dataset.clone(), step: key.step, id: key.id, k, m, shards: shards.clone() };
+    let resp = if encoder == state.id {
+        crate::encode::encode(state, &key.dataset, key.step, key.id, k, m, shards.clone()).await
+    } else {
+        crate::peer::call(state, encoder, &req).await
+    };
+    let drop_shards = || async {
+        for (i, s) in shards.iter().enumerate() {
+            drop_piece(state, *s, &key.dataset, key.step, key.id, i as u32 + 1).await;
+        }
+    };
+    match resp {
+        Ok(Response::Encoded { rate }) => {
+            lock(&state.corec.rates).insert(encoder, rate);
+        }
+        Ok(other) => {
+            drop_shards().await;
+            return Err(cairn_proto::message::unexpected("encode", &other));
+        }
+        Err(e) => {
+            drop_shards().await;
+            return Err(e);
+        }
+    }
+    let red = Redundancy::Encoded { k, m, shards: shards.clone() };
+    match state.meta.encoded(log, &key.dataset, key.step, vec![(key.id, red)]).await {
+        Ok(1) => {
+            for h in holders {
+                drop_piece(state, *h, &key.dataset, key.step, key.id, 0).await;
+            }
+            Ok(())
+        }
+        Ok(_) => {
+            drop_shards().await;
+            Err(Error::Conflict("the object was no longer replicated".into()))
+        }
+        // The entry may have been recorded with the reply lost: keep the shards (and the
+        // copies), so that whatever the index names exists.
+        Err(e) => Err(e),
+    }
+}
