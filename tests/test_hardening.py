@@ -50,7 +50,7 @@ def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
     opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=DEADLINE)
     try:
         w = cairn.open("hang", "w", session="s", **opts)
-        w.define("x", "f8", (20_000,))
+        w.define("x", "f8", (20_000,), redundancy=0)  # one copy: the hung server holds part of it
         with w.step(0):
             w.put("x", np.arange(20_000.0), offset=(0,))
         r = cairn.open("hang", "r", **opts)
@@ -164,7 +164,7 @@ def test_cluster_status_reports_survivors_and_json(tmp_path):
 
 
 def test_a_killed_writers_objects_are_freed_when_its_restart_commits(tmp_path):
-    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="256MiB")
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="256MiB", redundancy=0)  # one copy per object
     try:
         writer = f"""
 import numpy as np, cairn, sys

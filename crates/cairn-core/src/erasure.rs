@@ -66,6 +66,12 @@ impl Code {
         parity
     }
 
+    /// The bare library call: parity of `k` equal data shards into `m` given buffers (the
+    /// baseline the encode benchmark compares [`Code::parity`] with).
+    pub fn parity_of_shards(&self, shards: &[&[u8]], parity: &mut [Vec<u8>]) -> Result<()> {
+        self.rs.encode_sep(shards, parity).map_err(|e| Error::InvalidArgument(format!("erasure encode: {e:?}")))
+    }
+
     /// Data shard `i` (`i < k`) of an object: its bytes `i·n..(i+1)·n`, zero-padded to `n`.
     pub fn shard(&self, data: &[u8], i: usize) -> Vec<u8> {
         let n = self.shard_len(data.len());

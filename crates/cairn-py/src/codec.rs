@@ -26,6 +26,34 @@ pub(crate) fn compress<'py>(
 }
 
 /// Decodes `data` (compressed by `spec`) into `out`, a writable uint8 array of the raw length.
+/// Seconds for `repeat` encodings of `nbytes` random bytes into `k + m` shards: Cairn's encode
+/// path (an object cut into data shards, parity computed) and the bare `reed-solomon-erasure`
+/// call on the same bytes already cut, into buffers already allocated.
+#[pyfunction]
+pub(crate) fn erasure_times(py: Python<'_>, k: usize, m: usize, nbytes: usize, repeat: usize) -> PyResult<(f64, f64)> {
+    py.detach(|| {
+        let code = cairn_core::erasure::Code::new(k, m)?;
+        let data: Vec<u8> = (0..nbytes).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let n = code.shard_len(nbytes);
+        let mut padded = data.clone();
+        padded.resize(n * k, 0);
+        let shards: Vec<&[u8]> = padded.chunks(n).collect();
+        let mut parity = vec![vec![0u8; n]; m];
+        let mut best = (f64::MAX, f64::MAX);
+        for _ in 0..repeat.max(1) {
+            let t = std::time::Instant::now();
+            std::hint::black_box(code.parity(&data));
+            best.0 = best.0.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            code.parity_of_shards(&shards, &mut parity)?;
+            std::hint::black_box(&parity);
+            best.1 = best.1.min(t.elapsed().as_secs_f64());
+        }
+        Ok::<_, cairn_core::Error>(best)
+    })
+    .map_err(to_py)
+}
+
 #[pyfunction]
 pub(crate) fn decompress(py: Python<'_>, spec: &str, data: &Bound<'_, PyUntypedArray>, out: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
     let pipe = Pipeline::parse(spec).map_err(to_py)?;

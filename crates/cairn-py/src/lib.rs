@@ -43,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::compress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::erasure_times, m)?)?;
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_replace, m)?)?;

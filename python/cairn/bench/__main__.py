@@ -3,7 +3,7 @@
 import sys
 
 BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel",
-           "dad": "cairn.bench.dad", "commit": "cairn.bench.commit"}
+           "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy"}
 
 
 def main() -> None:

@@ -30,16 +30,24 @@ impl KvStore {
     }
 
     /// Indices of `keys` grouped by the server holding them in the current view.
-    fn by_server<'a>(&self, keys: impl Iterator<Item = &'a str>) -> BTreeMap<u32, Vec<usize>> {
+    /// Copies each key has: the cluster's default level + 1 (at most the active servers).
+    fn copies(&self) -> usize {
+        (self.cluster.policy().redundancy as usize + 1).min(self.cluster.view().active().len())
+    }
+
+    /// The keys `idx` of `keys` grouped by the server holding their copy number `copy` (copies
+    /// go to a replica group in different failure domains, like objects).
+    fn by_server(&self, keys: &[&str], idx: &[usize], copy: usize) -> BTreeMap<u32, Vec<usize>> {
         let view = self.cluster.view();
+        let n = self.copies();
         let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, k) in keys.enumerate() {
-            groups.entry(view.place(place_key("", k, &[]))).or_default().push(i);
+        for &i in idx {
+            let (group, _) = view.group(place_key("", keys[i], &[]), n);
+            groups.entry(group[copy.min(group.len() - 1)]).or_default().push(i);
         }
         groups
     }
 
-    /// Sends one request with a payload to `server` and reads its plain reply.
     fn send(&self, server: u32, req: &Request, payload: &[&[u8]]) -> Result<Response> {
         let resp = self.cluster.with(server, |c| {
             c.send(req, payload)?;
@@ -50,7 +58,9 @@ impl KvStore {
 
     /// Sets each key to its value or, with `member`, adds each value to the set at its key.
     pub fn put_many(&self, items: &[(&str, &[u8])], member: bool) -> Result<()> {
-        for (server, idx) in self.by_server(items.iter().map(|(k, _)| *k)) {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let all: Vec<usize> = (0..items.len()).collect();
+        for (server, idx) in self.by_server(&keys, &all, 0) {
             // The server refuses a frame larger than its memory as malformed and hangs up: say why
             // here, and keep batches within it.
             let limit = self.cluster.memory(server)?;
@@ -62,14 +72,30 @@ impl KvStore {
                     items[i].0
                 )));
             }
+            // Each batch goes to every copy before the next: a batch that fails anywhere is
+            // deleted from every copy (values are replicated whole or not at all).
             for batch in batches(&idx, limit.min(BATCH_BYTES), |i| items[i].1.len() as u64) {
-                let req = Request::KvPut {
-                    keys: batch.iter().map(|&i| items[i].0.to_string()).collect(),
-                    sizes: batch.iter().map(|&i| items[i].1.len() as u64).collect(),
-                    member,
+                let put = || -> Result<()> {
+                    for copy in 0..self.copies() {
+                        for (to, part) in self.by_server(&keys, batch, copy) {
+                            let req = Request::KvPut {
+                                keys: part.iter().map(|&i| items[i].0.to_string()).collect(),
+                                sizes: part.iter().map(|&i| items[i].1.len() as u64).collect(),
+                                member,
+                            };
+                            let vals: Vec<&[u8]> = part.iter().map(|&i| items[i].1).collect();
+                            self.send(to, &req, &vals)?;
+                        }
+                    }
+                    Ok(())
                 };
-                let vals: Vec<&[u8]> = batch.iter().map(|&i| items[i].1).collect();
-                self.send(server, &req, &vals)?;
+                if let Err(e) = put() {
+                    if !member {
+                        let gone: Vec<&str> = batch.iter().map(|&i| keys[i]).collect();
+                        let _ = self.delete(&gone, false);
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(())
@@ -79,7 +105,28 @@ impl KvStore {
     /// (absent: empty). Values come as `Vec<Vec<u8>>` per key: zero or one entries for values.
     pub fn get_many(&self, keys: &[&str], members: bool) -> Result<Vec<Vec<Vec<u8>>>> {
         let mut out = vec![Vec::new(); keys.len()];
-        for (server, all) in self.by_server(keys.iter().copied()) {
+        let mut todo: Vec<usize> = (0..keys.len()).collect();
+        let copies = self.copies();
+        for copy in 0..copies {
+            let mut next = Vec::new();
+            for (server, idx) in self.by_server(keys, &todo, copy) {
+                match self.get_from(server, keys, &idx, members, &mut out) {
+                    // A failed server's keys are read from their next copy.
+                    Err(e) if e.kind() == cairn_core::ErrorKind::Unavailable && copy + 1 < copies => next.extend(idx),
+                    r => r?,
+                }
+            }
+            todo = next;
+            if todo.is_empty() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads keys `all` of `keys` from `server` into `out`.
+    fn get_from(&self, server: u32, keys: &[&str], all: &[usize], members: bool, out: &mut [Vec<Vec<u8>>]) -> Result<()> {
+        {
             let limit = self.cluster.memory(server)?;
             for idx in all.chunks(BATCH_KEYS) {
                 let req = Request::KvGet { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), members };
@@ -110,7 +157,7 @@ impl KvStore {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Compare-and-set through the control plane (replicated by Raft, answered by its leader):
@@ -140,20 +187,30 @@ impl KvStore {
     /// Deletes `keys` or, with `prefix`, every key starting with one of them (asking every
     /// server); returns how many.
     pub fn delete(&self, keys: &[&str], prefix: bool) -> Result<u64> {
-        let groups: Vec<(u32, Vec<usize>)> = if prefix {
-            self.cluster.view().active().iter().map(|&s| (s, (0..keys.len()).collect())).collect()
-        } else {
-            self.by_server(keys.iter().copied()).into_iter().collect()
-        };
+        let all: Vec<usize> = (0..keys.len()).collect();
+        // Per copy, the keys it deleted; a server that is gone has lost its copies anyway.
         let mut n = 0;
-        for (server, idx) in groups {
-            let req = Request::KvDelete { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), prefix };
-            match self.cluster.call(server, &req)? {
-                Response::Deleted { count } => n += count,
-                other => return Err(unexpected("kv_delete", &other)),
+        let copies = if prefix { 1 } else { self.copies() };
+        for copy in 0..copies {
+            let groups: Vec<(u32, Vec<usize>)> = if prefix {
+                self.cluster.view().active().iter().map(|&s| (s, all.clone())).collect()
+            } else {
+                self.by_server(keys, &all, copy).into_iter().collect()
+            };
+            let mut here = 0;
+            for (server, idx) in groups {
+                let req = Request::KvDelete { keys: idx.iter().map(|&i| keys[i].to_string()).collect(), prefix };
+                match self.cluster.call(server, &req) {
+                    Ok(Response::Deleted { count }) => here += count,
+                    Ok(other) => return Err(unexpected("kv_delete", &other)),
+                    Err(e) if e.kind() == cairn_core::ErrorKind::Unavailable && copies > 1 => {}
+                    Err(e) => return Err(e),
+                }
             }
+            n = n.max(here);
         }
-        Ok(n)
+        // A prefix delete asks every server: each key counted once per copy.
+        Ok(if prefix { n / self.copies() as u64 } else { n })
     }
 }
 

@@ -38,6 +38,12 @@ struct Fetch<'a> {
     done: bool,
 }
 
+/// (object, shard) of a read of encoded objects.
+type Piece = (usize, usize);
+
+/// One server's part of such a read: its pieces, which arrived, and how the server did.
+type Fetched = (u32, Vec<Piece>, Vec<bool>, Result<()>);
+
 /// An encoded object being read whole: which shards arrived into `buf` (shard `i` at `i·n`).
 struct Stripe {
     k: usize,
@@ -251,7 +257,7 @@ impl StagingReader {
                     chunks.insert((j, i), c);
                 }
             }
-            let mut work: Vec<(u32, Vec<(usize, usize)>, Vec<Fetch<'_>>)> = Vec::new();
+            let mut work: Vec<(u32, Vec<Piece>, Vec<Fetch<'_>>)> = Vec::new();
             for (srv, list) in by_server {
                 let fetches = list
                     .iter()
@@ -264,7 +270,7 @@ impl StagingReader {
                     .collect();
                 work.push((srv, list, fetches));
             }
-            let results: Vec<(u32, Vec<(usize, usize)>, Vec<bool>, Result<()>)> = std::thread::scope(|s| {
+            let results: Vec<Fetched> = std::thread::scope(|s| {
                 let handles: Vec<_> = work
                     .into_iter()
                     .map(|(srv, list, mut f)| {

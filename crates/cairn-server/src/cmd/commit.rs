@@ -5,8 +5,8 @@ use crate::meta::Ready;
 use crate::peer;
 use crate::state::State;
 use crate::store::Which;
-use cairn_core::index::{Fragment, StepIndex};
-use cairn_core::{Error, Result};
+use cairn_core::index::{Fragment, Redundancy, StepIndex};
+use cairn_core::{Error, ErrorKind, Result};
 use cairn_proto::message::{Request, Response, Share};
 use cairn_proto::ClusterView;
 use std::collections::BTreeSet;
@@ -35,21 +35,58 @@ async fn on(state: &Arc<State>, to: u32, req: Request) -> Result<()> {
     }
 }
 
-/// Runs `req(server)` on every server in `servers` at once; returns the first error.
-async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> Request) -> Result<()> {
+/// Runs `req(server)` on every server in `servers` at once; returns each server's result.
+async fn on_each(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> Request) -> Vec<(u32, Result<()>)> {
     let mut set = tokio::task::JoinSet::new();
     for s in servers {
         let (state, r) = (state.clone(), req(s));
-        set.spawn(async move { on(&state, s, r).await });
+        set.spawn(async move { (s, on(&state, s, r).await) });
     }
-    let mut first = Ok(());
+    let mut out = Vec::new();
     while let Some(r) = set.join_next().await {
-        let r = r.unwrap_or_else(|e| Err(Error::Unavailable(format!("commit task failed: {e}"))));
-        if first.is_ok() {
-            first = r;
+        match r {
+            Ok(x) => out.push(x),
+            Err(e) => out.push((u32::MAX, Err(Error::Unavailable(format!("commit task failed: {e}"))))),
         }
     }
-    first
+    out
+}
+
+/// Runs `req(server)` on every server in `servers` at once; returns the first error.
+async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> Request) -> Result<()> {
+    on_each(state, servers, req).await.into_iter().map(|(_, r)| r).find(Result::is_err).unwrap_or(Ok(()))
+}
+
+/// With servers `failed` gone at commit time, whether every object of the step still has its
+/// level's worth elsewhere: readable, and surviving `level - 1` more failures (copies: at least
+/// `max(1, level)` left; shards: at least `k + level - 1`). Else an error naming what is missing.
+fn enough_left(index: &StepIndex, failed: &BTreeSet<u32>) -> Result<()> {
+    let mut short = Vec::new();
+    for b in &index.blocks {
+        let level = index.vars.get(&b.var).map_or(0, |d| d.redundancy);
+        for o in &b.objects {
+            let left = o.servers().iter().filter(|s| !failed.contains(s)).count() as u32;
+            let need = match &o.redundancy {
+                Redundancy::Encoded { k, .. } => k + level.saturating_sub(1),
+                _ => level.max(1),
+            };
+            if left < need {
+                short.push(format!("object {:#x} of '{}' (writer {}) on servers {:?}", o.id, b.var, b.writer, o.servers()));
+            }
+        }
+    }
+    if short.is_empty() {
+        return Ok(());
+    }
+    let more = if short.len() > 5 { format!(" and {} more", short.len() - 5) } else { String::new() };
+    short.truncate(5);
+    Err(Error::Unavailable(format!(
+        "step {} cannot commit: servers {failed:?} failed while it was being sealed, and these objects kept less than \
+         their level's worth elsewhere: {}{more}; write the step again (placement now avoids the failed servers once \
+         they are replaced), or raise the variables' redundancy",
+        index.step,
+        short.join("; ")
+    )))
 }
 
 /// Records a writer's fragment; the last one commits the step. Only the control plane's leader
@@ -89,11 +126,21 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     let view = state.view()?;
     let (step, session) = (ready.index.step, ready.session.clone());
     let started = std::time::Instant::now();
-    let sealed = on_all(state, ready.shares.keys().copied(), |s| {
+    let results = on_each(state, ready.shares.keys().copied(), |s| {
         let (objects, bytes) = ready.shares[&s];
         Request::Seal { dataset: dataset.into(), step, session: session.clone(), objects, bytes }
     })
     .await;
+    // Servers that could not be reached (dead or hung) are tolerated when every object still
+    // has its level's worth of copies or shards elsewhere; any other refusal aborts the step.
+    let failed: BTreeSet<u32> =
+        results.iter().filter(|(_, r)| matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
+    let refused = results.into_iter().map(|(_, r)| r).find(|r| matches!(r, Err(e) if e.kind() != ErrorKind::Unavailable));
+    let sealed = match refused {
+        Some(e) => e,
+        None if failed.is_empty() => Ok(()),
+        None => enough_left(&ready.index, &failed),
+    };
     if let Err(e) = sealed {
         // The seal failure is what the writer must hear. Objects are dropped only if this abort
         // took: a step another finisher committed (or this leader can no longer abort) keeps them.
