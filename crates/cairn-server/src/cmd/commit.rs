@@ -80,11 +80,13 @@ fn enough_left(index: &StepIndex, failed: &BTreeSet<u32>) -> Result<()> {
     }
     let more = if short.len() > 5 { format!(" and {} more", short.len() - 5) } else { String::new() };
     short.truncate(5);
+    let failed: Vec<String> = failed.iter().map(|s| format!("server {s}")).collect();
     Err(Error::Unavailable(format!(
-        "step {} cannot commit: servers {failed:?} failed while it was being sealed, and these objects kept less than \
-         their level's worth elsewhere: {}{more}; write the step again (placement now avoids the failed servers once \
-         they are replaced), or raise the variables' redundancy",
+        "step {} cannot commit: {} failed while it was being sealed, and these objects kept less than their level's \
+         worth elsewhere: {}{more}; write the step again (placement avoids failed servers once they are replaced), \
+         or raise the variables' redundancy",
         index.step,
+        failed.join(", "),
         short.join("; ")
     )))
 }
