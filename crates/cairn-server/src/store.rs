@@ -196,7 +196,7 @@ impl Store {
     pub fn get(&self, dataset: &str, step: u64, key: ObjKey) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
         let steps = lock(&self.steps);
         let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&key)).ok_or_else(|| {
-            let what = if key.1 == 0 { "a copy of".to_string() } else { format!("shard {} of", key.1 - 1) };
+            let what = if key.1 == 0 { "copy of".to_string() } else { format!("shard {} of", key.1 - 1) };
             Error::NotFound(format!(
                 "server {} holds no {what} object {:#x} of dataset '{dataset}' step {step}; the step may have been \
                  released, or the object encoded since (read the step's index again)",

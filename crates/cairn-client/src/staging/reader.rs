@@ -366,13 +366,19 @@ impl ReadEngine for StagingReader {
     fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
         match self.read_block(step, block, elem, isect, dst, out) {
             // Copies are dropped once an object is encoded: read the step's index again.
+            // A leader just elected may not have applied the entry yet: ask again until the
+            // deadline.
             Err(e) if e.kind() == ErrorKind::NotFound && block.objects.iter().any(|o| !o.holders().is_empty()) => {
-                self.forget(step);
-                let fresh = self.index(step)?;
-                let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
-                match same {
-                    Some(b) if b.objects != block.objects => self.read_block(step, b, elem, isect, dst, out),
-                    _ => Err(e),
+                let deadline = std::time::Instant::now() + self.cluster.timeout;
+                loop {
+                    self.forget(step);
+                    let fresh = self.index(step)?;
+                    let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
+                    match same {
+                        Some(b) if b.objects != block.objects => return self.read_block(step, b, elem, isect, dst, out),
+                        _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                        _ => return Err(e),
+                    }
                 }
             }
             r => r,
