@@ -126,7 +126,7 @@ impl Policy {
 /// data shards) `k + level` shards of `⌈bytes / k⌉` bytes.
 pub fn stored_bytes(bytes: u64, level: u32, encoded_k: Option<u32>) -> u64 {
     match encoded_k {
-        Some(k) if level > 0 && k > 0 => bytes.div_ceil(u64::from(k)).max(1) * u64::from(k + level),
+        Some(k) if level > 0 && k > 0 => crate::erasure::shard_len(bytes, k) * u64::from(k + level),
         _ => bytes * u64::from(level + 1),
     }
 }

@@ -11,6 +11,11 @@ use std::borrow::Cow;
 /// Shards in a stripe at most (GF(2⁸)).
 pub const MAX_SHARDS: usize = 256;
 
+/// Bytes of each of the `k` data (and every parity) shard of an object of `len` bytes (at least 1).
+pub fn shard_len(len: u64, k: u32) -> u64 {
+    len.div_ceil(u64::from(k.max(1))).max(1)
+}
+
 /// A `k + m` Reed–Solomon code.
 #[derive(Debug)]
 pub struct Code {
@@ -43,7 +48,7 @@ impl Code {
 
     /// Bytes of each shard of an object of `len` bytes (at least 1).
     pub fn shard_len(&self, len: usize) -> usize {
-        len.div_ceil(self.k).max(1)
+        shard_len(len as u64, self.k as u32) as usize
     }
 
     /// The `k` data shards of `data`: slices of it, and a padded copy only where it ends.

@@ -113,27 +113,27 @@ impl Corec {
 /// Encodes the planned objects: groups in parallel (up to [`PARALLEL`]), one object at a time
 /// within a group (its encode token).
 async fn run_plan(state: &Arc<State>, plan: Vec<Key>) {
-    let mut by_group: BTreeMap<Vec<u32>, Vec<(Key, Vec<u32>)>> = BTreeMap::new();
+    let mut by_group: BTreeMap<Vec<u32>, Vec<(Key, Copies)>> = BTreeMap::new();
     for key in plan {
-        match holders_of(state, &key) {
-            Some(holders) => {
-                let mut group = holders.clone();
+        match copies_of(state, &key) {
+            Some(copies) => {
+                let mut group = copies.holders.clone();
                 group.sort_unstable();
-                by_group.entry(group).or_default().push((key, holders));
+                by_group.entry(group).or_default().push((key, copies));
             }
             // Released, or no longer replicated: nothing to do.
             None => classifier_done(state, &key, true),
         }
     }
-    let mut groups: Vec<Vec<(Key, Vec<u32>)>> = by_group.into_values().collect();
+    let mut groups: Vec<Vec<(Key, Copies)>> = by_group.into_values().collect();
     let mut running = tokio::task::JoinSet::new();
     while !groups.is_empty() || !running.is_empty() {
         while running.len() < PARALLEL {
             let Some(jobs) = groups.pop() else { break };
             let state = state.clone();
             running.spawn(async move {
-                for (key, holders) in jobs {
-                    let ok = encode_one(&state, &key, &holders).await;
+                for (key, copies) in jobs {
+                    let ok = encode_one(&state, &key, &copies).await;
                     if let Err(e) = &ok {
                         eprintln!("cairn server {}: encoding object {:#x} of '{}' step {}: {e}", state.id, key.id, key.dataset, key.step);
                     }
@@ -151,23 +151,27 @@ fn classifier_done(state: &State, key: &Key, ok: bool) {
     }
 }
 
-/// The servers holding whole copies of a committed, still replicated object.
-fn holders_of(state: &State, key: &Key) -> Option<Vec<u32>> {
+/// A committed, still replicated object's copies and its variable's level.
+struct Copies {
+    holders: Vec<u32>,
+    level: u32,
+}
+
+fn copies_of(state: &State, key: &Key) -> Option<Copies> {
     let log = crate::control::leader(state).ok()?;
     let index = state.meta.index(log, &key.dataset, key.step).ok()?;
-    let o = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == key.id)?;
-    matches!(o.redundancy, Redundancy::Replicated { .. }).then(|| o.holders())
+    let (b, o) = index.blocks.iter().flat_map(|b| b.objects.iter().map(move |o| (b, o))).find(|(_, o)| o.id == key.id)?;
+    let level = index.vars.get(&b.var).map_or(0, |d| d.redundancy);
+    matches!(o.redundancy, Redundancy::Replicated { .. }).then(|| Copies { holders: o.holders(), level })
 }
 
 /// Encodes one object: its stripe starts at its first live holder's ring slot; the least
 /// loaded live holder encodes; the log records the shards; then the copies are dropped.
-async fn encode_one(state: &Arc<State>, key: &Key, holders: &[u32]) -> Result<()> {
+async fn encode_one(state: &Arc<State>, key: &Key, copies: &Copies) -> Result<()> {
     let policy = state.policy()?;
     let view = state.view()?;
     let log = crate::control::leader(state)?;
-    let index = state.meta.index(log, &key.dataset, key.step)?;
-    let var = index.blocks.iter().find(|b| b.objects.iter().any(|o| o.id == key.id)).map(|b| b.var.clone()).unwrap_or_default();
-    let level = index.vars.get(&var).map_or(0, |d| d.redundancy);
+    let (holders, level) = (&copies.holders, copies.level);
     let (k, m) = policy
         .stripe(level, view.active().len())
         .ok_or_else(|| Error::InvalidArgument(format!("level {level} cannot be encoded on {} servers", view.active().len())))?;

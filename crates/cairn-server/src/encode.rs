@@ -4,7 +4,8 @@
 //! the request path (a blocking thread), so encoding takes at most one core's share.
 
 use crate::state::State;
-use crate::store::{Object, Which};
+use crate::cmd::data::PutHeader;
+use crate::store::Which;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
 use cairn_proto::message::{Request, Response};
@@ -13,9 +14,16 @@ use std::sync::Arc;
 
 /// Encodes object `id` of `dataset` step `step` into `k + m` shards on `shards`.
 pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u32, m: u32, shards: Vec<u32>) -> Result<Response> {
-    let (data, region, elem, _) = state.store.get(dataset, step, (id, 0))?;
-    let (var, writer, session) = state.store.owner(dataset, step, (id, 0)).ok_or_else(|| Error::NotFound(format!("object {id:#x} left")))?;
-    let _turn = state.encoding.acquire().await.map_err(|_| Error::Unavailable("the server is stopping".into()))?;
+    let (data, region, elem, var, writer, session) =
+        state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), o.region.clone(), o.elem, o.var.clone(), o.writer, o.session.clone()))?;
+    // Waiting for the turn is bounded well within the leader's deadline for this call, so an
+    // encoding the leader gave up on does not store shards after it dropped them.
+    let wait = state.limits.peer_timeout / 2;
+    let _turn = match tokio::time::timeout(wait, state.encoding.acquire()).await {
+        Ok(Ok(turn)) => turn,
+        Ok(Err(_)) => return Err(Error::Unavailable("the server is stopping".into())),
+        Err(_) => return Err(Error::Unavailable(format!("server {} is busy encoding other objects; try later", state.id))),
+    };
     let pieces = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u8>>> {
         let code = Code::new(k as usize, m as usize)?;
         let mut all: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&data, i)).collect();
@@ -26,7 +34,7 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u3
     .map_err(|e| Error::Unavailable(format!("encoding task failed: {e}")))??;
     let mut stored = tokio::task::JoinSet::new();
     for (i, (bytes, to)) in pieces.into_iter().zip(shards.iter().copied()).enumerate() {
-        let req = Request::Put {
+        let h = PutHeader {
             dataset: dataset.to_string(),
             step,
             session: session.clone(),
@@ -41,7 +49,7 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u3
             sealed: true,
         };
         let state = state.clone();
-        stored.spawn(async move { store_shard(&state, to, req, bytes).await });
+        stored.spawn(async move { store_shard(&state, to, h, bytes).await });
     }
     let mut first = Ok(());
     while let Some(r) = stored.join_next().await {
@@ -56,16 +64,12 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u3
 }
 
 /// Stores one shard here or on server `to`.
-async fn store_shard(state: &State, to: u32, req: Request, bytes: Vec<u8>) -> Result<()> {
+async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Result<()> {
     if to != state.id {
-        return crate::peer::call_with(state, to, &req, &bytes).await.map(|_| ());
+        return crate::peer::call_with(state, to, &h.request(), &bytes).await.map(|_| ());
     }
-    let Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed } = req else {
-        unreachable!("built as a put above")
-    };
     let r = state.store.reserve(bytes.len() as u64)?;
-    let obj = Object { var, region, elem, session, writer, checksum, data: Arc::new(bytes), sealed, copy };
-    state.store.insert(&dataset, step, (id, shard), obj, r)
+    crate::cmd::data::store(state, h, bytes, r)
 }
 
 /// Drops shard `shard` (0: the whole copy) of object `id` here or on server `to`; best effort.

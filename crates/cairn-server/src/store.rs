@@ -194,6 +194,11 @@ impl Store {
 
     /// The bytes, box, element size and checksum of an object's copy or shard.
     pub fn get(&self, dataset: &str, step: u64, key: ObjKey) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
+        self.with(dataset, step, key, |o| (o.data.clone(), o.region.clone(), o.elem, o.checksum))
+    }
+
+    /// `f` of an object's copy or shard (under the store's lock: keep it short).
+    pub fn with<T>(&self, dataset: &str, step: u64, key: ObjKey, f: impl FnOnce(&Object) -> T) -> Result<T> {
         let steps = lock(&self.steps);
         let o = steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&key)).ok_or_else(|| {
             let what = if key.1 == 0 { "copy of".to_string() } else { format!("shard {} of", key.1 - 1) };
@@ -203,13 +208,7 @@ impl Store {
                 self.server, key.0
             ))
         })?;
-        Ok((o.data.clone(), o.region.clone(), o.elem, o.checksum))
-    }
-
-    /// Variable, writer rank and session of an object's copy or shard.
-    pub fn owner(&self, dataset: &str, step: u64, key: ObjKey) -> Option<(String, u32, String)> {
-        let steps = lock(&self.steps);
-        steps.get(&(dataset.to_string(), step)).and_then(|s| s.get(&key)).map(|o| (o.var.clone(), o.writer, o.session.clone()))
+        Ok(f(o))
     }
 
     /// Checks that exactly `objects` objects of `bytes` bytes of `session` are held for the step,

@@ -249,7 +249,7 @@ impl StagingWriter {
             let open = self.open.entry(*step).or_default();
             for o in &objs {
                 let bytes = match &o.redundancy {
-                    Redundancy::Encoded { k, .. } => (o.region.volume() * elem).div_ceil(u64::from(*k)).max(1),
+                    Redundancy::Encoded { k, .. } => cairn_core::erasure::shard_len(o.region.volume() * elem, *k),
                     _ => o.region.volume() * elem,
                 };
                 for server in o.servers() {

@@ -5,7 +5,7 @@ use super::{Payload, Reply};
 use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
-use cairn_proto::message::Response;
+use cairn_proto::message::{Request, Response};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -53,6 +53,13 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
     };
     let mut data = state.store.buffer(len as usize);
     stream.read_exact(&mut data).await.map_err(|e| Error::io("reading an object payload", e))?;
+    store(state, h, data, reservation)?;
+    Ok(Response::Ok)
+}
+
+/// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
+/// the header's crc32c, consuming the reservation of their space.
+pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
     let crc = crc32c::crc32c(&data);
     if crc != h.checksum {
         return Err(Error::Corrupt(format!(
@@ -71,8 +78,27 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         sealed: h.sealed,
         copy: h.copy,
     };
-    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)?;
-    Ok(Response::Ok)
+    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)
+}
+
+impl PutHeader {
+    /// The put request carrying this header (to another server).
+    pub fn request(&self) -> Request {
+        Request::Put {
+            dataset: self.dataset.clone(),
+            step: self.step,
+            session: self.session.clone(),
+            var: self.var.clone(),
+            id: self.id,
+            region: self.region.clone(),
+            elem: self.elem,
+            checksum: self.checksum,
+            copy: self.copy,
+            writer: self.writer,
+            shard: self.shard,
+            sealed: self.sealed,
+        }
+    }
 }
 
 /// Returns the box `want` of an object's copy, or a whole shard.
