@@ -99,9 +99,7 @@ def test_a_minority_of_meta_servers_killed_mid_stream_loses_no_committed_step(tm
     import cairn
 
     n, steps = 1024, 50
-    # Copies only: objects encoded around a leader's death can be read from a new leader's index
-    # before it applied the `encoded` entry (issue 16 note), which this test is not about.
-    c = cluster.start(tmp_path / "cluster.json", servers=6, spares=2, memory="64MiB", meta=5, scheme="replicate")
+    c = cluster.start(tmp_path / "cluster.json", servers=6, spares=2, memory="64MiB", meta=5)
     killed: list[int] = []
     try:
         wait_leader(c.file, 5)

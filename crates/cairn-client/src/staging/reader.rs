@@ -228,7 +228,7 @@ impl StagingReader {
                 let Redundancy::Encoded { k, m, shards } = &o.redundancy else { unreachable!("only encoded objects come here") };
                 let (k, m) = (*k as usize, *m as usize);
                 let len = o.region.volume() as usize * elem;
-                let n = len.div_ceil(k).max(1);
+                let n = cairn_core::erasure::shard_len(len as u64, k as u32) as usize;
                 Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
             })
             .collect();
@@ -366,19 +366,15 @@ impl ReadEngine for StagingReader {
     fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
         match self.read_block(step, block, elem, isect, dst, out) {
             // Copies are dropped once an object is encoded: read the step's index again.
-            // A leader just elected may not have applied the entry yet: ask again until the
-            // deadline.
+            // (Index reads are linearized, and copies go only once the entry naming the shards
+            // is applied: the index read now names them.)
             Err(e) if e.kind() == ErrorKind::NotFound && block.objects.iter().any(|o| !o.holders().is_empty()) => {
-                let deadline = std::time::Instant::now() + self.cluster.timeout;
-                loop {
-                    self.forget(step);
-                    let fresh = self.index(step)?;
-                    let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
-                    match same {
-                        Some(b) if b.objects != block.objects => return self.read_block(step, b, elem, isect, dst, out),
-                        _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
-                        _ => return Err(e),
-                    }
+                self.forget(step);
+                let fresh = self.index(step)?;
+                let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
+                match same {
+                    Some(b) if b.objects != block.objects => self.read_block(step, b, elem, isect, dst, out),
+                    _ => Err(e),
                 }
             }
             r => r,

@@ -72,11 +72,13 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Steps { dataset } => {
             plain(crate::control::leader(state).map(|log| Response::Steps { steps: state.meta.steps(log, &dataset) }))
         }
-        Request::Index { dataset, step } => plain(
-            crate::control::leader(state)
-                .and_then(|log| state.meta.index(log, &dataset, step))
-                .map(|i| Response::Index { index: (*i).clone() }),
-        ),
+        // Linearized: a leader just elected may not have applied every committed entry yet
+        // (an `encoded` one whose copies are already gone), and its index must not be older.
+        Request::Index { dataset, step } => {
+            let log = crate::control::leader(state)?;
+            log.linearize().await?;
+            plain(state.meta.index(log, &dataset, step).map(|i| Response::Index { index: (*i).clone() }))
+        }
         Request::WaitStep { dataset, step, timeout_ms } => plain(commit::wait_step(state, &dataset, step, timeout_ms).await),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
         Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
