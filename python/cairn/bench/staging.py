@@ -240,7 +240,7 @@ def main(argv: list[str]) -> None:
         for nw in args.writers:
             best: dict[str, float] = {}
             for _ in range(args.repeat):
-                c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem)
+                c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem, redundancy=0)  # one copy: the transport against a raw socket (redundancy: bench redundancy)
                 try:
                     cl = str(c.file)
                     res = {"put": run_writers(_cairn_writer, cl, shape, args.steps, nw)}
@@ -265,7 +265,7 @@ def main(argv: list[str]) -> None:
                 "get_vs_raw": best["raw"] / best["get"], "get_vs_redis": best["redis_get"] / best["get"],
                 "box_MBps": mb / 8 / best["get_box"],
             })
-        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="1GiB")
+        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="1GiB", redundancy=0)
         try:
             small = cairn_small(str(c.file))
         finally:
