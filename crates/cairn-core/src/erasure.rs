@@ -6,7 +6,6 @@
 
 use crate::{Error, Result};
 use reed_solomon_erasure::galois_8::ReedSolomon;
-use std::borrow::Cow;
 
 /// Shards in a stripe at most (GF(2⁸)).
 pub const MAX_SHARDS: usize = 256;
@@ -14,6 +13,17 @@ pub const MAX_SHARDS: usize = 256;
 /// Bytes of each of the `k` data (and every parity) shard of an object of `len` bytes (at least 1).
 pub fn shard_len(len: u64, k: u32) -> u64 {
     len.div_ceil(u64::from(k.max(1))).max(1)
+}
+
+/// Data shard `i` (`i < k`) of an object cut in `k`: its bytes `i·n..(i+1)·n`, zero-padded to
+/// `n` = [`shard_len`]. A holder of a whole copy cuts its own shard without the code.
+pub fn data_shard(data: &[u8], k: usize, i: usize) -> Vec<u8> {
+    let n = shard_len(data.len() as u64, k as u32) as usize;
+    let lo = (i * n).min(data.len());
+    let hi = ((i + 1) * n).min(data.len());
+    let mut s = data[lo..hi].to_vec();
+    s.resize(n, 0);
+    s
 }
 
 /// A `k + m` Reed–Solomon code.
@@ -51,23 +61,31 @@ impl Code {
         shard_len(len as u64, self.k as u32) as usize
     }
 
-    /// The `k` data shards of `data`: slices of it, and a padded copy only where it ends.
-    fn data_shards<'a>(&self, data: &'a [u8]) -> Vec<Cow<'a, [u8]>> {
-        let n = self.shard_len(data.len());
-        (0..self.k)
-            .map(|i| match data.get(i * n..(i + 1) * n) {
-                Some(whole) => Cow::Borrowed(whole),
-                None => Cow::Owned(self.shard(data, i)),
-            })
-            .collect()
-    }
-
     /// The `m` parity shards of `data` (its data shards are its own bytes: see [`Code::shard`]).
+    /// Reed–Solomon works column by column, so the columns every data shard has in full are
+    /// coded straight from `data`, and only the last few (fewer than `k` columns, where the
+    /// object ends) from a zero-padded copy: padding the last shard whole cost 3+2 on 1 MiB
+    /// 40% of the bare call's throughput.
     pub fn parity(&self, data: &[u8]) -> Vec<Vec<u8>> {
         let n = self.shard_len(data.len());
-        let shards = self.data_shards(data);
+        let full = data.len().saturating_sub((self.k - 1) * n).min(n);
         let mut parity = vec![vec![0u8; n]; self.m];
-        self.rs.encode_sep(&shards, &mut parity).expect("shard counts and lengths are consistent by construction");
+        if full > 0 {
+            let head: Vec<&[u8]> = (0..self.k).map(|i| &data[i * n..i * n + full]).collect();
+            let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..full]).collect();
+            self.rs.encode_sep(&head, &mut out).expect("shard counts and lengths are consistent by construction");
+        }
+        if full < n {
+            let tail: Vec<Vec<u8>> = (0..self.k)
+                .map(|i| {
+                    let mut t = data.get(i * n + full..((i + 1) * n).min(data.len())).unwrap_or_default().to_vec();
+                    t.resize(n - full, 0);
+                    t
+                })
+                .collect();
+            let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[full..]).collect();
+            self.rs.encode_sep(&tail, &mut out).expect("shard counts and lengths are consistent by construction");
+        }
         parity
     }
 
@@ -77,14 +95,9 @@ impl Code {
         self.rs.encode_sep(shards, parity).map_err(|e| Error::InvalidArgument(format!("erasure encode: {e:?}")))
     }
 
-    /// Data shard `i` (`i < k`) of an object: its bytes `i·n..(i+1)·n`, zero-padded to `n`.
+    /// Data shard `i` (`i < k`) of an object: see [`data_shard`].
     pub fn shard(&self, data: &[u8], i: usize) -> Vec<u8> {
-        let n = self.shard_len(data.len());
-        let lo = (i * n).min(data.len());
-        let hi = ((i + 1) * n).min(data.len());
-        let mut s = data[lo..hi].to_vec();
-        s.resize(n, 0);
-        s
+        data_shard(data, self.k, i)
     }
 
     /// The object of `len` bytes from its shards (`k + m` slots, `None` where missing): the data

@@ -111,6 +111,24 @@ pub enum Request {
         m: u32,
         /// Server of each shard.
         shards: Vec<u32>,
+        /// Servers that hold a whole copy: data shards bound for them are cut there
+        /// ([`Request::Cut`]), not sent.
+        #[serde(default)]
+        holders: Vec<u32>,
+    },
+    /// Encoder → a server holding a whole copy of a committed object: store data shard `shard`
+    /// (of `k`) cut from that copy, sealed. Answered with [`Response::Ok`].
+    Cut {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object id.
+        id: u64,
+        /// Data shards in the stripe.
+        k: u32,
+        /// Which data shard (`< k`).
+        shard: u32,
     },
     /// A writer's part of a step, sent to the dataset's coordinator server once its puts are done.
     EndStep {

@@ -187,10 +187,11 @@ async fn encode_one(state: &Arc<State>, key: &Key, copies: &Copies) -> Result<()
         let rates = lock(&state.corec.rates);
         *live.iter().min_by(|a, b| rates.get(a).unwrap_or(&0.0).total_cmp(rates.get(b).unwrap_or(&0.0))).expect("live is not empty")
     };
-    let req = Request::Encode { dataset: key.dataset.clone(), step: key.step, id: key.id, k, m, shards: shards.clone() };
+    let stripe = crate::encode::Stripe { k, m, shards: shards.clone(), holders: live.clone() };
     let resp = if encoder == state.id {
-        crate::encode::encode(state, &key.dataset, key.step, key.id, k, m, shards.clone()).await
+        crate::encode::encode(state, &key.dataset, key.step, key.id, stripe).await
     } else {
+        let req = Request::Encode { dataset: key.dataset.clone(), step: key.step, id: key.id, k, m, shards: stripe.shards, holders: stripe.holders };
         crate::peer::call(state, encoder, &req).await
     };
     let drop_shards = || async {

@@ -1,7 +1,10 @@
 //! A holder's side of CoREC encoding: cut its whole copy of a committed object into `k` data
 //! shards, compute `m` parity shards, and store shard `i` on server `i` of the stripe (sealed
 //! at once: the object's step is committed). Only one encoding runs per server at a time, off
-//! the request path (a blocking thread), so encoding takes at most one core's share.
+//! the request path (a blocking thread), so encoding takes at most one core's share. A data
+//! shard bound for a server that holds a whole copy is cut there from its copy ([`cut`]), not
+//! sent: with replicas and stripes on consecutive ring slots that is `min(r + 1, k)` shards, so
+//! r = 2 on RS(4 + 2) sends 3 shards instead of 5.
 
 use crate::state::State;
 use crate::cmd::data::PutHeader;
@@ -12,8 +15,22 @@ use cairn_proto::message::{Request, Response};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Encodes object `id` of `dataset` step `step` into `k + m` shards on `shards`.
-pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u32, m: u32, shards: Vec<u32>) -> Result<Response> {
+/// Where an object's shards go.
+#[derive(Debug, Clone)]
+pub struct Stripe {
+    /// Data shards.
+    pub k: u32,
+    /// Parity shards.
+    pub m: u32,
+    /// Server of each shard.
+    pub shards: Vec<u32>,
+    /// Servers holding a whole copy.
+    pub holders: Vec<u32>,
+}
+
+/// Encodes object `id` of `dataset` step `step` into the shards of `stripe`.
+pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, stripe: Stripe) -> Result<Response> {
+    let Stripe { k, m, shards, holders } = stripe;
     let (data, region, elem, var, writer, session) =
         state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), o.region.clone(), o.elem, o.var.clone(), o.writer, o.session.clone()))?;
     // Waiting for the turn is bounded well within the leader's deadline for this call, so an
@@ -24,16 +41,24 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, k: u3
         Ok(Err(_)) => return Err(Error::Unavailable("the server is stopping".into())),
         Err(_) => return Err(Error::Unavailable(format!("server {} is busy encoding other objects; try later", state.id))),
     };
-    let pieces = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<u8>>> {
+    // Data shards cut by another holder are not computed here (None).
+    let cut_there: Vec<bool> = shards.iter().enumerate().map(|(i, s)| i < k as usize && *s != state.id && holders.contains(s)).collect();
+    let pieces = tokio::task::spawn_blocking(move || -> Result<Vec<Option<Vec<u8>>>> {
         let code = Code::new(k as usize, m as usize)?;
-        let mut all: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&data, i)).collect();
-        all.extend(code.parity(&data));
+        let mut all: Vec<Option<Vec<u8>>> = (0..code.k()).map(|i| (!cut_there[i]).then(|| code.shard(&data, i))).collect();
+        all.extend(code.parity(&data).into_iter().map(Some));
         Ok(all)
     })
     .await
     .map_err(|e| Error::Unavailable(format!("encoding task failed: {e}")))??;
     let mut stored = tokio::task::JoinSet::new();
-    for (i, (bytes, to)) in pieces.into_iter().zip(shards.iter().copied()).enumerate() {
+    for (i, (piece, to)) in pieces.into_iter().zip(shards.iter().copied()).enumerate() {
+        let Some(bytes) = piece else {
+            let req = Request::Cut { dataset: dataset.to_string(), step, id, k, shard: i as u32 };
+            let state = state.clone();
+            stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
+            continue;
+        };
         let h = PutHeader {
             dataset: dataset.to_string(),
             step,
@@ -68,6 +93,31 @@ async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Re
     if to != state.id {
         return crate::peer::call_with(state, to, &h.request(), &bytes).await.map(|_| ());
     }
+    let r = state.store.reserve(bytes.len() as u64)?;
+    crate::cmd::data::store(state, h, bytes, r)
+}
+
+/// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
+pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
+    let (data, h) = state.store.with(dataset, step, (id, 0), |o| {
+        let h = PutHeader {
+            dataset: dataset.to_string(),
+            step,
+            session: o.session.clone(),
+            var: o.var.clone(),
+            id,
+            region: o.region.clone(),
+            elem: o.elem,
+            checksum: 0,
+            copy: 0,
+            writer: o.writer,
+            shard: shard + 1,
+            sealed: true,
+        };
+        (o.data.clone(), h)
+    })?;
+    let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
+    let h = PutHeader { checksum: crc32c::crc32c(&bytes), ..h };
     let r = state.store.reserve(bytes.len() as u64)?;
     crate::cmd::data::store(state, h, bytes, r)
 }

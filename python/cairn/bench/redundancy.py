@@ -11,6 +11,11 @@ under the same bound) and level r = 1, 2, a writer runs five workloads on a 3-D 
 4. ``random``: a random eighth every step;
 5. ``read``: the whole domain for 4 steps, then a whole-domain read of each step, repeated.
 
+Each runs twice: with writes back to back (``--compute 0``, the worst case for background
+encoding, which then competes with the writer for the same cores) and with the writer computing
+between steps (``--compute 20``: 20 ms of one core busy, as a simulation does between outputs;
+CoREC's background encoding runs while it computes, as on the paper's separate staging cores).
+
 Reported per run: write response time (put + end of step, mean per step), read response time
 (workload 5), storage efficiency (data bytes ÷ bytes stored, once encoding settles) and the
 paper's *write efficiency* = write time ÷ storage efficiency (lower is better). Also the encode
@@ -69,14 +74,22 @@ def settle(file: Path, timeout: float = 60.0) -> dict[str, Any]:
         time.sleep(0.3)
 
 
-def run(file: Path, workload: str, level: int, n: int, steps: int, seed: int) -> dict[str, Any]:
+def compute(ms: float, a: np.ndarray) -> None:
+    """A simulation's compute phase between steps: one core busy for ``ms`` (a stencil sweep)."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        a[1:-1] = 0.5 * a[1:-1] + 0.25 * (a[:-2] + a[2:])
+
+
+def run(file: Path, workload: str, level: int, n: int, steps: int, seed: int, compute_ms: float = 0.0) -> dict[str, Any]:
     opts = dict(engine="staging", cluster=file, object_size=256 << 10, timeout=30.0)
     rng = np.random.default_rng(seed)
     field = np.random.default_rng(seed).random((n, n, n))
     w = cairn.open(workload, "w", **opts)
     w.define("u", "f8", (n, n, n), redundancy=level)
-    writes = []
+    writes, scratch = [], np.random.default_rng(seed).random(1 << 16)
     for s in range(4 if workload == "read" else steps):
+        compute(compute_ms, scratch)
         t = time.perf_counter()
         with w.step(s):
             for o, c in boxes(workload, s, n, rng):
@@ -114,48 +127,51 @@ def main(argv: list[str]) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", type=int, default=6, help="staging servers (default 6)")
     ap.add_argument("--n", type=int, default=64, help="domain edge: n³ doubles (default 64: 2 MiB)")
-    ap.add_argument("--steps", type=int, default=12, help="steps per workload (default 12)")
+    ap.add_argument("--steps", type=int, default=24, help="steps per workload (default 24)")
     ap.add_argument("--levels", default="1,2", help="redundancy levels (default 1,2)")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--compute", default="0,20", help="ms the writer computes between steps, one run each (default 0,20)")
     ap.add_argument("--min-efficiency", type=float, default=0.6)
-    ap.add_argument("--repeat", type=int, default=5, help="encode timings, best of (default 5)")
+    ap.add_argument("--repeat", type=int, default=15, help="encode timings, best of (default 15)")
     a = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    computes = [float(x) for x in a.compute.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for level in [int(x) for x in a.levels.split(",")]:
+        for level, ms in [(int(x), ms) for x in a.levels.split(",") for ms in computes]:
             for scheme in a.schemes.split(","):
                 lvl = 0 if scheme == "none" else level
-                c = cluster.start(Path(tmp) / f"{scheme}{level}.json", servers=a.servers, memory="2GiB", redundancy=lvl,
+                c = cluster.start(Path(tmp) / f"{scheme}{level}-{ms:g}.json", servers=a.servers, memory="2GiB", redundancy=lvl,
                                   scheme=scheme, rs_data=4, min_efficiency=a.min_efficiency if scheme != "none" else 0.6)
                 try:
                     for i, wl in enumerate(a.workloads.split(",")):
-                        row = {"workload": wl, "scheme": scheme, "r": level, **run(c.file, wl, lvl, a.n, a.steps, seed=i)}
+                        row = {"workload": wl, "scheme": scheme, "r": level, "compute_ms": ms,
+                               **run(c.file, wl, lvl, a.n, a.steps, seed=i, compute_ms=ms)}
                         rows.append(row)
-                        print(table([row], ["workload", "scheme", "r", "write_ms", "read_ms", "storage_eff", "write_eff"]).splitlines()[-1],
+                        print(table([row], ["workload", "scheme", "r", "compute_ms", "write_ms", "read_ms", "storage_eff", "write_eff"]).splitlines()[-1],
                               flush=True)
                 finally:
                     c.stop()
     print()
-    print(table(rows, ["workload", "scheme", "r", "write_ms", "read_ms", "storage_eff", "write_eff", "shards"]))
+    print(table(rows, ["workload", "scheme", "r", "compute_ms", "write_ms", "read_ms", "storage_eff", "write_eff", "shards"]))
     # CoREC against replication, beside the paper's percentages.
     summary = []
-    for level in sorted({r["r"] for r in rows}):
+    for level, ms in sorted({(r["r"], r["compute_ms"]) for r in rows}):
         for wl in a.workloads.split(","):
-            by = {r["scheme"]: r for r in rows if r["workload"] == wl and r["r"] == level}
+            by = {r["scheme"]: r for r in rows if r["workload"] == wl and r["r"] == level and r["compute_ms"] == ms}
             if "corec" in by and "replicate" in by:
                 fault_tolerant = [s for s in by if s != "none"]
                 best = min(fault_tolerant, key=lambda s: by[s]["write_eff"])
-                summary.append({"workload": wl, "r": level,
+                summary.append({"workload": wl, "r": level, "compute_ms": ms,
                                 "corec_over_replicate_%": 100 * (by["corec"]["write_ms"] / by["replicate"]["write_ms"] - 1),
                                 "paper_%": PAPER_OVERHEAD.get(wl, float("nan")), "corec_storage_eff": by["corec"]["storage_eff"],
                                 "best_write_eff": best})
     if summary:
         print()
-        print(table(summary, ["workload", "r", "corec_over_replicate_%", "paper_%", "corec_storage_eff", "best_write_eff"]))
+        print(table(summary, ["workload", "r", "compute_ms", "corec_over_replicate_%", "paper_%", "corec_storage_eff", "best_write_eff"]))
     enc = encode_rows(a.repeat)
     print()
     print(table(enc, ["k", "m", "MiB", "cairn_MBps", "bare_MBps", "ratio"]))
     path = save("redundancy", rows + [{"summary": s} for s in summary] + [{"encode": e} for e in enc],
-                {"servers": a.servers, "n": a.n, "steps": a.steps, "min_efficiency": a.min_efficiency})
+                {"servers": a.servers, "n": a.n, "steps": a.steps, "compute_ms": computes, "min_efficiency": a.min_efficiency})
     print(f"\nsaved {path}")

@@ -30,6 +30,12 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             }
             Ok(())
         }
+        Request::Cut { k, shard, .. } => {
+            if *k < 2 || *shard >= *k || *k as usize > cairn_core::erasure::MAX_SHARDS {
+                return Err(Error::InvalidArgument(format!("cut data shard {shard} of {k}: not a shard of a valid stripe")));
+            }
+            Ok(())
+        }
         Request::EndStep { fragment, .. } => fragment.validate(),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
@@ -80,4 +86,24 @@ fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stripes_and_cuts_outside_a_valid_code_are_refused() {
+        let encode = |k, m, n| Request::Encode { dataset: "d".into(), step: 0, id: 1, k, m, shards: vec![0; n], holders: vec![] };
+        assert!(request(&encode(4, 2, 6), 0).is_ok());
+        for bad in [encode(1, 2, 3), encode(4, 0, 4), encode(4, 2, 5), encode(200, 100, 300)] {
+            assert!(request(&bad, 0).unwrap_err().to_string().contains("not a valid stripe"));
+        }
+        let cut = |k, shard| Request::Cut { dataset: "d".into(), step: 0, id: 1, k, shard };
+        assert!(request(&cut(4, 3), 0).is_ok());
+        for bad in [cut(4, 4), cut(1, 0), cut(300, 2)] {
+            assert!(request(&bad, 0).unwrap_err().to_string().contains("not a shard of a valid stripe"));
+        }
+        assert!(request(&cut(4, 0), 10).unwrap_err().to_string().contains("carries no payload"));
+    }
 }

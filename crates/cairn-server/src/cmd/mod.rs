@@ -64,7 +64,10 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             plain(data::put(state, stream, p.payload_len, h).await)
         }
         Request::Get { dataset, step, id, want, shard } => data::get(state, &dataset, step, (id, shard), &want),
-        Request::Encode { dataset, step, id, k, m, shards } => plain(crate::encode::encode(state, &dataset, step, id, k, m, shards).await),
+        Request::Encode { dataset, step, id, k, m, shards, holders } => {
+            plain(crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await)
+        }
+        Request::Cut { dataset, step, id, k, shard } => plain(crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok)),
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
