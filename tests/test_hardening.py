@@ -46,7 +46,9 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
-    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", peer_timeout=0.5)
+    # Failure detection is held off (it would declare the hung server down after its timeout and
+    # place around it: tests/test_failures.py): this test is about each call's own deadline.
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", peer_timeout=0.5, failure_timeout="60s")
     opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=DEADLINE)
     try:
         w = cairn.open("hang", "w", session="s", **opts)

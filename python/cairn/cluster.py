@@ -98,17 +98,27 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           bind: str = "127.0.0.1", timeout: float = 60.0, io_timeout: float | None = None,
           hello_timeout: float | None = None, peer_timeout: float | None = None, meta: int = 3,
           redundancy: int | None = None, scheme: str | None = None, rs_data: int | None = None,
-          min_efficiency: float | None = None, hot_steps: int | None = None) -> LocalCluster:
+          min_efficiency: float | None = None, hot_steps: int | None = None,
+          failure_timeout: float | str | None = None, recovery: str | None = None,
+          recovery_deadline: float | str | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
     the servers' deadlines (``cairn serve --help``); ``meta`` servers (the first of the ring) run
     the control plane. ``redundancy`` is the level of variables that name none (default 1,
     lowered to ``servers - 1``); ``scheme``, ``rs_data``, ``min_efficiency`` and ``hot_steps``
-    choose how objects are kept (``[staging]`` of ``cairn.toml`` gives the defaults)."""
+    choose how objects are kept, and a server unheard from for ``failure_timeout`` (seconds or
+    ``"5s"``, ``"250ms"``; default 3 s) is declared down and a spare takes its slot, where its
+    objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default 60 s;
+    ``"aggressive"``: at once). ``[staging]`` of ``cairn.toml`` gives the defaults."""
     given = {"redundancy": redundancy, "scheme": scheme, "rs_data": rs_data, "min_efficiency": min_efficiency,
              "hot_steps": hot_steps}
-    toml = _redundancy_of(json.loads(_native.config_json(None, []))["staging"])
+    staging = json.loads(_native.config_json(None, []))["staging"]
+    toml = _redundancy_of(staging)
+    if failure_timeout is None:
+        failure_timeout = staging.get("failure_timeout")
+    recovery = recovery if recovery is not None else staging.get("recovery")
+    recovery_deadline = recovery_deadline if recovery_deadline is not None else staging.get("recovery_deadline")
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
     if chosen["redundancy"] is None:
         chosen["redundancy"] = min(1, max(servers - 1, 0))
@@ -116,7 +126,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     for key, value in chosen.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
-    for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout)):
+    for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout),
+                        ("--failure-timeout", failure_timeout), ("--recovery", recovery), ("--recovery-deadline", recovery_deadline)):
         if value is not None:
             extra += [flag, str(value)]
     file = Path(file).absolute()
@@ -174,7 +185,7 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
             r["state"] = _state_in(current, r)
             r["spare"] = r["state"] == "spare"
             if r["state"] == "down":
-                r["error"] = f"answers, but left its slot in view {current['epoch'] if current else '?'} (a spare took it)"
+                r["error"] = f"answers, but was declared down in view {current['epoch'] if current else '?'} (it rejoins empty)"
     return out
 
 
@@ -197,6 +208,8 @@ def _state_in(current: dict[str, Any] | None, server: dict[str, Any]) -> str:
     """``up``, ``spare`` or ``down`` (left its slot) for an answering server, by the view."""
     if current is None:
         return "spare" if server.get("spare") else "up"
+    if server["id"] in current.get("down", []):
+        return "down"
     if server["id"] in current.get("spares", []):
         return "spare"
     return "up" if server["id"] in current["slots"] else "down"

@@ -26,6 +26,13 @@ def _redundancy_flags(p: argparse.ArgumentParser, serve: bool) -> None:
                    help="storage efficiency CoREC never goes below (default 0.6)")
     p.add_argument("--hot-steps", type=int, default=2 if serve else None, metavar="W",
                    help="steps a box stays hot after it was written (default 2)")
+    p.add_argument("--failure-timeout", default="3s" if serve else None, metavar="DURATION",
+                   help="a server unheard from this long (\"5s\", \"250ms\") is declared down and a spare takes its "
+                        "slot (default 3s)")
+    p.add_argument("--recovery", choices=["lazy", "aggressive"], default="lazy" if serve else None,
+                   help="rebuild a lost server's objects on its spare over --recovery-deadline (lazy, default) or at once")
+    p.add_argument("--recovery-deadline", default="60s" if serve else None, metavar="DURATION",
+                   help="lazy recovery rebuilds every object within this (default 60s)")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -34,13 +41,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
                   args.meta, json.dumps({"redundancy": args.redundancy, "scheme": args.scheme, "rs_data": args.rs_data,
-                                         "min_efficiency": args.min_efficiency, "hot_steps": args.hot_steps}))
+                                         "min_efficiency": args.min_efficiency, "hot_steps": args.hot_steps}),
+                  args.failure_timeout, args.recovery, args.recovery_deadline)
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
-                      rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps)
+                      rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
+                      failure_timeout=args.failure_timeout, recovery=args.recovery, recovery_deadline=args.recovery_deadline)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
@@ -64,6 +73,10 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
                      "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
                      "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards")} for r in rows],
+        # The leader's recovery of lost servers' objects, so scripts can wait for it.
+        "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),
+                     "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),
+                     "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows)},
     }
 
 

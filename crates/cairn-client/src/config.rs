@@ -83,6 +83,33 @@ pub struct StagingConfig {
     pub min_efficiency: Option<f64>,
     /// Clusters started from here: steps a box stays hot after it was written.
     pub hot_steps: Option<u32>,
+    /// Clusters started from here: how long a silent server may go unheard before it is
+    /// declared down ("5s", "250ms" or seconds; servers default to 3 s).
+    pub failure_timeout: Option<Duration>,
+    /// Clusters started from here: "lazy" (default) or "aggressive" recovery onto spares.
+    pub recovery: Option<String>,
+    /// Clusters started from here: lazy recovery rebuilds a lost server's objects within this.
+    pub recovery_deadline: Option<Duration>,
+}
+
+/// A duration setting: seconds, or a string with a unit (`"5s"`, `"250ms"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Duration {
+    /// Seconds.
+    Seconds(f64),
+    /// With a unit.
+    Text(String),
+}
+
+impl Duration {
+    /// The duration, checked.
+    pub fn get(&self) -> Result<std::time::Duration> {
+        match self {
+            Duration::Seconds(s) => cairn_proto::cluster::parse_duration(&s.to_string()),
+            Duration::Text(t) => cairn_proto::cluster::parse_duration(t),
+        }
+    }
 }
 
 impl StagingConfig {
@@ -143,6 +170,9 @@ impl Default for StagingConfig {
             rs_data: None,
             min_efficiency: None,
             hot_steps: None,
+            failure_timeout: None,
+            recovery: None,
+            recovery_deadline: None,
         }
     }
 }
@@ -171,7 +201,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps";
+    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -206,6 +236,17 @@ impl Config {
 
     /// Checks settings serde cannot.
     fn validate(self) -> Result<Config> {
+        if let Some(d) = &self.staging.failure_timeout {
+            d.get().map_err(|e| Error::Config(format!("[staging] failure_timeout: {e}")))?;
+        }
+        if let Some(d) = &self.staging.recovery_deadline {
+            d.get().map_err(|e| Error::Config(format!("[staging] recovery_deadline: {e}")))?;
+        }
+        if let Some(r) = &self.staging.recovery {
+            if r != "lazy" && r != "aggressive" {
+                return Err(Error::Config(format!("[staging] recovery = {r:?}: use \"lazy\" or \"aggressive\"")));
+            }
+        }
         if self.trace_flush == 0 {
             return Err(Error::Config("trace_flush = 0: use 1 (write traces every step) or more".into()));
         }
@@ -271,6 +312,20 @@ impl Config {
             "rs_data" => self.staging.rs_data = Some(value.parse().map_err(|_| bad("expected a number of data shards"))?),
             "min_efficiency" => self.staging.min_efficiency = Some(value.parse().map_err(|_| bad("expected a fraction, e.g. 0.6"))?),
             "hot_steps" => self.staging.hot_steps = Some(value.parse().map_err(|_| bad("expected a step count"))?),
+            "failure_timeout" => {
+                cairn_proto::cluster::parse_duration(value)?;
+                self.staging.failure_timeout = Some(Duration::Text(value.to_string()));
+            }
+            "recovery_deadline" => {
+                cairn_proto::cluster::parse_duration(value)?;
+                self.staging.recovery_deadline = Some(Duration::Text(value.to_string()));
+            }
+            "recovery" => {
+                if value != "lazy" && value != "aggressive" {
+                    return Err(bad("use lazy or aggressive"));
+                }
+                self.staging.recovery = Some(value.to_string());
+            }
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
         Ok(())

@@ -66,6 +66,16 @@ pub enum Cmd {
         /// Object ids and how each is now kept (`Redundancy::Encoded`).
         objects: Vec<(u64, Redundancy)>,
     },
+    /// Objects of a committed step were rebuilt on server `to` after server `from` was lost:
+    /// their entries name `to` where they named `from`.
+    Rebuilt {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object ids, each with the lost server and the one that holds its piece now.
+        objects: Vec<(u64, u32, u32)>,
+    },
     /// Commands that arrived together, in one log entry (group commit): applied in order, each
     /// with its own outcome.
     Batch {
@@ -254,6 +264,7 @@ impl MetaState {
             Cmd::Release { dataset, step } => self.release(&dataset, step),
             Cmd::SetView { view } => self.set_view(view),
             Cmd::Encoded { dataset, step, objects } => self.encoded(&dataset, step, objects),
+            Cmd::Rebuilt { dataset, step, objects } => self.rebuilt(&dataset, step, objects),
             // Nested batches are refused (the batcher never makes them), so applying stays flat.
             Cmd::Batch { cmds } => Ok(Outcome::Batch {
                 outcomes: cmds
@@ -403,6 +414,34 @@ impl MetaState {
                     o.redundancy = red.clone();
                     changed += 1;
                 }
+            }
+        }
+        Ok(Outcome::Encoded { changed })
+    }
+
+    fn rebuilt(&mut self, dataset: &str, step: u64, objects: Vec<(u64, u32, u32)>) -> Result<Outcome, Error> {
+        let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        let index = ds.committed.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?;
+        let mut changed = 0;
+        let index = Arc::make_mut(index);
+        for (id, from, to) in objects {
+            for o in index.blocks.iter_mut().flat_map(|b| b.objects.iter_mut()) {
+                let servers = o.servers();
+                if o.id != id || !servers.contains(&from) || servers.contains(&to) {
+                    continue;
+                }
+                let swap = |s: &mut u32| {
+                    if *s == from {
+                        *s = to;
+                    }
+                };
+                swap(&mut o.server);
+                match &mut o.redundancy {
+                    Redundancy::Replicated { servers } => servers.iter_mut().for_each(swap),
+                    Redundancy::Encoded { shards, .. } => shards.iter_mut().for_each(swap),
+                    Redundancy::Single => {}
+                }
+                changed += 1;
             }
         }
         Ok(Outcome::Encoded { changed })

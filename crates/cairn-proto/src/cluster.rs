@@ -119,6 +119,25 @@ pub fn parse_size(text: &str) -> Result<u64> {
     }
 }
 
+/// A duration such as `"5s"`, `"250ms"`, `"2m"`, `"1.5"` (seconds) or `"1h"`: positive and finite.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let mult = match unit.as_str() {
+        "" | "s" => Some(1.0),
+        "ms" => Some(1e-3),
+        "us" => Some(1e-6),
+        "m" | "min" => Some(60.0),
+        "h" => Some(3600.0),
+        _ => None,
+    };
+    match (num.parse::<f64>().ok(), mult) {
+        (Some(v), Some(m)) if v.is_finite() && v > 0.0 && v * m < 1e9 => Ok(std::time::Duration::from_secs_f64(v * m)),
+        _ => Err(Error::Config(format!("duration {text:?} not understood; write e.g. \"5s\", \"250ms\", \"2m\" or a number of seconds"))),
+    }
+}
+
 /// One `[[server]]` entry of a topology file.
 #[derive(Debug, Deserialize)]
 struct TopologyEntry {
@@ -168,6 +187,15 @@ pub fn load_topology(path: Option<&Path>, n: u32) -> Result<Vec<(String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_take_units_or_seconds() {
+        let ms = |t: &str| parse_duration(t).map(|d| d.as_millis());
+        assert_eq!((ms("5s").unwrap(), ms("250ms").unwrap(), ms("1.5").unwrap(), ms("2m").unwrap()), (5000, 250, 1500, 120_000));
+        for bad in ["", "0s", "-1s", "5 parsecs", "inf", "1e30h"] {
+            assert!(parse_duration(bad).unwrap_err().to_string().contains("250ms"), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes_parse_with_units_and_refuse_nonsense() {

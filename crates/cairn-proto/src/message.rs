@@ -130,6 +130,29 @@ pub enum Request {
         /// Which data shard (`< k`).
         shard: u32,
     },
+    /// Leader → a surviving holder of a committed object: store piece `shard` (0: a whole copy;
+    /// `i + 1`: shard `i` of the `k + m` stripe on `stripe`) on server `to`, which took a lost
+    /// server's slot. Answered with [`Response::Ok`].
+    Rebuild {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object id.
+        id: u64,
+        /// The piece to rebuild.
+        shard: u32,
+        /// Data shards (0 for a copy).
+        k: u32,
+        /// Parity shards (0 for a copy).
+        m: u32,
+        /// Server of each shard (empty for a copy).
+        stripe: Vec<u32>,
+        /// crc32c of the whole object (from its index entry): what is rebuilt is checked against it.
+        checksum: u32,
+        /// Where the piece goes.
+        to: u32,
+    },
     /// A writer's part of a step, sent to the dataset's coordinator server once its puts are done.
     EndStep {
         /// Dataset name.
@@ -354,6 +377,15 @@ pub struct ServerStatus {
     /// Where the steps this server committed (as the control plane's leader) spent their time.
     #[serde(default)]
     pub commits: CommitTimes,
+    /// Objects of lost servers this server (as the leader) has still to rebuild.
+    #[serde(default)]
+    pub recovery_pending: u64,
+    /// Objects it rebuilt.
+    #[serde(default)]
+    pub recovery_rebuilt: u64,
+    /// Objects it could not rebuild (no surviving piece).
+    #[serde(default)]
+    pub recovery_lost: u64,
 }
 
 /// Time spent in each phase of the step commits one server coordinated, summed over `steps`.

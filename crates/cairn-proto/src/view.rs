@@ -17,7 +17,8 @@ pub struct ClusterView {
     pub slots: Vec<u32>,
     /// Servers that hold nothing until they take a slot.
     pub spares: Vec<u32>,
-    /// Servers that left their slot (failed or replaced); they hold nothing of this view.
+    /// Servers declared down (failed, hung or replaced); they hold nothing of this view. A down
+    /// server still names its slot until a spare takes it: placement skips it meanwhile.
     #[serde(default)]
     pub down: Vec<u32>,
     /// Every server's entry (address, node, rack), active, spare or down.
@@ -38,7 +39,8 @@ impl ClusterView {
     }
 
     /// Checks a view that came from the network: slots, spares and down servers name listed
-    /// servers, once each.
+    /// servers, once each among slots and spares and once among down servers (a down server may
+    /// still hold its slot, never be a spare).
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidArgument(format!("cluster view of epoch {}: {why}", self.epoch)));
         if self.slots.is_empty() {
@@ -48,29 +50,81 @@ impl ClusterView {
         if known.len() != self.servers.len() {
             return bad("a server is listed twice".into());
         }
-        let mut seen = BTreeSet::new();
+        let (mut seen, mut down) = (BTreeSet::new(), BTreeSet::new());
         for id in self.slots.iter().chain(&self.spares).chain(&self.down) {
             if !known.contains(id) {
                 return bad(format!("server {id} has a slot, is a spare or is down, but has no entry"));
             }
+        }
+        for id in self.slots.iter().chain(&self.spares) {
             if !seen.insert(*id) {
-                return bad(format!("server {id} is listed twice among slots, spares and down servers"));
+                return bad(format!("server {id} is listed twice among slots and spares"));
+            }
+        }
+        for id in &self.down {
+            if !down.insert(*id) || self.spares.contains(id) {
+                return bad(format!("server {id} is listed twice among down servers, or is both down and a spare"));
             }
         }
         Ok(())
     }
 
-    /// The server at the ring position `key` falls on.
+    /// The server at the ring position `key` falls on (the next live one while its server is
+    /// down).
     pub fn place(&self, key: u64) -> u32 {
-        self.slots[(key % self.slots.len() as u64) as usize]
+        let start = (key % self.slots.len() as u64) as usize;
+        (0..self.slots.len()).map(|i| self.slots[(start + i) % self.slots.len()]).find(|s| !self.down.contains(s)).unwrap_or(self.slots[start])
     }
 
     /// The replica or stripe group of `n` servers from the slot `key` falls on: no two members
-    /// in one rack (or node, or server) while the topology has `n` of them.
+    /// in one rack (or node, or server) while the topology has `n` of them. Down servers are
+    /// passed over: a group with a down member takes the next live slot instead.
     pub fn group(&self, key: u64, n: usize) -> (Vec<u32>, Spread) {
         let start = (key % self.slots.len() as u64) as usize;
         let domain = |id: u32| self.server(id).map_or(("", ""), |e| (e.spec.node.as_str(), e.spec.rack.as_str()));
-        spread_group(&self.slots, domain, start, n)
+        if self.down.is_empty() {
+            return spread_group(&self.slots, domain, start, n);
+        }
+        let order: Vec<u32> = (0..self.slots.len()).map(|i| self.slots[(start + i) % self.slots.len()]).filter(|s| !self.down.contains(s)).collect();
+        spread_group(&order, domain, 0, n)
+    }
+
+    /// Servers holding a slot and not down, in ring order.
+    pub fn live(&self) -> Vec<u32> {
+        self.slots.iter().copied().filter(|s| !self.down.contains(s)).collect()
+    }
+
+    /// Whether server `id` holds a slot and is not down.
+    pub fn is_live(&self, id: u32) -> bool {
+        self.slots.contains(&id) && !self.down.contains(&id)
+    }
+
+    /// The next view, in which server `out` (holding a slot or a spare) is down. A down server
+    /// keeps its slot until a spare takes it ([`ClusterView::replace`]).
+    pub fn fail(&self, out: u32) -> Result<ClusterView> {
+        if self.down.contains(&out) || !(self.slots.contains(&out) || self.spares.contains(&out)) {
+            return Err(Error::InvalidArgument(format!("server {out} is not a live member in epoch {}", self.epoch)));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.spares.retain(|s| *s != out);
+        next.down.push(out);
+        Ok(next)
+    }
+
+    /// The next view, in which down server `id` (back, with nothing in memory) is a member
+    /// again: it takes back its slot if no spare took it, else it becomes a spare.
+    pub fn rejoin(&self, id: u32) -> Result<ClusterView> {
+        if !self.down.contains(&id) {
+            return Err(Error::InvalidArgument(format!("server {id} is not down in epoch {}", self.epoch)));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.down.retain(|s| *s != id);
+        if !next.slots.contains(&id) {
+            next.spares.push(id);
+        }
+        Ok(next)
     }
 
     /// The entry of server `id`.
@@ -79,11 +133,6 @@ impl ClusterView {
             .iter()
             .find(|s| s.spec.id == id)
             .ok_or_else(|| Error::NotFound(format!("server {id} is not in the cluster view (epoch {})", self.epoch)))
-    }
-
-    /// Active servers (those holding a slot), in ring order.
-    pub fn active(&self) -> &[u32] {
-        &self.slots
     }
 
     /// The next view, in which spare `spare` takes the slot(s) of server `out`, which is down.
@@ -101,7 +150,9 @@ impl ClusterView {
         next.epoch += 1;
         next.slots.iter_mut().filter(|s| **s == out).for_each(|s| *s = spare);
         next.spares.retain(|s| *s != spare);
-        next.down.push(out);
+        if !next.down.contains(&out) {
+            next.down.push(out);
+        }
         Ok(next)
     }
 }
@@ -161,8 +212,33 @@ mod tests {
         assert!(v.validate().is_err());
         v.slots = vec![7];
         assert!(v.validate().unwrap_err().to_string().contains("server 7"));
-        let mut v = ClusterView::initial(&file(2, 0));
-        v.down.push(v.slots[0]);
-        assert!(v.validate().is_err(), "a server with a slot cannot be down");
+        let mut v = ClusterView::initial(&file(2, 1));
+        v.down.push(v.spares[0]);
+        assert!(v.validate().is_err(), "a spare cannot be down");
+        v.down = vec![v.slots[0], v.slots[0]];
+        assert!(v.validate().is_err(), "down twice");
+    }
+
+    #[test]
+    fn a_down_server_is_passed_over_then_replaced_or_rejoins() {
+        let v = ClusterView::initial(&file(4, 1));
+        let (g, _) = v.group(0, 2);
+        let failed = v.fail(g[0]).unwrap();
+        failed.validate().unwrap();
+        assert_eq!((failed.epoch, failed.live().len(), failed.slots.len()), (2, 3, 4));
+        let (h, _) = failed.group(0, 2);
+        assert!(!h.contains(&g[0]) && h.len() == 2, "the group skips the down member: {g:?} -> {h:?}");
+        assert!((0..64).all(|k| failed.place(k) != g[0]));
+        assert!(failed.fail(g[0]).is_err(), "already down");
+        // A spare takes the slot: the group is the first one with the spare in the member's place.
+        let replaced = failed.replace(g[0], 4).unwrap();
+        replaced.validate().unwrap();
+        assert_eq!((replaced.down.clone(), replaced.group(0, 2).0), (vec![g[0]], vec![4, g[1]]));
+        // Back with nothing in memory: a spare now (its slot is taken), or its slot again.
+        let back = replaced.rejoin(g[0]).unwrap();
+        back.validate().unwrap();
+        assert_eq!((back.spares.clone(), back.down.len()), (vec![g[0]], 0));
+        let again = failed.rejoin(g[0]).unwrap();
+        assert_eq!((again.group(0, 2).0, again.spares.clone()), (g.clone(), vec![4]));
     }
 }

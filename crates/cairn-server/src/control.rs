@@ -66,6 +66,7 @@ pub fn start(state: Arc<State>) {
         let _ = state.control.set(log.clone());
         tokio::spawn(on_leadership(state.clone(), log.clone()));
         tokio::spawn(crate::views::follow(state.clone(), log.clone()));
+        tokio::spawn(crate::detect::run(state.clone()));
         let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
         if !state.meta_options.rejoin {
             if members.first() == Some(&state.id) {

@@ -56,7 +56,7 @@ impl Corec {
         if !policy.scheme.encodes_later() {
             return;
         }
-        let active = view.active().len();
+        let active = view.live().len();
         {
             let mut c = lock(&self.classifier);
             let c = c.get_or_insert_with(|| {
@@ -173,15 +173,15 @@ async fn encode_one(state: &Arc<State>, key: &Key, copies: &Copies) -> Result<()
     let log = crate::control::leader(state)?;
     let (holders, level) = (&copies.holders, copies.level);
     let (k, m) = policy
-        .stripe(level, view.active().len())
-        .ok_or_else(|| Error::InvalidArgument(format!("level {level} cannot be encoded on {} servers", view.active().len())))?;
-    let live: Vec<u32> = holders.iter().copied().filter(|h| view.active().contains(h)).collect();
-    let start = live.first().and_then(|h| view.active().iter().position(|s| s == h)).ok_or_else(|| {
+        .stripe(level, view.live().len())
+        .ok_or_else(|| Error::InvalidArgument(format!("level {level} cannot be encoded on {} live servers", view.live().len())))?;
+    let live: Vec<u32> = holders.iter().copied().filter(|h| view.is_live(*h)).collect();
+    let start = live.first().and_then(|h| view.slots.iter().position(|s| s == h)).ok_or_else(|| {
         Error::Unavailable(format!("no holder of object {:#x} ({holders:?}) holds a slot in view {}", key.id, view.epoch))
     })?;
     let (shards, _) = view.group(start as u64, (k + m) as usize);
     if shards.len() != (k + m) as usize {
-        return Err(Error::Unavailable(format!("a stripe of {} servers needs more than the {} active", k + m, view.active().len())));
+        return Err(Error::Unavailable(format!("a stripe of {} servers needs more than the {} live", k + m, view.live().len())));
     }
     let encoder = {
         let rates = lock(&state.corec.rates);

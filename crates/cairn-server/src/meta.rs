@@ -157,6 +157,14 @@ impl Meta {
         }
     }
 
+    /// Records objects rebuilt on `to` for lost `from` (see [`Cmd::Rebuilt`]); returns how many changed.
+    pub async fn rebuilt(&self, log: &dyn MetaLog, dataset: &str, step: u64, objects: Vec<(u64, u32, u32)>) -> Result<u64> {
+        match self.batcher.propose(log, Cmd::Rebuilt { dataset: dataset.to_string(), step, objects }).await? {
+            Outcome::Encoded { changed } => Ok(changed),
+            other => Err(unexpected_outcome("rebuilt", &other)),
+        }
+    }
+
     /// Committed steps of a dataset (empty if unknown: a reader may come before the writers).
     pub fn steps(&self, log: &dyn MetaLog, dataset: &str) -> Vec<u64> {
         query(log, |s| s.steps(dataset))

@@ -42,10 +42,24 @@ pub async fn call(state: &State, to: u32, req: &Request) -> Result<Response> {
 
 /// [`call`] with a payload.
 pub async fn call_with(state: &State, to: u32, req: &Request, payload: &[u8]) -> Result<Response> {
+    call_within(state, to, req, payload, state.limits.peer_timeout).await
+}
+
+/// [`call_with`] within `limit` instead of the peer deadline (failure probes).
+pub async fn call_within(state: &State, to: u32, req: &Request, payload: &[u8], limit: std::time::Duration) -> Result<Response> {
+    call_full(state, to, req, payload, limit, 0).await.map(|(r, _)| r)
+}
+
+/// Sends `req` to server `to` and returns its response with the reply's payload (at most
+/// `max_reply` bytes): reads of another server's objects (recovery).
+pub async fn fetch(state: &State, to: u32, req: &Request, max_reply: u64) -> Result<(Response, Vec<u8>)> {
+    call_full(state, to, req, &[], state.limits.peer_timeout, max_reply).await
+}
+
+async fn call_full(state: &State, to: u32, req: &Request, payload: &[u8], limit: std::time::Duration, max_reply: u64) -> Result<(Response, Vec<u8>)> {
     let view = state.view()?;
     let addr = view.server(to)?.addr.clone();
     let op = req.op_name();
-    let limit = state.limits.peer_timeout;
     let attempt = |pooled: Option<TcpStream>| {
         let addr = addr.as_str();
         async move {
@@ -55,9 +69,11 @@ pub async fn call_with(state: &State, to: u32, req: &Request, payload: &[u8]) ->
             };
             let env = Envelope { epoch: None, req: req.clone() };
             write_frame(&mut s, &env, payload).await?;
-            let (resp, _): (Response, _) =
-                read_head(&mut s, MAX_HEADER, 0).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
-            Ok::<_, Error>((s, resp))
+            let (resp, p): (Response, _) =
+                read_head(&mut s, MAX_HEADER, max_reply).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
+            let mut body = vec![0u8; p.payload_len as usize];
+            tokio::io::AsyncReadExt::read_exact(&mut s, &mut body).await.map_err(|e| Error::io("reading a reply's payload", e))?;
+            Ok::<_, Error>((s, (resp, body)))
         }
     };
     let run = async {
@@ -69,9 +85,9 @@ pub async fn call_with(state: &State, to: u32, req: &Request, payload: &[u8]) ->
         }
     };
     match tokio::time::timeout(limit, run).await {
-        Ok(Ok((s, resp))) => {
+        Ok(Ok((s, (resp, body)))) => {
             state.peers.give_back(to, s);
-            resp.into_result()
+            resp.into_result().map(|r| (r, body))
         }
         Ok(Err(e)) => Err(Error::Unavailable(format!("server {to} at {addr}: {op} failed: {e}"))),
         Err(_) => Err(Error::Unavailable(format!(

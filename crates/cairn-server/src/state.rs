@@ -26,6 +26,14 @@ pub struct Limits {
     pub hello_timeout: Duration,
     /// Deadline of each call to another server (seal, drop), connecting included.
     pub peer_timeout: Duration,
+    /// A member the control plane's leader has not heard from for this long is declared down
+    /// (and a spare takes its slot).
+    pub failure_timeout: Duration,
+    /// Recovery onto a spare spreads its work over `recovery_deadline` (lazy) instead of
+    /// rebuilding everything at once (aggressive).
+    pub recovery_lazy: bool,
+    /// Lazy recovery rebuilds every object of a lost server within this.
+    pub recovery_deadline: Duration,
     /// Authenticated connections served at once; more get `busy`.
     pub max_connections: usize,
     /// Connections still in their hello; a new one beyond this evicts the oldest, so idle
@@ -39,6 +47,9 @@ impl Default for Limits {
             io_timeout: Duration::from_secs(10),
             hello_timeout: Duration::from_secs(3),
             peer_timeout: Duration::from_secs(5),
+            failure_timeout: Duration::from_secs(3),
+            recovery_lazy: true,
+            recovery_deadline: Duration::from_secs(60),
             max_connections: 1024,
             max_unauthenticated: 512,
         }
@@ -80,6 +91,8 @@ pub struct State {
     policy: OnceLock<cairn_core::corec::Policy>,
     /// The leader's CoREC encoder: classifier and encodings under way.
     pub corec: crate::corec::Corec,
+    /// The leader's recovery of lost servers' objects onto the servers that took their slots.
+    pub recovery: crate::recover::Recovery,
     /// One encoding at a time on this server: encoding takes at most one core's share.
     pub encoding: tokio::sync::Semaphore,
     /// Start time.
@@ -108,6 +121,7 @@ impl State {
             requests: AtomicU64::new(0),
             policy: OnceLock::new(),
             corec: crate::corec::Corec::default(),
+            recovery: crate::recover::Recovery::default(),
             encoding: tokio::sync::Semaphore::new(1),
             started: Instant::now(),
             shutdown: broadcast::channel(1).0,
@@ -133,16 +147,38 @@ impl State {
         Ok(v.get_or_insert(loaded).clone())
     }
 
-    /// Installs a committed view if it is newer than this server's; returns whether it was.
+    /// Installs a committed view if it is newer than this server's; returns whether it was. A
+    /// view that declares this server down empties it: whatever it held may have been rebuilt
+    /// elsewhere, changed or released meanwhile, and it rejoins as a new member.
     pub fn adopt(&self, next: ClusterView) -> Result<bool> {
         next.validate()?;
         let current = self.view()?;
-        let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
-        if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
-            return Ok(false);
+        let down = next.down.contains(&self.id);
+        {
+            let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
+            if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
+                return Ok(false);
+            }
+            *v = Some(Arc::new(next));
         }
-        *v = Some(Arc::new(next));
+        if down && !current.down.contains(&self.id) {
+            let freed = self.store.clear();
+            let keys = self.kv.delete(&self.store, &[String::new()], true);
+            eprintln!("cairn server {}: declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty", self.id);
+        }
         Ok(true)
+    }
+
+    /// Refuses data requests while this server is declared down.
+    pub fn check_member(&self) -> Result<()> {
+        let view = self.view()?;
+        if view.down.contains(&self.id) {
+            return Err(cairn_core::Error::Unavailable(format!(
+                "server {} was declared down in view {} and holds nothing; read the cluster view again",
+                self.id, view.epoch
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -269,6 +269,15 @@ impl Store {
         freed
     }
 
+    /// Frees every object; returns bytes freed.
+    pub fn clear(&self) -> u64 {
+        let gone: Vec<Object> = std::mem::take(&mut *lock(&self.steps)).into_values().flat_map(|s| s.into_values()).collect();
+        let freed = gone.iter().map(|o| o.data.len() as u64).sum();
+        self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.recycle(gone);
+        freed
+    }
+
     /// (objects, distinct steps) held.
     pub fn counts(&self) -> (u64, u64) {
         let steps = lock(&self.steps);

@@ -22,11 +22,13 @@ use std::sync::Arc;
 pub async fn set_view(state: &Arc<State>, view: ClusterView) -> Result<Response> {
     let log = crate::control::leader(state)?;
     log_first_view(state, log).await?;
+    let before = state.view()?;
     match log.propose(Cmd::SetView { view: view.clone() }).await? {
         Outcome::ViewSet => {}
         other => return Err(Error::Corrupt(format!("the control plane answered a view change with {other:?}; please report this"))),
     }
     state.adopt(view.clone())?;
+    state.recovery.view_changed(state, &before, &view);
     push(state, view);
     Ok(Response::Ok)
 }

@@ -276,6 +276,21 @@ impl Cluster {
         self.view().epoch != before
     }
 
+    /// Waits, within the client's deadline, for a view newer than `epoch` (the control plane
+    /// declaring a failed server down takes up to its failure timeout); returns whether one came.
+    pub(crate) fn await_view_after(&self, epoch: u64) -> bool {
+        let until = std::time::Instant::now() + self.timeout;
+        loop {
+            if self.refresh_view() || self.view().epoch > epoch {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
     /// A server's memory limit as the cluster file gives it.
     pub(crate) fn memory(&self, server: u32) -> Result<u64> {
         Ok(self.view().server(server)?.memory)

@@ -32,7 +32,7 @@ impl KvStore {
     /// Indices of `keys` grouped by the server holding them in the current view.
     /// Copies each key has: the cluster's default level + 1 (at most the active servers).
     fn copies(&self) -> usize {
-        (self.cluster.policy().redundancy as usize + 1).min(self.cluster.view().active().len())
+        (self.cluster.policy().redundancy as usize + 1).min(self.cluster.view().live().len())
     }
 
     /// The keys `idx` of `keys` grouped by the server holding their copy number `copy` (copies
@@ -193,7 +193,7 @@ impl KvStore {
         let copies = if prefix { 1 } else { self.copies() };
         for copy in 0..copies {
             let groups: Vec<(u32, Vec<usize>)> = if prefix {
-                self.cluster.view().active().iter().map(|&s| (s, all.clone())).collect()
+                self.cluster.view().live().into_iter().map(|s| (s, all.clone())).collect()
             } else {
                 self.by_server(keys, &all, copy).into_iter().collect()
             };

@@ -124,7 +124,7 @@ impl StagingReader {
                 Err(e) => return Err(e),
             };
             failed.push(srv);
-            all_gone &= server_gone(&e);
+            all_gone &= server_gone(&e) || self.cluster.view().down.contains(&srv);
             let mut next: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
             for x in f {
                 match x.holders.iter().find(|h| !failed.contains(h)) {
@@ -182,7 +182,10 @@ impl StagingReader {
         let mut encoded: Vec<(&ObjectRef, Region, Vec<&mut [u8]>)> = Vec::new();
         for (o, want, n) in wants {
             let parts: Vec<&mut [u8]> = slices.by_ref().take(n).collect();
-            let holders = o.holders();
+            let mut holders = o.holders();
+            // Copies on servers the view declares down are tried last (a hung one costs a deadline).
+            let down = &self.cluster.view().down;
+            holders.sort_by_key(|h| down.contains(h));
             if holders.is_empty() {
                 encoded.push((o, want, parts));
                 continue;
@@ -232,7 +235,10 @@ impl StagingReader {
                 Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
             })
             .collect();
-        let mut failed: BTreeMap<u32, Error> = BTreeMap::new();
+        // Servers the view declares down are not asked (a hung one would cost a deadline).
+        let view = self.cluster.view();
+        let mut failed: BTreeMap<u32, Error> =
+            view.down.iter().map(|d| (*d, Error::Unavailable(format!("server {d} was declared down in view {}", view.epoch)))).collect();
         let mut other: Option<Error> = None;
         // Round 0: data shards; round 1: parity shards of the objects still short.
         for round in 0..2 {
@@ -347,7 +353,9 @@ impl StagingReader {
 /// client's errors carry the cause only as text.
 fn server_gone(e: &Error) -> bool {
     let m = e.to_string();
-    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection"].iter().any(|p| m.contains(p))
+    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection", "declared down"]
+        .iter()
+        .any(|p| m.contains(p))
 }
 
 impl ReadEngine for StagingReader {

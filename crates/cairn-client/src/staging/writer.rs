@@ -316,9 +316,10 @@ impl WriteEngine for StagingWriter {
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let view = self.cluster.view();
         match self.put_once(&view, &blocks) {
-            // The cluster moved to a newer view meanwhile (told by a server, or found after a
-            // server failed: a spare may have its slot): place again by it, once.
-            Err(e) if self.cluster.view().epoch != view.epoch || (e.kind() == ErrorKind::Unavailable && self.cluster.refresh_view()) => {
+            // The cluster moved to a newer view meanwhile (told by a server), or a server failed:
+            // once the control plane declares it down (a spare in its slot, or placement passing
+            // over it), place again by the new view, once. Degraded writes keep their level.
+            Err(e) if self.cluster.view().epoch != view.epoch || (e.kind() == ErrorKind::Unavailable && self.cluster.await_view_after(view.epoch)) => {
                 self.put_once(&self.cluster.view(), &blocks)
             }
             r => r,

@@ -25,6 +25,9 @@ pub fn status(state: &State) -> Response {
             replicas,
             shards,
             data_bytes,
+            recovery_pending: state.recovery.pending(),
+            recovery_rebuilt: state.recovery.rebuilt(),
+            recovery_lost: state.recovery.lost(),
         },
     }
 }

@@ -36,6 +36,15 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             }
             Ok(())
         }
+        Request::Rebuild { shard, k, m, stripe, .. } => {
+            let n = (*k as usize).saturating_add(*m as usize);
+            let copy = *shard == 0 && *k == 0 && *m == 0 && stripe.is_empty();
+            let piece = *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
+            if !(copy || piece) {
+                return Err(Error::InvalidArgument(format!("rebuild piece {shard} of a {k}+{m} stripe on {} servers: not a piece", stripe.len())));
+            }
+            Ok(())
+        }
         Request::EndStep { fragment, .. } => fragment.validate(),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),

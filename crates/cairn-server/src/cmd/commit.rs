@@ -187,7 +187,7 @@ pub async fn finish_in_flight(state: &Arc<State>) {
 /// (a crashed run's objects placed where the restart put none; participants did so when
 /// sealing). In the background: the commit does not wait, and a server that is down is skipped.
 fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &ClusterView, sealed: BTreeSet<u32>) {
-    let others: Vec<u32> = view.active().iter().copied().filter(|s| !sealed.contains(s)).collect();
+    let others: Vec<u32> = view.live().into_iter().filter(|s| !sealed.contains(s)).collect();
     if others.is_empty() {
         return;
     }

@@ -49,7 +49,17 @@ impl Payload {
 
 /// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
 pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
-    if let Err(e) = check::request(&req, p.payload_len) {
+    let data = matches!(
+        req,
+        Request::Put { .. }
+            | Request::Get { .. }
+            | Request::Encode { .. }
+            | Request::Cut { .. }
+            | Request::Rebuild { .. }
+            | Request::KvPut { .. }
+            | Request::KvGet { .. }
+    );
+    if let Err(e) = check::request(&req, p.payload_len).and_then(|_| if data { state.check_member() } else { Ok(()) }) {
         crate::handler::discard(stream, p.payload_len).await?;
         return Err(e);
     }
@@ -66,6 +76,10 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Get { dataset, step, id, want, shard } => data::get(state, &dataset, step, (id, shard), &want),
         Request::Encode { dataset, step, id, k, m, shards, holders } => {
             plain(crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await)
+        }
+        Request::Rebuild { dataset, step, id, shard, k, m, stripe, checksum, to } => {
+            let piece = crate::recover::Piece { shard, k, m, stripe, checksum };
+            plain(crate::recover::rebuild(state, &dataset, step, id, &piece, to).await.map(|_| Response::Ok))
         }
         Request::Cut { dataset, step, id, k, shard } => plain(crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok)),
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),

@@ -1,0 +1,151 @@
+//! Failure detection (CoREC §3.4): the control plane's leader probes every other member (a
+//! `view` request, within half the failure timeout) four times per timeout. A member silent for
+//! longer than `failure_timeout` (dead, hung, or cut off) is declared down in a new view epoch,
+//! and the first answering spare takes its slot in the same view change, so placement moves
+//! nothing else. A down server that answers again is sent the current view, which wipes its
+//! memory ([`crate::state::State::adopt`]); once it reports that view, it rejoins as a new member
+//! (its slot back if no spare took it, else a spare). A newly elected leader counts silence from
+//! its election, so a member is never declared down for a previous leader's missing probes.
+
+use crate::state::State;
+use cairn_proto::message::{Request, Response};
+use cairn_proto::ClusterView;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs until shutdown on every meta server; probes only while this server leads.
+pub async fn run(state: Arc<State>) {
+    let timeout = state.limits.failure_timeout;
+    let period = (timeout / 4).max(Duration::from_millis(20));
+    let mut heard: HashMap<u32, Instant> = HashMap::new();
+    let mut leading_since: Option<Instant> = None;
+    let mut shutdown = state.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.recv() => return,
+        }
+        let Ok(view) = (if crate::control::leader(&state).is_ok() { state.view() } else { Err(cairn_core::Error::Unavailable(String::new())) })
+        else {
+            leading_since = None;
+            heard.clear();
+            continue;
+        };
+        let since = *leading_since.get_or_insert_with(Instant::now);
+        let epochs = probe(&state, &view, timeout / 2).await;
+        let now = Instant::now();
+        for id in epochs.keys() {
+            heard.insert(*id, now);
+        }
+        if let Some(next) = next_view(&view, state.id, &epochs, |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout) {
+            let what = describe(&view, &next);
+            match crate::views::set_view(&state, next).await {
+                Ok(_) => eprintln!("cairn server {}: {what}", state.id),
+                Err(e) => eprintln!("cairn server {}: could not record that {what}: {e}", state.id),
+            }
+            continue;
+        }
+        // A down server that answers with an older view learns the current one (and empties itself).
+        for (id, epoch) in &epochs {
+            if view.down.contains(id) && *epoch < view.epoch {
+                let _ = crate::peer::call(&state, *id, &Request::ViewChanged { view: (*view).clone() }).await;
+            }
+        }
+    }
+}
+
+/// Asks every other member for its view, at once, each within `limit`; the epochs of those that
+/// answered.
+async fn probe(state: &Arc<State>, view: &ClusterView, limit: Duration) -> HashMap<u32, u64> {
+    let mut calls = tokio::task::JoinSet::new();
+    for id in view.servers.iter().map(|s| s.spec.id).filter(|id| *id != state.id) {
+        let state = state.clone();
+        calls.spawn(async move {
+            match crate::peer::call_within(&state, id, &Request::View, &[], limit).await {
+                Ok(Response::View { view }) => Some((id, view.epoch)),
+                _ => None,
+            }
+        });
+    }
+    let mut out = HashMap::new();
+    while let Some(r) = calls.join_next().await {
+        out.extend(r.ok().flatten());
+    }
+    out
+}
+
+/// The one view change the probes call for, if any: the first silent live member or spare is
+/// declared down (a spare that answered taking its slot), else the first down server that
+/// answered with the current view rejoins. One change per round keeps each a small step.
+fn next_view(view: &ClusterView, me: u32, answered: &HashMap<u32, u64>, silent: impl Fn(u32) -> bool) -> Option<ClusterView> {
+    let members = view.slots.iter().chain(&view.spares).copied().filter(|id| *id != me && !view.down.contains(id));
+    if let Some(out) = members.clone().find(|id| silent(*id)) {
+        let mut next = view.fail(out).ok()?;
+        if view.slots.contains(&out) {
+            if let Some(spare) = view.spares.iter().copied().find(|s| answered.contains_key(s)) {
+                next = next.replace(out, spare).ok()?;
+                next.epoch = view.epoch + 1;
+            }
+        }
+        return Some(next);
+    }
+    let back = view.down.iter().copied().find(|id| answered.get(id).is_some_and(|e| *e >= view.epoch))?;
+    view.rejoin(back).ok()
+}
+
+/// What a view change did, for the server's log.
+fn describe(before: &ClusterView, after: &ClusterView) -> String {
+    let newly_down: Vec<u32> = after.down.iter().copied().filter(|s| !before.down.contains(s)).collect();
+    let back: Vec<u32> = before.down.iter().copied().filter(|s| !after.down.contains(s)).collect();
+    let took: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
+    format!("view {}: down {newly_down:?}, rejoined {back:?}, slots taken over (from, to) {took:?}", after.epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::placement::ServerSpec;
+    use cairn_proto::cluster::{ClusterFile, ServerEntry};
+
+    fn view(active: u32, spares: u32) -> ClusterView {
+        let servers = (0..active + spares)
+            .map(|id| ServerEntry {
+                spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
+                addr: String::new(),
+                unix: None,
+                host: "h".into(),
+                pid: 0,
+                memory: 1,
+            })
+            .collect();
+        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
+    }
+
+    #[test]
+    fn a_silent_member_is_replaced_by_an_answering_spare_in_one_epoch() {
+        let v = view(4, 2);
+        let all: HashMap<u32, u64> = (1..6).map(|id| (id, 1)).collect();
+        assert!(next_view(&v, 0, &all, |_| false).is_none(), "everyone answers: no change");
+        let mut answered = all.clone();
+        answered.remove(&2);
+        answered.remove(&4);
+        let next = next_view(&v, 0, &answered, |id| !answered.contains_key(&id)).unwrap();
+        assert_eq!(next.epoch, 2);
+        assert_eq!(next.down, vec![2]);
+        assert!(next.slots.contains(&5) && !next.slots.contains(&2), "the answering spare 5 took the slot, not the silent 4: {next:?}");
+        // With no spare left, a silent member stays in its slot, down, and placement skips it.
+        let v = view(3, 0);
+        let next = next_view(&v, 0, &HashMap::from([(1, 1)]), |id| id == 2).unwrap();
+        assert_eq!((next.down.clone(), next.slots.len(), next.live()), (vec![2], 3, vec![0, 1]));
+    }
+
+    #[test]
+    fn a_down_server_rejoins_only_once_it_holds_the_current_view() {
+        let v = view(3, 0).fail(2).unwrap();
+        assert!(next_view(&v, 0, &HashMap::from([(1, 2), (2, 1)]), |_| false).is_none(), "still on the old view: not wiped yet");
+        let next = next_view(&v, 0, &HashMap::from([(1, 2), (2, 2)]), |_| false).unwrap();
+        assert_eq!((next.epoch, next.down.len(), next.live().len()), (3, 0, 3));
+        assert!(next_view(&v, 0, &HashMap::new(), |id| id == 0).is_none(), "the leader never declares itself down");
+    }
+}
