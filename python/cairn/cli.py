@@ -12,6 +12,7 @@
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
     cairn cluster status [--objects] [--file cluster.json]
     cairn cluster stop [--file cluster.json]
+    cairn chaos --cluster cluster.json --mtbf 18s --duration 150s --kill server|node [--workload] [--json OUT]
     cairn --version
 """
 
@@ -23,7 +24,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, cluster_cli, cohmm_cli, model_cli, pack_cli, skel_cli
+from . import __version__, chaos, cluster_cli, cohmm_cli, model_cli, pack_cli, skel_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     model_cli.add(sub)
     cohmm_cli.add(sub)
     cluster_cli.add(sub)
+    chaos.add(sub)
     args = p.parse_args(argv)
     try:
         args.func(args)

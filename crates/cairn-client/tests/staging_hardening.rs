@@ -300,9 +300,11 @@ fn a_killed_server_is_named_and_a_restarted_one_serves_again() {
     assert_eq!(e.kind(), ErrorKind::DataLoss, "its one copy died with it: {e}");
     assert!(e.to_string().contains(&format!("server {victim}")), "{e}");
     cl.c.restart(victim).unwrap();
-    // Its memory is gone (no redundancy yet): the step's objects there are missing, by name.
+    // Its memory is gone (one copy): the block is lost, and the error names the server that
+    // answered without it.
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert_eq!(e.kind(), ErrorKind::DataLoss, "{e}");
+    assert!(e.to_string().contains(&format!("server {victim} holds no copy")), "{e}");
     assert!(write_step(&cfg, "k", 1, "s", &data, true));
     r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
     assert!(out == data);

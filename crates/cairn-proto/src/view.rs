@@ -21,6 +21,10 @@ pub struct ClusterView {
     /// server still names its slot until a spare takes it: placement skips it meanwhile.
     #[serde(default)]
     pub down: Vec<u32>,
+    /// Slot hand-overs `(lost server, the server that took its slot)`, oldest first: what a
+    /// new control-plane leader still has to recover onto whom.
+    #[serde(default)]
+    pub took: Vec<(u32, u32)>,
     /// Every server's entry (address, node, rack), active, spare or down.
     pub servers: Vec<ServerEntry>,
 }
@@ -34,6 +38,7 @@ impl ClusterView {
             slots: ring.servers().to_vec(),
             spares: file.servers.iter().filter(|s| s.spec.spare).map(|s| s.spec.id).collect(),
             down: Vec::new(),
+            took: Vec::new(),
             servers: file.servers.clone(),
         }
     }
@@ -153,6 +158,7 @@ impl ClusterView {
         if !next.down.contains(&out) {
             next.down.push(out);
         }
+        next.took.push((out, spare));
         Ok(next)
     }
 }

@@ -91,6 +91,12 @@ pub(crate) fn parse_size(text: &str) -> PyResult<u64> {
     cairn_proto::cluster::parse_size(text).map_err(to_py)
 }
 
+/// Seconds in a duration such as "5s" or "250ms".
+#[pyfunction]
+pub(crate) fn parse_duration(text: &str) -> PyResult<f64> {
+    cairn_proto::cluster::parse_duration(text).map(|d| d.as_secs_f64()).map_err(to_py)
+}
+
 /// (node, rack) of servers 0..n from a topology file (or defaults without one).
 #[pyfunction]
 #[pyo3(signature = (path, n))]

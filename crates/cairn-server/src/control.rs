@@ -98,11 +98,12 @@ pub fn start(state: Arc<State>) {
 }
 
 /// While this replica leads: once its state has caught up with every committed entry, it finishes
-/// the steps a previous leader left prepared, and checks again every second for any that a failed
-/// finish left behind.
+/// the steps a previous leader left prepared and resumes its recovery, and checks again every
+/// second for steps that a failed finish left behind.
 async fn on_leadership(state: Arc<State>, log: RaftLog) {
     let mut metrics = log.raft().metrics();
     let mut shutdown = state.shutdown.subscribe();
+    let mut resumed = false;
     loop {
         let leading = metrics.borrow().state == openraft::ServerState::Leader;
         if leading && log.linearize().await.is_ok() {
@@ -110,7 +111,13 @@ async fn on_leadership(state: Arc<State>, log: RaftLog) {
                 eprintln!("cairn server {}: the first view is not in the log yet: {e}", state.id);
             }
             crate::cmd::commit::finish_in_flight(&state).await;
+            // Once per term: recovery a previous leader left under way.
+            if !resumed {
+                state.recovery.resume(&state);
+                resumed = true;
+            }
         }
+        resumed &= leading;
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)), if leading => {}

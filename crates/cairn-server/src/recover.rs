@@ -62,6 +62,19 @@ impl Recovery {
     /// on a server whose slot another server took, and starts rebuilding.
     pub fn view_changed(&self, state: &Arc<State>, before: &ClusterView, after: &ClusterView) {
         let moved: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
+        self.queue_moved(state, moved);
+    }
+
+    /// On becoming leader: queues what the view's hand-overs still leave on lost servers (a
+    /// previous leader may have died with recovery under way).
+    pub fn resume(&self, state: &Arc<State>) {
+        let Ok(view) = state.view() else { return };
+        let moved = view.took.iter().copied().filter(|(from, to)| !view.is_live(*from) && view.is_live(*to)).collect();
+        lock(&self.queue).clear();
+        self.queue_moved(state, moved);
+    }
+
+    fn queue_moved(&self, state: &Arc<State>, moved: Vec<(u32, u32)>) {
         let Ok(log) = crate::control::leader(state) else { return };
         if moved.is_empty() {
             return;

@@ -68,8 +68,14 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     raise_fd_limit();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::io("starting the runtime", e))?;
     rt.block_on(async move {
-        let tcp =
-            tokio::net::TcpListener::bind((opts.bind.as_str(), 0)).await.map_err(|e| Error::io(format!("binding {}", opts.bind), e))?;
+        // A restarting server takes back its port when it is free, so the address every view
+        // lists for it stays right (a replacement started by `cairn chaos` rejoins this way).
+        let port = if rejoin { previous_port(&opts.cluster, opts.id) } else { 0 };
+        let tcp = match tokio::net::TcpListener::bind((opts.bind.as_str(), port)).await {
+            Err(_) if port != 0 => tokio::net::TcpListener::bind((opts.bind.as_str(), 0)).await,
+            r => r,
+        }
+        .map_err(|e| Error::io(format!("binding {}", opts.bind), e))?;
         let port = tcp.local_addr().map_err(|e| Error::io("reading the bound address", e))?.port();
         let sock = dir.join(format!("server-{}.sock", opts.id));
         let _ = std::fs::remove_file(&sock);
@@ -115,6 +121,12 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         let _ = std::fs::remove_file(&sock);
         Ok(())
     })
+}
+
+/// The port server `id` listened on, by the cluster file (0 when unknown).
+fn previous_port(cluster: &Path, id: u32) -> u16 {
+    let Ok(file) = ClusterFile::load(cluster) else { return 0 };
+    file.servers.iter().find(|s| s.spec.id == id).and_then(|s| s.addr.rsplit(':').next()?.parse().ok()).unwrap_or(0)
 }
 
 /// Waits for `n` entries in `dir`, then writes the cluster file.

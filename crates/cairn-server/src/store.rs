@@ -217,6 +217,16 @@ impl Store {
         let mut steps = lock(&self.steps);
         let held = steps.entry((dataset.to_string(), step)).or_default();
         let (n, b) = held.values().filter(|o| o.session == session).fold((0u64, 0u64), |(n, b), o| (n + 1, b + o.data.len() as u64));
+        if n == 0 && objects > 0 {
+            // It lost them all (it restarted, or was declared down and rejoined empty): to the
+            // commit, like a server that is gone; the step commits if the other copies suffice.
+            steps.retain(|_, h| !h.is_empty());
+            return Err(Error::Unavailable(format!(
+                "server {} holds none of the {objects} objects the writers put for dataset '{dataset}' step {step} \
+                 (it restarted or rejoined empty since)",
+                self.server
+            )));
+        }
         if (n, b) != (objects, bytes) {
             return Err(Error::Conflict(format!(
                 "server {} holds {n} objects ({b} bytes) of dataset '{dataset}' step {step}, but the writers put \
@@ -360,6 +370,8 @@ mod tests {
         s.insert("d", 1, (2, 0), obj("new", 20), s.reserve(20).unwrap()).unwrap();
         assert!(s.seal("d", 1, "new", 2, 40).unwrap_err().to_string().contains("holds 1 objects"));
         s.seal("d", 1, "new", 1, 20).unwrap();
+        let lost = s.seal("d", 9, "new", 3, 60).unwrap_err();
+        assert_eq!(lost.kind(), cairn_core::ErrorKind::Unavailable, "holding none of them is a lost server: {lost}");
         assert_eq!(s.used(), 20);
         assert!(s.list().iter().all(|o| o.sealed));
         // A sealed object never changes, and a writer's clean-up leaves it: its step committed.

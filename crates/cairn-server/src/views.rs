@@ -27,8 +27,10 @@ pub async fn set_view(state: &Arc<State>, view: ClusterView) -> Result<Response>
         Outcome::ViewSet => {}
         other => return Err(Error::Corrupt(format!("the control plane answered a view change with {other:?}; please report this"))),
     }
-    state.adopt(view.clone())?;
+    // Recovery is queued before the view is installed: whoever sees the new view also sees the
+    // work it calls for (`cairn chaos` waits on both).
     state.recovery.view_changed(state, &before, &view);
+    state.adopt(view.clone())?;
     push(state, view);
     Ok(Response::Ok)
 }

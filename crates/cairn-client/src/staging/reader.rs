@@ -117,10 +117,18 @@ impl StagingReader {
         // Whether every failed server is gone (refuses connections), not merely hung.
         let mut all_gone = true;
         let mut todo = vec![(server, fetches)];
+        // A holder that answers it has no such copy (dropped after encoding, or a server that
+        // rejoined empty) is passed over like a failed one; if none has it, NotFound goes up so
+        // the step's index is read again.
+        let mut not_found: Option<Error> = None;
         while let Some((srv, mut f)) = todo.pop() {
             let e = match self.fetch_all(srv, &mut f) {
                 Ok(()) => continue,
                 Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    not_found = Some(Error::NotFound(e.to_string()));
+                    e
+                }
                 Err(e) => return Err(e),
             };
             failed.push(srv);
@@ -129,6 +137,7 @@ impl StagingReader {
             for x in f {
                 match x.holders.iter().find(|h| !failed.contains(h)) {
                     Some(h) => next.entry(*h).or_default().push(x),
+                    None if not_found.is_some() => return Err(not_found.take().expect("checked")),
                     None if !all_gone => return Err(e),
                     None => {
                         return Err(Error::DataLoss(format!(
@@ -293,7 +302,7 @@ impl StagingReader {
                     stripes[j].have[i] |= ok;
                 }
                 match r {
-                    Err(e) if e.kind() == ErrorKind::Unavailable => {
+                    Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::NotFound) => {
                         failed.insert(srv, e);
                     }
                     Err(e) => {
@@ -352,6 +361,9 @@ impl StagingReader {
 /// its connections; its memory went with it), as opposed to slow or hung (it may come back). The
 /// client's errors carry the cause only as text.
 fn server_gone(e: &Error) -> bool {
+    if e.kind() == ErrorKind::NotFound {
+        return true; // it answered, without the piece: not coming back
+    }
     let m = e.to_string();
     ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection", "declared down"]
         .iter()
@@ -382,7 +394,12 @@ impl ReadEngine for StagingReader {
                 let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
                 match same {
                     Some(b) if b.objects != block.objects => self.read_block(step, b, elem, isect, dst, out),
-                    _ => Err(e),
+                    // The index still names servers that do not hold the pieces (they were lost
+                    // and rejoined empty, beyond the variable's level): the block is gone.
+                    _ => Err(Error::DataLoss(format!(
+                        "block {:?}+{:?} of '{}' step {step} (writer {}) is lost: {e}; the rest of the step still reads",
+                        block.region.offset, block.region.count, block.var, block.writer
+                    ))),
                 }
             }
             r => r,
