@@ -100,7 +100,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           redundancy: int | None = None, scheme: str | None = None, rs_data: int | None = None,
           min_efficiency: float | None = None, hot_steps: int | None = None,
           failure_timeout: float | str | None = None, recovery: str | None = None,
-          recovery_deadline: float | str | None = None) -> LocalCluster:
+          recovery_deadline: float | str | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -110,10 +110,11 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     choose how objects are kept, and a server unheard from for ``failure_timeout`` (seconds or
     ``"5s"``, ``"250ms"``; default 3 s) is declared down and a spare takes its slot, where its
     objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default 60 s;
-    ``"aggressive"``: at once). ``[staging]`` of ``cairn.toml`` gives the defaults."""
+    ``"aggressive"``: at once). The ``[staging]`` table of ``config`` (default ``cairn.toml``)
+    gives the defaults."""
     given = {"redundancy": redundancy, "scheme": scheme, "rs_data": rs_data, "min_efficiency": min_efficiency,
              "hot_steps": hot_steps}
-    staging = json.loads(_native.config_json(None, []))["staging"]
+    staging = json.loads(_native.config_json(None if config is None else os.fspath(config), []))["staging"]
     toml = _redundancy_of(staging)
     if failure_timeout is None:
         failure_timeout = staging.get("failure_timeout")

@@ -14,42 +14,51 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f}"
 
 
-def _redundancy_flags(p: argparse.ArgumentParser, serve: bool) -> None:
-    """Flags choosing how a cluster keeps objects (cairn.toml [staging] gives cluster start's defaults)."""
-    p.add_argument("--redundancy", type=int, default=1 if serve else None, metavar="R",
+#: Cluster-side settings a server takes when neither its flags nor the [staging] table name them.
+SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
+                                   "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": "60s"}
+
+
+def _redundancy_flags(p: argparse.ArgumentParser) -> None:
+    """Flags choosing how a cluster keeps objects and handles failures; each defaults to the
+    [staging] table of --config (else cairn.toml), then to SERVER_DEFAULTS."""
+    p.add_argument("--config", metavar="FILE", help="read cluster-side settings from this file's [staging] table")
+    p.add_argument("--redundancy", type=int, default=None, metavar="R",
                    help="server failures variables survive unless they say (default 1, lowered to servers - 1)")
-    p.add_argument("--scheme", choices=["corec", "replicate", "erasure", "hybrid", "none"], default="corec" if serve else None,
+    p.add_argument("--scheme", choices=["corec", "replicate", "erasure", "hybrid", "none"], default=None,
                    help="corec: replicate hot objects, erasure-code cold ones (default); replicate; erasure (on the write "
                         "path); hybrid (LRU); none")
-    p.add_argument("--rs-data", type=int, default=4 if serve else None, metavar="K", help="data shards per stripe (default 4)")
-    p.add_argument("--min-efficiency", type=float, default=0.6 if serve else None, metavar="S",
+    p.add_argument("--rs-data", type=int, default=None, metavar="K", help="data shards per stripe (default 4)")
+    p.add_argument("--min-efficiency", type=float, default=None, metavar="S",
                    help="storage efficiency CoREC never goes below (default 0.6)")
-    p.add_argument("--hot-steps", type=int, default=2 if serve else None, metavar="W",
+    p.add_argument("--hot-steps", type=int, default=None, metavar="W",
                    help="steps a box stays hot after it was written (default 2)")
-    p.add_argument("--failure-timeout", default="3s" if serve else None, metavar="DURATION",
+    p.add_argument("--failure-timeout", default=None, metavar="DURATION",
                    help="a server unheard from this long (\"5s\", \"250ms\") is declared down and a spare takes its "
                         "slot (default 3s)")
-    p.add_argument("--recovery", choices=["lazy", "aggressive"], default="lazy" if serve else None,
+    p.add_argument("--recovery", choices=["lazy", "aggressive"], default=None,
                    help="rebuild a lost server's objects on its spare over --recovery-deadline (lazy, default) or at once")
-    p.add_argument("--recovery-deadline", default="60s" if serve else None, metavar="DURATION",
+    p.add_argument("--recovery-deadline", default=None, metavar="DURATION",
                    help="lazy recovery rebuilds every object within this (default 60s)")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
+    staging = json.loads(_native.config_json(args.config, []))["staging"]
+    got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None)) for k, d in SERVER_DEFAULTS.items()}
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
-                  args.meta, json.dumps({"redundancy": args.redundancy, "scheme": args.scheme, "rs_data": args.rs_data,
-                                         "min_efficiency": args.min_efficiency, "hot_steps": args.hot_steps}),
-                  args.failure_timeout, args.recovery, args.recovery_deadline)
+                  args.meta, json.dumps({k: got[k] for k in ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")}),
+                  str(got["failure_timeout"]), got["recovery"], str(got["recovery_deadline"]))
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      failure_timeout=args.failure_timeout, recovery=args.recovery, recovery_deadline=args.recovery_deadline)
+                      failure_timeout=args.failure_timeout, recovery=args.recovery, recovery_deadline=args.recovery_deadline,
+                      config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
@@ -126,7 +135,7 @@ def add(sub: Any) -> None:
     s.add_argument("--peer-timeout", type=float, help="seconds a call to another server may take (default 5)")
     s.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                    help="servers running the control plane's Raft replicas: the first M of the ring (1-5, default 3)")
-    _redundancy_flags(s, serve=True)
+    _redundancy_flags(s)
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
@@ -142,7 +151,7 @@ def add(sub: Any) -> None:
     st.add_argument("--file", default="cluster.json")
     st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                     help="servers running the control plane (1-5, default 3; all when fewer)")
-    _redundancy_flags(st, serve=False)
+    _redundancy_flags(st)
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json")

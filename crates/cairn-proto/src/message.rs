@@ -153,6 +153,16 @@ pub enum Request {
         /// Where the piece goes.
         to: u32,
     },
+    /// Reader → the control plane's leader: objects of a committed step were just read degraded
+    /// (a piece on a lost server); lazy recovery rebuilds them next. Answered with [`Response::Ok`].
+    Touch {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object ids.
+        ids: Vec<u64>,
+    },
     /// A writer's part of a step, sent to the dataset's coordinator server once its puts are done.
     EndStep {
         /// Dataset name.

@@ -29,6 +29,8 @@ pub struct Recovery {
     running: AtomicBool,
     rebuilt: AtomicU64,
     lost: AtomicU64,
+    /// Cuts a lazy pause short when touched objects are queued.
+    wake: tokio::sync::Notify,
 }
 
 /// One object piece to rebuild.
@@ -40,6 +42,8 @@ struct Job {
     from: u32,
     to: u32,
     tries: u32,
+    /// Touched by a read: rebuilt without a pause.
+    urgent: bool,
 }
 
 impl Recovery {
@@ -65,6 +69,23 @@ impl Recovery {
         self.queue_moved(state, moved);
     }
 
+    /// Objects just read degraded go first, without a pause (lazy recovery rebuilds what is
+    /// touched first).
+    pub fn touch(&self, dataset: &str, step: u64, ids: &[u64]) {
+        let mut q = lock(&self.queue);
+        let (mut first, rest): (VecDeque<Job>, VecDeque<Job>) =
+            q.drain(..).partition(|j| j.dataset == dataset && j.step == step && ids.contains(&j.id));
+        if first.is_empty() {
+            *q = rest;
+            return;
+        }
+        first.iter_mut().for_each(|j| j.urgent = true);
+        first.extend(rest);
+        *q = first;
+        drop(q);
+        self.wake.notify_one();
+    }
+
     /// On becoming leader: queues what the view's hand-overs still leave on lost servers (a
     /// previous leader may have died with recovery under way).
     pub fn resume(&self, state: &Arc<State>) {
@@ -86,7 +107,7 @@ impl Recovery {
                 for o in index.blocks.iter().flat_map(|b| &b.objects) {
                     for (from, to) in &moved {
                         if o.servers().contains(from) {
-                            jobs.push(Job { dataset: ds.clone(), step, id: o.id, from: *from, to: *to, tries: 0 });
+                            jobs.push(Job { dataset: ds.clone(), step, id: o.id, from: *from, to: *to, tries: 0, urgent: false });
                         }
                     }
                 }
@@ -126,8 +147,12 @@ impl Recovery {
                         state.recovery.lost.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if let Some(pause) = pace(&state.limits, started.elapsed(), state.recovery.pending()) {
-                    tokio::time::sleep(pause).await;
+                let next_urgent = lock(&state.recovery.queue).front().is_some_and(|j| j.urgent);
+                if let Some(pause) = pace(&state.limits, started.elapsed(), state.recovery.pending()).filter(|_| !next_urgent) {
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = state.recovery.wake.notified() => {}
+                    }
                 }
             }
         });

@@ -3,7 +3,8 @@
 import sys
 
 BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel",
-           "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy"}
+           "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy",
+           "recovery": "cairn.bench.recovery"}
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ pub struct StagingReader {
     cluster: Arc<Cluster>,
     dataset: String,
     cache: Mutex<HashMap<u64, Arc<StepIndex>>>,
+    /// Objects already reported to the leader as read degraded (once each).
+    touched: Mutex<std::collections::HashSet<(u64, u64)>>,
 }
 
 /// One object fetch: the request and where each run of the reply goes in the output.
@@ -57,7 +59,7 @@ struct Stripe {
 
 impl StagingReader {
     pub(crate) fn open(cluster: Arc<Cluster>, dataset: &str) -> StagingReader {
-        StagingReader { cluster, dataset: dataset.to_string(), cache: Mutex::new(HashMap::new()) }
+        StagingReader { cluster, dataset: dataset.to_string(), cache: Mutex::new(HashMap::new()), touched: Mutex::default() }
     }
 
     fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
@@ -156,10 +158,33 @@ impl StagingReader {
 
     /// Reads `isect` of one block: whole-copy objects box by box (failing over between copies),
     /// encoded ones whole from their shards.
+    /// Tells the leader which objects of `block` were read with a piece on a down server, so
+    /// lazy recovery rebuilds them first; once per object, best effort.
+    fn touch_degraded(&self, step: u64, block: &BlockRecord, isect: &Region) {
+        let view = self.cluster.view();
+        if view.down.is_empty() {
+            return;
+        }
+        let ids: Vec<u64> = {
+            let mut seen = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            block
+                .objects
+                .iter()
+                .filter(|o| o.region.intersect(isect).is_some() && o.servers().iter().any(|s| view.down.contains(s)))
+                .filter(|o| seen.insert((step, o.id)))
+                .map(|o| o.id)
+                .collect()
+        };
+        if !ids.is_empty() {
+            let _ = self.cluster.leader_call(&Request::Touch { dataset: self.dataset.clone(), step, ids }, &[], 0);
+        }
+    }
+
     fn read_block(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
         if isect.volume() == 0 {
             return Ok(());
         }
+        self.touch_degraded(step, block, isect);
         // The runs each object contributes to `out`, cut from it as disjoint slices in order.
         let mut runs: Vec<(usize, usize)> = Vec::new(); // (dst offset, len), object after object
         let mut wants = Vec::new(); // (object, its box to fetch, how many runs it fills)
@@ -384,26 +409,34 @@ impl ReadEngine for StagingReader {
     }
 
     fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
-        match self.read_block(step, block, elem, isect, dst, out) {
-            // Copies are dropped once an object is encoded: read the step's index again.
-            // (Index reads are linearized, and copies go only once the entry naming the shards
-            // is applied: the index read now names them.)
-            Err(e) if e.kind() == ErrorKind::NotFound && block.objects.iter().any(|o| !o.holders().is_empty()) => {
-                self.forget(step);
-                let fresh = self.index(step)?;
-                let same = fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region);
-                match same {
-                    Some(b) if b.objects != block.objects => self.read_block(step, b, elem, isect, dst, out),
-                    // The index still names servers that do not hold the pieces (they were lost
-                    // and rejoined empty, beyond the variable's level): the block is gone.
-                    _ => Err(Error::DataLoss(format!(
+        // Copies are dropped once an object is encoded (and rebuilt pieces move): read the step's
+        // index again while it keeps changing under the read; a block's objects are encoded one
+        // at a time, so a second object may go between one index read and the next. (Index reads
+        // are linearized, and copies go only once the entry naming the shards is applied.)
+        let mut current = block.clone();
+        for _ in 0..8 {
+            let e = match self.read_block(step, &current, elem, isect, dst, out) {
+                Err(e) if e.kind() == ErrorKind::NotFound && current.objects.iter().any(|o| !o.servers().is_empty()) => e,
+                r => return r,
+            };
+            self.forget(step);
+            let fresh = self.index(step)?;
+            match fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region) {
+                Some(b) if b.objects != current.objects => current = b.clone(),
+                // The index still names servers that do not hold the pieces (they were lost
+                // and rejoined empty, beyond the variable's level): the block is gone.
+                _ => {
+                    return Err(Error::DataLoss(format!(
                         "block {:?}+{:?} of '{}' step {step} (writer {}) is lost: {e}; the rest of the step still reads",
                         block.region.offset, block.region.count, block.var, block.writer
-                    ))),
+                    )))
                 }
             }
-            r => r,
         }
+        Err(Error::Unavailable(format!(
+            "block {:?}+{:?} of '{}' step {step} kept moving while it was read (encoding or recovery); read it again",
+            block.region.offset, block.region.count, block.var
+        )))
     }
 
     fn forget(&self, step: u64) {

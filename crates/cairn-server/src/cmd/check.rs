@@ -45,6 +45,9 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             }
             Ok(())
         }
+        Request::Touch { ids, .. } if ids.len() > MAX_KEYS => {
+            Err(Error::InvalidArgument(format!("{} object ids in one touch; send at most {MAX_KEYS}", ids.len())))
+        }
         Request::EndStep { fragment, .. } => fragment.validate(),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),

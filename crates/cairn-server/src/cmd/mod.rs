@@ -81,6 +81,9 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
             let piece = crate::recover::Piece { shard, k, m, stripe, checksum };
             plain(crate::recover::rebuild(state, &dataset, step, id, &piece, to).await.map(|_| Response::Ok))
         }
+        Request::Touch { dataset, step, ids } => {
+            plain(crate::control::leader(state).map(|_| state.recovery.touch(&dataset, step, &ids)).map(|_| Response::Ok))
+        }
         Request::Cut { dataset, step, id, k, shard } => plain(crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok)),
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
         Request::EndStep { dataset, fragment, shares, keep_last } => {
