@@ -31,8 +31,7 @@ pub struct Stripe {
 /// Encodes object `id` of `dataset` step `step` into the shards of `stripe`.
 pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, stripe: Stripe) -> Result<Response> {
     let Stripe { k, m, shards, holders } = stripe;
-    let (data, region, elem, var, writer, session) =
-        state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), o.region.clone(), o.elem, o.var.clone(), o.writer, o.session.clone()))?;
+    let (data, base) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, 0)))?;
     // Waiting for the turn is bounded well within the leader's deadline for this call, so an
     // encoding the leader gave up on does not store shards after it dropped them.
     let wait = state.limits.peer_timeout / 2;
@@ -59,20 +58,7 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
         };
-        let h = PutHeader {
-            dataset: dataset.to_string(),
-            step,
-            session: session.clone(),
-            var: var.clone(),
-            id,
-            region: region.clone(),
-            elem,
-            checksum: crc32c::crc32c(&bytes),
-            copy: u32::from(i >= k as usize),
-            writer,
-            shard: i as u32 + 1,
-            sealed: true,
-        };
+        let h = PutHeader { checksum: crc32c::crc32c(&bytes), copy: u32::from(i >= k as usize), shard: i as u32 + 1, ..base.clone() };
         let state = state.clone();
         stored.spawn(async move { store_shard(&state, to, h, bytes).await });
     }
@@ -99,23 +85,7 @@ async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Re
 
 /// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
 pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
-    let (data, h) = state.store.with(dataset, step, (id, 0), |o| {
-        let h = PutHeader {
-            dataset: dataset.to_string(),
-            step,
-            session: o.session.clone(),
-            var: o.var.clone(),
-            id,
-            region: o.region.clone(),
-            elem: o.elem,
-            checksum: 0,
-            copy: 0,
-            writer: o.writer,
-            shard: shard + 1,
-            sealed: true,
-        };
-        (o.data.clone(), h)
-    })?;
+    let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, shard + 1)))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
     let h = PutHeader { checksum: crc32c::crc32c(&bytes), ..h };
     let r = state.store.reserve(bytes.len() as u64)?;

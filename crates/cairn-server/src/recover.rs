@@ -222,23 +222,7 @@ pub struct Piece {
 pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &Piece, to: u32) -> Result<()> {
     let Piece { shard, k, m, ref stripe, checksum } = *piece;
     let held = if shard == 0 { 0 } else { stripe.iter().position(|s| *s == state.id).map_or(u32::MAX, |j| j as u32 + 1) };
-    let (data, h) = state.store.with(dataset, step, (id, held), |o| {
-        let h = PutHeader {
-            dataset: dataset.to_string(),
-            step,
-            session: o.session.clone(),
-            var: o.var.clone(),
-            id,
-            region: o.region.clone(),
-            elem: o.elem,
-            checksum: o.checksum,
-            copy: 1,
-            writer: o.writer,
-            shard,
-            sealed: true,
-        };
-        (o.data.clone(), h)
-    })?;
+    let (data, h) = state.store.with(dataset, step, (id, held), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, shard)))?;
     let piece: Vec<u8> = if shard == 0 {
         if crc32c::crc32c(&data) != checksum {
             return Err(Error::Corrupt(format!("the copy of object {id:#x} on server {} does not match its checksum", state.id)));

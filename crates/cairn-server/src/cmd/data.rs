@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 // reservation is dropped with it, so a stalled upload cannot hold space.
 
 /// The header fields of a put.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PutHeader {
     /// Dataset.
     pub dataset: String,
@@ -82,6 +82,26 @@ pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::sto
 }
 
 impl PutHeader {
+    /// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
+    /// held here as `o`, on another server or here: sealed, with `o`'s checksum and copy 0 until
+    /// the caller sets the piece's own.
+    pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, shard: u32) -> PutHeader {
+        PutHeader {
+            dataset: dataset.to_string(),
+            step,
+            session: o.session.clone(),
+            var: o.var.clone(),
+            id,
+            region: o.region.clone(),
+            elem: o.elem,
+            checksum: o.checksum,
+            copy: 0,
+            writer: o.writer,
+            shard,
+            sealed: true,
+        }
+    }
+
     /// The put request carrying this header (to another server).
     pub fn request(&self) -> Request {
         Request::Put {
