@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +139,90 @@ def test_after_recovery_onto_the_spare_a_second_failure_loses_nothing(tmp_path, 
             assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
         r.close()
         w.close()
+    finally:
+        c.stop()
+
+
+def test_spares_replace_failed_control_plane_servers_so_a_majority_remains(tmp_path):
+    """Three servers run the control plane. SIGKILL of the leader, then (after recovery) of a
+    second of the three: each time a spare takes the slot and joins the control plane in the
+    failed server's place, so after two of the original three died a majority still commits
+    view changes and steps, and everything committed reads back."""
+    c = cluster.start(tmp_path / "cluster.json", servers=4, spares=2, memory="128MiB", meta=3, redundancy=1,
+                      scheme="replicate", failure_timeout="1s", recovery="aggressive")
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
+        w = cairn.open("sim", "w", **opts)
+        w.define("p", "f8", (32, 32))
+        for s in range(2):
+            with w.step(s):
+                w.put("p", _field(s))
+        rows = cluster.status(c.file)
+        leader = next(r["id"] for r in rows if r["meta"] == "leader")
+        follower = next(r["id"] for r in rows if r["meta"] == "follower")
+
+        def voters() -> set[int]:
+            return {r["id"] for r in cluster.status(c.file, timeout=1.0) if r["meta"] in ("leader", "follower")}
+
+        for victim in (leader, follower):
+            spare = _view(c.file)["spares"][0]
+            c.procs[victim].send_signal(signal.SIGKILL)
+            c.procs[victim].wait(timeout=10)
+            wait_for(lambda: victim in _view(c.file)["down"] and spare in _view(c.file)["slots"], f"a spare takes server {victim}'s slot", 20)
+            wait_for(lambda: spare in voters(), f"spare {spare} joins the control plane", 20)
+            wait_for(lambda: _recovery(c.file)["pending"] == 0, "recovery", 30)
+        assert len(voters()) == 3 and not {leader, follower} & voters(), voters()
+        for s in range(2, 4):
+            with w.step(s):
+                w.put("p", _field(s))
+        r = cairn.open("sim", "r", **opts)
+        assert r.steps() == [0, 1, 2, 3]
+        for s in range(4):
+            assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
+        r.close()
+        w.close()
+    finally:
+        c.stop()
+
+
+def test_a_server_back_in_its_own_slot_is_refilled(tmp_path):
+    """No spare: a SIGKILLed server is declared down and reads go degraded. Started again, it
+    rejoins in its own slot, empty, and recovery refills it from the surviving copies, so a
+    later failure of another server still loses nothing."""
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="128MiB", meta=3, redundancy=1,
+                      scheme="replicate", failure_timeout="1s", recovery="aggressive")
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
+        w = cairn.open("sim", "w", **opts)
+        w.define("p", "f8", (32, 32))
+        for s in range(4):
+            with w.step(s):
+                w.put("p", _field(s))
+        victim = _victim(c)
+        # The second victim: the server sharing the most objects with the first.
+        held = {r["id"]: {(o["step"], o["id"]) for o in r["object_list"]} for r in cluster.status(c.file, objects=True)}
+        second = max((sid for sid in held if sid != victim), key=lambda sid: len(held[sid] & held[victim]))
+        assert held[second] & held[victim]
+        cmd = [a.decode() for a in Path(f"/proc/{c.procs[victim].pid}/cmdline").read_bytes().split(b"\0") if a]
+        c.procs[victim].send_signal(signal.SIGKILL)
+        c.procs[victim].wait(timeout=10)
+        wait_for(lambda: victim in _view(c.file)["down"], f"server {victim} declared down", 15)
+        with open(tmp_path / "restarted.log", "wb") as log:
+            back = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: victim not in _view(c.file)["down"] and victim in _view(c.file)["slots"], "it rejoins its slot", 20)
+            wait_for(lambda: (lambda st: st["pending"] == 0 and st["rebuilt"] > 0)(_recovery(c.file)), "the refill", 30)
+            row = next(r for r in cluster.status(c.file, timeout=1.0) if r["id"] == victim)
+            assert row["memory_used"] > 0, row
+            c.procs[second].send_signal(signal.SIGKILL)
+            c.procs[second].wait(timeout=10)
+            r = cairn.open("sim", "r", **opts)
+            for s in range(4):
+                assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
+            r.close()
+        finally:
+            back.kill()
+            back.wait(timeout=10)
     finally:
         c.stop()
 

@@ -2,8 +2,9 @@
 cluster serves a workload, and report what it cost (CoREC §4.1, Fig. 14-16).
 
 A kill that would leave more servers down or recovering than the cluster's redundancy level waits
-until recovery catches up (reported as deferred) unless ``--beyond-level``. Control-plane servers
-are killed only while a majority of them stays alive. A killed server is started again (same id,
+until recovery catches up (reported as deferred) unless ``--beyond-level``. A killed control-plane
+voter is replaced by the spare that takes its slot (it joins the control plane in its place), and a
+kill never leaves fewer than a majority of the voters alive. A killed server is started again (same id,
 same command line, same port) once the control plane has declared it down, so it rejoins empty as
 the next spare. With ``--workload`` a built-in workload runs: ``--writers`` ranks write a 2-D field
 each step, ``--readers`` read and check committed steps; its response times before the first kill
@@ -166,10 +167,12 @@ def _leader(file: Path) -> int:
 class Chaos:
     """The killer: picks victims, defers kills beyond the level, restarts the dead as spares."""
 
-    def __init__(self, file: Path, kill: str, beyond_level: bool, rng: random.Random):
-        self.file, self.kill, self.beyond_level, self.rng = file, kill, beyond_level, rng
+    def __init__(self, file: Path, kill: str, beyond_level: bool, rng: random.Random, restart: bool = True):
+        self.file, self.kill, self.beyond_level, self.rng, self.restart = file, kill, beyond_level, rng, restart
         self.level = json.loads(file.read_text()).get("redundancy", {}).get("redundancy", 0)
         self.log: list[dict[str, Any]] = []
+        self.skipped = 0  # kills never made: the level was reached until the end
+        self.over = threading.Event()  # the run ended: stop waiting for recoveries that cannot come
         self.restarts: list[threading.Thread] = []
         self.children: list[subprocess.Popen[bytes]] = []
         # Each server's command line, read once while they all run: a killed one is started
@@ -195,7 +198,7 @@ class Chaos:
     def victims(self) -> list[int]:
         view, rows = self._state()
         live = [s for s in view.get("slots", []) if s not in view.get("down", [])]
-        meta = [r["id"] for r in rows if r.get("meta") not in (None, "none")]
+        meta = [r["id"] for r in rows if r.get("meta") in ("leader", "follower", "candidate")]
         voters_alive = len([m for m in meta if m in live])
         entries = {s["id"]: s for s in cluster.servers_of(self.file)}
         if self.kill == "node":
@@ -207,11 +210,16 @@ class Chaos:
         choices = [c for c in choices if voters_alive - len([s for s in c if s in meta]) > len(meta) // 2]
         return self.rng.choice(choices) if choices else []
 
-    def strike(self, t0: float) -> dict[str, Any]:
+    def strike(self, t0: float, end: float) -> dict[str, Any] | None:
+        """Kills the next victims, first waiting (until ``end`` at most) while that would go
+        beyond the level; ``None`` when the wait ran out (the kill is not made)."""
         deferred = 0.0
         if not self.beyond_level:
             start = time.monotonic()
-            while self.outstanding() + 1 > self.level and time.monotonic() - start < 120:
+            while self.outstanding() + 1 > self.level:
+                if time.monotonic() >= end:
+                    self.skipped += 1
+                    return None
                 time.sleep(0.2)
             deferred = time.monotonic() - start
         victims = self.victims()
@@ -229,13 +237,14 @@ class Chaos:
         as the next spare), and records when the recovery of what it held was done."""
         start = time.monotonic()
         declared = False
-        while time.monotonic() - start < 120:
+        while time.monotonic() - start < 120 and not self.over.is_set():
             view, rows = self._state()
             if not declared and sid in view.get("down", []):
                 declared = True
                 event.setdefault("declared_s", round(time.monotonic() - start, 2))
-                with open(cluster.entries_dir(self.file) / f"server-{sid}.log", "ab") as log:
-                    self.children.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                if self.restart:
+                    with open(cluster.entries_dir(self.file) / f"server-{sid}.log", "ab") as log:
+                        self.children.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             # Recovered: its slot went to a live server (or it holds it again) and nothing is pending.
             slot_live = sid not in view.get("slots", []) or sid not in view.get("down", [])
             if declared and slot_live and sum(r.get("recovery_pending") or 0 for r in rows) == 0:
@@ -255,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     file = Path(args.cluster).absolute()
     mtbf, duration = seconds(args.mtbf), seconds(args.duration)
     rng = random.Random(args.seed)
-    chaos = Chaos(file, args.kill, args.beyond_level, rng)
+    chaos = Chaos(file, args.kill, args.beyond_level, rng, restart=not args.no_restart)
     wl = Workload(file, args.dataset, args.writers, args.readers, args.steps, args.n, args.timeout, seconds(args.interval)) if args.workload else None
     threads = wl.run() if wl else []
     t0 = time.monotonic()
@@ -270,24 +279,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if wl and not any(t.is_alive() for t in threads[: args.writers]):
             break
         if time.monotonic() >= next_kill:
-            ev = chaos.strike(t0)
-            print(f"[{ev['t_s']:7.1f} s] killed {ev['servers']} (deferred {ev['deferred_s']} s)", flush=True)
+            ev = chaos.strike(t0, end)
+            if ev:
+                print(f"[{ev['t_s']:7.1f} s] killed {ev['servers']} (deferred {ev['deferred_s']} s)", flush=True)
             next_kill = time.monotonic() + rng.expovariate(1 / mtbf)
         time.sleep(0.05)
     if wl:
         for t in threads[: args.writers]:
             t.join(timeout=duration + 60)
+        run_s = time.monotonic() - t0
         wl.done.set()
         for t in threads[args.writers:]:
             t.join(timeout=60)
+    # Recoveries still under way finish, unless none can come (no restart, no spare left).
+    waits = chaos.restart or bool((cluster.view(file, timeout=1.0) or {}).get("spares"))
     for t in chaos.restarts:
-        t.join(timeout=60)
+        t.join(timeout=60 if waits else 0)
+    chaos.over.set()
     for child in chaos.children:
         child.poll()  # reap the ones killed again
     checked, lost = _lost_objects(file, args.timeout)
     report: dict[str, Any] = {
         "mtbf_s": mtbf, "duration_s": duration, "kill": args.kill, "seed": args.seed, "level": chaos.level,
         "kills": sum(len(e["servers"]) for e in chaos.log), "deferred": sum(1 for e in chaos.log if e["deferred_s"] > 0.5),
+        "skipped": chaos.skipped,
         "events": chaos.log, "blocks_checked": checked, "lost_objects": lost,
         "recovery_s": [e.get("recovered_s") for e in chaos.log],
     }
@@ -295,9 +310,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         b, c = wl.times["baseline"], wl.times["chaos"]
         over = lambda k: round(float(100 * (np.mean(c[k]) / np.mean(b[k]) - 1)), 1) if b[k] and c[k] else None  # noqa: E731
         report["workload"] = {
-            "writers": args.writers, "readers": args.readers, "steps": args.steps, **wl.counts, "errors": wl.errors,
-            "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "overhead_%": over("write")},
-            "read_ms": {"baseline": _ms(b["read"]), "chaos": _ms(c["read"]), "overhead_%": over("read")},
+            "writers": args.writers, "readers": args.readers, "steps": args.steps, "run_s": round(run_s, 2), **wl.counts,
+            "errors": wl.errors,
+            "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "all": _ms(b["write"] + c["write"]),
+                         "overhead_%": over("write")},
+            "read_ms": {"baseline": _ms(b["read"]), "chaos": _ms(c["read"]), "all": _ms(b["read"] + c["read"]),
+                        "overhead_%": over("read")},
         }
     return report
 
@@ -320,13 +338,22 @@ def add(sub: Any) -> None:
     p.add_argument("--n", type=int, default=256, help="workload field edge: n×n doubles (default 256)")
     p.add_argument("--timeout", type=float, default=30.0, help="the workload's call deadline in seconds (default 30)")
     p.add_argument("--beyond-level", action="store_true", help="kill even when more servers than the level are down or recovering")
+    p.add_argument("--no-restart", action="store_true",
+                   help="leave killed servers dead (degraded service only, unless spares take their slots)")
     p.set_defaults(func=main)
+
+
+def options(argv: list[str]) -> argparse.Namespace:
+    """``cairn chaos`` options from its command-line words (for callers in Python)."""
+    ap = argparse.ArgumentParser(prog="cairn")
+    add(ap.add_subparsers())
+    return ap.parse_args(["chaos", *argv])
 
 
 def main(args: argparse.Namespace) -> None:
     report = run(args)
     wl = report.get("workload")
-    print(f"kills {report['kills']} (deferred {report['deferred']}), blocks checked {report['blocks_checked']}, "
+    print(f"kills {report['kills']} (deferred {report['deferred']}, not made {report['skipped']}), blocks checked {report['blocks_checked']}, "
           f"lost objects {report['lost_objects']}, recovery s {report['recovery_s']}")
     if wl:
         print(f"workload: write ms {wl['write_ms']}, read ms {wl['read_ms']}, degraded reads {wl['degraded_reads']}, "

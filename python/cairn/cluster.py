@@ -100,7 +100,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           redundancy: int | None = None, scheme: str | None = None, rs_data: int | None = None,
           min_efficiency: float | None = None, hot_steps: int | None = None,
           failure_timeout: float | str | None = None, recovery: str | None = None,
-          recovery_deadline: float | str | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
+          recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
+          mtbf: float | str | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -109,17 +110,17 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     lowered to ``servers - 1``); ``scheme``, ``rs_data``, ``min_efficiency`` and ``hot_steps``
     choose how objects are kept, and a server unheard from for ``failure_timeout`` (seconds or
     ``"5s"``, ``"250ms"``; default 3 s) is declared down and a spare takes its slot, where its
-    objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default 60 s;
-    ``"aggressive"``: at once). The ``[staging]`` table of ``config`` (default ``cairn.toml``)
-    gives the defaults."""
+    objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default a quarter
+    of ``mtbf`` when given, else 60 s; ``"aggressive"``: at once), sending at most
+    ``recovery_rate`` bytes per second (``"256MiB"``, the default; 0: no limit). The
+    ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults."""
     given = {"redundancy": redundancy, "scheme": scheme, "rs_data": rs_data, "min_efficiency": min_efficiency,
              "hot_steps": hot_steps}
     staging = json.loads(_native.config_json(None if config is None else os.fspath(config), []))["staging"]
     toml = _redundancy_of(staging)
-    if failure_timeout is None:
-        failure_timeout = staging.get("failure_timeout")
-    recovery = recovery if recovery is not None else staging.get("recovery")
-    recovery_deadline = recovery_deadline if recovery_deadline is not None else staging.get("recovery_deadline")
+    failure = {"failure_timeout": failure_timeout, "recovery": recovery, "recovery_deadline": recovery_deadline,
+               "recovery_rate": recovery_rate, "mtbf": mtbf}
+    failure = {k: v if v is not None else staging.get(k) for k, v in failure.items()}
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
     if chosen["redundancy"] is None:
         chosen["redundancy"] = min(1, max(servers - 1, 0))
@@ -127,10 +128,10 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     for key, value in chosen.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
-    for flag, value in (("--io-timeout", io_timeout), ("--hello-timeout", hello_timeout), ("--peer-timeout", peer_timeout),
-                        ("--failure-timeout", failure_timeout), ("--recovery", recovery), ("--recovery-deadline", recovery_deadline)):
+    flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure}
+    for key, value in flags.items():
         if value is not None:
-            extra += [flag, str(value)]
+            extra += ["--" + key.replace("_", "-"), str(value)]
     file = Path(file).absolute()
     pids = _native.cluster_start(str(file), servers, spares, None if topology is None else os.fspath(topology),
                                  parse_size(memory), bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)

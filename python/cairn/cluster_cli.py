@@ -16,7 +16,10 @@ def _mib(n: int) -> str:
 
 #: Cluster-side settings a server takes when neither its flags nor the [staging] table name them.
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
-                                   "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": "60s"}
+                                   "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
+                                   "recovery_rate": "256MiB", "mtbf": None}
+#: The failure and recovery settings among them (the server parses their text).
+FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
 
 def _redundancy_flags(p: argparse.ArgumentParser) -> None:
@@ -39,25 +42,29 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery", choices=["lazy", "aggressive"], default=None,
                    help="rebuild a lost server's objects on its spare over --recovery-deadline (lazy, default) or at once")
     p.add_argument("--recovery-deadline", default=None, metavar="DURATION",
-                   help="lazy recovery rebuilds every object within this (default 60s)")
+                   help="lazy recovery rebuilds every object within this (default a quarter of --mtbf, else 60s)")
+    p.add_argument("--recovery-rate", default=None, metavar="SIZE",
+                   help="bytes per second recovery may send, so client requests keep priority (default 256MiB; 0: no limit)")
+    p.add_argument("--mtbf", default=None, metavar="DURATION",
+                   help="the mean time between server failures expected; sets the default recovery deadline")
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
     staging = json.loads(_native.config_json(args.config, []))["staging"]
-    got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None)) for k, d in SERVER_DEFAULTS.items()}
+    got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None), None) for k, d in SERVER_DEFAULTS.items()}
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
                   args.meta, json.dumps({k: got[k] for k in ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")}),
-                  str(got["failure_timeout"]), got["recovery"], str(got["recovery_deadline"]))
+                  {k: str(got[k]) for k in FAILURE_KEYS if got[k] is not None})
 
 
 def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      failure_timeout=args.failure_timeout, recovery=args.recovery, recovery_deadline=args.recovery_deadline,
+                      **{k: getattr(args, k) for k in FAILURE_KEYS},
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 

@@ -88,8 +88,14 @@ pub struct StagingConfig {
     pub failure_timeout: Option<Duration>,
     /// Clusters started from here: "lazy" (default) or "aggressive" recovery onto spares.
     pub recovery: Option<String>,
-    /// Clusters started from here: lazy recovery rebuilds a lost server's objects within this.
+    /// Clusters started from here: lazy recovery rebuilds a lost server's objects within this
+    /// (servers default to a quarter of `mtbf`, else 60 s).
     pub recovery_deadline: Option<Duration>,
+    /// Clusters started from here: bytes per second recovery may send ("256MiB", the servers'
+    /// default; 0: no limit).
+    pub recovery_rate: Option<String>,
+    /// Clusters started from here: the mean time between server failures expected.
+    pub mtbf: Option<Duration>,
 }
 
 /// A duration setting: seconds, or a string with a unit (`"5s"`, `"250ms"`).
@@ -173,6 +179,8 @@ impl Default for StagingConfig {
             failure_timeout: None,
             recovery: None,
             recovery_deadline: None,
+            recovery_rate: None,
+            mtbf: None,
         }
     }
 }
@@ -201,7 +209,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline";
+    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -239,8 +247,13 @@ impl Config {
         if let Some(d) = &self.staging.failure_timeout {
             d.get().map_err(|e| Error::Config(format!("[staging] failure_timeout: {e}")))?;
         }
-        if let Some(d) = &self.staging.recovery_deadline {
-            d.get().map_err(|e| Error::Config(format!("[staging] recovery_deadline: {e}")))?;
+        for (key, d) in [("recovery_deadline", &self.staging.recovery_deadline), ("mtbf", &self.staging.mtbf)] {
+            if let Some(d) = d {
+                d.get().map_err(|e| Error::Config(format!("[staging] {key}: {e}")))?;
+            }
+        }
+        if let Some(r) = &self.staging.recovery_rate {
+            cairn_proto::cluster::parse_size(r.trim_end_matches("/s")).map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
         }
         if let Some(r) = &self.staging.recovery {
             if r != "lazy" && r != "aggressive" {
@@ -319,6 +332,14 @@ impl Config {
             "recovery_deadline" => {
                 cairn_proto::cluster::parse_duration(value)?;
                 self.staging.recovery_deadline = Some(Duration::Text(value.to_string()));
+            }
+            "mtbf" => {
+                cairn_proto::cluster::parse_duration(value)?;
+                self.staging.mtbf = Some(Duration::Text(value.to_string()));
+            }
+            "recovery_rate" => {
+                cairn_proto::cluster::parse_size(value.trim_end_matches("/s"))?;
+                self.staging.recovery_rate = Some(value.to_string());
             }
             "recovery" => {
                 if value != "lazy" && value != "aggressive" {

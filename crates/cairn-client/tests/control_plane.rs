@@ -75,15 +75,16 @@ fn step_of_four(cfg: &cairn_client::Config, step: u64, kill_after: usize, kill: 
     ends
 }
 
-/// Waits until `server` is a voter again under a new node id, as `at` sees it.
-fn rejoined(c: &TestCluster, at: u32, server: u32) {
+/// Waits until `server` is a voter under a joiner's node id in place of `gone`, as `at` sees it.
+fn joined(c: &TestCluster, at: u32, server: u32, gone: u32) {
     let start = Instant::now();
     loop {
         let voters = c.state(at).unwrap().control.get().unwrap().voters();
-        if voters.iter().any(|v| (v >> 32) as u32 == server && v & 0xffff_ffff != 0) && voters.len() == 5 {
+        let of = |s: u32| voters.iter().any(|v| (v >> 32) as u32 == s);
+        if voters.iter().any(|v| (v >> 32) as u32 == server && v & 0xffff_ffff != 0) && !of(gone) && voters.len() == 5 {
             return;
         }
-        assert!(start.elapsed() < Duration::from_secs(15), "server {server} did not rejoin: {voters:x?}");
+        assert!(start.elapsed() < Duration::from_secs(15), "server {server} did not join in place of {gone}: {voters:x?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -123,14 +124,14 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
         }
         let view = replace(&c, &live, dead, spare);
         live.push(spare);
-        // Restarted empty, the dead server rejoins the control plane under a new node id (its
-        // data slot now belongs to the spare), so the next failure still leaves a majority,
-        // and learns the current view from the others, down in it.
+        // The spare that took the dead server's slot joins the control plane in its place, so
+        // the next failure still leaves a majority. Restarted empty, the dead server learns the
+        // current view from the others, down in it, and stays out of the control plane.
+        joined(&c, next, spare, dead);
         c.restart(dead).unwrap();
-        rejoined(&c, next, dead);
         c.await_epoch(view.epoch, Duration::from_secs(5)).unwrap();
         assert!(c.state(dead).unwrap().view().unwrap().down.contains(&dead));
-        live.push(dead);
+        assert!(c.state(dead).unwrap().control.get().is_none());
     }
     // The writers' next step commits with both spares in place, and reads back whole.
     assert!(step_of_four(&cfg, 3, 4, || {}).into_iter().any(|r| r.unwrap()));

@@ -16,7 +16,7 @@ pub(crate) fn seconds(s: f64) -> PyResult<Duration> {
 
 /// Runs one staging server until it is shut down; blocks (without the GIL).
 #[pyfunction]
-#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3, redundancy="{}", failure_timeout=None, recovery=None, recovery_deadline=None))]
+#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3, redundancy="{}", failure=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn serve(
     py: Python<'_>,
@@ -34,9 +34,7 @@ pub(crate) fn serve(
     peer_timeout_s: Option<f64>,
     meta: u32,
     redundancy: &str,
-    failure_timeout: Option<String>,
-    recovery: Option<String>,
-    recovery_deadline: Option<String>,
+    failure: Option<std::collections::BTreeMap<String, String>>,
 ) -> PyResult<()> {
     let redundancy: cairn_core::corec::Policy = serde_json::from_str(redundancy)
         .map_err(|e| to_py(cairn_core::Error::Config(format!("redundancy settings {redundancy:?}: {e}"))))?;
@@ -50,16 +48,8 @@ pub(crate) fn serve(
     if let Some(s) = peer_timeout_s {
         limits.peer_timeout = seconds(s)?;
     }
-    if let Some(t) = failure_timeout {
-        limits.failure_timeout = cairn_proto::cluster::parse_duration(&t).map_err(to_py)?;
-    }
-    match recovery.as_deref() {
-        None | Some("lazy") => {}
-        Some("aggressive") => limits.recovery_lazy = false,
-        Some(other) => return Err(to_py(cairn_core::Error::Config(format!("recovery {other:?}: use \"lazy\" or \"aggressive\"")))),
-    }
-    if let Some(t) = recovery_deadline {
-        limits.recovery_deadline = cairn_proto::cluster::parse_duration(&t).map_err(to_py)?;
+    for (key, value) in failure.unwrap_or_default() {
+        limits.set(&key, &value).map_err(to_py)?;
     }
     let meta = meta.clamp(1, 5);
     let opts =

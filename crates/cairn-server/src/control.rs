@@ -11,6 +11,7 @@ use cairn_meta::raft::types::{MetaTypes, Snapshot, Vote};
 use cairn_meta::raft::{MetaNode, NodeId, RaftLog};
 use cairn_proto::async_io::{read_head, write_frame};
 use cairn_proto::message::{Envelope, RaftRpc, Request, Response, MAX_RAFT_PAYLOAD};
+use cairn_proto::ClusterView;
 use cairn_proto::MAX_HEADER;
 use openraft::error::{Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
@@ -40,10 +41,18 @@ impl Default for MetaOptions {
     }
 }
 
-/// Starts this server's replica once the cluster view is known, if it is a meta server.
+/// The servers of the control plane in `view`: those of its first `servers` ring slots (a spare
+/// that takes one of these slots becomes one).
+pub fn members(view: &ClusterView, servers: u32) -> Vec<u32> {
+    view.slots.iter().copied().take(servers.max(1) as usize).collect()
+}
+
+/// Starts this server's replica once the cluster view is known, if it is a meta server, or
+/// later, once a view change gives it a meta server's slot (a spare replacing a failed one).
 pub fn start(state: Arc<State>) {
     tokio::spawn(async move {
-        let view = loop {
+        let mut shutdown = state.shutdown.subscribe();
+        let first = loop {
             if let Ok(v) = state.view() {
                 break v;
             }
@@ -52,11 +61,22 @@ pub fn start(state: Arc<State>) {
         if state.meta_options.rejoin {
             crate::views::refresh(&state);
         }
-        let members: Vec<u32> = view.slots.iter().copied().take(state.meta_options.servers.max(1) as usize).collect();
-        if !members.contains(&state.id) {
-            return;
-        }
-        let incarnation = if state.meta_options.rejoin { u64::from(rand_u32().max(1)) } else { 0 };
+        // One of the first members starts with the cluster; any other joins the running one.
+        let founding = !state.meta_options.rejoin && members(&first, state.meta_options.servers).contains(&state.id);
+        let view = loop {
+            let v = state.view().unwrap_or(first.clone());
+            // A restarted server first learns the current view (its slot may be a spare's now).
+            let settled = !state.view_refreshing.load(std::sync::atomic::Ordering::Acquire);
+            if founding || (settled && members(&v, state.meta_options.servers).contains(&state.id) && v.is_live(state.id)) {
+                break v;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.recv() => return,
+            }
+        };
+        let members = members(&view, state.meta_options.servers);
+        let incarnation = if founding { 0 } else { u64::from(rand_u32().max(1)) };
         let id = (u64::from(state.id) << 32) | incarnation;
         let net = PeerNet { state: Arc::downgrade(&state) };
         let log = match RaftLog::start(id, state.meta_options.timing, net).await {
@@ -68,7 +88,7 @@ pub fn start(state: Arc<State>) {
         tokio::spawn(crate::views::follow(state.clone(), log.clone()));
         tokio::spawn(crate::detect::run(state.clone()));
         let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
-        if !state.meta_options.rejoin {
+        if founding {
             if members.first() == Some(&state.id) {
                 let all: Option<BTreeMap<NodeId, MetaNode>> = members.iter().map(|s| Some((u64::from(*s) << 32, node(*s).ok()?))).collect();
                 if let Some(all) = all {
@@ -79,12 +99,13 @@ pub fn start(state: Arc<State>) {
             }
             return;
         }
-        // A restart: ask the meta servers (any; followers name the leader) to take this node in.
+        // A restart or a replacement: ask the meta servers (any; followers name the leader) to
+        // take this node in.
         let Ok(me) = node(state.id) else { return };
         let join = Request::MetaJoin { node: id, server: state.id, addr: me.addr };
-        let mut shutdown = state.shutdown.subscribe();
         loop {
-            for s in members.iter().filter(|s| **s != state.id) {
+            let now = state.view().unwrap_or(view.clone());
+            for s in self::members(&now, state.meta_options.servers).iter().filter(|s| **s != state.id) {
                 if crate::peer::call(&state, *s, &join).await.is_ok() {
                     return;
                 }
@@ -124,6 +145,21 @@ async fn on_leadership(state: Arc<State>, log: RaftLog) {
             _ = shutdown.recv() => return,
         }
     }
+}
+
+/// The leader's side of a join: node `id` of server `node.server` becomes a voter if the view
+/// gives that server a meta slot, in place of its earlier nodes and of voters whose servers lost
+/// their meta slots (so the control plane keeps its size as spares replace failed servers).
+pub async fn admit(state: &State, log: &RaftLog, id: NodeId, node: MetaNode) -> Result<()> {
+    let view = state.view()?;
+    let members = members(&view, state.meta_options.servers);
+    if !members.contains(&node.server) || !view.is_live(node.server) {
+        return Err(Error::Unavailable(format!(
+            "server {} holds no control-plane slot in view {} (members {members:?}); it joins once a view gives it one",
+            node.server, view.epoch
+        )));
+    }
+    log.rejoin(id, node, |s| members.contains(&s)).await
 }
 
 fn rand_u32() -> u32 {

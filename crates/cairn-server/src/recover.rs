@@ -5,7 +5,8 @@
 //! `rebuilt` log entry then makes the index name the new server. Until then reads are degraded
 //! (another copy, or a decode), never wrong. Lazy recovery (the default) spreads the work over
 //! the recovery deadline, so client requests keep most of the servers' time; aggressive recovery
-//! rebuilds everything at once, for comparison.
+//! rebuilds everything at once, for comparison. Either way recovery sends at most
+//! `recovery_rate` bytes per second.
 
 use crate::cmd::data::PutHeader;
 use crate::state::{lock, State};
@@ -63,9 +64,12 @@ impl Recovery {
     }
 
     /// After a view change committed at the leader: queues every committed object with a piece
-    /// on a server whose slot another server took, and starts rebuilding.
+    /// on a server whose slot another server took, or on a server back in its own slot (it
+    /// came back empty, no spare having taken its place), and starts rebuilding.
     pub fn view_changed(&self, state: &Arc<State>, before: &ClusterView, after: &ClusterView) {
-        let moved: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
+        let mut moved: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
+        let back = before.down.iter().filter(|s| !after.down.contains(s) && after.slots.contains(s));
+        moved.extend(back.map(|s| (*s, *s)));
         self.queue_moved(state, moved);
     }
 
@@ -128,17 +132,19 @@ impl Recovery {
         let state = state.clone();
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
+            let mut sent = 0u64;
             loop {
                 let Some(job) = lock(&state.recovery.queue).pop_front() else {
                     state.recovery.running.store(false, Ordering::Release);
                     return;
                 };
                 match rebuild_one(&state, &job).await {
-                    Ok(true) => {
+                    Ok(Some(bytes)) => {
                         state.recovery.rebuilt.fetch_add(1, Ordering::Relaxed);
+                        sent += bytes;
                     }
                     // Released, or no longer there: nothing to rebuild.
-                    Ok(false) => {}
+                    Ok(None) => {}
                     Err(e) if job.tries + 1 < TRIES && e.kind() != cairn_core::ErrorKind::DataLoss => {
                         lock(&state.recovery.queue).push_back(Job { tries: job.tries + 1, ..job });
                     }
@@ -146,6 +152,10 @@ impl Recovery {
                         eprintln!("cairn server {}: object {:#x} of '{}' step {} not rebuilt: {e}", state.id, job.id, job.dataset, job.step);
                         state.recovery.lost.fetch_add(1, Ordering::Relaxed);
                     }
+                }
+                // The byte rate holds for every object; the lazy pause is cut short by a touch.
+                if let Some(due) = throttle(state.limits.recovery_rate, sent) {
+                    tokio::time::sleep_until(started + due).await;
                 }
                 let next_urgent = lock(&state.recovery.queue).front().is_some_and(|j| j.urgent);
                 if let Some(pause) = pace(&state.limits, started.elapsed(), state.recovery.pending()).filter(|_| !next_urgent) {
@@ -166,19 +176,30 @@ fn pace(limits: &crate::state::Limits, elapsed: Duration, pending: u64) -> Optio
     if !limits.recovery_lazy || pending == 0 {
         return None;
     }
-    let left = limits.recovery_deadline.saturating_sub(elapsed);
+    let left = limits.recovery_deadline().saturating_sub(elapsed);
     Some((left / (pending as u32 + 1)).min(Duration::from_secs(1)))
 }
 
-/// Rebuilds one piece and records it; `Ok(false)` when the object is gone or already moved.
-async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<bool> {
+/// When, counted from the start of recovery, `sent` bytes are within `rate` bytes per second
+/// (`None`: no limit).
+fn throttle(rate: u64, sent: u64) -> Option<Duration> {
+    (rate > 0).then(|| Duration::from_secs_f64(sent as f64 / rate as f64))
+}
+
+/// Rebuilds one piece and records it: the bytes sent to the new holder, `None` when the object
+/// is gone or already moved.
+async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
     let log = crate::control::leader(state)?;
     let view = state.view()?;
-    let Ok(index) = state.meta.index(log, &job.dataset, job.step) else { return Ok(false) };
-    let Some(o) = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id) else { return Ok(false) };
-    if !o.servers().contains(&job.from) || o.servers().contains(&job.to) {
-        return Ok(false);
+    let Ok(index) = state.meta.index(log, &job.dataset, job.step) else { return Ok(None) };
+    let found = index.blocks.iter().flat_map(|b| b.objects.iter().map(move |o| (b, o))).find(|(_, o)| o.id == job.id);
+    let Some((block, o)) = found else { return Ok(None) };
+    // A server back in its own slot (`from == to`) is refilled: the index names it already.
+    let refill = job.from == job.to;
+    if !o.servers().contains(&job.from) || (o.servers().contains(&job.to) && !refill) {
+        return Ok(None);
     }
+    let bytes = o.region.volume() * (block.len / block.region.volume().max(1));
     let (shard, k, m, stripe, sources) = match &o.redundancy {
         Redundancy::Replicated { servers } => (0, 0, 0, Vec::new(), servers.clone()),
         Redundancy::Encoded { k, m, shards } => {
@@ -199,7 +220,8 @@ async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<bool> {
         let req = Request::Rebuild { dataset: job.dataset.clone(), step: job.step, id: job.id, shard, k, m, stripe, checksum, to: job.to };
         crate::peer::call(state, source, &req).await?;
     }
-    Ok(state.meta.rebuilt(log, &job.dataset, job.step, vec![(job.id, job.from, job.to)]).await? > 0)
+    let recorded = refill || state.meta.rebuilt(log, &job.dataset, job.step, vec![(job.id, job.from, job.to)]).await? > 0;
+    Ok(recorded.then_some(if k > 0 { bytes.div_ceil(u64::from(k)) } else { bytes }))
 }
 
 /// Which piece of an object to rebuild.
@@ -270,13 +292,27 @@ mod tests {
 
     #[test]
     fn lazy_recovery_spreads_the_deadline_over_what_is_left() {
-        let mut limits = crate::state::Limits { recovery_lazy: true, recovery_deadline: Duration::from_secs(60), ..Default::default() };
+        let mut limits = crate::state::Limits { recovery_lazy: true, ..Default::default() };
         assert_eq!(pace(&limits, Duration::ZERO, 119), Some(Duration::from_millis(500)));
         assert_eq!(pace(&limits, Duration::from_secs(30), 59), Some(Duration::from_millis(500)));
         assert_eq!(pace(&limits, Duration::ZERO, 10), Some(Duration::from_secs(1)), "at most a second");
         assert_eq!(pace(&limits, Duration::from_secs(90), 10), Some(Duration::ZERO), "late: no pause");
         assert_eq!(pace(&limits, Duration::ZERO, 0), None);
+        limits.set("mtbf", "20s").unwrap();
+        assert_eq!(pace(&limits, Duration::ZERO, 9), Some(Duration::from_millis(500)), "a quarter of the MTBF");
+        limits.set("recovery_deadline", "2s").unwrap();
+        assert_eq!(pace(&limits, Duration::ZERO, 3), Some(Duration::from_millis(500)), "an explicit deadline wins");
         limits.recovery_lazy = false;
         assert_eq!(pace(&limits, Duration::ZERO, 100), None);
+    }
+
+    #[test]
+    fn recovery_keeps_to_its_byte_rate() {
+        let mut limits = crate::state::Limits::default();
+        limits.set("recovery_rate", "100MiB/s").unwrap();
+        assert_eq!(throttle(limits.recovery_rate, 50 << 20), Some(Duration::from_millis(500)));
+        limits.set("recovery_rate", "0").unwrap();
+        assert_eq!(throttle(limits.recovery_rate, 50 << 20), None);
+        assert!(limits.set("recovery", "eager").is_err() && limits.set("mtbf", "soon").is_err());
     }
 }

@@ -32,8 +32,13 @@ pub struct Limits {
     /// Recovery onto a spare spreads its work over `recovery_deadline` (lazy) instead of
     /// rebuilding everything at once (aggressive).
     pub recovery_lazy: bool,
-    /// Lazy recovery rebuilds every object of a lost server within this.
-    pub recovery_deadline: Duration,
+    /// Lazy recovery rebuilds every object of a lost server within this (when not given: a
+    /// quarter of `mtbf`, else 60 s; see [`Limits::recovery_deadline`]).
+    pub recovery_deadline: Option<Duration>,
+    /// Bytes per second recovery may send (0: no limit), so client requests keep priority.
+    pub recovery_rate: u64,
+    /// The mean time between failures the cluster is sized for, when known.
+    pub mtbf: Option<Duration>,
     /// Authenticated connections served at once; more get `busy`.
     pub max_connections: usize,
     /// Connections still in their hello; a new one beyond this evicts the oldest, so idle
@@ -49,10 +54,44 @@ impl Default for Limits {
             peer_timeout: Duration::from_secs(5),
             failure_timeout: Duration::from_secs(3),
             recovery_lazy: true,
-            recovery_deadline: Duration::from_secs(60),
+            recovery_deadline: None,
+            recovery_rate: 256 << 20,
+            mtbf: None,
             max_connections: 1024,
             max_unauthenticated: 512,
         }
+    }
+}
+
+impl Limits {
+    /// Sets a failure or recovery setting by its `[staging]` key (`failure_timeout`,
+    /// `recovery`, `recovery_deadline`, `recovery_rate`, `mtbf`) from its text, as flags and
+    /// config files give it.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        use cairn_proto::cluster::{parse_duration, parse_size};
+        let bad = |what: &str| cairn_core::Error::Config(format!("{key} = {value:?}: {what}"));
+        match key {
+            "failure_timeout" => self.failure_timeout = parse_duration(value)?,
+            "recovery" => {
+                self.recovery_lazy = match value {
+                    "lazy" => true,
+                    "aggressive" => false,
+                    _ => return Err(bad("use \"lazy\" or \"aggressive\"")),
+                }
+            }
+            "recovery_deadline" => self.recovery_deadline = Some(parse_duration(value)?),
+            // A size per second: "256MiB" (the "/s" may be written).
+            "recovery_rate" => self.recovery_rate = parse_size(value.trim().trim_end_matches("/s"))?,
+            "mtbf" => self.mtbf = Some(parse_duration(value)?),
+            _ => return Err(bad("not a failure or recovery setting")),
+        }
+        Ok(())
+    }
+
+    /// The time lazy recovery has: as set, else a quarter of the MTBF (recovered well before
+    /// the next failure is likely), else 60 s.
+    pub fn recovery_deadline(&self) -> Duration {
+        self.recovery_deadline.or(self.mtbf.map(|m| m / 4)).unwrap_or(Duration::from_secs(60))
     }
 }
 

@@ -79,6 +79,50 @@ def run(tmp: Path, scheme: str, mode: str, n: int, steps: int) -> dict[str, Any]
         c.stop()
 
 
+#: CoREC's overheads at MTBF 18 s (TOPC 2020, Fig. 14-16): degraded-only vs lazy recovery.
+PAPER_18S = {"read_%": {"degraded": 9.58, "lazy": 6.77}, "total_%": {"degraded": 5.69, "lazy": 4.25}}
+
+
+def sweep_one(tmp: Path, mode: str, mtbf: str, a: argparse.Namespace) -> dict[str, Any]:
+    """One ``cairn chaos`` run of the built-in workload: ``baseline`` (no kill), ``degraded``
+    (killed servers stay dead, no spare: reads are degraded from then on) or ``lazy`` (killed
+    servers restart as spares; spares take the slots and lazy recovery rebuilds)."""
+    from .. import chaos
+
+    spares = 0 if mode == "degraded" else 2
+    c = cluster.start(tmp / f"mtbf-{mode}-{mtbf}.json", servers=6, spares=spares, memory="1GiB", meta=3, redundancy=2,
+                      rs_data=3, min_efficiency=0.4, failure_timeout="1s", mtbf=mtbf if mode != "baseline" else None)
+    try:
+        argv = ["--cluster", str(c.file), "--mtbf", mtbf if mode != "baseline" else "1000000s", "--duration", "600s", "--workload",
+                "--writers", "4", "--readers", "2", "--steps", str(a.sweep_steps), "--n", str(a.sweep_n),
+                "--interval", a.sweep_interval, "--seed", "3", "--timeout", "30"]
+        rep = chaos.run(chaos.options(argv + (["--no-restart"] if mode == "degraded" else [])))
+        wl = rep["workload"]
+        return {"mode": mode, "mtbf_s": None if mode == "baseline" else chaos.seconds(mtbf), "kills": rep["kills"],
+                "skipped": rep["skipped"], "lost_objects": rep["lost_objects"], "wrong_reads": wl["wrong_reads"],
+                "degraded_reads": wl["degraded_reads"], "run_s": wl["run_s"], "read_ms": wl["read_ms"]["all"],
+                "write_ms": wl["write_ms"]["all"], "recovery_s": [x for x in rep["recovery_s"] if x is not None],
+                "errors": wl["errors"][:3]}
+    finally:
+        c.stop()
+
+
+def sweep(tmp: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
+    """CoREC Fig. 14-16 at this machine's scale: overheads against a fault-free run."""
+    base = sweep_one(tmp, "baseline", "0s", a)
+    print(f"  baseline: run {base['run_s']:.1f} s, read {base['read_ms']} ms, write {base['write_ms']} ms", flush=True)
+    rows = [base]
+    for mtbf in a.mtbf.split(","):
+        for mode in ("degraded", "lazy"):
+            row = sweep_one(tmp, mode, mtbf, a)
+            pct = lambda k: round(100 * (row[k] / base[k] - 1), 2) if row[k] and base[k] else None  # noqa: E731
+            row.update({"run_%": pct("run_s"), "read_%": pct("read_ms"), "write_%": pct("write_ms")})
+            rows.append(row)
+            print(f"  MTBF {mtbf:>5} {mode:>8}: kills {row['kills']} (not made {row['skipped']}), lost {row['lost_objects']}, "
+                  f"run {row['run_%']}%, read {row['read_%']}%, write {row['write_%']}%", flush=True)
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -106,26 +150,45 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--parts", default="fig11,mtbf", help="fig11 (failures at steps 4 and 6), mtbf (the chaos sweep)")
+    ap.add_argument("--mtbf", default="150s,60s,30s,18s", help="MTBFs of the sweep (default 150s,60s,30s,18s)")
+    ap.add_argument("--sweep-steps", type=int, default=300, help="steps of the sweep's workload (default 300)")
+    ap.add_argument("--sweep-n", type=int, default=128, help="the sweep's field edge (default 128)")
+    ap.add_argument("--sweep-interval", default="0.25s", help="the sweep workload's compute time per step")
     a = ap.parse_args(argv)
-    rows = []
+    parts = a.parts.split(",")
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    swept: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for scheme in a.schemes.split(","):
+        for scheme in a.schemes.split(",") if "fig11" in parts else []:
             for mode in a.modes.split(","):
                 row = run(Path(tmp), scheme, mode, a.n, a.steps)
                 rows.append(row)
                 took = "-" if row["recovery_s"] is None else f"{row['recovery_s']:.2f} s"
                 print(f"{scheme:>9} {mode:>10}: read ms/step " + " ".join(f"{x:.1f}" for x in row["read_ms"]) + f"; recovery {took}",
                       flush=True)
-    summary = []
+        if "mtbf" in parts:
+            print("MTBF sweep (CoREC Fig. 14-16):", flush=True)
+            swept = sweep(Path(tmp), a)
     for row in rows:
         rd = row["read_ms"]
         summary.append({"scheme": row["scheme"], "recovery": row["recovery"], "read_ms_0_3": float(np.mean(rd[:4])),
                         "read_ms_degraded_5_8": float(np.mean(rd[5:9])), "read_ms_after_9": float(np.mean(rd[9:])),
                         "write_ms": float(np.mean(row["write_ms"])), "recovery_s": row["recovery_s"]})
-    print()
-    print(table(summary, ["scheme", "recovery", "read_ms_0_3", "read_ms_degraded_5_8", "read_ms_after_9", "write_ms", "recovery_s"]))
-    png = results_dir() / "recovery.png"
-    plot(rows, png)
-    path = save("recovery", rows + [{"summary": s} for s in summary], {"n": a.n, "steps": a.steps, "servers": 6, "spares": 2,
-                                                                       "redundancy": 2})
-    print(f"\nsaved {path} and {png}")
+    if summary:
+        print()
+        print(table(summary, ["scheme", "recovery", "read_ms_0_3", "read_ms_degraded_5_8", "read_ms_after_9", "write_ms", "recovery_s"]))
+        png = results_dir() / "recovery.png"
+        plot(rows, png)
+        print(f"saved {png}")
+    if swept:
+        print()
+        print(table(swept[1:], ["mtbf_s", "mode", "kills", "skipped", "lost_objects", "run_%", "read_%", "write_%"]))
+        print(f"CoREC at MTBF 18 s: read +{PAPER_18S['read_%']['degraded']}% degraded / +{PAPER_18S['read_%']['lazy']}% lazy; "
+              f"total +{PAPER_18S['total_%']['degraded']}% / +{PAPER_18S['total_%']['lazy']}%")
+    name = "recovery" if "fig11" in parts else "recovery_mtbf"
+    path = save(name, rows + [{"summary": s} for s in summary] + [{"mtbf_sweep": r} for r in swept],
+                {"n": a.n, "steps": a.steps, "servers": 6, "spares": 2, "redundancy": 2, "mtbf": a.mtbf,
+                 "sweep_steps": a.sweep_steps, "sweep_n": a.sweep_n, "sweep_interval": a.sweep_interval, "paper_18s": PAPER_18S})
+    print(f"\nsaved {path}")

@@ -121,8 +121,9 @@ impl RaftLog {
     }
 
     /// Adds node `id` (server `node.server`) as a voter in place of that server's earlier nodes
-    /// (a meta server that restarted without its Raft state). Only the leader can.
-    pub async fn rejoin(&self, id: NodeId, node: MetaNode) -> Result<()> {
+    /// (a meta server that restarted without its Raft state) and of the voters on servers
+    /// `keep` rejects (a failed meta server whose place a spare took). Only the leader can.
+    pub async fn rejoin(&self, id: NodeId, node: MetaNode, keep: impl Fn(u32) -> bool) -> Result<()> {
         let server = node.server;
         let fail = |e: RaftError<NodeId, ClientWriteError<NodeId, MetaNode>>| match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(self.id, f.leader_node.map(|n| n.server)),
@@ -133,7 +134,7 @@ impl RaftLog {
             let old: std::collections::BTreeSet<NodeId> = {
                 let m = self.raft.metrics().borrow().clone();
                 let membership = m.membership_config.membership();
-                membership.voter_ids().filter(|v| *v != id && membership.get_node(v).is_some_and(|n| n.server == server)).collect()
+                membership.voter_ids().filter(|v| *v != id && membership.get_node(v).is_some_and(|n| n.server == server || !keep(n.server))).collect()
             };
             self.raft.change_membership(openraft::ChangeMembers::AddVoterIds([id].into()), false).await.map_err(fail)?;
             if !old.is_empty() {

@@ -9,13 +9,15 @@ const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers N] [
                     [--node NAME] [--rack NAME] [--timeout S] [--io-timeout S] [--hello-timeout S] [--peer-timeout S]
                     [--meta M] [--redundancy R] [--scheme corec|replicate|erasure|hybrid|none] [--rs-data K]
                     [--min-efficiency S] [--hot-steps W] [--failure-timeout DURATION]
-                    [--recovery lazy|aggressive] [--recovery-deadline DURATION]
+                    [--recovery lazy|aggressive] [--recovery-deadline DURATION] [--recovery-rate SIZE]
+                    [--mtbf DURATION]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
 A server the control plane's leader has not heard from for --failure-timeout (default 3s) is declared down
-and a spare takes its slot; its objects are rebuilt there within --recovery-deadline (default 60s; lazy) or
-at once (aggressive).";
+and a spare takes its slot; its objects are rebuilt there within --recovery-deadline (default a quarter of
+--mtbf when given, else 60s; lazy) or at once (aggressive), sending at most --recovery-rate bytes per second
+(default 256MiB; 0: no limit).";
 
 fn main() {
     if let Err(e) = run() {
@@ -69,15 +71,9 @@ fn run() -> Result<(), String> {
             "--io-timeout" => opts.limits.io_timeout = secs()?,
             "--hello-timeout" => opts.limits.hello_timeout = secs()?,
             "--peer-timeout" => opts.limits.peer_timeout = secs()?,
-            "--recovery" => {
-                opts.limits.recovery_lazy = match value.as_str() {
-                    "lazy" => true,
-                    "aggressive" => false,
-                    _ => return Err(format!("{flag} {value:?}: use lazy or aggressive")),
-                }
+            "--recovery" | "--recovery-deadline" | "--recovery-rate" | "--failure-timeout" | "--mtbf" => {
+                opts.limits.set(&flag[2..].replace('-', "_"), &value).map_err(|e| format!("{flag}: {e}"))?
             }
-            "--recovery-deadline" => opts.limits.recovery_deadline = cairn_proto::cluster::parse_duration(&value).map_err(|e| e.to_string())?,
-            "--failure-timeout" => opts.limits.failure_timeout = cairn_proto::cluster::parse_duration(&value).map_err(|e| e.to_string())?,
             "--meta" => opts.meta = num("a meta server count")?.clamp(1, 5),
             "--redundancy" => opts.redundancy.redundancy = num("a number of server failures")?,
             "--scheme" => opts.redundancy.scheme = cairn_core::corec::Scheme::parse(&value).map_err(|e| e.to_string())?,

@@ -123,7 +123,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::MetaGet { key } => crate::control::cas_get(state, &key).await,
         Request::MetaJoin { node, server, addr } => {
             let log = state.control.get().ok_or_else(|| Error::Unavailable(format!("server {} is not a meta server", state.id)))?;
-            plain(log.rejoin(node, cairn_meta::raft::MetaNode { server, addr }).await.map(|()| Response::Ok))
+            plain(crate::control::admit(state, log, node, cairn_meta::raft::MetaNode { server, addr }).await.map(|()| Response::Ok))
         }
     }
 }
