@@ -311,3 +311,54 @@ def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
         assert time.monotonic() - t0 < 2.5, time.monotonic() - t0
     finally:
         cluster.stop(file)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_level(tmp_path, level):
+    """SIGKILL of a server, then of the server sharing the most objects with it while lazy
+    recovery onto the spare is still under way: at level 2 every committed box (copies and
+    encoded shards) reads back exactly; at level 1 the boxes whose only pieces were on the two
+    raise DataLossError naming the variable, step and servers, and every other box reads exactly.
+    Never wrong bytes."""
+    c = cluster.start(tmp_path / "cluster.json", servers=6, spares=1, memory="128MiB", meta=3, redundancy=level, rs_data=3,
+                      min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery_deadline="300s")
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=20.0)
+        w = cairn.open("sim", "w", **opts)
+        w.define("p", "f8", (64, 64))
+        data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
+        for s, a in data.items():
+            with w.step(s):
+                w.put("p", a)
+        r = cairn.open("sim", "r", **opts)
+        wait_for(lambda: all(b.state == "encoded" for s in range(3) for b in r.blocks("p", s)), "steps 0-2 encoded", 30)
+        first = _victim(c)
+        held = {row["id"]: {(o["step"], o["id"]) for o in row["object_list"]} for row in cluster.status(c.file, objects=True)
+                if row["meta"] == "none" and row["state"] == "up"}
+        second = max((sid for sid in held if sid != first), key=lambda sid: len(held[sid] & held[first]))
+        assert held[second] & held[first], "the two victims share objects"
+        spare = _view(c.file)["spares"][0]
+        c.procs[first].send_signal(signal.SIGKILL)
+        c.procs[first].wait(timeout=10)
+        wait_for(lambda: spare in _view(c.file)["slots"], "the spare takes the slot", 15)
+        assert _recovery(c.file)["pending"] > 0, "recovery (300 s deadline) must still be under way"
+        c.procs[second].send_signal(signal.SIGKILL)
+        c.procs[second].wait(timeout=10)
+        wait_for(lambda: second in _view(c.file)["down"], f"server {second} declared down", 15)
+        lost = 0
+        for s, a in data.items():
+            for row in range(0, 64, 8):  # each object is 8 rows
+                try:
+                    got = r.get("p", s, offset=(row, 0), count=(8, 64))
+                except cairn.DataLossError as e:
+                    lost += 1
+                    assert level == 1, f"level {level} lost step {s} rows {row}: {e}"
+                    assert f"'p' step {s}" in str(e) and (f"server {first}" in str(e) or f"server {second}" in str(e)), e
+                    continue
+                assert np.array_equal(got, a[row:row + 8]), f"step {s} rows {row}: wrong bytes"
+        if level == 1:
+            assert lost > 0, "two failures in one group at level 1 lose the boxes held only there"
+        r.close()
+        w.close()
+    finally:
+        c.stop()
