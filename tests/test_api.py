@@ -105,8 +105,15 @@ def test_errors_name_the_problem(cfg):
         assert np.array_equal(f.get("p", 0), np.ones((4, 4)))
         with pytest.raises(cairn.NotFoundError, match="step 3 is not committed"):
             f.get("p", 3)
-    with pytest.raises(cairn.AlreadyExistsError, match='mode "a"'):
-        write(cfg)
+    if 'engine = "file"' in cfg.read_text():
+        with pytest.raises(cairn.AlreadyExistsError, match='mode "a"'):
+            write(cfg)
+    else:
+        # Staging opens a dataset with steps in mode "w" (claimers share a destination), but a
+        # committed step is never written again.
+        with write(cfg) as f, pytest.raises(cairn.AlreadyExistsError, match="already committed"):
+            with f.step(0):
+                pass
     with pytest.raises(cairn.InvalidArgumentError, match="rank 4 of 4"):
         write(cfg, rank=4, nranks=4)
 

@@ -362,3 +362,38 @@ def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_leve
         w.close()
     finally:
         c.stop()
+
+
+def test_keyed_values_follow_view_changes_so_later_failures_lose_none(tmp_path):
+    """Level 1: the task store's keys have two copies. A SIGKILLed server's keys are copied to
+    the spare that took its slot, and after a second failure (no spare left: placement passes
+    over it) to the servers that now stand in its place, so every key keeps two copies on live
+    servers, and every value and set reads back after both failures."""
+    from cairn.tasks.stores import StagingStore
+
+    c = cluster.start(tmp_path / "cluster.json", servers=4, spares=1, memory="128MiB", meta=3, redundancy=1,
+                      scheme="replicate", failure_timeout="1s")
+    try:
+        store = StagingStore(c.file)
+        values = [(f"task/{i}", f"result {i} ".encode() * 8) for i in range(300)]
+        members = [(f"bucket/{i % 7}", f"m{i}".encode()) for i in range(70)]
+        store.put_many(values)
+        store.add_many(members)
+        want = 2 * (len(values) + 7)
+
+        def copies() -> int:
+            return sum(r["keys"] or 0 for r in cluster.status(c.file, timeout=1.0) if r["state"] == "up")
+
+        assert copies() == want
+        for _ in range(2):
+            victim = _victim(c)
+            c.procs[victim].send_signal(signal.SIGKILL)
+            c.procs[victim].wait(timeout=10)
+            wait_for(lambda: victim in _view(c.file)["down"], f"server {victim} declared down", 15)
+            wait_for(lambda: copies() == want, f"two live copies of every key again after losing server {victim}", 20)
+        assert store.get_many([k for k, _ in values]) == [v for _, v in values]
+        got = store.members_many([f"bucket/{b}" for b in range(7)])
+        assert got == [sorted(m for k, m in members if k == f"bucket/{b}") for b in range(7)]
+        store.close()
+    finally:
+        c.stop()

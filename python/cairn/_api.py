@@ -112,11 +112,19 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     rank = 0 if rank is None else rank
     nranks = 1 if nranks is None else nranks
     ov += _embedded_cluster(cfg, ov, mode, rank, nranks, comm)
+    where = _where(cfg, ov)
     if mode == "r":
-        return Reader(_native.Reader(name, cfg, ov))
+        return Reader(_native.Reader(name, cfg, ov), name, where)
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
-    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session), comm)
+    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session), comm, where)
+
+
+def _where(cfg: str | None, ov: list[tuple[str, str]]) -> tuple[str, str | None]:
+    """The engine and, for staging, the cluster file a dataset opened with ``cfg`` and ``ov`` is in."""
+    resolved = json.loads(_native.config_json(cfg, ov))
+    cluster = resolved["staging"]["cluster"] if resolved["engine"] == "staging" else None
+    return resolved["engine"], None if cluster is None else os.path.abspath(cluster)
 
 
 def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, rank: int, nranks: int, comm: Any) -> list[tuple[str, str]]:
@@ -156,9 +164,10 @@ _shared_cluster: str | None = None
 class Writer:
     """One rank's handle for writing steps. Use as a context manager; see :func:`open`."""
 
-    def __init__(self, inner: _native.Writer, comm: Any = None) -> None:
+    def __init__(self, inner: _native.Writer, comm: Any = None, where: tuple[str, str | None] = ("file", None)) -> None:
         self._inner = inner
         self._comm = comm
+        self._where = where
         self._local: dict[str, bool] = {}
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
@@ -180,11 +189,20 @@ class Writer:
         self._local[name] = local
 
     @contextlib.contextmanager
-    def step(self, step: int) -> Iterator[Writer]:
+    def step(self, step: int, consume: Reader | Sequence[Reader] | None = None) -> Iterator[Writer]:
         """Write step ``step`` inside the ``with`` block. It commits (becomes visible) once every
-        rank has left the block; an exception abandons this rank's part and the step stays hidden."""
+        rank has left the block; an exception abandons this rank's part and the step stays hidden.
+
+        ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster) makes
+        this step's commit release step ``step`` of ``src`` in one transaction: both happen or
+        neither (D²T consume-and-produce, with :meth:`Reader.claims`). If another claimer consumed
+        that step first (this one's lease had lapsed), the step is refused with
+        :class:`ConflictError` and nothing changes."""
+        sources = self._sources(consume)
         self._inner.begin_step(_step(step))
         try:
+            if sources:
+                self._inner.consume(sources)
             yield self
             self._inner.end_step()
         except BaseException:
@@ -192,6 +210,20 @@ class Writer:
             # hidden and the next one can begin; steps ended earlier stay held for the next flush.
             self._inner.abort_step()
             raise
+
+    def _sources(self, consume: Reader | Sequence[Reader] | None) -> list[str]:
+        """Names of the datasets ``consume`` names, checked to live where this writer writes."""
+        if consume is None:
+            return []
+        readers = [consume] if isinstance(consume, Reader) else list(consume)
+        for r in readers:
+            if not isinstance(r, Reader):
+                raise InvalidArgumentError(f"consume={r!r}: give the Reader (or a list of Readers) of the dataset whose step this commit releases")
+            if r._where != self._where or self._where[0] != "staging":
+                raise InvalidArgumentError(f"consume= of dataset '{r._name}' ({r._where[0]} {r._where[1] or ''}) from a writer on "
+                                           f"{self._where[0]} {self._where[1] or ''}: consume-and-produce works within one staging "
+                                           "cluster (the file engine's is not built yet)")
+        return [r._name for r in readers]
 
     def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
         """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
@@ -247,8 +279,10 @@ class Writer:
 class Reader:
     """Read handle over committed steps; any number of processes may read at once."""
 
-    def __init__(self, inner: _native.Reader) -> None:
+    def __init__(self, inner: _native.Reader, name: str = "", where: tuple[str, str | None] = ("file", None)) -> None:
         self._inner = inner
+        self._name = name
+        self._where = where
 
     def steps(self) -> list[int]:
         """Committed steps, sorted. Re-read on every call, so new commits appear."""
@@ -270,23 +304,37 @@ class Reader:
 
     def stream(self, start: int | None = None, timeout: float | None = None) -> Iterator[int]:
         """Yield committed steps in order as they commit, from ``start`` (default: the first kept
-        step), for in-situ analysis. Ends once no new step has committed for ``timeout`` seconds
-        (``None``: never)."""
+        step), for in-situ analysis. Ends once the writers closed the dataset and every step was
+        yielded, or once no new step has committed for ``timeout`` seconds (``None``: never)."""
         nxt = None if start is None else _step(start)
         last = time.monotonic()
         while True:
-            new = [s for s in self.steps() if nxt is None or s >= nxt]
+            steps, finished = self._inner.listing()
+            new = [s for s in steps if nxt is None or s >= nxt]
             if new:
                 for s in new:
                     yield s
                 nxt = new[-1] + 1
                 last = time.monotonic()
                 continue
-            if timeout is not None and time.monotonic() - last >= timeout:
+            if finished or (timeout is not None and time.monotonic() - last >= timeout):
                 return
             # Wake at once when the next step number commits; re-list now and then for gaps.
             slice_ = 0.5 if timeout is None else max(0.0, min(0.5, timeout - (time.monotonic() - last)))
             self._inner.wait_step(0 if nxt is None else nxt, slice_)
+
+    def claims(self, lease: float = 30.0, timeout: float | None = None) -> Iterator[int]:
+        """Yield committed steps that no other claimer holds, lowest first, each leased to this
+        loop (D²T claims): any number of claimer processes share the steps, each step going to
+        one. The lease is renewed in the background while this process lives; a claimer that
+        dies loses its steps to the others after ``lease`` seconds. Consume a step by committing
+        its result with ``dst.step(step, consume=self)``. Ends when the writers closed the
+        dataset and nothing is left for this claimer, or when no step came for ``timeout``
+        seconds (``None``: wait for ever); steps yielded and not consumed then go back to the
+        others. Staging engine."""
+        from . import _claims
+
+        yield from _claims.claims(self._inner, lease, timeout)
 
     def release(self, step: int) -> None:
         """Free a committed step in the staging servers (for every reader). The ``file`` engine

@@ -166,7 +166,7 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
             st = request(file, s["id"], "status", timeout)["status"]
         except CairnError as e:
             out.append({**row, "state": "down", "error": str(e), "meta": "none", "leader": None, "epoch": None, "memory_used": None,
-                        "replicas": None, "shards": None, "data_bytes": None,
+                        "replicas": None, "shards": None, "keys": None, "data_bytes": None,
                         "memory_limit": s.get("memory"), "objects": None, "steps": None, "requests": None, "uptime_s": None,
                         "requests_per_s": None})
             continue

@@ -253,7 +253,8 @@ impl Config {
             }
         }
         if let Some(r) = &self.staging.recovery_rate {
-            cairn_proto::cluster::parse_size(r.trim_end_matches("/s")).map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
+            cairn_proto::cluster::parse_size(r.trim_end_matches("/s"))
+                .map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
         }
         if let Some(r) = &self.staging.recovery {
             if r != "lazy" && r != "aggressive" {

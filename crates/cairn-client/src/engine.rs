@@ -31,10 +31,16 @@ pub trait WriteEngine: Send {
     /// with one call, the staging engine pipelines them to each server); a buffered trace flush
     /// uses this. On error none of them is recorded.
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()>;
-    /// Publishes this writer's part of `step`; the step commits once every rank has.
+    /// Publishes this writer's part of `step`; the step commits once every rank has, and its
+    /// commit releases step `step` of each dataset in `consume` with it (one transaction).
     /// Returns whether this call committed it. Several steps may be unpublished at once (steps
     /// held for a trace flush); they are published in order.
-    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool>;
+    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool>;
+    /// Records that this rank closed the dataset; once every rank did, streams and claims of it
+    /// end after its last step.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Drops what this writer put in an unpublished step; the step stays invisible.
     fn abort_step(&mut self, step: u64) -> Result<()>;
     /// Redundancy level of variables that do not name one.
@@ -81,4 +87,29 @@ pub trait ReadEngine: Send + Sync {
             "cannot release step {step}: this engine keeps every step; release applies to the staging engine"
         )))
     }
+
+    /// Committed steps, and whether the writers closed the dataset (no more steps come).
+    fn listing(&self) -> Result<(Vec<u64>, bool)> {
+        Ok((self.steps()?, false))
+    }
+
+    /// Leases the lowest committed step no live claimer holds to `claimer` for `lease`; returns
+    /// it, and whether nothing will ever be free for this claimer (see [`crate::Reader::claim`]).
+    fn claim(&self, _claimer: &str, _lease: Duration) -> Result<(Option<u64>, bool)> {
+        Err(unclaimable())
+    }
+
+    /// Extends `claimer`'s leases; returns the steps it still holds.
+    fn renew(&self, _claimer: &str, _lease: Duration) -> Result<Vec<u64>> {
+        Err(unclaimable())
+    }
+
+    /// Gives back every step `claimer` holds.
+    fn unclaim(&self, _claimer: &str) -> Result<()> {
+        Err(unclaimable())
+    }
+}
+
+fn unclaimable() -> cairn_core::Error {
+    cairn_core::Error::InvalidArgument("claims need the staging engine: the file engine's claims (lease files) are not built yet".into())
 }

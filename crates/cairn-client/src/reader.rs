@@ -46,6 +46,29 @@ impl Reader {
         self.engine.release(step)
     }
 
+    /// Committed steps, and whether the writers closed the dataset (no more steps come).
+    pub fn listing(&self) -> Result<(Vec<u64>, bool)> {
+        self.engine.listing()
+    }
+
+    /// Leases the lowest committed step that no live claimer holds to `claimer` for `lease`
+    /// (D²T claims: each step goes to one claimer; a claimer that stops renewing loses its
+    /// steps to the others). Returns the step, if one was free, and whether nothing will ever be
+    /// free for this claimer (the writers closed the dataset and every step left is its own).
+    pub fn claim(&self, claimer: &str, lease: std::time::Duration) -> Result<(Option<u64>, bool)> {
+        self.engine.claim(claimer, lease)
+    }
+
+    /// Extends every lease `claimer` holds to `lease` from now; returns the steps it still holds.
+    pub fn renew(&self, claimer: &str, lease: std::time::Duration) -> Result<Vec<u64>> {
+        self.engine.renew(claimer, lease)
+    }
+
+    /// Gives back every step `claimer` holds, for other claimers to take.
+    pub fn unclaim(&self, claimer: &str) -> Result<()> {
+        self.engine.unclaim(claimer)
+    }
+
     /// Variables across committed steps (the latest definition of each).
     pub fn variables(&self) -> Result<BTreeMap<String, VarDef>> {
         let mut all = BTreeMap::new();

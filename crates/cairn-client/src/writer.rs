@@ -21,8 +21,11 @@ pub struct Writer {
     put: BTreeMap<String, Vec<Region>>,
     /// Trace records not yet written.
     traces: TraceBuffer,
-    /// Steps this rank ended that wait for the trace flush, with the definitions they had.
-    held: Vec<(u64, Vec<VarDef>)>,
+    /// Datasets whose same step the open step's commit releases (D²T consume-and-produce).
+    consume: Vec<String>,
+    /// Steps this rank ended that wait for the trace flush, with the definitions they had and
+    /// what they consume.
+    held: Vec<(u64, Vec<VarDef>, Vec<String>)>,
     /// Flush traces every this many ended steps.
     trace_flush: u32,
     /// Steps ended since opening: flushes fall on every `trace_flush`-th, on every rank alike.
@@ -37,7 +40,8 @@ impl std::fmt::Debug for Writer {
 
 impl Writer {
     /// Opens dataset `name` for writing with the engine `cfg` names. `append` adds steps to an
-    /// existing dataset; otherwise it must hold no committed steps. `session` identifies this
+    /// existing dataset; otherwise the file engine needs one without committed steps (the staging
+    /// engine takes any: its committed steps are immutable). `session` identifies this
     /// launch of the application: every rank of one launch passes the same value, and a restart
     /// passes a new one (see [`crate::session`]), so a crashed run's leftovers never mix in.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
@@ -51,7 +55,7 @@ impl Writer {
             EngineKind::File => {
                 Box::new(FileWriter::open(Layout::new(&cfg.file.path, name), rank, nranks, append, &cfg.file, session.to_string())?)
             }
-            EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, append, session.to_string())?),
+            EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, session.to_string())?),
         };
         Ok(Writer {
             engine,
@@ -61,6 +65,7 @@ impl Writer {
             step: None,
             put: BTreeMap::new(),
             traces: TraceBuffer::default(),
+            consume: Vec::new(),
             held: Vec::new(),
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
@@ -117,7 +122,7 @@ impl Writer {
         if let Some(open) = self.step {
             return Err(Error::Conflict(format!("step {open} is still open; end it before beginning step {step}")));
         }
-        if self.held.iter().any(|(s, _)| *s == step) {
+        if self.held.iter().any(|(s, ..)| *s == step) {
             return Err(Error::AlreadyExists(format!(
                 "step {step} was already ended and waits for its trace flush; write a new step number"
             )));
@@ -129,6 +134,26 @@ impl Writer {
         }
         self.step = Some(step);
         self.put.clear();
+        self.consume.clear();
+        Ok(())
+    }
+
+    /// Makes the open step's commit release the same step of each dataset in `datasets` (of
+    /// the same cluster), in one transaction: both happen or neither. The step is refused at its
+    /// end if one of them no longer holds the step (another claimer consumed it).
+    pub fn consume(&mut self, datasets: Vec<String>) -> Result<()> {
+        let step = self.step.ok_or_else(|| Error::Conflict("consume without an open step; call begin_step first".into()))?;
+        for d in &datasets {
+            check_name(d)?;
+        }
+        if datasets.len() > cairn_proto::message::MAX_CONSUME {
+            return Err(Error::InvalidArgument(format!(
+                "step {step} consumes {} datasets; at most {} may be consumed by one step",
+                datasets.len(),
+                cairn_proto::message::MAX_CONSUME
+            )));
+        }
+        self.consume = datasets;
         Ok(())
     }
 
@@ -249,12 +274,12 @@ impl Writer {
         if waiting && !ended.is_multiple_of(u64::from(self.trace_flush)) {
             self.step = None;
             self.ended = ended;
-            self.held.push((step, defs));
+            self.held.push((step, defs, std::mem::take(&mut self.consume)));
             return Ok(false);
         }
         // Flush while the step still counts as open, so a failed write leaves it abortable.
         self.flush_traces()?;
-        let committed = self.engine.end_step(step, &defs)?;
+        let committed = self.engine.end_step(step, &defs, &self.consume)?;
         self.step = None;
         self.ended = ended;
         Ok(committed)
@@ -279,8 +304,8 @@ impl Writer {
             self.traces.clear();
         }
         // In order; a step that fails to publish stays held with those after it, for a retry.
-        while let Some((step, defs)) = self.held.first() {
-            self.engine.end_step(*step, defs)?;
+        while let Some((step, defs, consume)) = self.held.first() {
+            self.engine.end_step(*step, defs, consume)?;
             self.held.remove(0);
         }
         Ok(())
@@ -320,7 +345,12 @@ impl Writer {
             Some(step) => {
                 Err(Error::Conflict(format!("step {step} was still open at close and was abandoned; end each step before closing")))
             }
-            None => Ok(()),
+            // Everything is published: streams and claims of the dataset may end. Best effort:
+            // with the cluster unreachable nothing is lost, and they end by their timeout.
+            None => match self.engine.close() {
+                Err(e) if e.kind() == cairn_core::ErrorKind::Unavailable => Ok(()),
+                r => r,
+            },
         }
     }
 }

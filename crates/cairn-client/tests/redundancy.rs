@@ -3,9 +3,9 @@
 //! and only losing every copy of an object loses it, by name, while the rest still reads.
 
 use cairn_client::{Config, DType, Reader, Writer};
+use cairn_core::corec::{Policy, Scheme};
 use cairn_core::index::Redundancy;
 use cairn_server::testing::TestCluster;
-use cairn_core::corec::{Policy, Scheme};
 use cairn_server::Limits;
 use std::time::{Duration, Instant};
 

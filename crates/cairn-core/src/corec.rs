@@ -37,8 +37,9 @@ pub enum Scheme {
 impl Scheme {
     /// Parses `none`, `replicate`, `erasure`, `corec` or `hybrid`.
     pub fn parse(s: &str) -> Result<Scheme> {
-        serde_json::from_value(serde_json::Value::String(s.to_string()))
-            .map_err(|_| Error::Config(format!("redundancy scheme {s:?}: use \"corec\", \"replicate\", \"erasure\", \"hybrid\" or \"none\"")))
+        serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+            Error::Config(format!("redundancy scheme {s:?}: use \"corec\", \"replicate\", \"erasure\", \"hybrid\" or \"none\""))
+        })
     }
 
     /// Whether objects are encoded after they are written (by the control plane's leader).
@@ -101,7 +102,10 @@ impl Policy {
             return bad("hot_steps must be at least 1".into());
         }
         if self.scheme == Scheme::None && self.redundancy > 0 {
-            return bad(format!("scheme \"none\" keeps one copy, but redundancy is {}; set it to 0 or pick another scheme", self.redundancy));
+            return bad(format!(
+                "scheme \"none\" keeps one copy, but redundancy is {}; set it to 0 or pick another scheme",
+                self.redundancy
+            ));
         }
         let best = self.rs_data as f64 / f64::from(self.rs_data + self.redundancy);
         if self.scheme.encodes_later() && self.redundancy > 0 && self.min_efficiency > best + 1e-12 {
@@ -331,8 +335,12 @@ impl Classifier {
         }
         if self.efficiency() < self.policy.min_efficiency {
             let lru = self.policy.scheme == Scheme::Hybrid;
-            let mut order: Vec<(u64, u64, &Key)> =
-                self.objs.iter().filter(|(_, t)| t.encodable()).map(|(k, t)| if lru { (t.used, 0, k) } else { (t.reads, k.step, k) }).collect();
+            let mut order: Vec<(u64, u64, &Key)> = self
+                .objs
+                .iter()
+                .filter(|(_, t)| t.encodable())
+                .map(|(k, t)| if lru { (t.used, 0, k) } else { (t.reads, k.step, k) })
+                .collect();
             order.sort();
             let order: Vec<Key> = order.into_iter().map(|(_, _, k)| k.clone()).collect();
             for k in order {

@@ -255,12 +255,16 @@ pub struct Fragment {
     pub vars: Vec<VarDef>,
     /// Blocks this writer put in the step.
     pub blocks: Vec<BlockRecord>,
+    /// Datasets (same cluster) whose same step this step's commit releases, in one transaction
+    /// with it (D²T consume-and-produce).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consume: Vec<String>,
 }
 
 impl Fragment {
     /// A fragment in the current format version.
     pub fn new(step: u64, writer: u32, nranks: u32, session: String, vars: Vec<VarDef>, blocks: Vec<BlockRecord>) -> Fragment {
-        Fragment { format: FORMAT_VERSION, step, writer, nranks, session, vars, blocks }
+        Fragment { format: FORMAT_VERSION, step, writer, nranks, session, vars, blocks, consume: Vec::new() }
     }
 
     /// Checks what one fragment can show alone (before it is merged with the others): a valid
@@ -285,8 +289,8 @@ impl Fragment {
     /// step), ignoring statistics (NaN never equals itself).
     pub fn same_content(&self, other: &Fragment) -> bool {
         let key = |b: &BlockRecord| (b.var.clone(), b.region.clone(), b.len, b.checksum, b.objects.clone());
-        (self.step, self.writer, self.nranks, &self.session, &self.vars)
-            == (other.step, other.writer, other.nranks, &other.session, &other.vars)
+        (self.step, self.writer, self.nranks, &self.session, &self.vars, &self.consume)
+            == (other.step, other.writer, other.nranks, &other.session, &other.vars, &other.consume)
             && self.blocks.iter().map(key).eq(other.blocks.iter().map(key))
     }
 }
@@ -491,8 +495,13 @@ mod tests {
     fn malformed_object_regions_are_errors_not_panics() {
         let mut b = block("p", 0, &[0, 0], &[10, 4]);
         // Built in code, bypassing the checks decoding applies: validation must still not index past it.
-        b.objects =
-            vec![ObjectRef { id: 1, region: Region { offset: vec![], count: vec![10, 4] }, server: 0, checksum: 0, redundancy: Redundancy::Single }];
+        b.objects = vec![ObjectRef {
+            id: 1,
+            region: Region { offset: vec![], count: vec![10, 4] },
+            server: 0,
+            checksum: 0,
+            redundancy: Redundancy::Single,
+        }];
         let def = VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap();
         assert!(b.validate(&def).unwrap_err().to_string().contains("outside its block"));
         b.objects[0].region = Region { offset: vec![0, u64::MAX], count: vec![10, 4] };

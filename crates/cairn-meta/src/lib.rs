@@ -5,6 +5,7 @@
 //!
 //! # Layout
 //! - [`state`]: the state machine: commands, outcomes, queries (pure; tested with no network).
+//! - [`claims`]: leases of committed steps to claimers (D²T claims), and the writers' close.
 //! - [`log`]: the log trait, and the in-memory log of a single replica.
 //! - [`batch`]: group commit: commands proposed together go in one log entry.
 //! - [`raft`]: the log replicated by Raft (openraft), and an in-process network for tests.
@@ -13,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod batch;
+pub mod claims;
 pub mod log;
 pub mod raft;
 pub mod state;

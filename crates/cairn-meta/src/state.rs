@@ -7,6 +7,7 @@
 //! visible, at once, everywhere) or `Abort`. A coordinator that dies between them is replaced by
 //! one that finds the prepared steps in [`MetaState::in_flight`] and finishes each.
 
+use crate::claims::{Claimed, Claims};
 use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, ErrorKind};
 use cairn_proto::message::Share;
@@ -38,6 +39,47 @@ pub enum Cmd {
         session: String,
         /// Keep only this many newest committed steps.
         keep_last: Option<u64>,
+    },
+    /// Leases the lowest free committed step of a dataset to a claimer (D²T claims).
+    Claim {
+        /// Dataset.
+        dataset: String,
+        /// The claimer.
+        claimer: String,
+        /// The leader's clock (ms since the epoch) when it proposed this.
+        now_ms: u64,
+        /// How long the lease lasts unless renewed.
+        lease_ms: u64,
+    },
+    /// Extends every lease a claimer holds on a dataset's steps.
+    Renew {
+        /// Dataset.
+        dataset: String,
+        /// The claimer.
+        claimer: String,
+        /// The leader's clock when it proposed this.
+        now_ms: u64,
+        /// New length of the leases from `now_ms`.
+        lease_ms: u64,
+    },
+    /// Gives back every step a claimer holds.
+    Unclaim {
+        /// Dataset.
+        dataset: String,
+        /// The claimer.
+        claimer: String,
+    },
+    /// A writer rank closed the dataset; once every rank of its session did, no more steps come
+    /// (readers' streams and claims end).
+    Close {
+        /// Dataset.
+        dataset: String,
+        /// The writer session.
+        session: String,
+        /// Its rank.
+        rank: u32,
+        /// Ranks in the session.
+        nranks: u32,
     },
     /// A step (pending or prepared) of a session that will not commit: a seal failed, or its
     /// writers are gone. Its fragments are forgotten.
@@ -123,7 +165,19 @@ pub enum Outcome {
     Committed {
         /// Released indexes.
         released: Vec<Arc<StepIndex>>,
+        /// Steps of other datasets the commit consumed (released with it), by dataset.
+        #[serde(default)]
+        consumed: Vec<(String, Arc<StepIndex>)>,
     },
+    /// What a claim got.
+    Claimed(Claimed),
+    /// The steps a claimer still holds after renewing its leases.
+    Held {
+        /// Steps.
+        steps: Vec<u64>,
+    },
+    /// The command was applied and has nothing to report.
+    Done,
     /// A step was aborted: free its session's objects on these servers.
     Aborted {
         /// Servers that may hold its objects (from the shares recorded so far).
@@ -194,10 +248,16 @@ pub struct Prepared {
     pub index: Arc<StepIndex>,
     /// Objects and bytes expected per server.
     pub shares: BTreeMap<u32, (u64, u64)>,
+    /// Datasets whose same step the commit releases (consume-and-produce).
+    #[serde(default)]
+    pub consume: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct Dataset {
+    /// Claims of committed steps, and whether the writers finished.
+    #[serde(default)]
+    claims: Claims,
     committed: BTreeMap<u64, Arc<StepIndex>>,
     /// The session that committed each committed step (a repeated commit of it is a no-op).
     #[serde(default)]
@@ -262,6 +322,24 @@ impl MetaState {
             Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
             Cmd::Abort { dataset, step, session } => Ok(self.abort(&dataset, step, &session)),
             Cmd::Release { dataset, step } => self.release(&dataset, step),
+            Cmd::Claim { dataset, claimer, now_ms, lease_ms } => {
+                let ds = self.datasets.entry(dataset).or_default();
+                let committed: Vec<u64> = ds.committed.keys().copied().collect();
+                Ok(Outcome::Claimed(ds.claims.claim(&committed, &claimer, now_ms, lease_ms)))
+            }
+            Cmd::Renew { dataset, claimer, now_ms, lease_ms } => Ok(Outcome::Held {
+                steps: self.datasets.get_mut(&dataset).map(|d| d.claims.renew(&claimer, now_ms, lease_ms)).unwrap_or_default(),
+            }),
+            Cmd::Unclaim { dataset, claimer } => {
+                if let Some(d) = self.datasets.get_mut(&dataset) {
+                    d.claims.unclaim(&claimer);
+                }
+                Ok(Outcome::Done)
+            }
+            Cmd::Close { dataset, session, rank, nranks } => {
+                self.datasets.entry(dataset).or_default().claims.close(&session, rank, nranks);
+                Ok(Outcome::Done)
+            }
             Cmd::SetView { view } => self.set_view(view),
             Cmd::Encoded { dataset, step, objects } => self.encoded(&dataset, step, objects),
             Cmd::Rebuilt { dataset, step, objects } => self.rebuilt(&dataset, step, objects),
@@ -318,6 +396,7 @@ impl MetaState {
             )));
         }
         let want = frag.nranks;
+        ds.claims.writing();
         p.shares.insert(frag.writer, shares.iter().map(|s| (s.server, (s.objects, s.bytes))).collect());
         p.frags.insert(frag.writer, frag);
         let have = p.frags.len() as u32;
@@ -325,6 +404,9 @@ impl MetaState {
             return Ok(Outcome::Pending { have, want });
         }
         let p = ds.take_pending(step, &session).expect("present");
+        let mut consume: Vec<String> = p.frags.values().flat_map(|f| f.consume.iter().cloned()).collect();
+        consume.sort();
+        consume.dedup();
         let mut total: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
         for per_writer in p.shares.values() {
             for (server, (n, b)) in per_writer {
@@ -336,7 +418,10 @@ impl MetaState {
         // A merge that fails (overlapping blocks, disagreeing definitions) forgets the step's
         // fragments: the writers learn why and write the step again.
         let index = Arc::new(StepIndex::merge(step, p.frags.into_values().collect())?);
-        let prepared = Prepared { dataset: dataset.to_string(), session: session.clone(), index: index.clone(), shares: total.clone() };
+        self.check_consumable(dataset, step, &consume)?;
+        let ds = self.datasets.get_mut(dataset).expect("present");
+        let prepared =
+            Prepared { dataset: dataset.to_string(), session: session.clone(), index: index.clone(), shares: total.clone(), consume };
         ds.prepared.entry(step).or_default().insert(session, prepared);
         Ok(Outcome::Prepared { index, shares: total })
     }
@@ -346,11 +431,21 @@ impl MetaState {
         // Two finishers of one step (the writer's coordinator and a new leader's sweep of
         // prepared steps) may both commit it: the second is told it is done.
         if ds.committed_by.get(&step).is_some_and(|s| s == session) {
-            return Ok(Outcome::Committed { released: Vec::new() });
+            return Ok(Outcome::Committed { released: Vec::new(), consumed: Vec::new() });
         }
-        let p = ds.take_prepared(step, session).ok_or_else(|| {
+        let consume = ds.prepared.get(&step).and_then(|p| p.get(session)).map(|p| p.consume.clone()).ok_or_else(|| {
             Error::Conflict(format!("step {step} of '{dataset}' (session '{session}') is not prepared; it cannot commit"))
         })?;
+        // What it consumes may have gone since it was prepared (a claimer whose lease lapsed
+        // races the one that took over): then neither happens, and the coordinator aborts it.
+        self.check_consumable(dataset, step, &consume)?;
+        let mut consumed = Vec::new();
+        for src in &consume {
+            let Ok(Outcome::Released { index }) = self.release(src, step) else { unreachable!("checked consumable") };
+            consumed.push((src.clone(), index));
+        }
+        let ds = self.datasets.get_mut(dataset).expect("checked above");
+        let p = ds.take_prepared(step, session).expect("checked above");
         ds.committed.insert(step, p.index);
         ds.committed_by.insert(step, session.to_string());
         // Other sessions' fragments of this step (a crashed run) can never complete now.
@@ -361,10 +456,29 @@ impl MetaState {
             while ds.committed.len() as u64 > k.max(1) {
                 let (old, index) = ds.committed.pop_first().expect("non-empty");
                 ds.committed_by.remove(&old);
+                ds.claims.gone(old);
                 released.push(index);
             }
         }
-        Ok(Outcome::Committed { released })
+        Ok(Outcome::Committed { released, consumed })
+    }
+
+    /// Whether step `step` of every dataset in `consume` is committed, so a commit of `step` of
+    /// `dataset` may release them with it.
+    fn check_consumable(&self, dataset: &str, step: u64, consume: &[String]) -> Result<(), Error> {
+        for src in consume {
+            if src == dataset {
+                return Err(Error::InvalidArgument(format!("step {step} of '{dataset}' cannot consume its own dataset")));
+            }
+            if !self.is_committed(src, step) {
+                return Err(Error::Conflict(format!(
+                    "step {step} of '{dataset}' consumes step {step} of '{src}', which is no longer committed (another \
+                     claimer consumed it after this one's lease lapsed, or it was released); this step is not committed, \
+                     drop its result"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn abort(&mut self, dataset: &str, step: u64, session: &str) -> Outcome {
@@ -395,6 +509,7 @@ impl MetaState {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
         let index = ds.committed.remove(&step).ok_or_else(|| not_committed(dataset, step, &ds.committed))?;
         ds.committed_by.remove(&step);
+        ds.claims.gone(step);
         Ok(Outcome::Released { index })
     }
 
@@ -517,6 +632,17 @@ impl MetaState {
         self.datasets.get(dataset).is_some_and(|d| d.committed.contains_key(&step))
     }
 
+    /// Whether a writer session closed `dataset` with all its ranks and none wrote since.
+    pub fn finished(&self, dataset: &str) -> bool {
+        self.datasets.get(dataset).is_some_and(|d| d.claims.finished())
+    }
+
+    /// The lowest committed step of `dataset` that `claimer` could claim at `now_ms`.
+    pub fn claimable(&self, dataset: &str, claimer: &str, now_ms: u64) -> Option<u64> {
+        let ds = self.datasets.get(dataset)?;
+        ds.claims.free(ds.committed.keys().copied(), claimer, now_ms)
+    }
+
     /// Names of the datasets with committed steps.
     pub fn datasets(&self) -> Vec<String> {
         self.datasets.iter().filter(|(_, d)| !d.committed.is_empty()).map(|(n, _)| n.clone()).collect()
@@ -595,12 +721,16 @@ pub(crate) mod tests {
         assert_eq!(shares, BTreeMap::from([(0, (1, 32)), (1, (1, 32)), (2, (1, 32))]));
         assert!(s.steps("d").is_empty() && !s.is_committed("d", 0), "prepared is not visible");
         assert_eq!(s.in_flight().len(), 1, "a new coordinator would find it");
-        assert!(matches!(commit(&mut s, 0, "a", None), Outcome::Committed { ref released } if released.is_empty()));
+        assert!(matches!(commit(&mut s, 0, "a", None), Outcome::Committed { ref released, .. } if released.is_empty()));
         assert_eq!(s.steps("d"), vec![0]);
         assert_eq!(s.index("d", 0).unwrap().blocks.len(), 3);
         assert!(s.in_flight().is_empty());
         assert_eq!(add(&mut s, 0, 0, 3, "b").into_result().unwrap_err().kind(), ErrorKind::AlreadyExists);
-        assert_eq!(commit(&mut s, 0, "a", None), Outcome::Committed { released: vec![] }, "a second finisher is told it is done");
+        assert_eq!(
+            commit(&mut s, 0, "a", None),
+            Outcome::Committed { released: vec![], consumed: vec![] },
+            "a second finisher is told it is done"
+        );
         assert_eq!(commit(&mut s, 0, "b", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "another session cannot");
     }
 
@@ -652,7 +782,7 @@ pub(crate) mod tests {
         let mut s = MetaState::default();
         for step in 0..5 {
             add(&mut s, step, 0, 1, "a");
-            let Outcome::Committed { released } = commit(&mut s, step, "a", Some(2)) else { panic!() };
+            let Outcome::Committed { released, .. } = commit(&mut s, step, "a", Some(2)) else { panic!() };
             assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), if step >= 2 { vec![step - 2] } else { vec![] });
         }
         assert_eq!(s.steps("d"), vec![3, 4]);
@@ -660,6 +790,51 @@ pub(crate) mod tests {
         assert_eq!(s.apply(Cmd::Release { dataset: "d".into(), step: 3 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
         assert_eq!(s.apply(Cmd::Release { dataset: "x".into(), step: 0 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
         assert_eq!(s.datasets(), vec!["d".to_string()]);
+    }
+
+    /// `session`'s one-writer commit of `step` into dataset `dst`, consuming `step` of `src`.
+    fn produce(s: &mut MetaState, dst: &str, step: u64, session: &str, src: &str) -> Result<Outcome, Error> {
+        let (mut fragment, shares) = frag(step, 0, 1, session);
+        fragment.consume = vec![src.into()];
+        s.apply(Cmd::AddFragment { dataset: dst.into(), fragment, shares }).into_result()?;
+        s.apply(Cmd::Commit { dataset: dst.into(), step, session: session.into(), keep_last: None }).into_result()
+    }
+
+    fn claim(s: &mut MetaState, claimer: &str, now_ms: u64) -> Claimed {
+        let Outcome::Claimed(c) = s.apply(Cmd::Claim { dataset: "d".into(), claimer: claimer.into(), now_ms, lease_ms: 100 }) else {
+            panic!("claimed")
+        };
+        c
+    }
+
+    #[test]
+    fn a_consuming_commit_releases_its_source_step_with_it_or_neither_happens() {
+        let mut s = MetaState::default();
+        for step in 0..2 {
+            add(&mut s, step, 0, 1, "w");
+            commit(&mut s, step, "w", None);
+        }
+        assert_eq!(claim(&mut s, "a", 0).step, Some(0));
+        assert_eq!(claim(&mut s, "b", 0).step, Some(1));
+        let Outcome::Committed { consumed, .. } = produce(&mut s, "stats", 0, "a", "d").unwrap() else { panic!() };
+        assert_eq!(consumed.iter().map(|(d, i)| (d.as_str(), i.step)).collect::<Vec<_>>(), vec![("d", 0)], "freed by the caller");
+        assert_eq!((s.steps("d"), s.steps("stats")), (vec![1], vec![0]));
+        // b's lease lapses; c takes step 1 over and commits first: b's late commit is refused
+        // whole, at its end of step (prepare) or at its commit.
+        assert_eq!(claim(&mut s, "c", 200).step, Some(1));
+        let (mut late, shares) = frag(1, 0, 1, "b");
+        late.consume = vec!["d".into()];
+        assert!(matches!(s.apply(Cmd::AddFragment { dataset: "stats".into(), fragment: late, shares }), Outcome::Prepared { .. }));
+        produce(&mut s, "stats2", 1, "c", "d").unwrap();
+        let e = s.apply(Cmd::Commit { dataset: "stats".into(), step: 1, session: "b".into(), keep_last: None }).into_result().unwrap_err();
+        assert!(e.kind() == ErrorKind::Conflict && e.to_string().contains("no longer committed"), "{e}");
+        assert_eq!(s.steps("stats"), vec![0], "refused: nothing changed");
+        assert_eq!(produce(&mut s, "stats", 1, "x", "d").unwrap_err().kind(), ErrorKind::Conflict, "refused at prepare too");
+        assert_eq!(produce(&mut s, "d", 7, "x", "d").unwrap_err().kind(), ErrorKind::InvalidArgument);
+        // The writers close: a claimer with nothing left is done.
+        s.apply(Cmd::Close { dataset: "d".into(), session: "w".into(), rank: 0, nranks: 1 });
+        assert!(s.finished("d"));
+        assert_eq!(claim(&mut s, "a", 300), Claimed { step: None, done: true });
     }
 
     #[test]

@@ -236,6 +236,45 @@ pub enum Request {
         /// Step.
         step: u64,
     },
+    /// Leases the lowest committed step of a dataset that no live claimer holds (D²T claims);
+    /// answered with `claimed`.
+    Claim {
+        /// Dataset name.
+        dataset: String,
+        /// The claimer (1 to [`MAX_CLAIMER`] bytes).
+        claimer: String,
+        /// Lease length: the step goes to another claimer if not renewed within it.
+        lease_ms: u64,
+    },
+    /// Extends every lease the claimer holds on the dataset's steps; answered with the steps
+    /// it still holds.
+    Renew {
+        /// Dataset name.
+        dataset: String,
+        /// The claimer.
+        claimer: String,
+        /// New lease length from now.
+        lease_ms: u64,
+    },
+    /// Gives back every step the claimer holds.
+    Unclaim {
+        /// Dataset name.
+        dataset: String,
+        /// The claimer.
+        claimer: String,
+    },
+    /// A writer rank closed the dataset: once every rank of its session did, streams and
+    /// claims of it end when they have seen every step.
+    Close {
+        /// Dataset name.
+        dataset: String,
+        /// The writer session.
+        session: String,
+        /// Its rank.
+        rank: u32,
+        /// Ranks in the session.
+        nranks: u32,
+    },
     /// Sets each of `keys` to its piece of the payload (`sizes` back to back) or, with `member`,
     /// adds each piece to the set at its key (a member already there is kept once). One request
     /// and one reply per batch: all pieces are stored, or none. Keys live on the server their
@@ -331,6 +370,15 @@ pub enum Request {
     },
 }
 
+/// Longest claimer id (ids are kept in the replicated state while they hold a lease).
+pub const MAX_CLAIMER: usize = 64;
+
+/// Longest lease a claim may ask for (a day).
+pub const MAX_LEASE_MS: u64 = 86_400_000;
+
+/// Datasets one step may consume.
+pub const MAX_CONSUME: usize = 16;
+
 /// Largest value a compare-and-set may store (they live in the replicated log and its snapshots).
 pub const MAX_CAS_VALUE: u64 = 64 << 10;
 
@@ -381,6 +429,9 @@ pub struct ServerStatus {
     /// Erasure-code shards held (none until cold objects are encoded).
     #[serde(default)]
     pub shards: u64,
+    /// Keyed values and sets held (the task store).
+    #[serde(default)]
+    pub keys: u64,
     /// Bytes of first copies held: the data, as against `memory_used` (what storing it costs).
     #[serde(default)]
     pub data_bytes: u64,
@@ -504,6 +555,17 @@ pub enum Response {
     Steps {
         /// Step numbers.
         steps: Vec<u64>,
+        /// Whether the writers closed the dataset (no more steps come).
+        #[serde(default)]
+        finished: bool,
+    },
+    /// What a claim got.
+    Claimed {
+        /// The step now leased to the claimer, if one was free.
+        step: Option<u64>,
+        /// Nothing will ever be free for this claimer: the writers closed the dataset and every
+        /// committed step left is leased to it.
+        done: bool,
     },
     /// A committed step index.
     Index {

@@ -78,7 +78,10 @@ impl ClusterView {
     /// down).
     pub fn place(&self, key: u64) -> u32 {
         let start = (key % self.slots.len() as u64) as usize;
-        (0..self.slots.len()).map(|i| self.slots[(start + i) % self.slots.len()]).find(|s| !self.down.contains(s)).unwrap_or(self.slots[start])
+        (0..self.slots.len())
+            .map(|i| self.slots[(start + i) % self.slots.len()])
+            .find(|s| !self.down.contains(s))
+            .unwrap_or(self.slots[start])
     }
 
     /// The replica or stripe group of `n` servers from the slot `key` falls on: no two members
@@ -90,7 +93,8 @@ impl ClusterView {
         if self.down.is_empty() {
             return spread_group(&self.slots, domain, start, n);
         }
-        let order: Vec<u32> = (0..self.slots.len()).map(|i| self.slots[(start + i) % self.slots.len()]).filter(|s| !self.down.contains(s)).collect();
+        let order: Vec<u32> =
+            (0..self.slots.len()).map(|i| self.slots[(start + i) % self.slots.len()]).filter(|s| !self.down.contains(s)).collect();
         spread_group(&order, domain, 0, n)
     }
 

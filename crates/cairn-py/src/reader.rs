@@ -41,6 +41,24 @@ impl PyReader {
         py.detach(|| self.inner.release(step)).map_err(to_py)
     }
 
+    fn listing(&self, py: Python<'_>) -> PyResult<(Vec<u64>, bool)> {
+        py.detach(|| self.inner.listing()).map_err(to_py)
+    }
+
+    fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {
+        let lease = std::time::Duration::from_secs_f64(lease_s.clamp(0.001, 86_400.0));
+        py.detach(|| self.inner.claim(claimer, lease)).map_err(to_py)
+    }
+
+    fn renew(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<Vec<u64>> {
+        let lease = std::time::Duration::from_secs_f64(lease_s.clamp(0.001, 86_400.0));
+        py.detach(|| self.inner.renew(claimer, lease)).map_err(to_py)
+    }
+
+    fn unclaim(&self, py: Python<'_>, claimer: &str) -> PyResult<()> {
+        py.detach(|| self.inner.unclaim(claimer)).map_err(to_py)
+    }
+
     /// name -> (dtype name, shape or None)
     fn variables(&self) -> PyResult<Vec<VarTuple>> {
         let vars = self.inner.variables().map_err(to_py)?;

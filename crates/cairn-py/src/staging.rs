@@ -52,8 +52,20 @@ pub(crate) fn serve(
         limits.set(&key, &value).map_err(to_py)?;
     }
     let meta = meta.clamp(1, 5);
-    let opts =
-        cairn_server::ServeOptions { cluster, id, servers, spares, memory, bind, node, rack, timeout: seconds(timeout_s)?, limits, meta, redundancy };
+    let opts = cairn_server::ServeOptions {
+        cluster,
+        id,
+        servers,
+        spares,
+        memory,
+        bind,
+        node,
+        rack,
+        timeout: seconds(timeout_s)?,
+        limits,
+        meta,
+        redundancy,
+    };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }
 

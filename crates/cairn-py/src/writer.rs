@@ -86,6 +86,10 @@ impl PyWriter {
         py.detach(|| self.with(|w| w.end_step()))
     }
 
+    fn consume(&self, datasets: Vec<String>) -> PyResult<()> {
+        self.with(|w| w.consume(datasets))
+    }
+
     fn abort_step(&self) -> PyResult<()> {
         self.with(|w| w.abort_step())
     }

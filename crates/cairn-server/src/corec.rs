@@ -191,7 +191,15 @@ async fn encode_one(state: &Arc<State>, key: &Key, copies: &Copies) -> Result<()
     let resp = if encoder == state.id {
         crate::encode::encode(state, &key.dataset, key.step, key.id, stripe).await
     } else {
-        let req = Request::Encode { dataset: key.dataset.clone(), step: key.step, id: key.id, k, m, shards: stripe.shards, holders: stripe.holders };
+        let req = Request::Encode {
+            dataset: key.dataset.clone(),
+            step: key.step,
+            id: key.id,
+            k,
+            m,
+            shards: stripe.shards,
+            holders: stripe.holders,
+        };
         crate::peer::call(state, encoder, &req).await
     };
     let drop_shards = || async {

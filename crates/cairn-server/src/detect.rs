@@ -26,7 +26,8 @@ pub async fn run(state: Arc<State>) {
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.recv() => return,
         }
-        let Ok(view) = (if crate::control::leader(&state).is_ok() { state.view() } else { Err(cairn_core::Error::Unavailable(String::new())) })
+        let Ok(view) =
+            (if crate::control::leader(&state).is_ok() { state.view() } else { Err(cairn_core::Error::Unavailable(String::new())) })
         else {
             leading_since = None;
             heard.clear();
@@ -38,7 +39,8 @@ pub async fn run(state: Arc<State>) {
         for id in epochs.keys() {
             heard.insert(*id, now);
         }
-        if let Some(next) = next_view(&view, state.id, &epochs, |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout) {
+        if let Some(next) = next_view(&view, state.id, &epochs, |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout)
+        {
             let what = describe(&view, &next);
             match crate::views::set_view(&state, next).await {
                 Ok(_) => eprintln!("cairn server {}: {what}", state.id),

@@ -6,8 +6,8 @@
 //! sent: with replicas and stripes on consecutive ring slots that is `min(r + 1, k)` shards, so
 //! r = 2 on RS(4 + 2) sends 3 shards instead of 5.
 
-use crate::state::State;
 use crate::cmd::data::PutHeader;
+use crate::state::State;
 use crate::store::Which;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
@@ -98,14 +98,7 @@ pub async fn drop_piece(state: &State, to: u32, dataset: &str, step: u64, id: u6
         state.store.drop_objects(dataset, step, &Which { ids: &[id], shard: Some(shard), ..Which::default() });
         return;
     }
-    let req = Request::Drop {
-        dataset: dataset.to_string(),
-        step,
-        session: None,
-        writer: None,
-        ids: vec![id],
-        except: None,
-        shard: Some(shard),
-    };
+    let req =
+        Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: vec![id], except: None, shard: Some(shard) };
     let _ = crate::peer::call(state, to, &req).await;
 }

@@ -115,6 +115,19 @@ impl Kv {
         (before - map.len()) as u64
     }
 
+    /// Every key for which `pred` holds, with its value (or each member of its set) and
+    /// whether it is a set; copied out, so the lock is not held while they are sent on.
+    pub fn select(&self, pred: impl Fn(&str) -> bool) -> Vec<(String, bool, Vec<Vec<u8>>)> {
+        let map = lock(&self.map);
+        map.iter()
+            .filter(|(k, _)| pred(k))
+            .map(|(k, e)| match e {
+                Entry::Value(v) => (k.clone(), false, vec![v.clone()]),
+                Entry::Set(s) => (k.clone(), true, s.iter().cloned().collect()),
+            })
+            .collect()
+    }
+
     /// Keys held.
     pub fn len(&self) -> usize {
         lock(&self.map).len()

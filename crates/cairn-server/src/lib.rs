@@ -16,6 +16,7 @@
 //! - [`meta`]: the coordinator's side of commits, as commands of the control plane's log
 //!   (`cairn-meta`).
 //! - [`peer`]: calls to other servers (seal, drop).
+//! - [`rehome`]: keyed values copied to the servers a view change adds to their groups.
 //! - [`state`]: what all connections share: limits, the cluster view, the stores.
 //! - [`testing`]: a cluster of servers in one process that tests kill and restart.
 
@@ -30,6 +31,7 @@ pub mod kv;
 pub mod meta;
 pub mod peer;
 pub mod recover;
+pub mod rehome;
 pub mod serve;
 pub mod server;
 pub mod state;

@@ -7,6 +7,7 @@
 use crate::state::lock;
 use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, Result};
+use cairn_meta::claims::Claimed;
 use cairn_meta::log::query;
 use cairn_meta::{Cmd, MetaLog, Outcome};
 use cairn_proto::message::{CommitTimes, Share};
@@ -90,21 +91,59 @@ impl Meta {
     }
 
     /// Makes a prepared step visible. Returns the steps that `keep_last` now releases.
-    pub async fn commit(
-        &self,
-        log: &dyn MetaLog,
-        dataset: &str,
-        step: u64,
-        session: &str,
-        keep_last: Option<u64>,
-    ) -> Result<Vec<Arc<StepIndex>>> {
+    pub async fn commit(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Committed> {
         let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last };
-        let released = match self.batcher.propose(log, cmd).await? {
-            Outcome::Committed { released } => released,
+        let (released, consumed) = match self.batcher.propose(log, cmd).await? {
+            Outcome::Committed { released, consumed } => (released, consumed),
             other => return Err(unexpected_outcome("commit", &other)),
         };
         self.changed(dataset);
-        Ok(released)
+        for (src, _) in &consumed {
+            self.changed(src);
+        }
+        Ok(Committed { released, consumed })
+    }
+
+    /// Leases the lowest free committed step of `dataset` to `claimer` (see [`Cmd::Claim`]).
+    /// Asks the log only when a step looks free, so claimers polling an empty dataset add no
+    /// entries.
+    pub async fn claim(&self, log: &dyn MetaLog, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Claimed> {
+        let now_ms = now_ms();
+        let (free, finished) = query(log, |s| (s.claimable(dataset, claimer, now_ms), s.finished(dataset)));
+        if free.is_none() && !finished {
+            return Ok(Claimed { step: None, done: false });
+        }
+        let cmd = Cmd::Claim { dataset: dataset.to_string(), claimer: claimer.to_string(), now_ms, lease_ms };
+        match self.batcher.propose(log, cmd).await? {
+            Outcome::Claimed(c) => Ok(c),
+            other => Err(unexpected_outcome("claim", &other)),
+        }
+    }
+
+    /// Extends `claimer`'s leases on `dataset`; returns the steps it still holds.
+    pub async fn renew(&self, log: &dyn MetaLog, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Vec<u64>> {
+        let cmd = Cmd::Renew { dataset: dataset.to_string(), claimer: claimer.to_string(), now_ms: now_ms(), lease_ms };
+        match self.batcher.propose(log, cmd).await? {
+            Outcome::Held { steps } => Ok(steps),
+            other => Err(unexpected_outcome("renew", &other)),
+        }
+    }
+
+    /// Proposes a command whose outcome is [`Outcome::Done`] (unclaim, close); wakes the
+    /// dataset's watchers.
+    pub async fn done(&self, log: &dyn MetaLog, dataset: &str, cmd: Cmd) -> Result<()> {
+        match self.batcher.propose(log, cmd).await? {
+            Outcome::Done => {
+                self.changed(dataset);
+                Ok(())
+            }
+            other => Err(unexpected_outcome("unclaim or close", &other)),
+        }
+    }
+
+    /// Whether the writers closed `dataset`.
+    pub fn finished(&self, log: &dyn MetaLog, dataset: &str) -> bool {
+        query(log, |s| s.finished(dataset))
     }
 
     /// Forgets a step that will not commit; returns the servers that may hold its objects (none
@@ -189,6 +228,22 @@ impl Meta {
     pub fn datasets(&self, log: &dyn MetaLog) -> Vec<String> {
         query(log, |s| s.datasets())
     }
+}
+
+/// What a commit released: older steps of its dataset (`keep_last`), and the steps of other
+/// datasets it consumed.
+#[derive(Debug)]
+pub struct Committed {
+    /// Released indexes of the committed dataset.
+    pub released: Vec<Arc<StepIndex>>,
+    /// Consumed steps, by dataset.
+    pub consumed: Vec<(String, Arc<StepIndex>)>,
+}
+
+/// The leader's clock for leases: milliseconds since the epoch (servers of one cluster keep
+/// their clocks in step; leases are seconds long).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The error for an outcome a command cannot have (a bug in the state machine or its log).

@@ -56,7 +56,14 @@ pub async fn fetch(state: &State, to: u32, req: &Request, max_reply: u64) -> Res
     call_full(state, to, req, &[], state.limits.peer_timeout, max_reply).await
 }
 
-async fn call_full(state: &State, to: u32, req: &Request, payload: &[u8], limit: std::time::Duration, max_reply: u64) -> Result<(Response, Vec<u8>)> {
+async fn call_full(
+    state: &State,
+    to: u32,
+    req: &Request,
+    payload: &[u8],
+    limit: std::time::Duration,
+    max_reply: u64,
+) -> Result<(Response, Vec<u8>)> {
     let view = state.view()?;
     let addr = view.server(to)?.addr.clone();
     let op = req.op_name();
@@ -69,8 +76,9 @@ async fn call_full(state: &State, to: u32, req: &Request, payload: &[u8], limit:
             };
             let env = Envelope { epoch: None, req: req.clone() };
             write_frame(&mut s, &env, payload).await?;
-            let (resp, p): (Response, _) =
-                read_head(&mut s, MAX_HEADER, max_reply).await?.ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
+            let (resp, p): (Response, _) = read_head(&mut s, MAX_HEADER, max_reply)
+                .await?
+                .ok_or_else(|| Error::Unavailable(format!("server {to} closed the connection")))?;
             let mut body = vec![0u8; p.payload_len as usize];
             tokio::io::AsyncReadExt::read_exact(&mut s, &mut body).await.map_err(|e| Error::io("reading a reply's payload", e))?;
             Ok::<_, Error>((s, (resp, body)))

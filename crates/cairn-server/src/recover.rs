@@ -149,7 +149,10 @@ impl Recovery {
                         lock(&state.recovery.queue).push_back(Job { tries: job.tries + 1, ..job });
                     }
                     Err(e) => {
-                        eprintln!("cairn server {}: object {:#x} of '{}' step {} not rebuilt: {e}", state.id, job.id, job.dataset, job.step);
+                        eprintln!(
+                            "cairn server {}: object {:#x} of '{}' step {} not rebuilt: {e}",
+                            state.id, job.id, job.dataset, job.step
+                        );
                         state.recovery.lost.fetch_add(1, Ordering::Relaxed);
                     }
                 }

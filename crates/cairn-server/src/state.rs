@@ -189,22 +189,24 @@ impl State {
     /// Installs a committed view if it is newer than this server's; returns whether it was. A
     /// view that declares this server down empties it: whatever it held may have been rebuilt
     /// elsewhere, changed or released meanwhile, and it rejoins as a new member.
-    pub fn adopt(&self, next: ClusterView) -> Result<bool> {
+    pub fn adopt(self: &Arc<Self>, next: ClusterView) -> Result<bool> {
         next.validate()?;
         let current = self.view()?;
         let down = next.down.contains(&self.id);
+        let next = Arc::new(next);
         {
             let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
             if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
                 return Ok(false);
             }
-            *v = Some(Arc::new(next));
+            *v = Some(next.clone());
         }
         if down && !current.down.contains(&self.id) {
             let freed = self.store.clear();
             let keys = self.kv.delete(&self.store, &[String::new()], true);
             eprintln!("cairn server {}: declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty", self.id);
         }
+        crate::rehome::view_changed(self, current, next);
         Ok(true)
     }
 

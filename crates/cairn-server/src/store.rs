@@ -384,7 +384,11 @@ mod tests {
         s.insert("d", 2, (2, 0), obj("new", 20), s.reserve(20).unwrap()).unwrap();
         s.insert("d", 2, (2, 0), obj("new", 5), s.reserve(5).unwrap()).unwrap();
         assert_eq!(s.used(), 25);
-        assert_eq!(s.drop_objects("d", 2, &Which { writer: Some(0), except: Some("new"), ..Which::default() }), 0, "except keeps that session's");
+        assert_eq!(
+            s.drop_objects("d", 2, &Which { writer: Some(0), except: Some("new"), ..Which::default() }),
+            0,
+            "except keeps that session's"
+        );
         assert_eq!(s.drop_objects("d", 2, &Which { writer: Some(0), ..Which::default() }), 5);
         // The coordinator (an abort, a release) frees sealed objects.
         assert_eq!(s.drop_objects("d", 1, &Which { session: Some("new"), ..Which::default() }), 20);

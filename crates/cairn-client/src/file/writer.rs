@@ -210,7 +210,13 @@ impl WriteEngine for FileWriter {
         Ok(())
     }
 
-    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
+    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool> {
+        if !consume.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "step {step} consumes {consume:?}: consume-and-produce needs the staging engine; the file engine's \
+                 (commit by rename) is not built yet"
+            )));
+        }
         if self.fsync {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }

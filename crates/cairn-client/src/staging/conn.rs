@@ -402,7 +402,10 @@ impl Cluster {
             }
             if started.elapsed() > budget {
                 if let Some(q) = quorum_lost {
-                    return Err(Error::Unavailable(format!("no leader of the control plane answered {op} within {:.1} s: {q}", budget.as_secs_f64())));
+                    return Err(Error::Unavailable(format!(
+                        "no leader of the control plane answered {op} within {:.1} s: {q}",
+                        budget.as_secs_f64()
+                    )));
                 }
                 return Err(Error::Unavailable(format!(
                     "no leader of the control plane answered {op} within {:.1} s: without a majority of its meta servers up \

@@ -113,6 +113,9 @@ impl KvStore {
                 match self.get_from(server, keys, &idx, members, &mut out) {
                     // A failed server's keys are read from their next copy.
                     Err(e) if e.kind() == cairn_core::ErrorKind::Unavailable && copy + 1 < copies => next.extend(idx),
+                    // So are keys it lacks: a server a view change just put in the key's group
+                    // gets its copy from the holders a moment later (see the server's `rehome`).
+                    Ok(()) if copy + 1 < copies => next.extend(idx.into_iter().filter(|&i| out[i].is_empty())),
                     r => r?,
                 }
             }

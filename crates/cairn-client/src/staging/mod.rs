@@ -33,8 +33,13 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
 }
 
 pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
+    Ok(listing_of(c, dataset)?.0)
+}
+
+/// Committed steps of `dataset`, and whether its writers closed it.
+pub(crate) fn listing_of(c: &Cluster, dataset: &str) -> Result<(Vec<u64>, bool)> {
     match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
-        Response::Steps { steps } => Ok(steps),
+        Response::Steps { steps, finished } => Ok((steps, finished)),
         other => Err(unexpected("steps", &other)),
     }
 }

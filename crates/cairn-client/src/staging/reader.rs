@@ -4,7 +4,7 @@
 //! are fetched in parallel.
 
 use super::conn::Cluster;
-use super::{index_of, steps_of};
+use super::{index_of, listing_of, steps_of};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::for_each_run;
 use cairn_core::assemble::{copy_box, Layout};
@@ -210,7 +210,10 @@ impl StagingReader {
         }
         let mut slices = slices.into_iter().map(|s| s.expect("every run cut"));
         let what = |o: &ObjectRef| {
-            format!("object {:#x} of '{}' step {step} (block {:?}+{:?} of writer {})", o.id, block.var, block.region.offset, block.region.count, block.writer)
+            format!(
+                "object {:#x} of '{}' step {step} (block {:?}+{:?} of writer {})",
+                o.id, block.var, block.region.offset, block.region.count, block.writer
+            )
         };
         let mut by_server: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
         let mut encoded: Vec<(&ObjectRef, Region, Vec<&mut [u8]>)> = Vec::new();
@@ -303,7 +306,8 @@ impl StagingReader {
                     .iter()
                     .map(|&(j, i)| {
                         let o = objs[j];
-                        let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
+                        let req =
+                            Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
                         let part = chunks.remove(&(j, i)).expect("each shard fetched once");
                         Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
                     })
@@ -347,8 +351,7 @@ impl StagingReader {
                     b
                 } else if st.have.iter().filter(|h| **h).count() >= st.k {
                     let code = Code::new(st.k, st.m)?;
-                    let mut shards: Vec<Option<Vec<u8>>> =
-                        st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
+                    let mut shards: Vec<Option<Vec<u8>>> = st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
                     code.decode(&mut shards, st.len)?
                 } else if let Some(e) = &other {
                     return Err(Error::from_kind(e.kind(), e.to_string()));
@@ -464,4 +467,36 @@ impl ReadEngine for StagingReader {
             other => Err(unexpected("release", &other)),
         }
     }
+
+    fn listing(&self) -> Result<(Vec<u64>, bool)> {
+        listing_of(&self.cluster, &self.dataset)
+    }
+
+    fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)> {
+        let req = Request::Claim { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) };
+        match self.cluster.coord(&req)? {
+            Response::Claimed { step, done } => Ok((step, done)),
+            other => Err(unexpected("claim", &other)),
+        }
+    }
+
+    fn renew(&self, claimer: &str, lease: Duration) -> Result<Vec<u64>> {
+        let req = Request::Renew { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) };
+        match self.cluster.coord(&req)? {
+            Response::Steps { steps, .. } => Ok(steps),
+            other => Err(unexpected("renew", &other)),
+        }
+    }
+
+    fn unclaim(&self, claimer: &str) -> Result<()> {
+        match self.cluster.coord(&Request::Unclaim { dataset: self.dataset.clone(), claimer: claimer.to_string() })? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected("unclaim", &other)),
+        }
+    }
+}
+
+/// A lease in whole milliseconds, at least one.
+fn millis(d: Duration) -> u64 {
+    (d.as_millis().min(u128::from(u64::MAX)) as u64).max(1)
 }

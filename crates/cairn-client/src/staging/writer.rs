@@ -7,14 +7,14 @@ use super::{index_of, steps_of};
 use crate::config::StagingConfig;
 use crate::engine::{BlockData, WriteEngine};
 use cairn_core::assemble::for_each_run;
+use cairn_core::corec::Scheme;
+use cairn_core::erasure::Code;
 use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response, Share};
 use cairn_proto::ClusterView;
-use cairn_core::corec::Scheme;
-use cairn_core::erasure::Code;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,10 +57,13 @@ struct Outgoing<'a> {
 }
 
 impl StagingWriter {
-    pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, append: bool, session: String) -> Result<StagingWriter> {
+    /// Opens rank `rank` of `nranks`. A dataset that has steps may be opened without appending:
+    /// several claimers each commit the steps they claimed into one destination (D²T), and a
+    /// committed step is never written again (`begin_step` refuses it), so nothing is overwritten.
+    pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, session: String) -> Result<StagingWriter> {
         let cluster = super::cluster(cfg)?;
         let default_level = cfg.redundancy.unwrap_or(cluster.policy().redundancy);
-        let w = StagingWriter {
+        Ok(StagingWriter {
             default_level,
             cluster,
             dataset: dataset.to_string(),
@@ -70,15 +73,7 @@ impl StagingWriter {
             object_size: cfg.object_size,
             keep_last: cfg.keep_last,
             open: BTreeMap::new(),
-        };
-        if !append {
-            if let Some(last) = steps_of(&w.cluster, dataset)?.last() {
-                return Err(Error::AlreadyExists(format!(
-                    "dataset '{dataset}' already has committed steps (up to {last}) in this cluster; open it with mode \"a\" to add steps"
-                )));
-            }
-        }
-        Ok(w)
+        })
     }
 
     fn send_all(&self, server: u32, objects: &[Outgoing<'_>]) -> Result<()> {
@@ -319,16 +314,20 @@ impl WriteEngine for StagingWriter {
             // The cluster moved to a newer view meanwhile (told by a server), or a server failed:
             // once the control plane declares it down (a spare in its slot, or placement passing
             // over it), place again by the new view, once. Degraded writes keep their level.
-            Err(e) if self.cluster.view().epoch != view.epoch || (e.kind() == ErrorKind::Unavailable && self.cluster.await_view_after(view.epoch)) => {
+            Err(e)
+                if self.cluster.view().epoch != view.epoch
+                    || (e.kind() == ErrorKind::Unavailable && self.cluster.await_view_after(view.epoch)) =>
+            {
                 self.put_once(&self.cluster.view(), &blocks)
             }
             r => r,
         }
     }
 
-    fn end_step(&mut self, step: u64, defs: &[VarDef]) -> Result<bool> {
+    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool> {
         let open = self.open.remove(&step).unwrap_or_default();
-        let fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
+        let mut fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
+        fragment.consume = consume.to_vec();
         let shares = open.shares.into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
         let result = match self.cluster.coord(&req) {
@@ -357,6 +356,14 @@ impl WriteEngine for StagingWriter {
 
     fn default_redundancy(&self) -> u32 {
         self.default_level
+    }
+
+    fn close(&mut self) -> Result<()> {
+        let req = Request::Close { dataset: self.dataset.clone(), session: self.session.clone(), rank: self.rank, nranks: self.nranks };
+        match self.cluster.coord(&req)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected("close", &other)),
+        }
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {

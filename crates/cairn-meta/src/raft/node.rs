@@ -134,7 +134,10 @@ impl RaftLog {
             let old: std::collections::BTreeSet<NodeId> = {
                 let m = self.raft.metrics().borrow().clone();
                 let membership = m.membership_config.membership();
-                membership.voter_ids().filter(|v| *v != id && membership.get_node(v).is_some_and(|n| n.server == server || !keep(n.server))).collect()
+                membership
+                    .voter_ids()
+                    .filter(|v| *v != id && membership.get_node(v).is_some_and(|n| n.server == server || !keep(n.server)))
+                    .collect()
             };
             self.raft.change_membership(openraft::ChangeMembers::AddVoterIds([id].into()), false).await.map_err(fail)?;
             if !old.is_empty() {
@@ -142,9 +145,9 @@ impl RaftLog {
             }
             Ok(())
         };
-        tokio::time::timeout(self.write * 2, run)
-            .await
-            .unwrap_or_else(|_| Err(no_quorum(format!("a membership change did not commit within {:.1} s", (self.write * 2).as_secs_f64()))))
+        tokio::time::timeout(self.write * 2, run).await.unwrap_or_else(|_| {
+            Err(no_quorum(format!("a membership change did not commit within {:.1} s", (self.write * 2).as_secs_f64())))
+        })
     }
 
     /// The index of the last entry applied here.

@@ -24,6 +24,7 @@ pub fn status(state: &State) -> Response {
             commits: state.meta.times(),
             replicas,
             shards,
+            keys: state.kv.len() as u64,
             data_bytes,
             recovery_pending: state.recovery.pending(),
             recovery_rebuilt: state.recovery.rebuilt(),

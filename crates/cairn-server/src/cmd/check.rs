@@ -3,7 +3,7 @@
 //! arbitrary input (`fuzz/fuzz_targets/request_decode.rs`).
 
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Request, MAX_CAS_VALUE, MAX_KEY, MAX_KEYS, MAX_RAFT_PAYLOAD};
+use cairn_proto::message::{Request, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_RAFT_PAYLOAD};
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
 pub fn request(req: &Request, payload_len: u64) -> Result<()> {
@@ -25,7 +25,11 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             })
         }
         Request::Encode { k, m, shards, .. } => {
-            if *k < 2 || *m == 0 || shards.len() != (*k as usize).saturating_add(*m as usize) || shards.len() > cairn_core::erasure::MAX_SHARDS {
+            if *k < 2
+                || *m == 0
+                || shards.len() != (*k as usize).saturating_add(*m as usize)
+                || shards.len() > cairn_core::erasure::MAX_SHARDS
+            {
                 return Err(Error::InvalidArgument(format!("encode into {k}+{m} shards on {} servers: not a valid stripe", shards.len())));
             }
             Ok(())
@@ -39,16 +43,35 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         Request::Rebuild { shard, k, m, stripe, .. } => {
             let n = (*k as usize).saturating_add(*m as usize);
             let copy = *shard == 0 && *k == 0 && *m == 0 && stripe.is_empty();
-            let piece = *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
+            let piece =
+                *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
             if !(copy || piece) {
-                return Err(Error::InvalidArgument(format!("rebuild piece {shard} of a {k}+{m} stripe on {} servers: not a piece", stripe.len())));
+                return Err(Error::InvalidArgument(format!(
+                    "rebuild piece {shard} of a {k}+{m} stripe on {} servers: not a piece",
+                    stripe.len()
+                )));
             }
             Ok(())
         }
         Request::Touch { ids, .. } if ids.len() > MAX_KEYS => {
             Err(Error::InvalidArgument(format!("{} object ids in one touch; send at most {MAX_KEYS}", ids.len())))
         }
-        Request::EndStep { fragment, .. } => fragment.validate(),
+        Request::EndStep { fragment, .. } => {
+            if fragment.consume.len() > MAX_CONSUME || fragment.consume.iter().any(|d| d.is_empty() || d.len() > MAX_KEY) {
+                return Err(Error::InvalidArgument(format!(
+                    "a step may consume at most {MAX_CONSUME} datasets, each named by 1 to {MAX_KEY} bytes"
+                )));
+            }
+            fragment.validate()
+        }
+        Request::Claim { claimer, lease_ms, .. } | Request::Renew { claimer, lease_ms, .. } => {
+            check_claimer(claimer)?;
+            if *lease_ms == 0 || *lease_ms > MAX_LEASE_MS {
+                return Err(Error::InvalidArgument(format!("a lease of {lease_ms} ms: give 1 ms to {MAX_LEASE_MS} ms (a day)")));
+            }
+            Ok(())
+        }
+        Request::Unclaim { claimer, .. } => check_claimer(claimer),
         Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
         Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
         Request::SetView { view } | Request::ViewChanged { view } => view.validate(),
@@ -69,6 +92,13 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         Request::MetaGet { key } => check_key(key),
         _ => Ok(()),
     }
+}
+
+fn check_claimer(claimer: &str) -> Result<()> {
+    if claimer.is_empty() || claimer.len() > MAX_CLAIMER {
+        return Err(Error::InvalidArgument(format!("claimer id of {} bytes: give 1 to {MAX_CLAIMER}", claimer.len())));
+    }
+    Ok(())
 }
 
 fn check_keys(keys: &[String]) -> Result<()> {

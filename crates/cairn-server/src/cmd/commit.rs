@@ -144,31 +144,48 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
         None => enough_left(&ready.index, &failed),
     };
     if let Err(e) = sealed {
-        // The seal failure is what the writer must hear. Objects are dropped only if this abort
-        // took: a step another finisher committed (or this leader can no longer abort) keeps them.
-        if let Ok(servers) = state.meta.abort(log, dataset, step, &session).await {
-            let _ = on_all(state, servers, |_| Request::Drop {
-                dataset: dataset.into(),
-                step,
-                session: Some(session.clone()),
-                writer: None,
-                ids: Vec::new(),
-                except: None,
-                shard: None,
-            })
-            .await;
-        }
+        // The seal failure is what the writer must hear.
+        abort_and_drop(state, log, dataset, step, &session).await;
         return Err(e);
     }
     let seal = started.elapsed();
-    let released = state.meta.commit(log, dataset, step, &session, keep_last).await?;
+    let done = match state.meta.commit(log, dataset, step, &session, keep_last).await {
+        // Refused (what it consumes is gone): it will never commit, so it is aborted like a step
+        // whose seal failed.
+        Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::InvalidArgument) => {
+            abort_and_drop(state, log, dataset, step, &session).await;
+            return Err(e);
+        }
+        r => r?,
+    };
     state.meta.timed(seal, started.elapsed() - seal);
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
-    state.corec.committed(state, dataset, &ready.index, &released.iter().map(|i| i.step).collect::<Vec<_>>());
-    for old in released {
+    state.corec.committed(state, dataset, &ready.index, &done.released.iter().map(|i| i.step).collect::<Vec<_>>());
+    for old in done.released {
         free(state, dataset, &old).await;
     }
+    for (src, index) in done.consumed {
+        state.corec.released(&src, index.step);
+        free(state, &src, &index).await;
+    }
     Ok(())
+}
+
+/// Aborts a prepared step and drops its objects; the objects stay if the abort did not take
+/// (another finisher committed the step, or this leader lost its place).
+async fn abort_and_drop(state: &Arc<State>, log: &dyn cairn_meta::MetaLog, dataset: &str, step: u64, session: &str) {
+    if let Ok(servers) = state.meta.abort(log, dataset, step, session).await {
+        let _ = on_all(state, servers, |_| Request::Drop {
+            dataset: dataset.into(),
+            step,
+            session: Some(session.to_string()),
+            writer: None,
+            ids: Vec::new(),
+            except: None,
+            shard: None,
+        })
+        .await;
+    }
 }
 
 /// On becoming leader: finishes every step the previous leader left prepared.
@@ -213,7 +230,8 @@ fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &Clu
 async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
     let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().flat_map(|o| o.servers())).collect();
     let step = index.step;
-    let drop = |_| Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None };
+    let drop =
+        |_| Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None };
     if let Err(e) = on_all(state, servers, drop).await {
         eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
     }

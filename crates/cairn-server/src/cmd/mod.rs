@@ -2,12 +2,14 @@
 //!
 //! - [`data`]: put, get and drop of objects.
 //! - [`commit`]: end of step, seal, release, and the step queries readers make.
+//! - [`claims`]: claims of committed steps (leases) and the writers' close.
 //! - [`kv`]: keyed values and sets (the task store).
 //! - [`admin`]: status, object listing, datasets, shutdown.
 //! - [`check`]: the stateless checks every request passes first.
 
 pub mod admin;
 pub mod check;
+pub mod claims;
 pub mod commit;
 pub mod data;
 pub mod kv;
@@ -84,13 +86,22 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::Touch { dataset, step, ids } => {
             plain(crate::control::leader(state).map(|_| state.recovery.touch(&dataset, step, &ids)).map(|_| Response::Ok))
         }
-        Request::Cut { dataset, step, id, k, shard } => plain(crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok)),
+        Request::Cut { dataset, step, id, k, shard } => {
+            plain(crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok))
+        }
         req @ (Request::Seal { .. } | Request::Drop { .. }) => plain(commit::seal_or_drop(state, req).map(|_| Response::Ok)),
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
         }
-        Request::Steps { dataset } => {
-            plain(crate::control::leader(state).map(|log| Response::Steps { steps: state.meta.steps(log, &dataset) }))
+        Request::Steps { dataset } => plain(
+            crate::control::leader(state)
+                .map(|log| Response::Steps { steps: state.meta.steps(log, &dataset), finished: state.meta.finished(log, &dataset) }),
+        ),
+        Request::Claim { dataset, claimer, lease_ms } => plain(claims::claim(state, &dataset, &claimer, lease_ms).await),
+        Request::Renew { dataset, claimer, lease_ms } => plain(claims::renew(state, &dataset, &claimer, lease_ms).await),
+        Request::Unclaim { dataset, claimer } => plain(claims::done(state, cairn_meta::Cmd::Unclaim { dataset, claimer }).await),
+        Request::Close { dataset, session, rank, nranks } => {
+            plain(claims::done(state, cairn_meta::Cmd::Close { dataset, session, rank, nranks }).await)
         }
         // Linearized: a leader just elected may not have applied every committed entry yet
         // (an `encoded` one whose copies are already gone), and its index must not be older.

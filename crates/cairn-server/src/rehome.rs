@@ -1,0 +1,114 @@
+//! Keyed values follow view changes. A key's copies live on the replica group its hash picks
+//! from the view's slots; when a view change gives a group a server that did not hold the key (a
+//! spare in a lost server's slot, the next server when placement passes over a down one, a
+//! server back in its own slot, empty), the first surviving holder pushes the key to it. So
+//! after recovery the task store again survives the cluster's level of further failures.
+
+use crate::state::State;
+use cairn_core::placement::place_key;
+use cairn_proto::message::{Request, MAX_KEYS};
+use cairn_proto::ClusterView;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Bytes of values per push (like a client's batch).
+const BATCH_BYTES: u64 = 8 << 20;
+
+/// What to push where: per server, (key, member?, value) in order.
+type Pushes = BTreeMap<u32, Vec<(String, bool, Vec<u8>)>>;
+
+/// The replica group of `key` in `view` with the cluster's `level` (as clients place it).
+fn group(view: &ClusterView, key: &str, level: u32) -> Vec<u32> {
+    let n = (level as usize + 1).min(view.live().len());
+    if n == 0 {
+        return Vec::new();
+    }
+    view.group(place_key("", key, &[]), n).0
+}
+
+/// The pushes this server owes after `before` became `after`: each key it holds whose group
+/// gained servers, when it is the first live member of the old group still in the new one.
+fn plan(state: &State, before: &ClusterView, after: &ClusterView, level: u32) -> Pushes {
+    let me = state.id;
+    let mut out: Pushes = BTreeMap::new();
+    let owed = |key: &str| -> Vec<u32> {
+        let (old, new) = (group(before, key, level), group(after, key, level));
+        let first_holder = old.iter().copied().find(|s| new.contains(s) && after.is_live(*s));
+        if first_holder != Some(me) {
+            return Vec::new();
+        }
+        new.into_iter().filter(|s| !old.contains(s)).collect()
+    };
+    for (key, member, values) in state.kv.select(|k| !owed(k).is_empty()) {
+        for to in owed(&key) {
+            out.entry(to).or_default().extend(values.iter().map(|v| (key.clone(), member, v.clone())));
+        }
+    }
+    out
+}
+
+/// After this server installed `after` (replacing `before`): pushes the keys it owes, in
+/// batches; a push that fails is reported and left (the key keeps its other copies).
+pub fn view_changed(state: &Arc<State>, before: Arc<ClusterView>, after: Arc<ClusterView>) {
+    if !after.is_live(state.id) || state.kv.is_empty() {
+        return;
+    }
+    let Ok(policy) = state.policy() else { return };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+    let state = state.clone();
+    rt.spawn(async move {
+        let pushes = plan(&state, &before, &after, policy.redundancy);
+        for (to, items) in pushes {
+            let (mut sent, mut failed) = (0usize, None);
+            for batch in batches(&items) {
+                let keys = batch.iter().map(|(k, _, _)| k.clone()).collect();
+                let sizes = batch.iter().map(|(_, _, v)| v.len() as u64).collect();
+                let payload: Vec<u8> = batch.iter().flat_map(|(_, _, v)| v.iter().copied()).collect();
+                let req = Request::KvPut { keys, sizes, member: batch[0].1 };
+                match crate::peer::call_with(&state, to, &req, &payload).await {
+                    Ok(_) => sent += batch.len(),
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                eprintln!("cairn server {}: copying keyed values to server {to} after view {}: {e}", state.id, after.epoch);
+            } else if sent > 0 {
+                eprintln!("cairn server {}: copied {sent} keyed values to server {to} (view {})", state.id, after.epoch);
+            }
+        }
+    });
+}
+
+/// Consecutive runs of `items` of one kind (value or member), each within the batch bounds.
+fn batches(items: &[(String, bool, Vec<u8>)]) -> Vec<&[(String, bool, Vec<u8>)]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, (_, member, v)) in items.iter().enumerate() {
+        let full = i > start && (items[start].1 != *member || i - start >= MAX_KEYS || bytes + v.len() as u64 > BATCH_BYTES);
+        if full {
+            out.push(&items[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += v.len() as u64;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_keep_one_kind_and_the_bounds() {
+        let item = |m: bool, n: usize| ("k".to_string(), m, vec![0u8; n]);
+        let items = vec![item(false, 1), item(false, 2), item(true, 3), item(true, 5 << 20), item(true, 5 << 20), item(false, 1)];
+        let lens: Vec<usize> = batches(&items).iter().map(|b| b.len()).collect();
+        assert_eq!(lens, vec![2, 2, 1, 1]);
+        assert!(batches(&[]).is_empty());
+        let many: Vec<_> = (0..MAX_KEYS + 1).map(|_| item(false, 0)).collect();
+        assert_eq!(batches(&many).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![MAX_KEYS, 1]);
+    }
+}
