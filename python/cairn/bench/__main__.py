@@ -4,7 +4,7 @@ import sys
 
 BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel",
            "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy",
-           "recovery": "cairn.bench.recovery"}
+           "recovery": "cairn.bench.recovery", "workflow": "cairn.bench.workflow"}
 
 
 def main() -> None:

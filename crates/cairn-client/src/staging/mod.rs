@@ -70,7 +70,7 @@ pub fn replace_server(cluster: &std::path::Path, down: u32, spare: Option<u32>, 
 }
 
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,
-/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster` (`set_view` to
+/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster` (`set_view` and `datasets` to
 /// the control plane's leader), within `timeout`; returns the reply as JSON.
 pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, timeout: std::time::Duration) -> Result<String> {
     let req: Request =
@@ -82,7 +82,8 @@ pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, time
         )));
     }
     let c = Cluster::open(cluster, timeout)?;
-    // A view change is a log entry: it goes to the control plane's leader, whichever server.
-    let resp = if matches!(req, Request::SetView { .. }) { c.coord(&req)? } else { c.call(server, &req)? };
+    // A view change is a log entry, and the dataset list the log's state: both go to the control
+    // plane's leader, whichever server is named (asked again through an election).
+    let resp = if matches!(req, Request::SetView { .. } | Request::Datasets) { c.coord(&req)? } else { c.call(server, &req)? };
     Ok(serde_json::to_string(&resp).expect("responses serialize"))
 }
