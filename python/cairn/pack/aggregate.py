@@ -3,6 +3,9 @@
 The pipeline overlaps its stages: the main thread gathers a frame's bytes from the members
 (memory-mapped, so only the frames in flight are in memory), a pool compresses frames (the codec
 releases the GIL), and the main thread writes finished frames in order.
+
+With the default ``--codec aware`` every frame of numbers is coded both data-aware (pco) and plain
+(zstd) and the smaller kept, so the data-aware path never costs ratio.
 """
 
 from __future__ import annotations
@@ -17,13 +20,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _native
-from ..exceptions import InvalidArgumentError, NotFoundError
+from ..exceptions import CairnError, InvalidArgumentError, NotFoundError
 from . import layout
 from .container import ContainerWriter
 from .scan import Member, scan
 
-#: Raw bytes per frame: the unit of compression, parallelism and partial reads.
+#: Largest raw bytes per frame: the unit of compression, parallelism, partial reads and repair.
 FRAME = 4 << 20
+#: Smallest frame chosen automatically (smaller frames compress worse).
+MIN_AUTO_FRAME = 64 << 10
+#: Codec the aware policy is compared with, frame by frame.
+PLAIN = "zstd:3"
+
+
+def auto_frame(raw: int, parity_group: int) -> int:
+    """A frame size giving a group of `raw` bytes about two parity groups' worth of frames, so
+    that parity costs about 1/parity_group of the container rather than a whole frame."""
+    want = -(-raw // (2 * parity_group))
+    return max(MIN_AUTO_FRAME, min(FRAME, -(-want // MIN_AUTO_FRAME) * MIN_AUTO_FRAME))
 
 
 @dataclass
@@ -40,6 +54,8 @@ class PackReport:
     scheme: str
     codec: str
     groups: list[GroupReport] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # entries not packed (symlinks …), with why
+    notes: list[str] = field(default_factory=list)  # what the scanner left residual, per file
 
     @property
     def raw(self) -> int:
@@ -63,66 +79,137 @@ def _natural(name: str) -> list[object]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def list_members(src: str) -> list[tuple[str, str]]:
-    """(relative name, path) of every regular file under `src`, in rank (natural) order."""
+def list_members(src: str, skipped: list[str] | None = None) -> list[tuple[str, str]]:
+    """(relative name, path) of every regular file under `src`, in rank (natural) order. Symbolic
+    links and special files are not packed; each is described in `skipped`."""
     if not os.path.isdir(src):
         raise NotFoundError(f"checkpoint set {src!r} is not a directory; give the folder holding the per-process files")
     found = []
-    for root, _dirs, files in os.walk(src):
-        for f in files:
+    for root, dirs, files in os.walk(src):
+        for f in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
             p = os.path.join(root, f)
-            if os.path.isfile(p) and not os.path.islink(p):
-                found.append((os.path.relpath(p, src).replace(os.sep, "/"), p))
+            name = os.path.relpath(p, src).replace(os.sep, "/")
+            if os.path.islink(p):
+                if skipped is not None:
+                    skipped.append(f"{name}: symbolic link to {os.readlink(p)!r}, not packed (recreate it after unpacking)")
+            elif os.path.isfile(p):
+                found.append((name, p))
+            elif skipped is not None:
+                skipped.append(f"{name}: not a regular file, not packed")
     if not found:
         raise NotFoundError(f"checkpoint set {src!r} holds no files")
     return sorted(found, key=lambda t: _natural(t[0]))
+
+
+def scan_group(files: list[tuple[str, str]]) -> list[Member]:
+    """Scans the members of one group; a file that cannot be read is named."""
+    out = []
+    for name, p in files:
+        try:
+            out.append(scan(p, name))
+        except OSError as e:
+            raise InvalidArgumentError(f"{p}: cannot be read ({e.strerror or e}); fix its permissions or remove it from the set") from None
+    return out
 
 
 def pack(
     src: str,
     out: str,
     group_size: int = 32,
-    scheme: str = "aware-block",
+    scheme: str = layout.AUTO,
     block: int = 8192,
     codec: str = "aware",
     match: str | None = None,
     workers: int | None = None,
     progress: bool = False,
     fsync: bool = True,
-    frame: int = FRAME,
+    frame: int | None = None,
+    parity: int = 1,
+    parity_group: int = 16,
 ) -> PackReport:
     """Packs every file under `src` into ``out/group-NNNNN.cpk`` containers of `group_size`
-    members each (in natural rank order). `codec` is ``aware`` (by element type) or one byte codec
-    for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is a regex whose capture groups
-    are ignored when matching variable names. `frame` is the raw size of a compressed frame (the
-    unit of partial reads and of damage)."""
-    layout.check_scheme(scheme, block)
-    if frame < 4096 or frame % 4096:
-        raise InvalidArgumentError(f"frame size {frame}: give a multiple of 4096 bytes")
-    if group_size < 1:
-        raise InvalidArgumentError(f"--group-size {group_size}: give at least 1")
-    _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
+    members each (in natural rank order). `scheme` ``auto`` packs each group both ``aware-block``
+    and ``agnostic`` and keeps the smaller container. `codec` is ``aware`` (by element type, never worse than
+    plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is
+    a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
+    of a compressed frame (the unit of partial reads, damage and repair; default: chosen per
+    container, at most 4 MiB). `parity` Reed–Solomon records per `parity_group` frames repair that
+    many damaged frames of the group (0: none). On failure nothing is left in `out`."""
+    check_options(scheme, block, group_size, codec, frame, parity, parity_group)
     pattern = re.compile(match) if match else None
-    files = list_members(src)
+    report = PackReport(scheme, codec)
+    files = list_members(src, report.skipped)
+    created = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
     stale = [f for f in os.listdir(out) if f.endswith(".cpk")]
     if stale:
         raise InvalidArgumentError(f"{out!r} already holds containers ({stale[0]}, …); pack into an empty folder")
-    report = PackReport(scheme, codec)
     total = sum(os.path.getsize(p) for _, p in files)
     bar = progress_bar(total, "pack", progress)
-    with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
-        for g in range(0, len(files), group_size):
-            t0 = time.perf_counter()
-            # Scanning stays on this thread: prefetching the next group's scan in another thread
-            # was measured 10-25% slower (its Python work contends for the GIL with the gather).
-            members = [scan(p, name) for name, p in files[g : g + group_size]]
-            path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
-            size = pack_group(members, path, scheme, block, codec, pattern, pool, bar, fsync, frame)
-            report.groups.append(GroupReport(path, len(members), sum(m.size for m in members), size, time.perf_counter() - t0))
-    if bar is not None:
-        bar.close()  # type: ignore[attr-defined]
+    try:
+        with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
+            for g in range(0, len(files), group_size):
+                t0 = time.perf_counter()
+                # Scanning stays on this thread: prefetching the next group's scan in another thread
+                # was measured 10-25% slower (its Python work contends for the GIL with the gather).
+                members = scan_group(files[g : g + group_size])
+                report.notes += [f"{m.name}: {n}" for m in members for n in m.notes]
+                path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
+                fr = frame or auto_frame(sum(m.size for m in members), parity_group)
+                try:
+                    tries = ("aware-block", "agnostic") if scheme == layout.AUTO else (scheme,)
+                    size = pack_best(members, path, tries, block, codec, pattern, pool, bar, fsync, fr, parity, parity_group)
+                except CairnError:
+                    raise
+                except Exception as e:
+                    raise InvalidArgumentError(f"packing {', '.join(m.path for m in members[:3])}{' …' if len(members) > 3 else ''}: "
+                                               f"{type(e).__name__}: {e}") from e
+                report.groups.append(GroupReport(path, len(members), sum(m.size for m in members), size, time.perf_counter() - t0))
+    except BaseException:
+        for gr in report.groups:
+            os.unlink(gr.container)
+        if created:
+            os.rmdir(out)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()  # type: ignore[attr-defined]
     return report
+
+
+def check_options(scheme: str, block: int, group_size: int, codec: str, frame: int | None, parity: int, parity_group: int) -> None:
+    """Refuses bad options before anything is written."""
+    layout.check_scheme(scheme, block)
+    if frame is not None and (frame < 4096 or frame % 4096 or frame > 1 << 30):
+        raise InvalidArgumentError(f"frame size {frame}: give a multiple of 4096 bytes, at most 1 GiB")
+    if group_size < 1:
+        raise InvalidArgumentError(f"--group-size {group_size}: give at least 1")
+    if not 0 <= parity <= 64:
+        raise InvalidArgumentError(f"--parity {parity}: give 0 (no parity) to 64 parity records per group of frames")
+    if not 1 <= parity_group <= 255 - parity:
+        raise InvalidArgumentError(f"--parity-group {parity_group}: give 1 to {255 - parity} frames (with --parity {parity})")
+    _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
+
+
+def pack_best(members: list[Member], path: str, schemes: tuple[str, ...], *args: object) -> int:
+    """Packs one group under each of `schemes` and keeps the smallest container at `path`;
+    returns its size. Arguments after `schemes` are pack_group's after its `scheme`."""
+    if len(schemes) == 1:
+        return pack_group(members, path, schemes[0], *args)  # type: ignore[arg-type]
+    tried: list[tuple[int, str]] = []
+    try:
+        for k, sch in enumerate(schemes):
+            rest = list(args)
+            if k:
+                rest[5] = None  # the progress bar counts the first try only
+            tried.append((pack_group(members, f"{path}.{sch}", sch, *rest), f"{path}.{sch}"))  # type: ignore[arg-type]
+        size, best = min(tried)
+        os.replace(best, path)
+        return size
+    finally:
+        for _, p in tried:
+            if os.path.exists(p):
+                os.unlink(p)
 
 
 def pack_group(
@@ -136,6 +223,8 @@ def pack_group(
     bar: object | None = None,
     fsync: bool = True,
     frame: int = FRAME,
+    parity: int = 1,
+    parity_group: int = 16,
 ) -> int:
     """Writes one container; returns its size."""
     streams = layout.build(members, scheme, block, match)
@@ -143,12 +232,14 @@ def pack_group(
     maps = [np.memmap(m.path, np.uint8, mode="r") if m.size else np.zeros(0, np.uint8) for m in members]
     crcs = [pool.submit(_native.crc32c, mm) for mm in maps]
     head = {
-        "format": 1,
+        "format": 2,
         "scheme": scheme,
         "block": block,
         "codec": codec,
         "match": match.pattern if match else None,
         "frame": frame,
+        "parity": parity,
+        "parity_group": parity_group,
         "members": [],
         "streams": [s.to_json() for s in streams],
     }
@@ -163,8 +254,8 @@ def pack_group(
                 "format": m.format,
                 "size": m.size,
                 "crc": crcs[i].result(),
-                # path, dtype, shape, stream, part (aware schemes): enough to read one variable alone
-                "variables": [[v.path, v.dtype, list(v.shape), *var_at.get((i, tuple(v.regions)), (None, None))] for v in m.variables],
+                # path, dtype, shape, stream, part (aware schemes), ordered: enough to read one variable alone
+                "variables": [[v.path, v.dtype, list(v.shape), *var_at.get((i, tuple(v.regions)), (None, None)), v.ordered] for v in m.variables],
             }
         )
     writer = ContainerWriter(path, head)
@@ -201,6 +292,10 @@ def pack_group(
 
 def _compress(buf: np.ndarray, elem: str | None, codec: str) -> tuple[str, bytes, int]:
     spec, coded = _native.compress(buf, elem, codec)
+    if codec == "aware" and spec.startswith("pco"):
+        plain = _native.compress(buf, None, PLAIN)
+        if len(plain[1]) < len(coded):
+            spec, coded = plain
     return spec, coded, _native.crc32c(buf)
 
 

@@ -28,6 +28,7 @@ from .container import Container
 class UnpackReport:
     restored: list[str] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # member (or container) → why
+    repaired: list[str] = field(default_factory=list)  # frames rebuilt from parity, and where
     raw: int = 0
     seconds: float = 0.0
 
@@ -41,11 +42,9 @@ def containers_in(src: str) -> list[str]:
     return found
 
 
-def _safe_name(c: Container, name: str) -> str:
-    parts = name.split("/")
-    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise CorruptError(f"{c.path}: member name {name!r} is not a relative path; refusing to write outside the output folder")
-    return os.path.join(*parts)
+def _dest(out: str, name: str) -> str:
+    """Where member `name` is restored (names are checked when a container is opened)."""
+    return os.path.join(out, *name.split("/"))
 
 
 def unpack(src: str, out: str, members: list[str] | None = None, workers: int | None = None, progress: bool = False) -> UnpackReport:
@@ -62,14 +61,22 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
             opened.append(Container(p))
         except CorruptError as e:
             report.damaged[p] = str(e)
-    total = sum(int(m["size"]) for c in opened for m in c.members if want is None or m["name"] in want)
-    bar = progress_bar(total, "unpack", progress)
-    with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
-        for c in opened:
-            with c:
-                _unpack_container(c, out, want, pool, bar, report)
-    if bar is not None:
-        bar.close()  # type: ignore[attr-defined]
+    chosen = [m for c in opened for m in c.members if want is None or m["name"] in want]
+    for m in chosen:
+        if os.path.lexists(_dest(out, m["name"])):
+            for c in opened:
+                c.close()
+            raise InvalidArgumentError(f"{_dest(out, m['name'])!r} exists; unpack into an empty folder")
+    bar = progress_bar(sum(int(m["size"]) for m in chosen), "unpack", progress)
+    try:
+        with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
+            for c in opened:
+                with c:
+                    _unpack_container(c, out, want, pool, bar, report)
+                    report.repaired += [f"{c.path}: {r}" for r in c.repaired]
+    finally:
+        if bar is not None:
+            bar.close()  # type: ignore[attr-defined]
     report.seconds = time.perf_counter() - t0
     if want:
         missing = want - set(report.restored) - set(report.damaged)
@@ -92,21 +99,20 @@ def _unpack_container(
     targets = {}
     for i in sel:
         m = c.members[i]
-        dest = os.path.join(out, _safe_name(c, m["name"]))
-        if os.path.exists(dest):
-            raise InvalidArgumentError(f"{dest!r} exists; unpack into an empty folder")
+        dest = _dest(out, m["name"])
         os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        fd = os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(fd, int(m["size"]))
-        targets[i] = (dest, fd)
+        # Sized only once restored: a member whose frames are damaged never grows a large file.
+        targets[i] = (dest, os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
 
     def put(m: int, off: int, data: np.ndarray) -> None:
         os.pwrite(targets[m][1], data, off)
 
     damaged = restore_into(c, set(sel), put, pool, bar)
     for i, (dest, fd) in targets.items():
-        os.close(fd)
         m = c.members[i]
+        if i not in damaged:
+            os.ftruncate(fd, int(m["size"]))
+        os.close(fd)
         if i not in damaged:
             data = np.memmap(dest + ".partial", np.uint8, mode="r") if m["size"] else np.zeros(0, np.uint8)
             if _native.crc32c(data) != m["crc"]:
@@ -122,10 +128,16 @@ def _unpack_container(
 
 
 def restore_into(
-    c: Container, sel: set[int], put: Callable[[int, int, np.ndarray], None], pool: ThreadPoolExecutor, bar: object | None = None
+    c: Container,
+    sel: set[int],
+    put: Callable[[int, int, np.ndarray], None],
+    pool: ThreadPoolExecutor,
+    bar: object | None = None,
+    streams: set[int] | None = None,
 ) -> dict[int, str]:
-    """Decodes the frames holding bytes of the members in `sel` and hands each run to
-    ``put(member, file offset, bytes)``. Returns the damaged members with the reason."""
+    """Decodes the frames holding bytes of the members in `sel` (in `streams`, default all) and
+    hands each run to ``put(member, file offset, bytes)``. Returns the damaged members with the
+    reason."""
     damaged: dict[int, str] = {}
     depth = 2 * pool._max_workers  # noqa: SLF001
     # One queue across streams, so that many small streams (one frame each) still overlap.
@@ -152,7 +164,7 @@ def restore_into(
             bar.update(done)  # type: ignore[attr-defined]
 
     for s, stream in enumerate(c.streams):
-        if not any(p.member in sel for p in stream.parts):
+        if (streams is not None and s not in streams) or not any(p.member in sel for p in stream.parts):
             continue
         r = layout.runs(stream)
         mine = np.isin(r.member, list(sel))

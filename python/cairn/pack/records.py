@@ -1,0 +1,123 @@
+"""The records of a pack container: frames (compressed stream bytes) and parity (Reed–Solomon
+shards over a group of frames). Each record describes and checks itself, so a reader that lost
+the container's tail still finds them by walking, and a damaged one is recognised as such.
+
+    frame:  "FRM2" | u32 seq | u32 stream | u32 index | u64 raw length | u64 coded length
+            | u32 crc32c(raw) | u32 crc32c(coded) | u16 spec length | spec | u32 crc32c(header) | coded
+    parity: "PAR2" | u32 seq | u32 group | u16 shard | u16 k | u32 shard length | u32 crc32c(shard)
+            | k × u32 seq of the group's frames | u32 crc32c(header) | shard
+
+``seq`` numbers the records in write order. Parsing checks everything a record says about itself
+against the limits it is given; it never trusts a length before checking it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _native
+
+FRAME_MAGIC = b"FRM2"
+PARITY_MAGIC = b"PAR2"
+FRAME = struct.Struct("<4sIIIQQIIH")
+PARITY = struct.Struct("<4sIIHHII")
+CRC = struct.Struct("<I")
+MAX_SPEC = 128
+
+
+def crc(b: bytes | bytearray | memoryview | np.ndarray) -> int:
+    return _native.crc32c(b if isinstance(b, np.ndarray) else np.frombuffer(b, dtype=np.uint8))
+
+
+@dataclass
+class Frame:
+    """A frame record: `length` container bytes from `offset` (header included)."""
+
+    seq: int
+    stream: int
+    index: int
+    raw: int
+    coded: int
+    raw_crc: int
+    coded_crc: int
+    spec: str
+    header: int  # bytes of header before the coded bytes
+    offset: int = -1
+
+    @property
+    def length(self) -> int:
+        return self.header + self.coded
+
+
+@dataclass
+class Parity:
+    """A parity record: shard `shard` of parity group `group` over the frames `seqs`."""
+
+    seq: int
+    group: int
+    shard: int
+    n: int  # shard length
+    shard_crc: int
+    seqs: list[int]
+    header: int
+    offset: int = -1
+
+    @property
+    def length(self) -> int:
+        return self.header + self.n
+
+
+def frame_bytes(seq: int, stream: int, index: int, spec: str, coded: bytes, raw: int, raw_crc: int) -> bytes:
+    sb = spec.encode()
+    head = FRAME.pack(FRAME_MAGIC, seq, stream, index, raw, len(coded), raw_crc, crc(coded), len(sb)) + sb
+    return head + CRC.pack(crc(head)) + coded
+
+
+def parity_bytes(seq: int, group: int, shard: int, seqs: list[int], data: bytes) -> bytes:
+    head = PARITY.pack(PARITY_MAGIC, seq, group, shard, len(seqs), len(data), crc(data)) + struct.pack(f"<{len(seqs)}I", *seqs)
+    return head + CRC.pack(crc(head)) + data
+
+
+def header_length(fixed: bytes) -> int | None:
+    """Bytes of the whole header of the record starting with `fixed` (≥ 4 bytes), or None if it
+    is not a record's start. Needs FRAME.size bytes for frames, PARITY.size for parity."""
+    if fixed[:4] == FRAME_MAGIC and len(fixed) >= FRAME.size:
+        slen = FRAME.unpack_from(fixed)[8]
+        return FRAME.size + slen + 4 if slen <= MAX_SPEC else None
+    if fixed[:4] == PARITY_MAGIC and len(fixed) >= PARITY.size:
+        k = PARITY.unpack_from(fixed)[4]
+        return PARITY.size + 4 * k + 4 if 1 <= k <= 255 else None
+    return None
+
+
+def parse_header(h: bytes, limit: int) -> Frame | Parity | None:
+    """The record whose whole header is `h`, if its crc holds and its body fits in `limit`
+    bytes; None otherwise."""
+    if len(h) < 8 or CRC.unpack_from(h, len(h) - 4)[0] != crc(h[:-4]):
+        return None
+    if h[:4] == FRAME_MAGIC:
+        _, seq, s, i, raw, coded, raw_crc, coded_crc, slen = FRAME.unpack_from(h)
+        try:
+            spec = h[FRAME.size : FRAME.size + slen].decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        return Frame(seq, s, i, raw, coded, raw_crc, coded_crc, spec, len(h)) if coded <= limit else None
+    _, seq, g, j, k, n, shard_crc = PARITY.unpack_from(h)
+    seqs = list(struct.unpack_from(f"<{k}I", h, PARITY.size))
+    return Parity(seq, g, j, n, shard_crc, seqs, len(h)) if n <= limit else None
+
+
+def parse_record(b: bytes) -> Frame | Parity | None:
+    """A whole record (header and body, possibly followed by padding) if every crc holds."""
+    n = header_length(b[: max(FRAME.size, PARITY.size)])
+    if n is None or n > len(b):
+        return None
+    rec = parse_header(b[:n], len(b) - n)
+    if rec is None:
+        return None
+    body = b[n : n + (rec.coded if isinstance(rec, Frame) else rec.n)]
+    ok = crc(body) == (rec.coded_crc if isinstance(rec, Frame) else rec.shard_crc)
+    return rec if ok else None

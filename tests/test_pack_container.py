@@ -1,0 +1,323 @@
+"""Pack containers under damage and hostile fields: every field of the head, tail and frames is
+validated (CorruptError naming the field, fast, no large write); parity frames repair up to P
+damaged frames per group; beyond that the damage is named and every other member restored."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cairn
+from cairn import pack
+from cairn.pack import container as C
+from cairn.pack import records as R
+from cairn.pack.container import Container
+
+
+def _write_set(src: str, n: int = 6) -> None:
+    os.makedirs(src, exist_ok=True)
+    x = np.linspace(0, 1, 3000)
+    for r in range(n):
+        with h5py.File(os.path.join(src, f"rank-{r}.h5"), "w") as f:
+            f["rho"] = np.sin(x * 7 + r) + np.random.default_rng(r).normal(0, 1e-3, x.size)
+            f["ids"] = np.random.default_rng(r).integers(0, 1 << 40, 1500)
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory) -> str:
+    src = str(tmp_path_factory.mktemp("set") / "set")
+    _write_set(src)
+    return src
+
+
+def _bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _packed(src: str, out: str, **kw: object) -> str:
+    kw = {"group_size": 16, "scheme": "agnostic", "frame": 8192, "fsync": False, **kw}
+    pack.pack(src, out, **kw)  # type: ignore[arg-type]
+    return os.path.join(out, "group-00000.cpk")
+
+
+def _check_restored(src: str, out: str) -> list[str]:
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    for n in names:
+        assert not n.endswith(".partial"), n
+        assert _bytes(os.path.join(src, n)) == _bytes(os.path.join(out, n)), n
+    return names
+
+
+# -- hostile head fields ---------------------------------------------------------------------
+
+def _rewrite_head(path: str, mutate: Callable[[dict], None]) -> None:
+    """Re-writes both copies of the head with `mutate` applied and every crc made valid again,
+    as a hostile writer would."""
+    raw = _bytes(path)
+    with Container(path) as c:
+        head, start, end = c.head, c.data_start, c.data_end
+    mutate(head)
+    new = C._head_bytes(head)
+    hc, n, tail_raw, tail_crc, version, _, _ = C._TRAILER.unpack(raw[-C._TRAILER.size :])
+    tail = raw[len(raw) - C._TRAILER.size - n : len(raw) - C._TRAILER.size]
+    t = struct.pack("<QQQII", len(new), n, tail_raw, tail_crc, version)
+    trailer = C._TRAILER.pack(len(new), n, tail_raw, tail_crc, version, R.crc(t), C.END)
+    with open(path, "wb") as f:
+        f.write(new + raw[start:end] + new + tail + trailer)
+
+
+def _set(path: list, value: object) -> Callable[[dict], None]:
+    def mutate(head: dict) -> None:
+        node = head
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+
+    return mutate
+
+
+def _names(*names: str) -> Callable[[dict], None]:
+    def mutate(head: dict) -> None:
+        for m, n in zip(head["members"], names):
+            m["name"] = n
+
+    return mutate
+
+
+def _huge_member(head: dict) -> None:
+    head["members"][0]["size"] = 64 << 30
+    head["streams"][0]["parts"] = [[0, [[0, 64 << 30]]]] + [p for p in head["streams"][0]["parts"] if p[0] != 0]
+
+
+HOSTILE = {
+    "size -5": (_set(["members", 0, "size"], -5), r"members\[0\]\.size = -5"),
+    "size 2^50": (_set(["members", 0, "size"], 1 << 50), r"members\[0\]\.size = 1125899906842624 but its parts cover"),
+    "size 2^63": (_set(["members", 0, "size"], 1 << 63), r"members\[0\]\.size = 9223372036854775808 is outside"),
+    "size text": (_set(["members", 0, "size"], "12"), r"members\[0\]\.size is str"),
+    "64 GiB member": (_huge_member, r"streams declare \d+ frames"),
+    "offset 2^40": (_set(["streams", 0, "parts", 0, 1, 0, 0], 1 << 40), r"parts\[0\]\.extents\[0\]\.offset = 1099511627776"),
+    "length -1": (_set(["streams", 0, "parts", 0, 1, 0, 1], -1), r"parts\[0\]\.extents\[0\]\.length = -1"),
+    "part member 99": (_set(["streams", 0, "parts", 0, 0], 99), r"parts\[0\]\.member = 99"),
+    "NUL name": (_names("rank\0.h5"), r"members\[0\]\.name = 'rank\\x00\.h5' is not a relative path"),
+    "dotdot name": (_names("../../etc/passwd"), r"members\[0\]\.name = '\.\./\.\./etc/passwd'"),
+    "absolute name": (_names("/tmp/x"), r"members\[0\]\.name = '/tmp/x'"),
+    "empty name": (_names(""), r"members\[0\]\.name = ''"),
+    "duplicate names": (_names("a.h5", "a.h5"), r"members\[1\]\.name = 'a\.h5' names two members"),
+    "file and folder": (_names("a", "a/b.h5"), r"members\[0\]\.name = 'a' is both a file and the folder"),
+    "frame 2^40": (_set(["frame"], 1 << 40), r"head field frame = 1099511627776"),
+    "frame 100": (_set(["frame"], 100), r"head field frame = 100"),
+    "layout": (_set(["streams", 0, "layout"], "zigzag"), r"streams\[0\]\.layout = 'zigzag'"),
+    "block 0": (_set(["streams", 0, "block"], 0), r"streams\[0\]\.block = 0"),
+    "crc -1": (_set(["members", 0, "crc"], -1), r"members\[0\]\.crc = -1"),
+    "parity 1000": (_set(["parity"], 1000), r"head field parity = 1000"),
+    "members not a list": (_set(["members"], "x"), r"head field members is not a list"),
+    "format 3": (_set(["format"], 3), r"head field format = 3"),
+    "scheme": (_set(["scheme"], "x"), r"head field scheme = 'x'"),
+    "variable stream 99": (_set(["members", 0, "variables", 0, 3], 99), r"members\[0\]\.variables\[0\]\.stream = 99"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_head_fields_are_named_fast_with_nothing_written(small_set, tmp_path, case: str) -> None:
+    mutate, message = HOSTILE[case]
+    path = _packed(small_set, str(tmp_path / "packed"), scheme="aware")
+    _rewrite_head(path, mutate)
+    out = tmp_path / "restored"
+    t0 = time.perf_counter()
+    with pytest.raises(cairn.CorruptError, match=message):
+        Container(path)
+    with pytest.raises(cairn.CorruptError, match=message) as e:
+        pack.unpack(str(tmp_path / "packed"), str(out))
+    assert time.perf_counter() - t0 < 1.0
+    assert e.value.report.restored == []
+    assert not out.exists() or sum(f.stat().st_size for f in out.rglob("*")) == 0
+
+
+# -- binary fields: head prefix, trailer, frame headers --------------------------------------
+
+def _poke(path: str, at: int, fmt: str, value: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(struct.pack(fmt, value))
+
+
+@pytest.mark.parametrize("value", [-1 & 0xFFFFFFFF, 1 << 31, 1 << 20])
+def test_a_bad_head_length_is_named(small_set, tmp_path, value: int) -> None:
+    path = _packed(small_set, str(tmp_path / "p"))
+    _poke(path, 8, "<I", value)
+    _poke(path, os.path.getsize(path) - C._TRAILER.size, "<Q", 0)  # and no usable copy of the head
+    t0 = time.perf_counter()
+    with pytest.raises(cairn.CorruptError, match="head length field|head .* fails its checksum"):
+        Container(path)
+    assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("value", [1 << 40, 1 << 63, 0])
+def test_the_head_crc_covers_its_raw_length(small_set, tmp_path, value: int) -> None:
+    """A damaged raw-length field is caught by the crc (and the head read from its copy); with a
+    crc forged to match, it is refused before anything is allocated."""
+    path = _packed(small_set, str(tmp_path / "p"))
+    _poke(path, 12, "<Q", value)
+    with Container(path) as c:
+        assert "fails its checksum; read its copy at the end instead" in c.damage[0]
+    n = struct.unpack("<I", _bytes(path)[8:12])[0]
+    body = _bytes(path)[C._HEAD.size : C._HEAD.size + n]
+    _poke(path, 20, "<I", R.crc(struct.pack("<IQ", n, value) + body))
+    _poke(path, os.path.getsize(path) - C._TRAILER.size, "<Q", 0)
+    with pytest.raises(cairn.CorruptError, match="raw length|does not decode"):
+        Container(path)
+
+
+@pytest.mark.parametrize("field", ["head copy length", "tail length", "tail raw length", "tail crc", "version", "end"])
+def test_a_damaged_trailer_falls_back_to_walking_the_records(small_set, tmp_path, field: str) -> None:
+    path = _packed(small_set, str(tmp_path / "packed"), parity=0)
+    at = {"head copy length": 0, "tail length": 8, "tail raw length": 16, "tail crc": 24, "version": 28, "end": 36}[field]
+    _poke(path, os.path.getsize(path) - C._TRAILER.size + at, "<I", 0x7FFFFFFF)
+    with Container(path) as c:
+        assert any("walking" in d for d in c.damage), c.damage
+    pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 6
+
+
+def _frame_header(path: str, k: int) -> tuple[int, bytes]:
+    with Container(path) as c:
+        seq = c.frames[(0, k)]
+        fr = c.records[seq]
+    return fr.offset, _bytes(path)[fr.offset : fr.offset + fr.header]
+
+
+@pytest.mark.parametrize(("field", "at", "fmt", "value", "message"), [
+    ("stream", 8, "<I", 99, "header field stream = 99"),
+    ("index", 12, "<I", 1 << 30, "header field index = 1073741824"),
+    ("raw length", 16, "<Q", 1 << 40, "header field raw length = 1099511627776"),
+    ("coded length", 24, "<Q", 1 << 62, "coded length exceeds the container"),
+    ("spec length", 40, "<H", 0xFFFF, "bad spec length"),
+])
+def test_hostile_frame_header_fields_are_named(small_set, tmp_path, field, at, fmt, value, message) -> None:
+    """A frame header rewritten with a valid crc but impossible fields is named as damage; its
+    members are reported, the other members restored, nothing large written."""
+    path = _packed(small_set, str(tmp_path / "packed"), parity=0)
+    off, head = _frame_header(path, 3)
+    h = bytearray(head)
+    struct.pack_into(fmt, h, at, value)
+    if field != "spec length":
+        struct.pack_into("<I", h, len(h) - 4, R.crc(bytes(h[:-4])))
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(h)
+    t0 = time.perf_counter()
+    with pytest.raises(cairn.CorruptError, match=message) as e:
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    assert time.perf_counter() - t0 < 1.0
+    assert set(e.value.report.damaged) == {"rank-0.h5"}
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 5
+
+
+def test_a_cut_container_gives_back_every_member_before_the_cut(small_set, tmp_path) -> None:
+    path = _packed(small_set, str(tmp_path / "packed"), parity=0)
+    size = os.path.getsize(path)
+    with Container(path) as c:
+        before = [m["name"] for m, p in zip(c.members, c.streams[0].parts) if True]
+        last = c.records[c.frames[(0, c.frame_count(0) // 2)]]
+    os.truncate(path, last.offset + last.length // 2)
+    with pytest.raises(cairn.CorruptError, match="is missing") as e:
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    restored = _check_restored(small_set, str(tmp_path / "r"))
+    assert restored and set(restored) | set(e.value.report.damaged) == set(before)
+    assert restored == sorted(before)[: len(restored)]  # a prefix: every member before the cut
+    assert size > os.path.getsize(path)
+
+
+# -- parity ----------------------------------------------------------------------------------
+
+def _groups(path: str) -> list[list[tuple[int, int]]]:
+    """(offset, length) of every record of each parity group, parity records included."""
+    with Container(path) as c:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for r in c.records.values():
+            if isinstance(r, R.Parity):
+                out.setdefault(r.group, [(c.records[q].offset, c.records[q].length) for q in r.seqs])
+                out[r.group].append((r.offset, r.length))
+    return [out[g] for g in sorted(out)]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(p=st.integers(1, 2), k=st.sampled_from([3, 8, 16]), scheme=st.sampled_from(pack.SCHEMES), data=st.data())
+def test_parity_repairs_up_to_p_damaged_records_per_group(small_set, p: int, k: int, scheme: str, data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme, parity=p, parity_group=k)
+        raw = bytearray(_bytes(path))
+        for group in _groups(path):
+            hit = data.draw(st.lists(st.sampled_from(range(len(group))), max_size=p, unique=True))
+            for i in hit:
+                off, n = group[i]
+                raw[off + data.draw(st.integers(0, n - 1))] ^= data.draw(st.integers(1, 255))
+        with open(path, "wb") as f:
+            f.write(raw)
+        report = pack.unpack(os.path.join(work, "packed"), os.path.join(work, "r"))
+        assert len(_check_restored(small_set, os.path.join(work, "r"))) == 6
+        assert all("rebuilt from parity" in r for r in report.repaired)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(which=st.floats(0, 1, exclude_max=True), zero=st.booleans(), scheme=st.sampled_from(pack.SCHEMES))
+def test_parity_repairs_a_frame_cut_out_or_wiped(small_set, which: float, zero: bool, scheme: str) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme)
+        with Container(path) as c:
+            frames = sorted((r.offset, r.length) for r in c.records.values() if isinstance(r, R.Frame))
+        off, n = frames[int(which * len(frames))]
+        raw = bytearray(_bytes(path))
+        if zero:
+            raw[off : off + n] = bytes(n)
+        else:
+            del raw[off : off + n]
+        with open(path, "wb") as f:
+            f.write(raw)
+        pack.unpack(os.path.join(work, "packed"), os.path.join(work, "r"))
+        assert len(_check_restored(small_set, os.path.join(work, "r"))) == 6
+
+
+def test_damage_beyond_parity_is_named_and_the_rest_restored(small_set, tmp_path) -> None:
+    path = _packed(small_set, str(tmp_path / "packed"), parity=1, parity_group=4)
+    group = _groups(path)[0]
+    raw = bytearray(_bytes(path))
+    for off, n in group[:2]:  # two damaged frames in a group that can repair one
+        raw[off + n // 2] ^= 0x55
+    with open(path, "wb") as f:
+        f.write(raw)
+    with Container(path) as c:
+        v = pack.verify(c)
+    assert len(v.lost) == 2 and not v.repairable
+    assert all("parity group 0 has 3 sound records of 5 and needs 4" in x for x in v.lost), v.lost
+    with pytest.raises(cairn.CorruptError, match="parity cannot repair it") as e:
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    restored = _check_restored(small_set, str(tmp_path / "r"))
+    assert restored and set(restored) | set(e.value.report.damaged) == {f"rank-{r}.h5" for r in range(6)}
+
+
+def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_path, capsys) -> None:
+    from cairn import pack_cli
+
+    path = _packed(small_set, str(tmp_path / "packed"))
+    pack_cli.ls(str(tmp_path / "packed"), verify=True)
+    out = capsys.readouterr().out
+    assert "rank-3.h5" in out and "all sound" in out
+    off, n = _groups(path)[0][0]
+    raw = bytearray(_bytes(path))
+    raw[off + n - 1] ^= 1
+    with open(path, "wb") as f:
+        f.write(raw)
+    pack_cli.ls(str(tmp_path / "packed"), verify=True)
+    out = capsys.readouterr().out
+    assert "1 damaged" in out and "damaged, repairable: frame" in out and ": repairable" in out
