@@ -27,17 +27,8 @@ from .scan import Member, scan
 
 #: Largest raw bytes per frame: the unit of compression, parallelism, partial reads and repair.
 FRAME = 4 << 20
-#: Smallest frame chosen automatically (smaller frames compress worse).
-MIN_AUTO_FRAME = 64 << 10
 #: Codec the aware policy is compared with, frame by frame.
 PLAIN = "zstd:3"
-
-
-def auto_frame(raw: int, parity_group: int) -> int:
-    """A frame size giving a group of `raw` bytes about two parity groups' worth of frames, so
-    that parity costs about 1/parity_group of the container rather than a whole frame."""
-    want = -(-raw // (2 * parity_group))
-    return max(MIN_AUTO_FRAME, min(FRAME, -(-want // MIN_AUTO_FRAME) * MIN_AUTO_FRAME))
 
 
 @dataclass
@@ -123,7 +114,7 @@ def pack(
     workers: int | None = None,
     progress: bool = False,
     fsync: bool = True,
-    frame: int | None = None,
+    frame: int = FRAME,
     parity: int = 1,
     parity_group: int = 16,
 ) -> PackReport:
@@ -132,9 +123,10 @@ def pack(
     and ``agnostic`` and keeps the smaller container. `codec` is ``aware`` (by element type, never worse than
     plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is
     a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
-    of a compressed frame (the unit of partial reads, damage and repair; default: chosen per
-    container, at most 4 MiB). `parity` Reed–Solomon records per `parity_group` frames repair that
-    many damaged frames of the group (0: none). On failure nothing is left in `out`."""
+    of a compressed frame (the unit of partial reads). `parity` Reed–Solomon records per group of
+    `parity_group` slices of the frames repair that many damaged slices per group, and runs of
+    damage up to about parity/parity_group of the frames (0: no parity; see ``parity``). On
+    failure nothing is left in `out`."""
     check_options(scheme, block, group_size, codec, frame, parity, parity_group)
     pattern = re.compile(match) if match else None
     report = PackReport(scheme, codec)
@@ -155,10 +147,9 @@ def pack(
                 members = scan_group(files[g : g + group_size])
                 report.notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
-                fr = frame or auto_frame(sum(m.size for m in members), parity_group)
                 try:
                     tries = ("aware-block", "agnostic") if scheme == layout.AUTO else (scheme,)
-                    size = pack_best(members, path, tries, block, codec, pattern, pool, bar, fsync, fr, parity, parity_group)
+                    size = pack_best(members, path, tries, block, codec, pattern, pool, bar, fsync, frame, parity, parity_group)
                 except CairnError:
                     raise
                 except Exception as e:
@@ -177,17 +168,17 @@ def pack(
     return report
 
 
-def check_options(scheme: str, block: int, group_size: int, codec: str, frame: int | None, parity: int, parity_group: int) -> None:
+def check_options(scheme: str, block: int, group_size: int, codec: str, frame: int, parity: int, parity_group: int) -> None:
     """Refuses bad options before anything is written."""
     layout.check_scheme(scheme, block)
-    if frame is not None and (frame < 4096 or frame % 4096 or frame > 1 << 30):
+    if frame < 4096 or frame % 4096 or frame > 1 << 30:
         raise InvalidArgumentError(f"frame size {frame}: give a multiple of 4096 bytes, at most 1 GiB")
     if group_size < 1:
         raise InvalidArgumentError(f"--group-size {group_size}: give at least 1")
     if not 0 <= parity <= 64:
         raise InvalidArgumentError(f"--parity {parity}: give 0 (no parity) to 64 parity records per group of frames")
     if not 1 <= parity_group <= 255 - parity:
-        raise InvalidArgumentError(f"--parity-group {parity_group}: give 1 to {255 - parity} frames (with --parity {parity})")
+        raise InvalidArgumentError(f"--parity-group {parity_group}: give 1 to {255 - parity} slices (with --parity {parity})")
     _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
 
 

@@ -1,6 +1,6 @@
 """`cairn pack --compare`: every scheme on a sample of the set, as a table, so users can pick
 (mcrEngine §6.2: the best scheme depends on the application). Containers are packed as `cairn
-pack` would by default (frame size chosen per container, one parity record per 16 frames)."""
+pack` would by default (with parity)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .aggregate import auto_frame, list_members, pack_best, scan_group
+from .aggregate import FRAME, list_members, pack_best, scan_group
 from .layout import AUTO
 from .restore import decode_all
 
@@ -66,9 +66,8 @@ def compare(
                 if notes is not None and not rows:
                     notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(tmp, f"{scheme}-{codec}-{g}.cpk")
-                size = sum(m.size for m in members)
                 tries = ("aware-block", "agnostic") if scheme == AUTO else (scheme,)
-                packed += pack_best(members, path, tries, block, codec, pattern, pool, None, False, auto_frame(size, parity_group), parity, parity_group)
+                packed += pack_best(members, path, tries, block, codec, pattern, pool, None, False, FRAME, parity, parity_group)
                 raw += sum(m.size for m in members)
                 paths.append(path)
             t_pack = time.perf_counter() - t0

@@ -74,28 +74,28 @@ class ContainerWriter:
         self.parity, self.group = int(head["parity"]), int(head["parity_group"])
         self.f = open(path + ".partial", "w+b")
         self.f.write(self.head_bytes)
-        self.frames: list[rec.Frame] = []
         self.rows: list[list] = []
 
     def add(self, stream: int, index: int, spec: str, coded: bytes, raw: int, raw_crc: int) -> None:
         seq = len(self.rows)
-        b = rec.frame_bytes(seq, stream, index, spec, coded, raw, raw_crc)
-        off = self.f.tell() - len(self.head_bytes)
+        at = self.f.tell() - len(self.head_bytes)
+        b = rec.frame_bytes(seq, stream, index, at, spec, coded, raw, raw_crc)
         self.f.write(b)
-        self.frames.append(rec.Frame(seq, stream, index, raw, len(coded), 0, 0, spec, len(b) - len(coded), off))
-        self.rows.append([seq, off, len(b)])
+        self.rows.append([seq, at, len(b)])
 
     def close(self, fsync: bool = True) -> int:
         """Finishes the container; returns its size."""
         self.f.flush()
         base = len(self.head_bytes)
-        for g, frames in enumerate(par.groups(self.frames, self.group) if self.parity else []):
-            shards = [os.pread(self.f.fileno(), fr.length, base + fr.offset) for fr in frames]
-            for j, data in enumerate(par.encode(shards, self.parity)):
-                seq = len(self.rows)
-                b = rec.parity_bytes(seq, g, j, [fr.seq for fr in frames], data)
-                self.rows.append([seq, self.f.tell() - base, len(b)])
-                self.f.write(b)
+        region = self.f.tell() - base
+        if self.parity and region:
+            geo = par.geometry(region, self.group)
+            for g, crcs, shards in par.encode(lambda off, n: os.pread(self.f.fileno(), n, base + off), geo, self.parity):
+                for j, data in enumerate(shards):
+                    seq = len(self.rows)
+                    b = rec.parity_bytes(seq, g, j, geo.groups, region, crcs, data)
+                    self.rows.append([seq, self.f.tell() - base, len(b)])
+                    self.f.write(b)
         tail, raw = _pack_json({"records": self.rows})
         self.f.write(self.head_bytes)
         self.f.write(tail)
@@ -128,7 +128,9 @@ class Container:
         self.records: dict[int, rec.Frame | rec.Parity] = {}  # seq → where and what
         self.frames: dict[tuple[int, int], int] = {}  # (stream, index) → seq
         self.mended: dict[int, bytes] = {}  # seq → record bytes rebuilt from parity
-        self.tried: set[int] = set()  # parity groups already rebuilt
+        self.slices: dict[int, bytes] = {}  # frame-region slices rebuilt from parity
+        self.tried: dict[int, tuple[int, int]] = {}  # parity group → (sound shards, needed) once decoded
+        self._placed: list[tuple[int, int, int]] | None = None
         self.lock = threading.Lock()
         try:
             trailer = self._read_trailer()
@@ -245,16 +247,32 @@ class Container:
         if r is None:
             return 0, "header fails its checksum, or its coded length exceeds the container"
         if isinstance(r, rec.Frame):
+            if r.at + r.length > 2 * self.size:
+                return 0, f"header field at = {r.at} lies beyond the container"
             if r.stream >= len(self.streams):
                 return 0, f"header field stream = {r.stream} is outside 0..{len(self.streams) - 1}"
             if r.index >= self.frame_count(r.stream):
                 return 0, f"header field index = {r.index} is outside 0..{self.frame_count(r.stream) - 1}"
             if r.raw != self._frame_raw(r.stream, r.index):
                 return 0, f"header field raw length = {r.raw}, but frame {r.index} holds {self._frame_raw(r.stream, r.index)} bytes"
-            self.frames.setdefault((r.stream, r.index), r.seq)
         r.offset = at
-        self.records.setdefault(r.seq, r)
+        if isinstance(r, rec.Frame):
+            self.note_frame(r)
+        else:
+            self.records.setdefault(r.seq, r)
         return r.length, ""
+
+    def note_frame(self, r: rec.Frame) -> None:
+        """Adds a frame found on disk (or rebuilt from parity, with offset -1)."""
+        self.frames.setdefault((r.stream, r.index), r.seq)
+        if self.records.setdefault(r.seq, r) is r:
+            self._placed = None
+
+    def placed(self) -> list[tuple[int, int, int]]:
+        """(start in the frame region, length, container offset) of every known frame, in order."""
+        if self._placed is None:
+            self._placed = sorted((r.at, r.length, r.offset) for r in self.records.values() if isinstance(r, rec.Frame))
+        return self._placed
 
     def _walk(self) -> None:
         """Finds records by walking from the head; past damage, by looking for the next header."""

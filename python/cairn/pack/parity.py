@@ -1,15 +1,20 @@
-"""Parity over groups of frames: the staging servers' Reed–Solomon code (``cairn-core``'s
-``erasure``, through ``cairn._native``) applied to whole frame records.
+"""Parity over the frames of a container: the staging servers' Reed–Solomon code (``cairn-core``'s
+``erasure``, through ``cairn._native``) over interleaved slices of the frame region.
 
-A container's frames are put in groups of up to ``parity_group`` frames of similar size (sorted
-by length, so padding is small); each group gets ``parity`` parity records whose shards are the
-Reed–Solomon parity of the group's records, each zero-padded to the longest. Any ``parity``
-damaged or missing records of a group (frames or parity) are rebuilt from the others: a frame is
-damaged when its own checksums fail, so the code only ever has to fill erasures.
+The frame region (every frame record, one after another) is cut in slices of ``slice`` bytes
+(about 1/(8·parity_group) of it, 64 B to 1 MiB). Slice ``j`` belongs to group ``j mod groups``,
+so each group holds about ``parity_group`` slices spread evenly over the region, and gets
+``parity`` parity records, each carrying the crc32c of every slice of its group. A slice is an
+erasure when its crc fails (or its bytes are missing), so each group repairs any ``parity``
+damaged slices: any ``parity`` damaged bytes per group, and any run of damaged or cut-out bytes
+up to about ``parity / parity_group`` of the region (a run touches consecutive slices, which lie
+in different groups). The cost is ``parity / parity_group`` of the frames, whatever their size,
+so frames can stay large (better compression).
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,69 +24,168 @@ from . import records as rec
 if TYPE_CHECKING:
     from .container import Container
 
-
-def groups(frames: list[rec.Frame], size: int) -> list[list[rec.Frame]]:
-    """Frames in groups of at most `size`, by record length (so shards need little padding)."""
-    order = sorted(frames, key=lambda f: f.length)
-    return [order[a : a + size] for a in range(0, len(order), size)]
+MIN_SLICE, MAX_SLICE = 64, 1 << 20
 
 
-def encode(shards: list[bytes], m: int) -> list[bytes]:
-    """The `m` parity shards of frame records, each padded to the longest."""
-    n = max(len(s) for s in shards)
-    return _native.erasure_parity([s.ljust(n, b"\0") for s in shards], m)
+@dataclass(frozen=True)
+class Geometry:
+    """How a frame region of `region` bytes is sliced and grouped."""
+
+    region: int
+    slice: int
+    groups: int
+
+    @property
+    def slices(self) -> int:
+        return -(-self.region // self.slice)
+
+    def members(self, g: int) -> range:
+        """The slices of group `g`."""
+        return range(g, self.slices, self.groups)
 
 
-def _parity_groups(c: Container) -> dict[int, dict[int, rec.Parity]]:
-    out: dict[int, dict[int, rec.Parity]] = {}
-    for r in c.records.values():
-        if isinstance(r, rec.Parity):
-            out.setdefault(r.group, {}).setdefault(r.shard, r)
+def geometry(region: int, parity_group: int) -> Geometry:
+    s = max(MIN_SLICE, min(MAX_SLICE, -(-region // (8 * parity_group))))
+    n = -(-region // s)
+    return Geometry(region, s, -(-n // parity_group))
+
+
+def encode(read: object, geo: Geometry, parity: int) -> list[tuple[int, list[int], list[bytes]]]:
+    """(group, slice crcs, parity shards) of every group; ``read(offset, n)`` reads the region."""
+    out = []
+    for g in range(geo.groups):
+        slices = [read(j * geo.slice, geo.slice).ljust(geo.slice, b"\0") for j in geo.members(g)]  # type: ignore[operator]
+        out.append((g, [rec.crc(x) for x in slices], _native.erasure_parity(slices, parity)))
     return out
 
 
-def _shards(c: Container, shard_of: dict[int, rec.Parity]) -> tuple[list[int], int, list[bytes | None]]:
-    """The group's frame seqs, shard length and shards (None where damaged or missing)."""
-    first = next(iter(shard_of.values()))
-    seqs, n, m = first.seqs, first.n, int(c.head["parity"])
+# -- reading ---------------------------------------------------------------------------------
+
+def _geometry(c: Container) -> tuple[Geometry, dict[int, dict[int, rec.Parity]]] | None:
+    """The geometry the container's parity records agree on, and those records by group and shard."""
+    found = [r for r in c.records.values() if isinstance(r, rec.Parity)]
+    for first in found:
+        geo = Geometry(first.region, first.slice, first.groups)
+        if geo.region > 2 * c.size or geo.groups > geo.slices:
+            continue
+        by: dict[int, dict[int, rec.Parity]] = {}
+        for r in found:
+            if (r.region, r.slice, r.groups) == (geo.region, geo.slice, geo.groups) and len(r.crcs) == len(geo.members(r.group)):
+                by.setdefault(r.group, {}).setdefault(r.shard, r)
+        return geo, by
+    return None
+
+
+def _slice(c: Container, geo: Geometry, j: int) -> bytes:
+    """Slice `j` of the frame region as the container holds it (zeros where no record is known)."""
+    if j in c.slices:
+        return c.slices[j]
+    a, b = j * geo.slice, min((j + 1) * geo.slice, geo.region)
+    out = bytearray(geo.slice)
+    placed = c.placed()
+    k = max(bisect.bisect_right([p[0] for p in placed], a) - 1, 0)
+    while k < len(placed) and placed[k][0] < b:
+        at, length, off = placed[k]
+        lo, hi = max(a, at), min(b, at + length)
+        if lo < hi and off >= 0:
+            out[lo - a : hi - a] = c.pread(hi - lo, off + lo - at).ljust(hi - lo, b"\0")
+        k += 1
+    return bytes(out)
+
+
+def _decode(c: Container, geo: Geometry, g: int, shard_of: dict[int, rec.Parity]) -> tuple[int, int]:
+    """Rebuilds the damaged slices of group `g` if it can; returns (sound shards, needed)."""
+    js = list(geo.members(g))
+    crcs = next(iter(shard_of.values())).crcs
     shards: list[bytes | None] = []
-    for seq in seqs:
-        b = c.record_bytes(seq)
-        shards.append(b.ljust(n, b"\0") if b is not None and len(b) <= n else None)
-    for j in range(m):
-        p = shard_of.get(j)
-        b = c.pread(p.length, p.offset) if p is not None and p.seqs == seqs and p.n == n else b""
-        body = b[p.header :] if p is not None and len(b) == p.length else b""
-        shards.append(body if body and rec.crc(body) == p.shard_crc else None)  # type: ignore[union-attr]
-    return seqs, n, shards
+    for j, want in zip(js, crcs):
+        x = _slice(c, geo, j)
+        shards.append(x if rec.crc(x) == want else None)
+    for p in range(int(c.head["parity"])):
+        r = shard_of.get(p)
+        body = c.pread(r.length, r.offset)[r.header :] if r is not None else b""
+        shards.append(body if r is not None and len(body) == r.slice and rec.crc(body) == r.shard_crc else None)
+    sound = sum(x is not None for x in shards)
+    lost = [i for i in range(len(js)) if shards[i] is None]
+    if lost and sound >= len(js):
+        data = _native.erasure_decode(shards, len(js))
+        for i in lost:
+            c.slices[js[i]] = data[i * geo.slice : (i + 1) * geo.slice]
+    return sound, len(js)
 
 
-def _rebuild(c: Container, g: int, shard_of: dict[int, rec.Parity]) -> None:
-    seqs, n, shards = _shards(c, shard_of)
-    k = len(seqs)
-    lost = [i for i in range(k) if shards[i] is None]
-    if not lost or sum(s is not None for s in shards) < k:
-        return
-    data = _native.erasure_decode(shards, k)
-    for i in lost:
-        b = data[i * n : (i + 1) * n]
-        r = rec.parse_record(b)
-        if isinstance(r, rec.Frame) and r.seq == seqs[i] and r.stream < len(c.streams) and r.index < c.frame_count(r.stream):
-            c.mended[r.seq] = b[: r.length]
-            c.frames.setdefault((r.stream, r.index), r.seq)
-            c.repaired.append(f"{c.where(r.stream, r.index)} rebuilt from parity group {g}")
+def _rebuild(c: Container, a: int, b: int) -> list[str]:
+    """Rebuilds the slices holding region bytes [a, b); returns why not, per group that cannot."""
+    found = _geometry(c)
+    if found is None:
+        return ["no sound parity record"]
+    geo, by = found
+    why = []
+    first, last = a // geo.slice, (min(b, geo.region) - 1) // geo.slice
+    for g in sorted({j % geo.groups for j in range(first, last + 1)}):
+        if g not in c.tried:
+            c.tried[g] = _decode(c, geo, g, by[g]) if g in by else (0, 1)
+        sound, need = c.tried[g]
+        if sound < need:
+            why.append(f"parity group {g} has {sound} sound slices of {need + int(c.head['parity'])} and needs {need}")
+    return why
+
+
+def _logical(c: Container, a: int, b: int) -> bytes:
+    found = _geometry(c)
+    if found is None or b > found[0].region:
+        return b""
+    geo = found[0]
+    parts = [_slice(c, geo, j) for j in range(a // geo.slice, (b - 1) // geo.slice + 1)]
+    base = (a // geo.slice) * geo.slice
+    return b"".join(parts)[a - base : b - base]
+
+
+def _gaps(c: Container) -> list[tuple[int, int]]:
+    """Region bytes no known frame covers: where frames were lost (cut out, or their header damaged)."""
+    found = _geometry(c)
+    if found is None:
+        return []
+    out, pos = [], 0
+    for at, length, _ in c.placed():
+        if at > pos:
+            out.append((pos, min(at, found[0].region)))
+        pos = max(pos, at + length)
+    if pos < found[0].region:
+        out.append((pos, found[0].region))
+    return [(a, b) for a, b in out if a < b]
+
+
+def _mend(c: Container, at: int, length: int) -> rec.Frame | None:
+    b = _logical(c, at, at + length)
+    r = rec.parse_record(b)
+    if isinstance(r, rec.Frame) and r.at == at and r.length == length:
+        c.mended[r.seq] = b
+        return r
+    return None
 
 
 def repair(c: Container, s: int, i: int) -> bytes | None:
-    """The record of frame (s, i) rebuilt from its parity group, or None if it cannot be."""
+    """The record of frame (s, i) rebuilt from parity, or None if it cannot be."""
     seq = c.frames.get((s, i))
-    for g, shard_of in _parity_groups(c).items():
-        if g in c.tried:
-            continue
-        seqs = next(iter(shard_of.values())).seqs
-        if seq in seqs or (seq is None and any(q not in c.records for q in seqs)):
-            c.tried.add(g)
-            _rebuild(c, g, shard_of)
+    r = c.records.get(seq) if seq is not None else None
+    if isinstance(r, rec.Frame):
+        if not _rebuild(c, r.at, r.at + r.length) and _mend(c, r.at, r.length):
+            c.repaired.append(f"{c.where(s, i)} rebuilt from parity")
+        return c.mended.get(r.seq)
+    for a, b in _gaps(c):
+        _rebuild(c, a, b)
+        pos = a
+        while pos < b:
+            head = _logical(c, pos, min(b, pos + rec.PARITY.size + 4 * 255 + 4))
+            n = rec.header_length(head)
+            hr = rec.parse_header(head[:n], b - pos - n) if n is not None and n <= len(head) else None
+            fr = _mend(c, pos, hr.length) if isinstance(hr, rec.Frame) else None
+            if fr is None:
+                break
+            c.note_frame(fr)
+            c.repaired.append(f"{c.where(fr.stream, fr.index)} (missing) rebuilt from parity")
+            pos += fr.length
     seq = c.frames.get((s, i))
     return c.mended.get(seq) if seq is not None else None
 
@@ -91,12 +195,10 @@ def why_not(c: Container, s: int, i: int) -> str:
     if not int(c.head["parity"]):
         return "the container has no parity (packed with --parity 0)"
     seq = c.frames.get((s, i))
-    for g, shard_of in sorted(_parity_groups(c).items()):
-        seqs, _n, shards = _shards(c, shard_of)
-        if seq in seqs or seq is None and any(q not in c.records for q in seqs):
-            sound = sum(x is not None for x in shards)
-            return f"parity group {g} has {sound} sound records of {len(shards)} and needs {len(seqs)}"
-    return "no sound parity record covers it"
+    r = c.records.get(seq) if seq is not None else None
+    spans = [(r.at, r.at + r.length)] if isinstance(r, rec.Frame) else _gaps(c)
+    why = sorted({w for a, b in spans for w in _rebuild(c, a, b)})
+    return "; ".join(why) or "its bytes were rebuilt but do not form the frame"
 
 
 @dataclass

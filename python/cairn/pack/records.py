@@ -1,14 +1,16 @@
 """The records of a pack container: frames (compressed stream bytes) and parity (Reed–Solomon
-shards over a group of frames). Each record describes and checks itself, so a reader that lost
+shards over slices of the frames). Each record describes and checks itself, so a reader that lost
 the container's tail still finds them by walking, and a damaged one is recognised as such.
 
-    frame:  "FRM2" | u32 seq | u32 stream | u32 index | u64 raw length | u64 coded length
+    frame:  "FRM2" | u32 seq | u32 stream | u32 index | u64 at | u64 raw length | u64 coded length
             | u32 crc32c(raw) | u32 crc32c(coded) | u16 spec length | spec | u32 crc32c(header) | coded
-    parity: "PAR2" | u32 seq | u32 group | u16 shard | u16 k | u32 shard length | u32 crc32c(shard)
-            | k × u32 seq of the group's frames | u32 crc32c(header) | shard
+    parity: "PAR2" | u32 seq | u32 group | u16 shard | u32 groups | u16 k | u32 slice | u64 region
+            | u32 crc32c(shard) | k × u32 crc32c(slice) | u32 crc32c(header) | shard
 
-``seq`` numbers the records in write order. Parsing checks everything a record says about itself
-against the limits it is given; it never trusts a length before checking it.
+``seq`` numbers the records in write order; ``at`` is where a frame record starts in the *frame
+region* (the frames one after another, from the end of the head), so a frame found displaced
+(bytes cut out before it) is put back in place. Parsing checks everything a record says about
+itself against the limits it is given; it never trusts a length before checking it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from .. import _native
 
 FRAME_MAGIC = b"FRM2"
 PARITY_MAGIC = b"PAR2"
-FRAME = struct.Struct("<4sIIIQQIIH")
-PARITY = struct.Struct("<4sIIHHII")
+FRAME = struct.Struct("<4sIIIQQQIIH")
+PARITY = struct.Struct("<4sIIHIHIQI")
 CRC = struct.Struct("<I")
 MAX_SPEC = 128
 
@@ -39,6 +41,7 @@ class Frame:
     seq: int
     stream: int
     index: int
+    at: int  # start in the frame region
     raw: int
     coded: int
     raw_crc: int
@@ -54,30 +57,38 @@ class Frame:
 
 @dataclass
 class Parity:
-    """A parity record: shard `shard` of parity group `group` over the frames `seqs`."""
+    """A parity record: shard `shard` of parity group `group` of `groups`, over the `k` slices
+    ``group, group + groups, …`` of `slice` bytes of a frame region of `region` bytes."""
 
     seq: int
     group: int
     shard: int
-    n: int  # shard length
+    groups: int
+    slice: int
+    region: int
     shard_crc: int
-    seqs: list[int]
+    crcs: list[int]  # of each of the group's slices (zero-padded to `slice`)
     header: int
     offset: int = -1
 
     @property
+    def n(self) -> int:
+        return self.slice
+
+    @property
     def length(self) -> int:
-        return self.header + self.n
+        return self.header + self.slice
 
 
-def frame_bytes(seq: int, stream: int, index: int, spec: str, coded: bytes, raw: int, raw_crc: int) -> bytes:
+def frame_bytes(seq: int, stream: int, index: int, at: int, spec: str, coded: bytes, raw: int, raw_crc: int) -> bytes:
     sb = spec.encode()
-    head = FRAME.pack(FRAME_MAGIC, seq, stream, index, raw, len(coded), raw_crc, crc(coded), len(sb)) + sb
+    head = FRAME.pack(FRAME_MAGIC, seq, stream, index, at, raw, len(coded), raw_crc, crc(coded), len(sb)) + sb
     return head + CRC.pack(crc(head)) + coded
 
 
-def parity_bytes(seq: int, group: int, shard: int, seqs: list[int], data: bytes) -> bytes:
-    head = PARITY.pack(PARITY_MAGIC, seq, group, shard, len(seqs), len(data), crc(data)) + struct.pack(f"<{len(seqs)}I", *seqs)
+def parity_bytes(seq: int, group: int, shard: int, groups: int, region: int, crcs: list[int], data: bytes) -> bytes:
+    head = PARITY.pack(PARITY_MAGIC, seq, group, shard, groups, len(crcs), len(data), region, crc(data))
+    head += struct.pack(f"<{len(crcs)}I", *crcs)
     return head + CRC.pack(crc(head)) + data
 
 
@@ -85,10 +96,10 @@ def header_length(fixed: bytes) -> int | None:
     """Bytes of the whole header of the record starting with `fixed` (≥ 4 bytes), or None if it
     is not a record's start. Needs FRAME.size bytes for frames, PARITY.size for parity."""
     if fixed[:4] == FRAME_MAGIC and len(fixed) >= FRAME.size:
-        slen = FRAME.unpack_from(fixed)[8]
+        slen = FRAME.unpack_from(fixed)[9]
         return FRAME.size + slen + 4 if slen <= MAX_SPEC else None
     if fixed[:4] == PARITY_MAGIC and len(fixed) >= PARITY.size:
-        k = PARITY.unpack_from(fixed)[4]
+        k = PARITY.unpack_from(fixed)[5]
         return PARITY.size + 4 * k + 4 if 1 <= k <= 255 else None
     return None
 
@@ -99,15 +110,16 @@ def parse_header(h: bytes, limit: int) -> Frame | Parity | None:
     if len(h) < 8 or CRC.unpack_from(h, len(h) - 4)[0] != crc(h[:-4]):
         return None
     if h[:4] == FRAME_MAGIC:
-        _, seq, s, i, raw, coded, raw_crc, coded_crc, slen = FRAME.unpack_from(h)
+        _, seq, s, i, at, raw, coded, raw_crc, coded_crc, slen = FRAME.unpack_from(h)
         try:
             spec = h[FRAME.size : FRAME.size + slen].decode("ascii")
         except UnicodeDecodeError:
             return None
-        return Frame(seq, s, i, raw, coded, raw_crc, coded_crc, spec, len(h)) if coded <= limit else None
-    _, seq, g, j, k, n, shard_crc = PARITY.unpack_from(h)
-    seqs = list(struct.unpack_from(f"<{k}I", h, PARITY.size))
-    return Parity(seq, g, j, n, shard_crc, seqs, len(h)) if n <= limit else None
+        return Frame(seq, s, i, at, raw, coded, raw_crc, coded_crc, spec, len(h)) if coded <= limit else None
+    _, seq, g, j, groups, k, n, region, shard_crc = PARITY.unpack_from(h)
+    crcs = list(struct.unpack_from(f"<{k}I", h, PARITY.size))
+    ok = 1 <= n <= limit and g < groups and region <= 1 << 62
+    return Parity(seq, g, j, groups, n, region, shard_crc, crcs, len(h)) if ok else None
 
 
 def parse_record(b: bytes) -> Frame | Parity | None:
