@@ -27,8 +27,10 @@ from .scan import Member, scan
 
 #: Largest raw bytes per frame: the unit of compression, parallelism, partial reads and repair.
 FRAME = 4 << 20
-#: Codec the aware policy is compared with, frame by frame.
-PLAIN = "zstd:3"
+#: Byte codec of the aware policy (and what its pco frames are compared with), and the stronger
+#: one used for groups of at most SMALL_GROUP raw bytes, where its cost is small and plain
+#: archivers would otherwise win on ratio.
+PLAIN, PLAIN_SMALL, SMALL_GROUP = "zstd:3", "zstd:9", 16 << 20
 
 
 @dataclass
@@ -249,6 +251,7 @@ def pack_group(
                 "variables": [[v.path, v.dtype, list(v.shape), *var_at.get((i, tuple(v.regions)), (None, None)), v.ordered] for v in m.variables],
             }
         )
+    plain = PLAIN_SMALL if sum(m.size for m in members) <= SMALL_GROUP else PLAIN
     writer = ContainerWriter(path, head)
     inflight: deque[tuple[int, int, int, Future]] = deque()
     depth = 2 * pool._max_workers  # noqa: SLF001 - bound memory to a few frames per worker
@@ -272,7 +275,7 @@ def pack_group(
                     lo, hi = max(st, a), min(st + n, b)
                     off = int(r.offset[k]) + lo - st
                     buf[lo - a : hi - a] = maps[r.member[k]][off : off + hi - lo]
-                inflight.append((si, i, b - a, pool.submit(_compress, buf, s.elem, codec)))
+                inflight.append((si, i, b - a, pool.submit(_compress, buf, s.elem, codec, plain)))
                 drain(depth)
         drain(0)
         return writer.close(fsync)
@@ -281,12 +284,17 @@ def pack_group(
         raise
 
 
-def _compress(buf: np.ndarray, elem: str | None, codec: str) -> tuple[str, bytes, int]:
-    spec, coded = _native.compress(buf, elem, codec)
-    if codec == "aware" and spec.startswith("pco"):
-        plain = _native.compress(buf, None, PLAIN)
-        if len(plain[1]) < len(coded):
-            spec, coded = plain
+def _compress(buf: np.ndarray, elem: str | None, codec: str, plain: str) -> tuple[str, bytes, int]:
+    """One frame coded as `codec` says; under ``aware``, numbers are coded both with pco and
+    with the byte codec `plain`, and the smaller kept; everything else with `plain`."""
+    if codec != "aware":
+        spec, coded = _native.compress(buf, elem, codec)
+    else:
+        spec, coded = _native.compress(buf, None, plain)
+        if elem is not None and np.dtype(elem).kind in "iufc" and np.dtype(elem).itemsize > 1:
+            typed = _native.compress(buf, elem, "aware")
+            if len(typed[1]) < len(coded):
+                spec, coded = typed
     return spec, coded, _native.crc32c(buf)
 
 
