@@ -292,19 +292,20 @@ def test_a_truncated_container_restores_what_precedes_the_cut(smooth_set, tmp_pa
     assert {f"rank-{r}.h5" for r in range(4)} <= set(_restored(restored))  # the other container
 
 
-def test_a_damaged_head_is_read_from_its_copy_or_refused_by_name(smooth_set, tmp_path) -> None:
+def test_a_damaged_head_is_rebuilt_from_parity_or_refused_by_name(smooth_set, tmp_path) -> None:
     out = str(tmp_path / "packed")
     pack.pack(smooth_set, out, group_size=4, scheme="aware", fsync=False)
     victim = os.path.join(out, "group-00000.cpk")
     with open(victim, "r+b") as f:
         f.seek(30)
         f.write(b"\x00\x00\x00\x00")
-    pack.unpack(out, str(tmp_path / "from-copy"))
-    assert _restored(str(tmp_path / "from-copy")) == [f"rank-{r}.h5" for r in range(8)]
-    with Container(victim) as c:
-        copy = c.data_end
+    pack.unpack(out, str(tmp_path / "from-parity"))
+    assert _restored(str(tmp_path / "from-parity")) == [f"rank-{r}.h5" for r in range(8)]
+    out = str(tmp_path / "no-parity")
+    pack.pack(smooth_set, out, group_size=4, scheme="aware", fsync=False, parity=0)
+    victim = os.path.join(out, "group-00000.cpk")
     with open(victim, "r+b") as f:
-        f.seek(copy + 30)
+        f.seek(30)
         f.write(b"\x00\x00\x00\x00")
     restored = str(tmp_path / "restored")
     with pytest.raises(cairn.CorruptError, match="head .* fails its checksum") as e:

@@ -1,15 +1,15 @@
 """The packed container: one file per group of members (docs/format.md, "Pack containers").
 
     "CAIRNPK2" | u32 head length | u64 head raw length | u32 crc32c(both lengths and the head) | head
-    records: frames and parity (``records``), any number
-    head copy (the first part again, byte for byte) | tail (zstd JSON: every record's position)
-    trailer: u64 head copy length | u64 tail length | u64 tail raw length | u32 crc32c(tail)
-             | u32 version | u32 crc32c(the trailer so far) | "CAIRNPKE"
+    records: frames, then parity records (``records``)
+    tail (zstd JSON: every record's position)
+    trailer: u64 tail length | u64 tail raw length | u32 crc32c(tail) | u32 version
+             | u32 crc32c(the trailer so far) | "CAIRNPKE"
 
-The head (members, streams, parts) is written before any data and again at the end, and every
-record describes and checks itself, so a container with a damaged head, tail or trailer is still
-read: from the copy of the head, or by walking the records. Parity records repair damaged frames
-(``parity``). Every field is validated before use (``validate``).
+The head (members, streams, parts) is written before any data, and every record describes and
+checks itself, so a container with a damaged tail or trailer is still read by walking the
+records. Parity records cover the head and the frames (``parity``): a damaged head or frame is
+rebuilt. Every field is validated before use (``validate``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MAGIC = b"CAIRNPK2"
 END = b"CAIRNPKE"
 VERSION = 2
 _HEAD = struct.Struct("<8sIQI")
-_TRAILER = struct.Struct("<QQQIII8s")
+_TRAILER = struct.Struct("<QQIII8s")
 _META_CODEC = "zstd:3"  # head and tail; fixed, so they need no spec of their own
 #: Largest decoded head or tail accepted, and the largest ratio of decoded to coded size.
 _MAX_META, _MAX_META_RATIO = 1 << 30, 4096
@@ -78,7 +78,7 @@ class ContainerWriter:
 
     def add(self, stream: int, index: int, spec: str, coded: bytes, raw: int, raw_crc: int) -> None:
         seq = len(self.rows)
-        at = self.f.tell() - len(self.head_bytes)
+        at = self.f.tell()
         b = rec.frame_bytes(seq, stream, index, at, spec, coded, raw, raw_crc)
         self.f.write(b)
         self.rows.append([seq, at, len(b)])
@@ -86,21 +86,19 @@ class ContainerWriter:
     def close(self, fsync: bool = True) -> int:
         """Finishes the container; returns its size."""
         self.f.flush()
-        base = len(self.head_bytes)
-        region = self.f.tell() - base
-        if self.parity and region:
+        region = self.f.tell()  # the head and the frames
+        if self.parity:
             geo = par.geometry(region, self.group)
-            for g, crcs, shards in par.encode(lambda off, n: os.pread(self.f.fileno(), n, base + off), geo, self.parity):
+            for g, crcs, shards in par.encode(lambda off, n: os.pread(self.f.fileno(), n, off), geo, self.parity):
                 for j, data in enumerate(shards):
                     seq = len(self.rows)
-                    b = rec.parity_bytes(seq, g, j, geo.groups, region, crcs, data)
-                    self.rows.append([seq, self.f.tell() - base, len(b)])
+                    b = rec.parity_bytes(seq, g, j, self.parity, geo.groups, region, crcs, data)
+                    self.rows.append([seq, self.f.tell(), len(b)])
                     self.f.write(b)
         tail, raw = _pack_json({"records": self.rows})
-        self.f.write(self.head_bytes)
         self.f.write(tail)
-        t = struct.pack("<QQQII", len(self.head_bytes), len(tail), raw, rec.crc(tail), VERSION)
-        self.f.write(_TRAILER.pack(len(self.head_bytes), len(tail), raw, rec.crc(tail), VERSION, rec.crc(t), END))
+        t = struct.pack("<QQII", len(tail), raw, rec.crc(tail), VERSION)
+        self.f.write(_TRAILER.pack(len(tail), raw, rec.crc(tail), VERSION, rec.crc(t), END))
         size = self.f.tell()
         if fsync:
             self.f.flush()
@@ -122,7 +120,7 @@ class Container:
         self.path = path
         self.f = open(path, "rb")
         self.size = os.fstat(self.f.fileno()).st_size
-        self.data_end = self.size  # end of the records: where the head copy starts, if known
+        self.data_end = self.size  # end of the records: where the tail starts, if known
         self.damage: list[str] = []
         self.repaired: list[str] = []
         self.records: dict[int, rec.Frame | rec.Parity] = {}  # seq → where and what
@@ -134,7 +132,10 @@ class Container:
         self.lock = threading.Lock()
         try:
             trailer = self._read_trailer()
-            self.head = self._read_head(trailer)
+            try:
+                self.head = self._parse_head(lambda n, off: self.pread(n, off))
+            except CorruptError as e:
+                self.head = self._head_from_parity(trailer, e)
             self.streams = [Stream.from_json(s) for s in self.head["streams"]]
             self.frame_size = int(self.head["frame"])
             if trailer is None or not self._read_tail(trailer):
@@ -161,70 +162,83 @@ class Container:
     # -- opening ---------------------------------------------------------------------------
 
     def _read_trailer(self) -> tuple[int, int, int, int] | None:
-        """(head copy offset, tail offset, tail length, tail raw length, tail crc) if the trailer holds."""
+        """(tail offset, tail length, tail raw length, tail crc) if the trailer holds."""
         if self.size < _HEAD.size + _TRAILER.size:
             return None
-        hc, n, raw, crc, version, tcrc, end = _TRAILER.unpack(self.pread(_TRAILER.size, self.size - _TRAILER.size))
+        n, raw, crc, version, tcrc, end = _TRAILER.unpack(self.pread(_TRAILER.size, self.size - _TRAILER.size))
         why = None
         if end != END:
             why = "has no trailer (CAIRNPKE): it was cut short or its end is damaged"
-        elif tcrc != rec.crc(struct.pack("<QQQII", hc, n, raw, crc, version)):
-            why = "trailer fails its checksum (tail length, raw length or head copy length damaged)"
+        elif tcrc != rec.crc(struct.pack("<QQII", n, raw, crc, version)):
+            why = "trailer fails its checksum (tail length, raw length or crc damaged)"
         elif version != VERSION:
             why = f"trailer says version {version}; this Cairn reads {VERSION}"
-        elif hc + n + _TRAILER.size > self.size - _HEAD.size:
-            why = f"trailer's head copy length {hc} and tail length {n} exceed the container's {self.size} bytes"
+        elif n + _TRAILER.size > self.size - _HEAD.size:
+            why = f"trailer's tail length {n} exceeds the container's {self.size} bytes"
         if why:
             self.damage.append(f"{why}; reading it by walking its records")
             return None
-        tail_at = self.size - _TRAILER.size - n
-        return tail_at - hc, tail_at, n, raw, crc  # type: ignore[return-value]
+        self.data_end = self.size - _TRAILER.size - n
+        return self.data_end, n, raw, crc
 
-    def _parse_head(self, at: int, limit: int) -> dict:
-        fixed = self.pread(_HEAD.size, at)
+    def _parse_head(self, read: object) -> dict:
+        """The head, read with ``read(n, offset)`` (the file, or the bytes parity rebuilt)."""
+        fixed = read(_HEAD.size, 0)  # type: ignore[operator]
         if len(fixed) < _HEAD.size or fixed[:8] != MAGIC:
-            if at == 0 and fixed[:7] == b"CAIRNPK":
-                raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; this Cairn reads {VERSION} (repack with this version)")
+            if fixed[:7] == b"CAIRNPK" and fixed[7:8] != b"2":
+                raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; this Cairn reads {VERSION} "
+                               "(unpack it with the Cairn that wrote it)")
             raise self.bad("not a Cairn pack container (no CAIRNPK2 signature); was it written by `cairn pack`?")
         _, n, raw, crc = _HEAD.unpack(fixed)
-        if n > limit - _HEAD.size:
-            raise self.bad(f"head length field = {n} exceeds the {limit - _HEAD.size} bytes available")
-        body = self.pread(n, at + _HEAD.size)
+        if n > self.size - _HEAD.size:
+            raise self.bad(f"head length field = {n} exceeds the {self.size - _HEAD.size} bytes available")
+        body = read(n, _HEAD.size)  # type: ignore[operator]
         if rec.crc(fixed[8:20] + body) != crc:
-            raise self.bad(f"head (bytes {at}..{at + _HEAD.size + n}: head length, raw length and member list) fails its checksum")
+            raise self.bad(f"head (bytes 0..{_HEAD.size + n}: head length, raw length and member list) fails its checksum")
         self.data_start = _HEAD.size + n
         return check_head(_unpack_json(body, raw, f"{self.path}: head"), self.path, self.size)
 
-    def _read_head(self, trailer: tuple | None) -> dict:
+    def _head_from_parity(self, trailer: tuple | None, err: CorruptError) -> dict:
+        """The head rebuilt from parity, if the container has enough; else `err`."""
+        if self.pread(8, 0)[:7] == b"CAIRNPK" and self.pread(8, 0)[7:8] != b"2":
+            raise err
+        rows = self._tail_rows(trailer) if trailer is not None else None
+        if rows is not None:
+            for _seq, at, length in rows:
+                self._index(at, self.pread(min(length, _HEADER_MAX), at), parity_only=True)
+        else:
+            pos = self._next_magic(0)
+            while pos < self.data_end:
+                self._index(pos, self.pread(_HEADER_MAX, pos), parity_only=True)
+                pos = self._next_magic(pos + 1)
         try:
-            return self._parse_head(0, self.size)
-        except CorruptError as first:
-            if trailer is None or trailer[0] < _HEAD.size or self.pread(8, 0)[:7] != b"CAIRNPK":
-                raise
-            try:
-                head = self._parse_head(trailer[0], trailer[1])
-            except CorruptError:
-                raise first from None
-            self.damage.append(f"{first}; read its copy at the end instead")
-            return head
+            head = self._parse_head(lambda n, off: par.region_bytes(self, off, off + n))
+        except CorruptError:
+            raise err from None
+        self.damage.append(f"{err}; rebuilt it from parity")
+        return head
 
-    def _read_tail(self, trailer: tuple) -> bool:
-        hc_at, tail_at, n, raw, crc = trailer
-        self.data_end = hc_at
+    def _tail_rows(self, trailer: tuple) -> list[tuple[int, int, int]] | None:
+        """(seq, offset, length) of every record, from the tail, checked; None if unusable."""
+        tail_at, n, raw, crc = trailer
         body = self.pread(n, tail_at)
         if rec.crc(body) != crc:
             self.damage.append(f"tail (record index, bytes {tail_at}..{tail_at + n}) fails its checksum; reading it by walking its records")
-            return False
+            return None
         try:
-            rows = _unpack_json(body, raw, "tail")["records"]  # type: ignore[index]
             found = []
-            for seq, off, length in rows:
-                at = self.data_start + off
-                if not (isinstance(seq, int) and isinstance(off, int) and isinstance(length, int)) or off < 0 or length < 8 or at + length > hc_at:
-                    raise CorruptError(f"tail record {seq} at {off}+{length} lies outside the records' bytes")
+            for seq, at, length in _unpack_json(body, raw, "tail")["records"]:  # type: ignore[index]
+                if not all(isinstance(x, int) for x in (seq, at, length)) or at < _HEAD.size or length < 8 or at + length > tail_at:
+                    raise CorruptError(f"tail record {seq} at {at}+{length} lies outside the records' bytes")
                 found.append((seq, at, length))
+            return found
         except (CorruptError, TypeError, ValueError, KeyError) as e:
             self.damage.append(f"tail is unusable ({e}); reading it by walking its records")
+            return None
+
+    def _read_tail(self, trailer: tuple) -> bool:
+        found = self._tail_rows(trailer)
+        if found is None:
             return False
         bad = []
         for seq, at, length in found:
@@ -237,17 +251,19 @@ class Container:
             self._walk()
         return True
 
-    def _index(self, at: int, b: bytes) -> tuple[int, str]:
+    def _index(self, at: int, b: bytes, parity_only: bool = False) -> tuple[int, str]:
         """Records the record whose header starts `b` (read at `at`); returns its length, or 0
-        and why `b` does not start a sound record header."""
+        and why `b` does not start a sound record header (frames are skipped if `parity_only`)."""
         n = rec.header_length(b)
         if n is None or n > len(b):
             return 0, "no record header (FRM2/PAR2) or a bad spec length or frame count"
         r = rec.parse_header(b[:n], self.data_end - at - n)
         if r is None:
             return 0, "header fails its checksum, or its coded length exceeds the container"
+        if isinstance(r, rec.Frame) and parity_only:
+            return r.length, ""
         if isinstance(r, rec.Frame):
-            if r.at + r.length > 2 * self.size:
+            if r.at < _HEAD.size or r.at + r.length > 2 * self.size:
                 return 0, f"header field at = {r.at} lies beyond the container"
             if r.stream >= len(self.streams):
                 return 0, f"header field stream = {r.stream} is outside 0..{len(self.streams) - 1}"

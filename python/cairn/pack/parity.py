@@ -1,7 +1,7 @@
-"""Parity over the frames of a container: the staging servers' Reed–Solomon code (``cairn-core``'s
-``erasure``, through ``cairn._native``) over interleaved slices of the frame region.
+"""Parity over the head and frames of a container: the staging servers' Reed–Solomon code
+(``cairn-core``'s ``erasure``, through ``cairn._native``) over interleaved slices of the region.
 
-The frame region (every frame record, one after another) is cut in slices of ``slice`` bytes
+The region (the head, then every frame record, one after another) is cut in slices of ``slice`` bytes
 (about 1/(8·parity_group) of it, 64 B to 1 MiB). Slice ``j`` belongs to group ``j mod groups``,
 so each group holds about ``parity_group`` slices spread evenly over the region, and gets
 ``parity`` parity records, each carrying the crc32c of every slice of its group. A slice is an
@@ -15,6 +15,7 @@ so frames can stay large (better compression).
 from __future__ import annotations
 
 import bisect
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,11 +30,12 @@ MIN_SLICE, MAX_SLICE = 64, 1 << 20
 
 @dataclass(frozen=True)
 class Geometry:
-    """How a frame region of `region` bytes is sliced and grouped."""
+    """How a region of `region` bytes is sliced and grouped, with `parity` shards per group."""
 
     region: int
     slice: int
     groups: int
+    parity: int = 0
 
     @property
     def slices(self) -> int:
@@ -55,8 +57,16 @@ def encode(read: object, geo: Geometry, parity: int) -> list[tuple[int, list[int
     out = []
     for g in range(geo.groups):
         slices = [read(j * geo.slice, geo.slice).ljust(geo.slice, b"\0") for j in geo.members(g)]  # type: ignore[operator]
-        out.append((g, [rec.crc(x) for x in slices], _native.erasure_parity(slices, parity)))
+        out.append((g, [slice_check(x) for x in slices], _native.erasure_parity(slices, parity)))
     return out
+
+
+def slice_check(b: bytes) -> int:
+    """The check of a slice: CRC-32 (zlib's polynomial), not crc32c. A slice holds records that
+    each end in their own crc32c, and two such records of equal length differ by a crc32c
+    codeword, which no crc32c over the slice can see (a frame slid into the place of a cut-out
+    one of equal content would pass); another polynomial sees it."""
+    return zlib.crc32(b)
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -65,29 +75,31 @@ def _geometry(c: Container) -> tuple[Geometry, dict[int, dict[int, rec.Parity]]]
     """The geometry the container's parity records agree on, and those records by group and shard."""
     found = [r for r in c.records.values() if isinstance(r, rec.Parity)]
     for first in found:
-        geo = Geometry(first.region, first.slice, first.groups)
+        geo = Geometry(first.region, first.slice, first.groups, first.parity)
         if geo.region > 2 * c.size or geo.groups > geo.slices:
             continue
         by: dict[int, dict[int, rec.Parity]] = {}
         for r in found:
-            if (r.region, r.slice, r.groups) == (geo.region, geo.slice, geo.groups) and len(r.crcs) == len(geo.members(r.group)):
+            same = (r.region, r.slice, r.groups, r.parity) == (geo.region, geo.slice, geo.groups, geo.parity)
+            if same and len(r.crcs) == len(geo.members(r.group)):
                 by.setdefault(r.group, {}).setdefault(r.shard, r)
         return geo, by
     return None
 
 
 def _slice(c: Container, geo: Geometry, j: int) -> bytes:
-    """Slice `j` of the frame region as the container holds it (zeros where no record is known)."""
+    """Slice `j` of the region as the container holds it: its bytes at their place, except frames
+    found displaced (bytes were cut out before them), which are put back where they belong."""
     if j in c.slices:
         return c.slices[j]
     a, b = j * geo.slice, min((j + 1) * geo.slice, geo.region)
-    out = bytearray(geo.slice)
+    out = bytearray(c.pread(b - a, a).ljust(geo.slice, b"\0"))
     placed = c.placed()
     k = max(bisect.bisect_right([p[0] for p in placed], a) - 1, 0)
     while k < len(placed) and placed[k][0] < b:
         at, length, off = placed[k]
         lo, hi = max(a, at), min(b, at + length)
-        if lo < hi and off >= 0:
+        if lo < hi and off >= 0 and off != at:
             out[lo - a : hi - a] = c.pread(hi - lo, off + lo - at).ljust(hi - lo, b"\0")
         k += 1
     return bytes(out)
@@ -100,8 +112,8 @@ def _decode(c: Container, geo: Geometry, g: int, shard_of: dict[int, rec.Parity]
     shards: list[bytes | None] = []
     for j, want in zip(js, crcs):
         x = _slice(c, geo, j)
-        shards.append(x if rec.crc(x) == want else None)
-    for p in range(int(c.head["parity"])):
+        shards.append(x if slice_check(x) == want else None)
+    for p in range(geo.parity):
         r = shard_of.get(p)
         body = c.pread(r.length, r.offset)[r.header :] if r is not None else b""
         shards.append(body if r is not None and len(body) == r.slice and rec.crc(body) == r.shard_crc else None)
@@ -124,10 +136,10 @@ def _rebuild(c: Container, a: int, b: int) -> list[str]:
     first, last = a // geo.slice, (min(b, geo.region) - 1) // geo.slice
     for g in sorted({j % geo.groups for j in range(first, last + 1)}):
         if g not in c.tried:
-            c.tried[g] = _decode(c, geo, g, by[g]) if g in by else (0, 1)
+            c.tried[g] = _decode(c, geo, g, by[g]) if g in by else (0, len(geo.members(g)))
         sound, need = c.tried[g]
         if sound < need:
-            why.append(f"parity group {g} has {sound} sound slices of {need + int(c.head['parity'])} and needs {need}")
+            why.append(f"parity group {g} has {sound} sound slices of {need + geo.parity} and needs {need}")
     return why
 
 
@@ -142,11 +154,12 @@ def _logical(c: Container, a: int, b: int) -> bytes:
 
 
 def _gaps(c: Container) -> list[tuple[int, int]]:
-    """Region bytes no known frame covers: where frames were lost (cut out, or their header damaged)."""
+    """Region bytes after the head no known frame covers: where frames were lost (cut out, or
+    their header damaged)."""
     found = _geometry(c)
     if found is None:
         return []
-    out, pos = [], 0
+    out, pos = [], c.data_start
     for at, length, _ in c.placed():
         if at > pos:
             out.append((pos, min(at, found[0].region)))
@@ -154,6 +167,12 @@ def _gaps(c: Container) -> list[tuple[int, int]]:
     if pos < found[0].region:
         out.append((pos, found[0].region))
     return [(a, b) for a, b in out if a < b]
+
+
+def region_bytes(c: Container, a: int, b: int) -> bytes:
+    """Region bytes [a, b), rebuilt from parity where damaged (as far as it can)."""
+    _rebuild(c, a, b)
+    return _logical(c, a, b)
 
 
 def _mend(c: Container, at: int, length: int) -> rec.Frame | None:
@@ -170,7 +189,10 @@ def repair(c: Container, s: int, i: int) -> bytes | None:
     seq = c.frames.get((s, i))
     r = c.records.get(seq) if seq is not None else None
     if isinstance(r, rec.Frame):
-        if not _rebuild(c, r.at, r.at + r.length) and _mend(c, r.at, r.length):
+        # Groups that cannot decode (their parity records are damaged too) may hold none of the
+        # frame's damage: the rebuilt record's own crcs decide.
+        _rebuild(c, r.at, r.at + r.length)
+        if _mend(c, r.at, r.length):
             c.repaired.append(f"{c.where(s, i)} rebuilt from parity")
         return c.mended.get(r.seq)
     for a, b in _gaps(c):

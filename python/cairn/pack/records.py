@@ -4,8 +4,8 @@ the container's tail still finds them by walking, and a damaged one is recognise
 
     frame:  "FRM2" | u32 seq | u32 stream | u32 index | u64 at | u64 raw length | u64 coded length
             | u32 crc32c(raw) | u32 crc32c(coded) | u16 spec length | spec | u32 crc32c(header) | coded
-    parity: "PAR2" | u32 seq | u32 group | u16 shard | u32 groups | u16 k | u32 slice | u64 region
-            | u32 crc32c(shard) | k × u32 crc32c(slice) | u32 crc32c(header) | shard
+    parity: "PAR2" | u32 seq | u32 group | u16 shard | u16 parity | u32 groups | u16 k | u32 slice | u64 region
+            | u32 crc32c(shard) | k × u32 crc32(slice) | u32 crc32c(header) | shard
 
 ``seq`` numbers the records in write order; ``at`` is where a frame record starts in the *frame
 region* (the frames one after another, from the end of the head), so a frame found displaced
@@ -25,7 +25,7 @@ from .. import _native
 FRAME_MAGIC = b"FRM2"
 PARITY_MAGIC = b"PAR2"
 FRAME = struct.Struct("<4sIIIQQQIIH")
-PARITY = struct.Struct("<4sIIHIHIQI")
+PARITY = struct.Struct("<4sIIHHIHIQI")
 CRC = struct.Struct("<I")
 MAX_SPEC = 128
 
@@ -63,11 +63,12 @@ class Parity:
     seq: int
     group: int
     shard: int
+    parity: int  # shards per group
     groups: int
     slice: int
     region: int
     shard_crc: int
-    crcs: list[int]  # of each of the group's slices (zero-padded to `slice`)
+    crcs: list[int]  # CRC-32 (zlib) of each of the group's slices, zero-padded to `slice`
     header: int
     offset: int = -1
 
@@ -86,8 +87,8 @@ def frame_bytes(seq: int, stream: int, index: int, at: int, spec: str, coded: by
     return head + CRC.pack(crc(head)) + coded
 
 
-def parity_bytes(seq: int, group: int, shard: int, groups: int, region: int, crcs: list[int], data: bytes) -> bytes:
-    head = PARITY.pack(PARITY_MAGIC, seq, group, shard, groups, len(crcs), len(data), region, crc(data))
+def parity_bytes(seq: int, group: int, shard: int, parity: int, groups: int, region: int, crcs: list[int], data: bytes) -> bytes:
+    head = PARITY.pack(PARITY_MAGIC, seq, group, shard, parity, groups, len(crcs), len(data), region, crc(data))
     head += struct.pack(f"<{len(crcs)}I", *crcs)
     return head + CRC.pack(crc(head)) + data
 
@@ -99,7 +100,7 @@ def header_length(fixed: bytes) -> int | None:
         slen = FRAME.unpack_from(fixed)[9]
         return FRAME.size + slen + 4 if slen <= MAX_SPEC else None
     if fixed[:4] == PARITY_MAGIC and len(fixed) >= PARITY.size:
-        k = PARITY.unpack_from(fixed)[5]
+        k = PARITY.unpack_from(fixed)[6]
         return PARITY.size + 4 * k + 4 if 1 <= k <= 255 else None
     return None
 
@@ -116,10 +117,10 @@ def parse_header(h: bytes, limit: int) -> Frame | Parity | None:
         except UnicodeDecodeError:
             return None
         return Frame(seq, s, i, at, raw, coded, raw_crc, coded_crc, spec, len(h)) if coded <= limit else None
-    _, seq, g, j, groups, k, n, region, shard_crc = PARITY.unpack_from(h)
+    _, seq, g, j, parity, groups, k, n, region, shard_crc = PARITY.unpack_from(h)
     crcs = list(struct.unpack_from(f"<{k}I", h, PARITY.size))
-    ok = 1 <= n <= limit and g < groups and region <= 1 << 62
-    return Parity(seq, g, j, groups, n, region, shard_crc, crcs, len(h)) if ok else None
+    ok = 1 <= n <= limit and g < groups and j < parity <= 64 and region <= 1 << 62
+    return Parity(seq, g, j, parity, groups, n, region, shard_crc, crcs, len(h)) if ok else None
 
 
 def parse_record(b: bytes) -> Frame | Parity | None:
