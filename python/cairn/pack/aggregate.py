@@ -248,7 +248,9 @@ def pack_group(
                 "size": m.size,
                 "crc": crcs[i].result(),
                 # path, dtype, shape, stream, part (aware schemes), ordered: enough to read one variable alone
-                "variables": [[v.path, v.dtype, list(v.shape), *var_at.get((i, tuple(v.regions)), (None, None)), v.ordered] for v in m.variables],
+                # Only the aware schemes keep variables apart, so only they can read one alone.
+                "variables": [[v.path, v.dtype, list(v.shape), *var_at[(i, tuple(v.regions))], v.ordered]
+                              for v in m.variables if (i, tuple(v.regions)) in var_at] if scheme.startswith("aware") else [],
             }
         )
     plain = PLAIN_SMALL if sum(m.size for m in members) <= SMALL_GROUP else PLAIN

@@ -12,7 +12,7 @@ its ranges.
   members concatenated in rank order, plus one stream of the residual bytes.
 - ``aware-block``: the same, interleaved in blocks (rounded to whole elements).
 
-Under the aware schemes, streams of less than ``SMALL`` bytes are coded together, as one stream
+Under the aware schemes, streams of less than ``SMALL`` bytes (16 KiB) are coded together, as one stream
 ``~small`` of their parts one after another: a frame of a few hundred bytes costs more in coder
 start-up and framing than modelling its values saves.
 """
@@ -34,7 +34,7 @@ CHOICES = (AUTO, *SCHEMES)
 RESIDUAL = "~residual"
 FILES = "~files"
 SMALL_KEY = "~small"
-SMALL = 64 << 10
+SMALL = 16 << 10
 
 
 @dataclass
