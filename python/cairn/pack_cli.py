@@ -103,7 +103,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="folder for the containers (group-NNNNN.cpk)")
     p.add_argument("--group-size", type=int, default=32, help="processes per container (default 32)")
     p.add_argument("--scheme", choices=P.CHOICES, default="auto",
-                   help="merging scheme (default auto: aware-block or agnostic, whichever is smaller per container)")
+                   help="merging scheme (default auto: aware or agnostic, whichever is smaller per container)")
     p.add_argument("--block-size", type=int, default=8192, help="interleaving block in bytes for *-block schemes (default 8192)")
     p.add_argument("--codec", default="aware", help="aware (pco/zstd by element type; default), zstd[:L], gzip[:L] or raw")
     p.add_argument("--match", help="regex on variable paths; text in its capture groups is ignored when matching, "

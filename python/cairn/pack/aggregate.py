@@ -121,7 +121,7 @@ def pack(
     parity_group: int = 16,
 ) -> PackReport:
     """Packs every file under `src` into ``out/group-NNNNN.cpk`` containers of `group_size`
-    members each (in natural rank order). `scheme` ``auto`` packs each group both ``aware-block``
+    members each (in natural rank order). `scheme` ``auto`` packs each group both ``aware``
     and ``agnostic`` and keeps the smaller container. `codec` is ``aware`` (by element type, never worse than
     plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is
     a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
@@ -150,8 +150,7 @@ def pack(
                 report.notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
                 try:
-                    tries = ("aware-block", "agnostic") if scheme == layout.AUTO else (scheme,)
-                    size = pack_best(members, path, tries, block, codec, pattern, pool, bar, fsync, frame, parity, parity_group)
+                    size = pack_best(members, path, layout.tries(scheme), block, codec, pattern, pool, bar, fsync, frame, parity, parity_group)
                 except CairnError:
                     raise
                 except Exception as e:

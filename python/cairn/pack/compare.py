@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .aggregate import FRAME, list_members, pack_best, scan_group
-from .layout import AUTO
+from .layout import AUTO, tries
 from .restore import decode_all
 
 #: (scheme, codec) pairs compared; the first is the paper's baseline (Agnostic with gzip).
@@ -66,8 +66,7 @@ def compare(
                 if notes is not None and not rows:
                     notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(tmp, f"{scheme}-{codec}-{g}.cpk")
-                tries = ("aware-block", "agnostic") if scheme == AUTO else (scheme,)
-                packed += pack_best(members, path, tries, block, codec, pattern, pool, None, False, FRAME, parity, parity_group)
+                packed += pack_best(members, path, tries(scheme), block, codec, pattern, pool, None, False, FRAME, parity, parity_group)
                 raw += sum(m.size for m in members)
                 paths.append(path)
             t_pack = time.perf_counter() - t0

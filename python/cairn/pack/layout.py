@@ -28,9 +28,14 @@ from ..exceptions import InvalidArgumentError
 from .scan import Member
 
 SCHEMES = ("agnostic", "agnostic-block", "aware", "aware-block")
-#: The default: each container is packed ``aware-block`` and ``agnostic`` and the smaller kept.
+#: The default: each container is packed ``aware`` and ``agnostic`` and the smaller kept.
 AUTO = "auto"
 CHOICES = (AUTO, *SCHEMES)
+
+
+def tries(scheme: str) -> tuple[str, ...]:
+    """The schemes a group is packed with under `scheme` (the smallest result is kept)."""
+    return ("aware", "agnostic") if scheme == AUTO else (scheme,)
 RESIDUAL = "~residual"
 FILES = "~files"
 SMALL_KEY = "~small"
