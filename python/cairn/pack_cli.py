@@ -77,21 +77,17 @@ def ls(path: str, verify: bool = False) -> None:
             r, k = c.raw_size(), c.size
             raw, packed = raw + r, packed + k
             print(f"{os.path.basename(p):<22} {len(c.members):>7} {_mb(r):>14} {_mb(k):>14} {r / k:>7.3f}  "
-                  f"{c.head['scheme']}/{c.head['codec']}, {c.head['parity']} per {c.head['parity_group']} frames")
-            for m in c.members:
-                print(f"  {m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}")
-            for d in c.damage:
-                print(f"  damaged: {d}")
+                  f"{c.head['scheme']}/{c.head['codec']}, {c.head['parity']} per {c.head['parity_group']} slices")
+            lines = [f"{m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}" for m in c.members]
+            lines += [f"damaged: {d}" for d in c.damage]
             if verify:
                 v = P.verify(c)
                 state = "all sound" if not v.damaged and not v.lost else ("repairable" if v.repairable else "NOT repairable")
-                print(f"  verify: {v.frames} frames, {len(v.damaged) + len(v.lost)} damaged, "
-                      f"{v.parity_damaged} parity records damaged: {state}")
-                for d in v.damaged:
-                    print(f"  damaged, repairable: {d}")
-                for d in v.lost:
-                    print(f"  damaged, not repairable: {d}")
+                lines.append(f"verify: {v.frames} frames, {len(v.damaged) + len(v.lost)} damaged, "
+                             f"{v.parity_damaged} parity records damaged: {state}")
+                lines += [f"damaged, repairable: {d}" for d in v.damaged] + [f"damaged, not repairable: {d}" for d in v.lost]
                 lost = lost or not v.repairable
+            print("\n".join(f"  {line}" for line in lines))
     print(f"{'total':<22} {'':>7} {_mb(raw):>14} {_mb(packed):>14} {raw / max(packed, 1):>7.3f}")
     if verify and lost:
         raise P.CorruptError(f"{path}: damage that parity cannot repair (listed above); `cairn unpack` restores every other member")
