@@ -183,24 +183,33 @@ def check_options(scheme: str, block: int, group_size: int, codec: str, frame: i
     _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
 
 
-def pack_best(members: list[Member], path: str, schemes: tuple[str, ...], *args: object) -> int:
+def pack_best(
+    members: list[Member],
+    path: str,
+    schemes: tuple[str, ...],
+    block: int,
+    codec: str,
+    match: re.Pattern[str] | None,
+    pool: ThreadPoolExecutor,
+    bar: object | None,
+    fsync: bool,
+    frame: int,
+    parity: int,
+    parity_group: int,
+) -> int:
     """Packs one group under each of `schemes` and keeps the smallest container at `path`;
-    returns its size. Arguments after `schemes` are pack_group's after its `scheme`."""
-    if len(schemes) == 1:
-        return pack_group(members, path, schemes[0], *args)  # type: ignore[arg-type]
+    returns its size (the progress bar counts the first try only)."""
     tried: list[tuple[int, str]] = []
     try:
         for k, sch in enumerate(schemes):
-            rest = list(args)
-            if k:
-                rest[5] = None  # the progress bar counts the first try only
-            tried.append((pack_group(members, f"{path}.{sch}", sch, *rest), f"{path}.{sch}"))  # type: ignore[arg-type]
+            p = path if len(schemes) == 1 else f"{path}.{sch}"
+            tried.append((pack_group(members, p, sch, block, codec, match, pool, None if k else bar, fsync, frame, parity, parity_group), p))
         size, best = min(tried)
         os.replace(best, path)
         return size
     finally:
         for _, p in tried:
-            if os.path.exists(p):
+            if p != path and os.path.exists(p):
                 os.unlink(p)
 
 
