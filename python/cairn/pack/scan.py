@@ -175,7 +175,8 @@ def _scan_hdf5(path: str, notes: list[str]) -> tuple[str, list[Variable]]:
 def _variable(dsid: object, path: str) -> Variable | None:
     import h5py
 
-    regions = _dataset_regions(dsid)
+    dcpl = dsid.get_create_plist()  # type: ignore[attr-defined]
+    regions = _dataset_regions(dsid, dcpl)
     if not regions:
         return None
     dtype = dsid.dtype  # type: ignore[attr-defined]
@@ -183,22 +184,20 @@ def _variable(dsid: object, path: str) -> Variable | None:
     # Values numpy cannot describe exactly (heap ids of variable-length data, references) stay
     # untyped bytes of the stored size.
     exact = dtype.kind != "O" and dtype.itemsize == size
-    contiguous = dsid.get_create_plist().get_layout() == h5py.h5d.CONTIGUOUS  # type: ignore[attr-defined]
+    contiguous = dcpl.get_layout() == h5py.h5d.CONTIGUOUS  # type: ignore[attr-defined]
     plain = exact and contiguous and dtype.fields is None and dtype.subdtype is None
     return Variable(path, dtype.str if exact else f"|V{size}", tuple(dsid.shape or ()), regions, plain)  # type: ignore[attr-defined]
 
 
-
-def _dataset_regions(dsid: object) -> list[tuple[int, int]]:
+def _dataset_regions(dsid: object, dcpl: object) -> list[tuple[int, int]]:
     """File ranges of a dataset's raw values: its contiguous block, or its chunks in index order.
     Filtered data (gzip, shuffle…) is already transformed, so it stays opaque, as do compact,
     virtual and external layouts."""
     import h5py
 
-    dcpl = dsid.get_create_plist()  # type: ignore[attr-defined]
-    if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:
+    if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:  # type: ignore[attr-defined]
         return []
-    layout = dcpl.get_layout()
+    layout = dcpl.get_layout()  # type: ignore[attr-defined]
     if layout == h5py.h5d.CONTIGUOUS:
         off = dsid.get_offset()  # type: ignore[attr-defined]
         return [] if off is None else [(int(off), int(dsid.get_storage_size()))]  # type: ignore[attr-defined]
