@@ -132,6 +132,18 @@ def test_unpack_refuses_existing_files_before_drawing_a_bar(corpus, tmp_path) ->
     assert os.listdir(tmp_path / "r") == ["h5-0.h5"]
 
 
+def test_unpack_names_a_path_it_cannot_create(tmp_path) -> None:
+    src = tmp_path / "set"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "x.bin").write_bytes(b"x" * 10)
+    pack.pack(str(src), str(tmp_path / "packed"), fsync=False)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "sub").write_bytes(b"a file where a folder is needed")
+    with pytest.raises(cairn.InvalidArgumentError, match=r"sub/x\.bin' cannot be created"):
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    assert sorted(os.listdir(tmp_path / "r")) == ["sub"]
+
+
 # -- one variable ----------------------------------------------------------------------------
 
 H5_VARS = ["/f16", "/f64be", "/f128", "/u64be", "/c128", "/bool", "/enum", "/opaque", "/fixed_str", "/scalar", "/compact",

@@ -100,9 +100,15 @@ def _unpack_container(
     for i in sel:
         m = c.members[i]
         dest = _dest(out, m["name"])
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        # Sized only once restored: a member whose frames are damaged never grows a large file.
-        targets[i] = (dest, os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        try:
+            os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+            # Sized only once restored: a member whose frames are damaged never grows a large file.
+            targets[i] = (dest, os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        except OSError as e:
+            for made, fd in targets.values():
+                os.close(fd)
+                os.unlink(made + ".partial")
+            raise InvalidArgumentError(f"{dest!r} cannot be created ({e.strerror or e}); unpack into an empty folder you can write") from None
 
     def put(m: int, off: int, data: np.ndarray) -> None:
         os.pwrite(targets[m][1], data, off)
