@@ -5,6 +5,7 @@ damaged frames per group; beyond that the damage is named and every other member
 from __future__ import annotations
 
 import os
+import re
 import struct
 import tempfile
 import time
@@ -337,24 +338,32 @@ def test_parity_repairs_a_frame_cut_out_or_wiped(small_set, which: float, how: s
         assert report.repaired
 
 
-def test_damage_beyond_parity_is_named_and_the_rest_restored(small_set, tmp_path) -> None:
-    path = _packed(small_set, str(tmp_path / "packed"), parity=1, parity_group=8)
-    group = _groups(path)[0]
-    raw = bytearray(_bytes(path))
-    for off, n in group[:2]:  # two damaged slices in a group that can repair one
-        raw[off + n // 2] ^= 0x55
-    with open(path, "wb") as f:
-        f.write(raw)
-    with Container(path) as c:
-        v = pack.verify(c)
-        k = len(group) - 1
-    assert v.lost and not v.repairable
-    assert all(f"parity group 0 has {k - 1} sound slices of {k + 1} and needs {k}" in x for x in v.lost), v.lost
-    with pytest.raises(cairn.CorruptError, match="parity cannot repair it") as e:
-        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
-    restored = _check_restored(small_set, str(tmp_path / "r"))
-    assert set(restored) | set(e.value.report.damaged) == {f"rank-{r}.h5" for r in range(6)}
-    assert restored, "members without bytes in the two damaged frames are restored"
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(p=st.integers(1, 2), extra=st.integers(1, 3), scheme=st.sampled_from(pack.SCHEMES), data=st.data())
+def test_damage_beyond_parity_is_named_and_the_rest_restored(small_set, p: int, extra: int, scheme: str, data: st.DataObject) -> None:
+    """More damaged slices in a group than it has parity: the frames it cannot rebuild are named
+    with why, their members listed, and every other member restored exactly."""
+    with tempfile.TemporaryDirectory() as work:
+        path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme, parity=p, parity_group=8)
+        groups = _groups(path)
+        group = groups[data.draw(st.integers(1, len(groups) - 1))]  # not group 0: it holds the head
+        raw = bytearray(_bytes(path))
+        for off, n in group[: min(p + extra, len(group) - p)]:  # data slices only
+            raw[off + n // 2] ^= 0x55
+        with open(path, "wb") as f:
+            f.write(raw)
+        with Container(path) as c:
+            v = pack.verify(c)
+        assert v.lost and not v.repairable
+        assert all(re.search(r"parity group \d+ has \d+ sound slices of \d+ and needs \d+", x) for x in v.lost), v.lost
+        try:
+            pack.unpack(os.path.join(work, "packed"), os.path.join(work, "r"))
+            raise AssertionError("damage beyond parity went unnoticed")
+        except cairn.CorruptError as e:
+            damaged = e.report.damaged
+        restored = _check_restored(small_set, os.path.join(work, "r"))
+        assert damaged and set(restored) | set(damaged) == {f"rank-{r}.h5" for r in range(6)}
+        assert all("parity cannot repair it" in why for why in damaged.values())
 
 
 def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_path, capsys) -> None:

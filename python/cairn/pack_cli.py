@@ -18,7 +18,8 @@ def _mb(n: int) -> str:
 def cmd_pack(args: argparse.Namespace) -> None:
     if args.compare:
         notes: list[str] = []
-        rows = P.compare(args.src, group_size=args.group_size, block=args.block_size, sample=args.sample, match=args.match, notes=notes)
+        rows = P.compare(args.src, group_size=args.group_size, block=args.block_size, sample=args.sample, match=args.match, notes=notes,
+                         parity=args.parity, parity_group=args.parity_group)
         print(f"{rows[0].members} members of {args.src} ({_mb(rows[0].raw)}), group size {args.group_size}, block {args.block_size} B\n")
         print(P.table(rows))
         best = max(rows, key=lambda r: r.ratio)
