@@ -2,7 +2,7 @@
 (``cairn-core``'s ``erasure``, through ``cairn._native``) over interleaved slices of the region.
 
 The region (the head, then every frame record, one after another) is cut in slices of ``slice`` bytes
-(about 1/(8·parity_group) of it, 64 B to 1 MiB). Slice ``j`` belongs to group ``j mod groups``,
+(about 1/(8·parity_group) of it, or 1/(2·parity_group) under 1 MiB; 64 B to 1 MiB). Slice ``j`` belongs to group ``j mod groups``,
 so each group holds about ``parity_group`` slices spread evenly over the region, and gets
 ``parity`` parity records, each carrying the crc32c of every slice of its group. A slice is an
 erasure when its crc fails (or its bytes are missing), so each group repairs any ``parity``
@@ -47,7 +47,12 @@ class Geometry:
 
 
 def geometry(region: int, parity_group: int) -> Geometry:
-    s = max(MIN_SLICE, min(MAX_SLICE, -(-region // (8 * parity_group))))
+    """Slices of about region / (groups · parity_group) bytes: 2 groups for regions under 1 MiB
+    (each parity record costs ~100 bytes of header), 8 above (a run of damage of L bytes touches
+    at most ceil(L / slice) + 1 consecutive slices, one per group while that is ≤ groups, so the
+    longest run repaired is (groups − 1) · slice · parity)."""
+    target = 2 if region < 1 << 20 else 8
+    s = max(MIN_SLICE, min(MAX_SLICE, -(-region // (target * parity_group))))
     n = -(-region // s)
     return Geometry(region, s, -(-n // parity_group))
 
