@@ -315,6 +315,21 @@ def test_a_cut_container_gives_back_every_member_before_the_cut(small_set, tmp_p
     assert size > os.path.getsize(path)
 
 
+def test_a_container_of_tiny_frames_cut_short_still_opens(tmp_path) -> None:
+    """Frames of zeros code to a few dozen bytes: a cut container declares far more frames than
+    its bytes could hold, and still gives back what precedes the cut."""
+    src = tmp_path / "set"
+    src.mkdir()
+    for r in range(4):
+        (src / f"z{r}.bin").write_bytes(bytes(2 << 20))
+    path = _packed(str(src), str(tmp_path / "packed"), frame=4096, parity=0)
+    os.truncate(path, os.path.getsize(path) * 3 // 10)
+    with pytest.raises(cairn.CorruptError, match="is missing") as e:
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    assert _check_restored(str(src), str(tmp_path / "r")) == ["z0.bin"]
+    assert set(e.value.report.damaged) == {"z1.bin", "z2.bin", "z3.bin"}
+
+
 # -- parity ----------------------------------------------------------------------------------
 
 def _groups(path: str) -> list[list[tuple[int, int]]]:

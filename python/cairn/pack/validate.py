@@ -12,8 +12,9 @@ from ..exceptions import CorruptError
 from .layout import SCHEMES
 
 #: Smallest number of container bytes a frame occupies (its header): bounds the frames a head may
-#: declare for a container of a given size.
-MIN_FRAME_BYTES = 40
+#: declare for a container of a given size, beyond FREE_FRAMES (which a container cut short may
+#: declare whatever is left of it).
+MIN_FRAME_BYTES, FREE_FRAMES = 40, 1 << 20
 MAX_NAME = 4096
 LAYOUTS = ("concat", "interleave")
 
@@ -66,7 +67,7 @@ def check_head(head: object, where: str, size: int) -> dict:
     frames = 0
     for s, st in enumerate(streams):
         frames += -(-_check_stream(c, st, s, sizes, covered) // frame)
-    if frames > max(size, 0) // MIN_FRAME_BYTES + 1:
+    if frames > max(size // MIN_FRAME_BYTES, FREE_FRAMES):
         raise c.bad("streams", f"declare {frames} frames of {frame} bytes, more than a {size}-byte container can hold")
     for i, ext in enumerate(covered):
         pos = 0
