@@ -39,7 +39,7 @@ def test_the_corpus_covers_what_real_files_hold(corpus) -> None:
     assert any(n.startswith("scipy-") for n in names), "scipy.io.netcdf files (scipy is a test dependency)"
     assert any(n.startswith("sample-") for n in names), "files shipped inside installed packages"
     with h5py.File(os.path.join(corpus, "h5-0.h5")) as f:
-        kinds = {f[k].dtype.kind for k in f if isinstance(f[k], h5py.Dataset) and k != "time"}
+        kinds = {f[k].dtype.kind for k in f if isinstance(f[k], h5py.Dataset) and k not in ("time", "quad")}
         assert {"f", "i", "u", "c", "b", "V", "O", "S"} <= kinds
         assert f["f128"].dtype.itemsize == 16 and f["f16"].dtype.itemsize == 2
     assert h5py.File(os.path.join(corpus, "h5ub-0.h5")).userblock_size == 512
@@ -50,6 +50,7 @@ def test_real_files_restore_byte_exact(corpus, tmp_path, scheme: str, codec: str
     out, restored = str(tmp_path / "packed"), str(tmp_path / "restored")
     report = pack.pack(corpus, out, group_size=7, scheme=scheme, codec=codec, fsync=False)
     assert any("/time: TypeError: No NumPy equivalent for TypeTimeID" in n for n in report.notes)
+    assert any("/quad: ValueError: Insufficient precision" in n for n in report.notes)
     names = sorted(os.listdir(corpus))
     assert sorted(pack.unpack(out, restored).restored) == names
     for n in names:
@@ -64,8 +65,9 @@ def test_the_scanner_models_real_types_and_notes_what_it_cannot(corpus) -> None:
     found = {v.path: v for v in m.variables}
     assert {"/f16", "/f64be", "/f128", "/compound", "/enum", "/opaque", "/array_type", "/chunked", "/refs"} <= set(found)
     assert found["/f64be"].dtype == ">f8" and found["/f128"].dtype.endswith("f16")
-    assert "/gzip_shuffle" not in found and "/time" not in found  # filtered; no numpy type
-    assert m.notes == ["/time: TypeError: No NumPy equivalent for TypeTimeID exists; left residual"]
+    assert not {"/gzip_shuffle", "/time", "/quad"} & set(found)  # filtered; no numpy type
+    assert m.notes == ["/quad: ValueError: Insufficient precision in available types to represent (127, 112, 15, 0, 112); left residual",
+                       "/time: TypeError: No NumPy equivalent for TypeTimeID exists; left residual"]
     raw = _bytes(os.path.join(corpus, "h5ub-0.h5"))
     (off, n), = found["/f64be"].regions
     with h5py.File(os.path.join(corpus, "h5ub-0.h5")) as f:

@@ -48,7 +48,22 @@ def _h5_types(f: object, rank: int, rng: np.random.Generator) -> None:
     f.create_dataset("empty", data=h5py.Empty("f8"))
     f["scalar"] = 3.25 + rank
     _h5_time(f, n)
+    _h5_quad(f, n)
     f.attrs["time_attr_like"] = np.arange(3, dtype=">i8")
+
+
+def _h5_quad(f: object, n: int) -> None:
+    """IEEE binary128 floats, which numpy cannot express ("Insufficient precision" in h5py)."""
+    import h5py
+
+    ft = h5py.h5t.IEEE_F64LE.copy()
+    ft.set_size(16)
+    ft.set_precision(128)
+    ft.set_fields(127, 112, 15, 0, 112)
+    ft.set_ebias(16383)
+    ds = h5py.h5d.create(f.id, b"quad", ft, h5py.h5s.create_simple((n,)))  # type: ignore[attr-defined]
+    ds.write(h5py.h5s.ALL, h5py.h5s.ALL, np.arange(n, dtype=np.longdouble), mtype=h5py.h5t.NATIVE_LDOUBLE)
+    ds.close()
 
 
 def _h5_time(f: object, n: int) -> None:
