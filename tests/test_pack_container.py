@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -431,3 +433,12 @@ def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_pa
     pack_cli.ls(str(tmp_path / "packed"), verify=True)
     out = capsys.readouterr().out
     assert "1 damaged" in out and "damaged, repairable: frame" in out and ": repairable" in out
+    off, n = _groups(path)[1][0]  # a second damaged slice in group 1 (which has parity for one)
+    raw[off + n // 2] ^= 1
+    off, n = _groups(path)[1][1]
+    raw[off + n // 2] ^= 1
+    with open(path, "wb") as f:
+        f.write(raw)
+    r = subprocess.run([sys.executable, "-m", "cairn.cli", "ls", str(tmp_path / "packed"), "--verify"], capture_output=True, text=True)
+    assert r.returncode == 1 and "NOT repairable" in r.stdout and "damaged, not repairable: " in r.stdout
+    assert "damage that parity cannot repair" in r.stderr and "Traceback" not in r.stderr

@@ -1,7 +1,7 @@
 """The ``cairn`` command: inspect and extract datasets.
 
-    cairn ls PATH [--blocks]
-    cairn pack SET_DIR -o OUT [--group-size 32 --scheme aware-block] | --compare
+    cairn ls PATH [--blocks] [--verify]
+    cairn pack SET_DIR -o OUT [--group-size 32 --scheme auto --parity 1] | --compare
     cairn unpack OUT -o RESTORED [--member NAME]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
     [mpirun -n N] cairn skel APP.yaml|qmcpack|s3d [--engine file|staging|adios2] [--trace-flush N]
