@@ -168,6 +168,10 @@ def test_read_variable_gives_every_variable_without_unpacking(corpus, tmp_path, 
             d.set_auto_mask(False)
             for name in ("temp", "count", "time"):
                 np.testing.assert_array_equal(pack.read_variable(c, "netcdf3_classic-1.nc", name), d[name][...])
+        with netCDF4.Dataset(os.path.join(corpus, "netcdf4-1.nc")) as d:  # HDF5 underneath: read with h5py
+            d.set_auto_mask(False)
+            for name in ("temp", "count", "zipped", "sub/w"):
+                np.testing.assert_array_equal(pack.read_variable(c, "netcdf4-1.nc", "/" + name), d[name][...])
         if scheme.startswith("aware"):
             # Plain variables decode only their own stream's frames: no member is restored.
             with monkeypatch.context() as m, netCDF4.Dataset(os.path.join(corpus, "netcdf3_classic-1.nc")) as d:
