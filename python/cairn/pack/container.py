@@ -285,7 +285,8 @@ class Container:
             self._placed = None
 
     def placed(self) -> list[tuple[int, int, int]]:
-        """(start in the frame region, length, container offset) of every known frame, in order."""
+        """(where it belongs, length, where it was found) of every known frame, in order; the two
+        offsets differ for a frame displaced by a cut (and the second is -1 for a rebuilt one)."""
         if self._placed is None:
             self._placed = sorted((r.at, r.length, r.offset) for r in self.records.values() if isinstance(r, rec.Frame))
         return self._placed
@@ -308,7 +309,8 @@ class Container:
             self.damage.append(f"bytes {lost_at}..{self.data_end} hold no sound record: the container was cut short or its end is damaged")
 
     def _next_magic(self, pos: int) -> int:
-        step = 1 << 20
+        """Where the next record header (FRM2 or PAR2) may start, from `pos`."""
+        step = 64 << 10
         while pos < self.data_end:
             b = self.pread(step + 3, pos)
             hits = [i for i in (b.find(rec.FRAME_MAGIC), b.find(rec.PARITY_MAGIC)) if i >= 0]

@@ -1,15 +1,15 @@
 """Parity over the head and frames of a container: the staging servers' Reed–Solomon code
 (``cairn-core``'s ``erasure``, through ``cairn._native``) over interleaved slices of the region.
 
-The region (the head, then every frame record, one after another) is cut in slices of ``slice`` bytes
-(about 1/(8·parity_group) of it, or 1/(2·parity_group) under 1 MiB; 64 B to 1 MiB). Slice ``j`` belongs to group ``j mod groups``,
-so each group holds about ``parity_group`` slices spread evenly over the region, and gets
-``parity`` parity records, each carrying the crc32c of every slice of its group. A slice is an
-erasure when its crc fails (or its bytes are missing), so each group repairs any ``parity``
-damaged slices: any ``parity`` damaged bytes per group, and any run of damaged or cut-out bytes
-up to about ``parity / parity_group`` of the region (a run touches consecutive slices, which lie
-in different groups). The cost is ``parity / parity_group`` of the frames, whatever their size,
-so frames can stay large (better compression).
+The region (the head, then every frame record, one after another) is cut in slices (see
+:func:`geometry`). Slice ``j`` belongs to group ``j mod groups``, so each group holds about
+``parity_group`` slices spread evenly over the region, and gets ``parity`` parity records, each
+carrying the CRC-32 of every slice of its group. A slice is an erasure when its check fails (or
+its bytes are missing), so each group repairs any ``parity`` damaged slices: any ``parity``
+damaged bytes per group, and any run of damaged or cut-out bytes up to about ``parity /
+parity_group`` of the region (a run touches consecutive slices, which lie in different groups).
+The cost is ``parity / parity_group`` of the region, whatever the frame sizes, so frames can stay
+large (better compression).
 """
 
 from __future__ import annotations
