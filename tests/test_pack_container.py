@@ -4,6 +4,7 @@ damaged frames per group; beyond that the damage is named and every other member
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -457,3 +458,61 @@ def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_pa
     r = subprocess.run([sys.executable, "-m", "cairn.cli", "ls", str(tmp_path / "packed"), "--verify"], capture_output=True, text=True)
     assert r.returncode == 1 and "NOT repairable" in r.stdout and "damaged, not repairable: " in r.stdout
     assert "damage that parity cannot repair" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- version 1 -------------------------------------------------------------------------------
+
+def _write_v1(src: str, path: str, frame: int = 8192) -> None:
+    """A version-1 container of the files of `src` (scheme agnostic), as Cairn wrote them before
+    parity: the format of docs/format.md, "Version 1"."""
+    from cairn import _native
+
+    names = sorted(os.listdir(src))
+    data = [_bytes(os.path.join(src, n)) for n in names]
+
+    def coded(obj: object) -> tuple[bytes, int]:
+        raw = json.dumps(obj).encode()
+        return b"Z" + _native.compress(np.frombuffer(raw, np.uint8), None, "zstd:3")[1], len(raw)
+
+    parts = [[i, [[0, len(d)]]] for i, d in enumerate(data) if d]
+    head = {"format": 1, "scheme": "agnostic", "block": 8192, "codec": "zstd", "match": None, "frame": frame,
+            "members": [{"name": n, "format": "hdf5", "size": len(d), "crc": R.crc(d), "variables": []} for n, d in zip(names, data)],
+            "streams": [{"key": "~files", "elem": None, "layout": "concat", "block": 8192, "parts": parts}]}
+    body, raw = coded(head)
+    out = bytearray(struct.pack("<8sIQI", b"CAIRNPK1", len(body), raw, R.crc(body)) + body)
+    stream, rows = b"".join(data), []
+    for i, a in enumerate(range(0, len(stream), frame)):
+        chunk = np.frombuffer(stream[a : a + frame], np.uint8)
+        spec, c = _native.compress(chunk, None, "zstd:3")
+        h = struct.pack("<4sIIQQIIH", b"FRM1", 0, i, len(chunk), len(c), R.crc(chunk), R.crc(c), len(spec)) + spec.encode()
+        out += h + struct.pack("<I", R.crc(h))
+        rows.append([0, i, len(out), len(c), len(chunk), spec, R.crc(chunk), R.crc(c)])
+        out += c
+    tail, raw = coded({"frames": rows})
+    at = len(out)
+    out += tail + struct.pack("<QQQII8s", at, len(tail), raw, R.crc(tail), 1, b"CAIRNPKE")
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+def test_version_1_containers_still_unpack(small_set, tmp_path) -> None:
+    from cairn import pack_cli
+
+    (tmp_path / "packed").mkdir()
+    path = str(tmp_path / "packed" / "group-00000.cpk")
+    _write_v1(small_set, path)
+    with pytest.raises(cairn.CorruptError, match="container format 1; open it with open_container"):
+        Container(path)
+    with pack.open_container(path) as c:
+        assert isinstance(c, pack.Reader) and not c.damage
+    pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r"))
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 6
+    pack_cli.ls(str(tmp_path / "packed"), verify=True)
+    with h5py.File(os.path.join(small_set, "rank-2.h5")) as f:
+        np.testing.assert_array_equal(pack.read_variable(path, "rank-2.h5", "/rho"), f["rho"][()])
+    os.truncate(path, os.path.getsize(path) // 2)  # cut: walked up to the cut
+    with pytest.raises(cairn.CorruptError, match="is missing") as e:
+        pack.unpack(str(tmp_path / "packed"), str(tmp_path / "r2"))
+    restored = _check_restored(small_set, str(tmp_path / "r2"))
+    assert restored and restored == sorted(f"rank-{r}.h5" for r in range(6))[: len(restored)]
+    assert set(restored) | set(e.value.report.damaged) == {f"rank-{r}.h5" for r in range(6)}

@@ -60,6 +60,10 @@ def is_packed(path: str) -> bool:
     return path.endswith(".cpk") or bool(glob.glob(os.path.join(path, "*.cpk")))
 
 
+def _parity(head: dict) -> str:
+    return f"parity {head['parity']} per {head['parity_group']} slices" if head["parity"] else "no parity"
+
+
 def ls(path: str, verify: bool = False) -> None:
     """Lists containers and their members: sizes, ratio, scheme, parity, and any damage found on
     opening; with `verify`, every frame is read and checked, and damage reported as repairable
@@ -69,7 +73,7 @@ def ls(path: str, verify: bool = False) -> None:
     lost = False
     for p in P.containers_in(path):
         try:
-            c = P.Container(p)
+            c = P.open_container(p)
         except P.CorruptError as e:
             print(f"{os.path.basename(p):<22} unreadable: {e}")
             lost = True
@@ -78,7 +82,7 @@ def ls(path: str, verify: bool = False) -> None:
             r, k = c.raw_size(), c.size
             raw, packed = raw + r, packed + k
             print(f"{os.path.basename(p):<22} {len(c.members):>7} {_mb(r):>14} {_mb(k):>14} {r / k:>7.3f}  "
-                  f"{c.head['scheme']}/{c.head['codec']}, {c.head['parity']} per {c.head['parity_group']} slices")
+                  f"{c.head['scheme']}/{c.head['codec']}, {_parity(c.head)}")
             lines = [f"{m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}" for m in c.members]
             lines += [f"damaged: {d}" for d in c.damage]
             if verify:

@@ -23,17 +23,17 @@ from ..exceptions import CorruptError
 from .aggregate import PackReport, pack
 from .compare import as_json as compare_json
 from .compare import compare, table
-from .container import Container
+from .container import Container, Reader, open_container
 from .layout import CHOICES, SCHEMES
 from .parity import Verified, verify
 from .restore import UnpackReport, containers_in, read_member, unpack
 from .variable import read_variable
 
-__all__ = ["pack", "unpack", "compare", "compare_json", "table", "Container", "read_member", "containers_in", "open_member", "read_variable",
+__all__ = ["pack", "unpack", "compare", "compare_json", "table", "Container", "read_member", "containers_in", "open_member", "read_variable", "open_container", "Reader",
            "verify", "Verified", "SCHEMES", "CHOICES", "PackReport", "UnpackReport"]
 
 
-def open_member(c: Container, name: str) -> object:
+def open_member(c: Reader, name: str) -> object:
     """One member opened in memory, without unpacking the rest: an ``h5py.File`` for HDF5 and
     netCDF-4 members, a ``netCDF4.Dataset`` for netCDF classic ones."""
     data = read_member(c, name)

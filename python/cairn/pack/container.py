@@ -112,17 +112,94 @@ class ContainerWriter:
         os.unlink(self.path + ".partial")
 
 
-class Container:
-    """A container opened for reading. ``damage`` lists what was found damaged on opening (a cut,
+class Reader:
+    """What every container version offers its readers: the head, the streams cut in frames, and
+    checked frames (``read_frame``). ``damage`` lists what was found damaged on opening (a cut,
     a damaged head, tail or record), ``repaired`` what parity put right since."""
 
-    def __init__(self, path: str) -> None:
+    path: str
+    size: int
+    head: dict
+    streams: list[Stream]
+    frame_size: int
+    damage: list[str]
+    repaired: list[str]
+
+    def _open(self, path: str) -> None:
         self.path = path
         self.f = open(path, "rb")
         self.size = os.fstat(self.f.fileno()).st_size
+        self.damage = []
+        self.repaired = []
+
+    def _use(self, head: dict) -> None:
+        self.head = head
+        self.streams = [Stream.from_json(s) for s in head["streams"]]
+        self.frame_size = int(head["frame"])
+
+    def pread(self, n: int, off: int) -> bytes:
+        return os.pread(self.f.fileno(), max(0, min(n, self.size - off)), off)
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def bad(self, what: str) -> CorruptError:
+        return CorruptError(f"{self.path}: {what}")
+
+    def frame_count(self, s: int) -> int:
+        return -(-self.streams[s].length // self.frame_size)
+
+    def frame_range(self, s: int, i: int) -> tuple[int, int]:
+        return i * self.frame_size, min((i + 1) * self.frame_size, self.streams[s].length)
+
+    def _frame_raw(self, s: int, i: int) -> int:
+        a, b = self.frame_range(s, i)
+        return b - a
+
+    def where(self, s: int, i: int) -> str:
+        a, b = self.frame_range(s, i)
+        return f"frame {i} of stream {self.streams[s].key!r} (stream bytes {a}..{b})"
+
+    def decode(self, s: int, i: int, spec: str, coded: np.ndarray, raw: int, raw_crc: int) -> np.ndarray:
+        """Frame (s, i) decoded from its coded bytes, checked against its raw crc."""
+        out = np.empty(raw, np.uint8)
+        try:
+            _native.decompress(spec, coded, out)
+        except (_native.CairnError, ValueError) as e:
+            raise self.bad(f"{self.where(s, i)} does not decode: {e}") from None
+        if rec.crc(out) != raw_crc:
+            raise self.bad(f"{self.where(s, i)} decodes to bytes that fail their checksum")
+        return out
+
+    def read_frame(self, s: int, i: int) -> np.ndarray:
+        """The raw bytes of one frame, checked; CorruptError if it cannot be read."""
+        raise NotImplementedError
+
+    def sound(self, s: int, i: int) -> bool:
+        """Whether frame (s, i) is found and passes its checks as stored (before any repair)."""
+        return True
+
+    @property
+    def members(self) -> list[dict]:
+        return self.head["members"]
+
+    def raw_size(self) -> int:
+        return sum(int(m["size"]) for m in self.members)
+
+
+class Container(Reader):
+    """A container (version 2) opened for reading. ``damage`` lists what was found damaged on opening (a cut,
+    a damaged head, tail or record), ``repaired`` what parity put right since."""
+
+    def __init__(self, path: str) -> None:
+        self._open(path)
         self.data_end = self.size  # end of the records: where the tail starts, if known
-        self.damage: list[str] = []
-        self.repaired: list[str] = []
         self.records: dict[int, rec.Frame | rec.Parity] = {}  # seq → where and what
         self.frames: dict[tuple[int, int], int] = {}  # (stream, index) → seq
         self.mended: dict[int, bytes] = {}  # seq → record bytes rebuilt from parity
@@ -133,31 +210,14 @@ class Container:
         try:
             trailer = self._read_trailer()
             try:
-                self.head = self._parse_head(lambda n, off: self.pread(n, off))
+                self._use(self._parse_head(lambda n, off: self.pread(n, off)))
             except CorruptError as e:
-                self.head = self._head_from_parity(trailer, e)
-            self.streams = [Stream.from_json(s) for s in self.head["streams"]]
-            self.frame_size = int(self.head["frame"])
+                self._use(self._head_from_parity(trailer, e))
             if trailer is None or not self._read_tail(trailer):
                 self._walk()
         except BaseException:
             self.f.close()
             raise
-
-    def close(self) -> None:
-        self.f.close()
-
-    def __enter__(self) -> Container:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def bad(self, what: str) -> CorruptError:
-        return CorruptError(f"{self.path}: {what}")
-
-    def pread(self, n: int, off: int) -> bytes:
-        return os.pread(self.f.fileno(), max(0, min(n, self.size - off)), off)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -186,8 +246,8 @@ class Container:
         fixed = read(_HEAD.size, 0)  # type: ignore[operator]
         if len(fixed) < _HEAD.size or fixed[:8] != MAGIC:
             if fixed[:7] == b"CAIRNPK" and fixed[7:8] != b"2":
-                raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; this Cairn reads {VERSION} "
-                               "(unpack it with the Cairn that wrote it)")
+                raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; open it with open_container(), "
+                               f"which reads versions 1 and {VERSION}")
             raise self.bad("not a Cairn pack container (no CAIRNPK2 signature); was it written by `cairn pack`?")
         _, n, raw, crc = _HEAD.unpack(fixed)
         if n > self.size - _HEAD.size:
@@ -321,19 +381,9 @@ class Container:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def frame_count(self, s: int) -> int:
-        return -(-self.streams[s].length // self.frame_size)
-
-    def frame_range(self, s: int, i: int) -> tuple[int, int]:
-        return i * self.frame_size, min((i + 1) * self.frame_size, self.streams[s].length)
-
-    def _frame_raw(self, s: int, i: int) -> int:
-        a, b = self.frame_range(s, i)
-        return b - a
-
-    def where(self, s: int, i: int) -> str:
-        a, b = self.frame_range(s, i)
-        return f"frame {i} of stream {self.streams[s].key!r} (stream bytes {a}..{b})"
+    def sound(self, s: int, i: int) -> bool:
+        seq = self.frames.get((s, i))
+        return seq is not None and self.record_bytes(seq, mended=False) is not None
 
     def record_bytes(self, seq: int, mended: bool = True) -> bytes | None:
         """The bytes of record `seq` if they are sound (read, or rebuilt from parity), else None."""
@@ -357,18 +407,15 @@ class Container:
         if not isinstance(fr, rec.Frame) or (fr.stream, fr.index) != (s, i):
             why = "damaged" if seq is not None else f"missing ({'; '.join(self.damage) or 'not in the record index'})"
             raise self.bad(f"{self.where(s, i)} is {why} and parity cannot repair it ({par.why_not(self, s, i)})")
-        out = np.empty(fr.raw, np.uint8)
-        try:
-            _native.decompress(fr.spec, np.frombuffer(b, np.uint8, fr.coded, fr.header), out)
-        except (_native.CairnError, ValueError) as e:
-            raise self.bad(f"{self.where(s, i)} does not decode: {e}") from None
-        if rec.crc(out) != fr.raw_crc:
-            raise self.bad(f"{self.where(s, i)} decodes to bytes that fail their checksum")
-        return out
+        return self.decode(s, i, fr.spec, np.frombuffer(b, np.uint8, fr.coded, fr.header), fr.raw, fr.raw_crc)
 
-    @property
-    def members(self) -> list[dict]:
-        return self.head["members"]
 
-    def raw_size(self) -> int:
-        return sum(int(m["size"]) for m in self.members)
+def open_container(path: str) -> Reader:
+    """A container of either version: 2 (this one) or 1 (before parity; read-only)."""
+    with open(path, "rb") as f:
+        magic = f.read(8)
+    if magic == b"CAIRNPK1":
+        from .container_v1 import ContainerV1
+
+        return ContainerV1(path)
+    return Container(path)

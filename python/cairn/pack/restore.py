@@ -21,7 +21,7 @@ from .. import _native
 from ..exceptions import CorruptError, InvalidArgumentError, NotFoundError
 from . import layout
 from .aggregate import progress_bar
-from .container import Container
+from .container import Reader, open_container
 
 
 @dataclass
@@ -58,7 +58,7 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
     opened = []
     for p in paths:
         try:
-            opened.append(Container(p))
+            opened.append(open_container(p))
         except CorruptError as e:
             report.damaged[p] = str(e)
     chosen = [m for c in opened for m in c.members if want is None or m["name"] in want]
@@ -93,7 +93,7 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
 
 
 def _unpack_container(
-    c: Container, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object | None, report: UnpackReport
+    c: Reader, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object | None, report: UnpackReport
 ) -> None:
     sel = [i for i, m in enumerate(c.members) if want is None or m["name"] in want]
     targets = {}
@@ -134,7 +134,7 @@ def _unpack_container(
 
 
 def restore_into(
-    c: Container,
+    c: Reader,
     sel: set[int],
     put: Callable[[int, int, np.ndarray], None],
     pool: ThreadPoolExecutor,
@@ -183,7 +183,7 @@ def restore_into(
     return damaged
 
 
-def _frames_touched(c: Container, s: int, start: np.ndarray, length: np.ndarray) -> list[int]:
+def _frames_touched(c: Reader, s: int, start: np.ndarray, length: np.ndarray) -> list[int]:
     """Frames of stream `s` overlapping any of the runs (start, length)."""
     f, n = c.frame_size, c.frame_count(s)
     keep = length > 0
@@ -197,13 +197,13 @@ def _frames_touched(c: Container, s: int, start: np.ndarray, length: np.ndarray)
 def decode_all(path: str, pool: ThreadPoolExecutor) -> None:
     """Decodes and checks every frame of a container, discarding the bytes: the cost of unpacking
     without the disk writes (for `--compare` and the benchmark). Damage raises CorruptError."""
-    with Container(path) as c:
+    with open_container(path) as c:
         damaged = restore_into(c, set(range(len(c.members))), lambda _m, _off, _data: None, pool)
         if damaged or c.damage:
             raise CorruptError("; ".join([*c.damage, *damaged.values()]))
 
 
-def read_member(c: Container, name: str, workers: int | None = None) -> bytes:
+def read_member(c: Reader, name: str, workers: int | None = None) -> bytes:
     """One member's file, in memory, decoding only the frames that hold its bytes."""
     idx = next((i for i, m in enumerate(c.members) if m["name"] == name), None)
     if idx is None:

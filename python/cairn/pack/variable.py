@@ -15,17 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..exceptions import CorruptError, NotFoundError
-from .container import Container
+from .container import Reader, open_container
 from .restore import read_member, restore_into
 
 
-def read_variable(container: str | Container, member: str, path: str) -> np.ndarray:
+def read_variable(container: str | Reader, member: str, path: str) -> np.ndarray:
     """Variable `path` (``/group/name``) of `member` as a numpy array.
 
     >>> read_variable("packed/group-00000.cpk", "rank-3.h5", "/hydro/rho")
     """
     if isinstance(container, str):
-        with Container(container) as c:
+        with open_container(container) as c:
             return read_variable(c, member, path)
     c = container
     idx = next((i for i, m in enumerate(c.members) if m["name"] == member), None)
@@ -44,7 +44,7 @@ def read_variable(container: str | Container, member: str, path: str) -> np.ndar
     return _from_file(c, member, want)
 
 
-def _read_extents(c: Container, idx: int, s: int, extents: list[tuple[int, int]]) -> bytes:
+def _read_extents(c: Reader, idx: int, s: int, extents: list[tuple[int, int]]) -> bytes:
     """The bytes of member `idx` at file `extents` (in that order), from stream `s` only."""
     starts, at = [], 0
     for _off, n in extents:
@@ -71,7 +71,7 @@ def _read_extents(c: Container, idx: int, s: int, extents: list[tuple[int, int]]
     return bytes(out)
 
 
-def _from_file(c: Container, member: str, path: str) -> np.ndarray:
+def _from_file(c: Reader, member: str, path: str) -> np.ndarray:
     data = read_member(c, member)
     fmt = next(m["format"] for m in c.members if m["name"] == member)
     if fmt == "netcdf3":
