@@ -111,7 +111,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                                    "e.g. '/patch_(\\d+)/.*' makes every patch's variables similar")
     p.add_argument("--parity", type=int, default=1,
                    help="Reed-Solomon parity records per group of slices of the frames: repairs that many damaged slices "
-                        "per group, and any run of damage (a lost frame) up to about PARITY/PARITY_GROUP of the container "
+                        "per group, and any run of damage (a lost frame) up to about 7/8 of PARITY/PARITY_GROUP of the container "
                         "(default 1; 0 disables)")
     p.add_argument("--parity-group", type=int, default=16, help="slices per parity group (default 16: parity costs 1/16)")
     p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")

@@ -132,7 +132,7 @@ def pack(
     a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
     of a compressed frame (the unit of partial reads). `parity` Reed–Solomon records per group of
     `parity_group` slices of the frames repair that many damaged slices per group, and runs of
-    damage up to about parity/parity_group of the frames (0: no parity; see ``parity``). On
+    damage up to about 7/8 of parity/parity_group of the container (0: no parity; see ``parity``). On
     failure nothing is left in `out`."""
     check_options(scheme, block, group_size, codec, frame, parity, parity_group)
     pattern = re.compile(match) if match else None

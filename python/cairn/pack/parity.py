@@ -6,8 +6,9 @@ The region (the head, then every frame record, one after another) is cut in slic
 ``parity_group`` slices spread evenly over the region, and gets ``parity`` parity records, each
 carrying the CRC-32 of every slice of its group. A slice is an erasure when its check fails (or
 its bytes are missing), so each group repairs any ``parity`` damaged slices: any ``parity``
-damaged bytes per group, and any run of damaged or cut-out bytes up to about ``parity /
-parity_group`` of the region (a run touches consecutive slices, which lie in different groups).
+damaged bytes per group, and any run of damaged or cut-out bytes up to (groups − 1) · slice ·
+parity (a run touches consecutive slices, which lie in different groups): about 7/8 of
+parity / parity_group of the region above 1 MiB, half of it below.
 The cost is ``parity / parity_group`` of the region, whatever the frame sizes, so frames can stay
 large (better compression).
 """
