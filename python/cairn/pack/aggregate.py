@@ -10,6 +10,7 @@ With the default ``--codec aware`` every frame of numbers is coded both data-awa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -126,10 +127,10 @@ def pack(
     parity_group: int = 16,
 ) -> PackReport:
     """Packs every file under `src` into ``out/group-NNNNN.cpk`` containers of `group_size`
-    members each (in natural rank order). `scheme` ``auto`` packs each group both ``aware``
-    and ``agnostic`` and keeps the smaller container. `codec` is ``aware`` (by element type, never worse than
-    plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``); `match` is
-    a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
+    members each (in natural rank order). `scheme` ``auto`` packs each group both ``aware`` and
+    ``agnostic`` and keeps the smaller container. `codec` is ``aware`` (by element type, never
+    worse than plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``);
+    `match` is a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
     of a compressed frame (the unit of partial reads). `parity` Reed–Solomon records per group of
     `parity_group` slices of the frames repair that many damaged slices per group, and runs of
     damage up to about 7/8 of parity/parity_group of the container (0: no parity; see ``parity``). On
@@ -166,7 +167,8 @@ def pack(
         for gr in report.groups:
             os.unlink(gr.container)
         if created:
-            os.rmdir(out)
+            with contextlib.suppress(OSError):  # not empty: something else writes there too
+                os.rmdir(out)
         raise
     finally:
         if bar is not None:
@@ -182,7 +184,7 @@ def check_options(scheme: str, block: int, group_size: int, codec: str, frame: i
     if group_size < 1:
         raise InvalidArgumentError(f"--group-size {group_size}: give at least 1")
     if not 0 <= parity <= 64:
-        raise InvalidArgumentError(f"--parity {parity}: give 0 (no parity) to 64 parity records per group of frames")
+        raise InvalidArgumentError(f"--parity {parity}: give 0 (no parity) to 64 parity records per group of slices")
     if not 1 <= parity_group <= 255 - parity:
         raise InvalidArgumentError(f"--parity-group {parity_group}: give 1 to {255 - parity} slices (with --parity {parity})")
     _native.compress(np.zeros(0, np.uint8), None, codec)  # validates the codec name up front
