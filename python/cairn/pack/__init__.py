@@ -29,8 +29,10 @@ from .parity import Verified, verify
 from .restore import UnpackReport, containers_in, read_member, unpack
 from .variable import read_variable
 
-__all__ = ["pack", "unpack", "compare", "compare_json", "table", "Container", "read_member", "containers_in", "open_member", "read_variable", "open_container", "Reader",
-           "verify", "Verified", "SCHEMES", "CHOICES", "PackReport", "UnpackReport"]
+__all__ = [
+    "pack", "unpack", "compare", "compare_json", "table", "Container", "Reader", "open_container", "read_member",
+    "containers_in", "open_member", "read_variable", "verify", "Verified", "SCHEMES", "CHOICES", "PackReport", "UnpackReport",
+]
 
 
 def open_member(c: Reader, name: str) -> object:

@@ -156,7 +156,8 @@ def pack(
                 report.notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(out, f"group-{g // group_size:05d}.cpk")
                 try:
-                    size = pack_best(members, path, layout.tries(scheme), block, codec, pattern, pool, bar, fsync, frame, parity, parity_group)
+                    size = pack_best(members, path, layout.tries(scheme), block, codec, pattern, pool, bar, fsync, frame,
+                                     parity, parity_group)
                 except CairnError:
                     raise
                 except Exception as e:
