@@ -516,3 +516,17 @@ def test_version_1_containers_still_unpack(small_set, tmp_path) -> None:
     restored = _check_restored(small_set, str(tmp_path / "r2"))
     assert restored and restored == sorted(f"rank-{r}.h5" for r in range(6))[: len(restored)]
     assert set(restored) | set(e.value.report.damaged) == {f"rank-{r}.h5" for r in range(6)}
+
+
+def test_cli_unpack_reports_what_parity_repaired(small_set, tmp_path) -> None:
+    path = _packed(small_set, str(tmp_path / "packed"))
+    off, n = _groups(path)[1][2]
+    raw = bytearray(_bytes(path))
+    raw[off + n // 2] ^= 0x80
+    with open(path, "wb") as f:
+        f.write(raw)
+    r = subprocess.run([sys.executable, "-m", "cairn.cli", "unpack", str(tmp_path / "packed"), "-o", str(tmp_path / "r")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "restored 6 files" in r.stdout and "1 damaged frames repaired from parity:" in r.stdout and "rebuilt from parity" in r.stdout
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 6
