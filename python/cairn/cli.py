@@ -1,7 +1,7 @@
 """The ``cairn`` command: inspect and extract datasets.
 
-    cairn ls PATH [--blocks]
-    cairn pack SET_DIR -o OUT [--group-size 32 --scheme aware-block] | --compare
+    cairn ls PATH [--blocks] [--verify]
+    cairn pack SET_DIR -o OUT [--group-size 32 --scheme auto --parity 1] | --compare
     cairn unpack OUT -o RESTORED [--member NAME]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
     [mpirun -n N] cairn skel APP.yaml|qmcpack|s3d [--engine file|staging|adios2] [--trace-flush N]
@@ -46,7 +46,7 @@ def _fmt(v: float | None) -> str:
 
 def cmd_ls(args: argparse.Namespace) -> None:
     if pack_cli.is_packed(args.path):
-        pack_cli.ls(args.path)
+        pack_cli.ls(args.path, verify=args.verify)
         return
     f = _open_path(args.path)
     steps = f.steps()
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, or packed containers")
     ls.add_argument("path", help="dataset directory (the [file] path joined with the dataset name), or a pack folder")
     ls.add_argument("--blocks", action="store_true", help="show the blocks of every step, not only the last")
+    ls.add_argument("--verify", action="store_true", help="packed containers: read and check every frame, report damage "
+                                                          "and whether parity can repair it")
     ls.set_defaults(func=cmd_ls)
     get = sub.add_parser("get", help="read a box of a variable and print it or save it as .npy")
     get.add_argument("path")

@@ -7,11 +7,13 @@
 //! - `reader`: `Reader`, over `cairn_client::Reader`.
 //! - `buffer`: borrowing numpy buffers without copying.
 //! - `codec`: the compression pipeline (type-specific first pass, byte codec second).
+//! - `erasure`: the Reed–Solomon code, for the parity frames of pack containers.
 //! - `kv`: keyed values and sets on a staging cluster (`cairn.tasks`).
 //! - `staging`: running a staging server, admin requests to a cluster.
 
 mod buffer;
 mod codec;
+mod erasure;
 mod errors;
 mod kv;
 mod reader;
@@ -44,6 +46,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
     m.add_function(wrap_pyfunction!(codec::erasure_times, m)?)?;
+    m.add_function(wrap_pyfunction!(erasure::erasure_parity, m)?)?;
+    m.add_function(wrap_pyfunction!(erasure::erasure_decode, m)?)?;
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_replace, m)?)?;

@@ -1,5 +1,6 @@
 """`cairn pack --compare`: every scheme on a sample of the set, as a table, so users can pick
-(mcrEngine §6.2: the best scheme depends on the application)."""
+(mcrEngine §6.2: the best scheme depends on the application). Containers are packed as `cairn
+pack` would by default (with parity)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .aggregate import list_members, pack_group
+from .aggregate import FRAME, list_members, pack_best, scan_group
+from .layout import AUTO, tries
 from .restore import decode_all
-from .scan import scan
 
 #: (scheme, codec) pairs compared; the first is the paper's baseline (Agnostic with gzip).
 CANDIDATES = (
@@ -21,6 +22,7 @@ CANDIDATES = (
     ("agnostic-block", "zstd"),
     ("aware", "aware"),
     ("aware-block", "aware"),
+    (AUTO, "aware"),
 )
 
 
@@ -45,9 +47,12 @@ def compare(
     match: str | None = None,
     candidates: tuple[tuple[str, str], ...] = CANDIDATES,
     workers: int | None = None,
+    notes: list[str] | None = None,
+    parity: int = 1,
+    parity_group: int = 16,
 ) -> list[Row]:
     """Packs the first `sample` members (default: one group) with each candidate and decodes
-    them again, timing both."""
+    them again, timing both. What the scanner left residual is added to `notes`."""
     files = list_members(src)[: sample or group_size]
     pattern = re.compile(match) if match else None
     rows: list[Row] = []
@@ -57,9 +62,11 @@ def compare(
             packed = raw = 0
             paths = []
             for g in range(0, len(files), group_size):
-                members = [scan(p, name) for name, p in files[g : g + group_size]]
+                members = scan_group(files[g : g + group_size])
+                if notes is not None and not rows:
+                    notes += [f"{m.name}: {n}" for m in members for n in m.notes]
                 path = os.path.join(tmp, f"{scheme}-{codec}-{g}.cpk")
-                packed += pack_group(members, path, scheme, block, codec, pattern, pool, None, fsync=False)
+                packed += pack_best(members, path, tries(scheme), block, codec, pattern, pool, None, False, FRAME, parity, parity_group)
                 raw += sum(m.size for m in members)
                 paths.append(path)
             t_pack = time.perf_counter() - t0

@@ -11,6 +11,10 @@ its ranges.
 - ``aware``: one stream per similarity key (``Group/Name_Type_Class``), the variables of all
   members concatenated in rank order, plus one stream of the residual bytes.
 - ``aware-block``: the same, interleaved in blocks (rounded to whole elements).
+
+Under the aware schemes, streams of less than ``SMALL`` bytes (16 KiB) are coded together, as one stream
+``~small`` of their parts one after another: a frame of a few hundred bytes costs more in coder
+start-up and framing than modelling its values saves.
 """
 
 from __future__ import annotations
@@ -24,8 +28,18 @@ from ..exceptions import InvalidArgumentError
 from .scan import Member
 
 SCHEMES = ("agnostic", "agnostic-block", "aware", "aware-block")
+#: The default: each container is packed ``aware`` and ``agnostic`` and the smaller kept.
+AUTO = "auto"
+CHOICES = (AUTO, *SCHEMES)
+
+
+def tries(scheme: str) -> tuple[str, ...]:
+    """The schemes a group is packed with under `scheme` (the smallest result is kept)."""
+    return ("aware", "agnostic") if scheme == AUTO else (scheme,)
 RESIDUAL = "~residual"
 FILES = "~files"
+SMALL_KEY = "~small"
+SMALL = 16 << 10
 
 
 @dataclass
@@ -66,14 +80,16 @@ class Stream:
 
 
 def check_scheme(scheme: str, block: int) -> None:
-    if scheme not in SCHEMES:
-        raise InvalidArgumentError(f"unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+    if scheme not in CHOICES:
+        raise InvalidArgumentError(f"unknown scheme {scheme!r}; use one of {', '.join(CHOICES)}")
     if block < 1:
         raise InvalidArgumentError(f"--block-size {block}: give a positive number of bytes")
 
 
 def build(members: list[Member], scheme: str, block: int, match: re.Pattern[str] | None = None) -> list[Stream]:
-    """The streams of one group under `scheme`."""
+    """The streams of one group under `scheme` (one of SCHEMES)."""
+    if scheme not in SCHEMES:
+        raise InvalidArgumentError(f"unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
     check_scheme(scheme, block)
     blocked = scheme.endswith("-block")
     layout = "interleave" if blocked else "concat"
@@ -93,7 +109,14 @@ def build(members: list[Member], scheme: str, block: int, match: re.Pattern[str]
         gaps = _gaps(sorted(r for v in m.variables for r in v.regions), m.size)
         if gaps:
             residual.parts.append(Part(i, gaps))
-    return [residual, *streams.values()] if residual.parts else list(streams.values())
+    small = Stream(SMALL_KEY, None, "concat", block)
+    big = []
+    for s in streams.values():
+        if s.length < SMALL:
+            small.parts += s.parts
+        else:
+            big.append(s)
+    return [x for x in (residual, small) if x.parts] + big
 
 
 def _gaps(regions: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:

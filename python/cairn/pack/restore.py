@@ -21,13 +21,14 @@ from .. import _native
 from ..exceptions import CorruptError, InvalidArgumentError, NotFoundError
 from . import layout
 from .aggregate import progress_bar
-from .container import Container
+from .container import Reader, open_container
 
 
 @dataclass
 class UnpackReport:
     restored: list[str] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)  # member (or container) → why
+    repaired: list[str] = field(default_factory=list)  # frames rebuilt from parity, and where
     raw: int = 0
     seconds: float = 0.0
 
@@ -41,11 +42,9 @@ def containers_in(src: str) -> list[str]:
     return found
 
 
-def _safe_name(c: Container, name: str) -> str:
-    parts = name.split("/")
-    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise CorruptError(f"{c.path}: member name {name!r} is not a relative path; refusing to write outside the output folder")
-    return os.path.join(*parts)
+def _dest(out: str, name: str) -> str:
+    """Where member `name` is restored (names are checked when a container is opened)."""
+    return os.path.join(out, *name.split("/"))
 
 
 def unpack(src: str, out: str, members: list[str] | None = None, workers: int | None = None, progress: bool = False) -> UnpackReport:
@@ -59,17 +58,25 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
     opened = []
     for p in paths:
         try:
-            opened.append(Container(p))
+            opened.append(open_container(p))
         except CorruptError as e:
             report.damaged[p] = str(e)
-    total = sum(int(m["size"]) for c in opened for m in c.members if want is None or m["name"] in want)
-    bar = progress_bar(total, "unpack", progress)
-    with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
-        for c in opened:
-            with c:
-                _unpack_container(c, out, want, pool, bar, report)
-    if bar is not None:
-        bar.close()  # type: ignore[attr-defined]
+    chosen = [m for c in opened for m in c.members if want is None or m["name"] in want]
+    for m in chosen:
+        if os.path.lexists(_dest(out, m["name"])):
+            for c in opened:
+                c.close()
+            raise InvalidArgumentError(f"{_dest(out, m['name'])!r} exists; unpack into an empty folder")
+    bar = progress_bar(sum(int(m["size"]) for m in chosen), "unpack", progress)
+    try:
+        with ThreadPoolExecutor(workers or os.cpu_count() or 2) as pool:
+            for c in opened:
+                with c:
+                    _unpack_container(c, out, want, pool, bar, report)
+                    report.repaired += [f"{c.path}: {r}" for r in c.repaired]
+    finally:
+        if bar is not None:
+            bar.close()  # type: ignore[attr-defined]
     report.seconds = time.perf_counter() - t0
     if want:
         missing = want - set(report.restored) - set(report.damaged)
@@ -86,27 +93,32 @@ def unpack(src: str, out: str, members: list[str] | None = None, workers: int | 
 
 
 def _unpack_container(
-    c: Container, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object | None, report: UnpackReport
+    c: Reader, out: str, want: set[str] | None, pool: ThreadPoolExecutor, bar: object | None, report: UnpackReport
 ) -> None:
     sel = [i for i, m in enumerate(c.members) if want is None or m["name"] in want]
     targets = {}
     for i in sel:
         m = c.members[i]
-        dest = os.path.join(out, _safe_name(c, m["name"]))
-        if os.path.exists(dest):
-            raise InvalidArgumentError(f"{dest!r} exists; unpack into an empty folder")
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        fd = os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(fd, int(m["size"]))
-        targets[i] = (dest, fd)
+        dest = _dest(out, m["name"])
+        try:
+            os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+            # Sized only once restored: a member whose frames are damaged never grows a large file.
+            targets[i] = (dest, os.open(dest + ".partial", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        except OSError as e:
+            for made, fd in targets.values():
+                os.close(fd)
+                os.unlink(made + ".partial")
+            raise InvalidArgumentError(f"{dest!r} cannot be created ({e.strerror or e}); unpack into an empty folder you can write") from None
 
     def put(m: int, off: int, data: np.ndarray) -> None:
         os.pwrite(targets[m][1], data, off)
 
     damaged = restore_into(c, set(sel), put, pool, bar)
     for i, (dest, fd) in targets.items():
-        os.close(fd)
         m = c.members[i]
+        if i not in damaged:
+            os.ftruncate(fd, int(m["size"]))
+        os.close(fd)
         if i not in damaged:
             data = np.memmap(dest + ".partial", np.uint8, mode="r") if m["size"] else np.zeros(0, np.uint8)
             if _native.crc32c(data) != m["crc"]:
@@ -122,10 +134,16 @@ def _unpack_container(
 
 
 def restore_into(
-    c: Container, sel: set[int], put: Callable[[int, int, np.ndarray], None], pool: ThreadPoolExecutor, bar: object | None = None
+    c: Reader,
+    sel: set[int],
+    put: Callable[[int, int, np.ndarray], None],
+    pool: ThreadPoolExecutor,
+    bar: object | None = None,
+    streams: set[int] | None = None,
 ) -> dict[int, str]:
-    """Decodes the frames holding bytes of the members in `sel` and hands each run to
-    ``put(member, file offset, bytes)``. Returns the damaged members with the reason."""
+    """Decodes the frames holding bytes of the members in `sel` (in `streams`, default all) and
+    hands each run to ``put(member, file offset, bytes)``. Returns the damaged members with the
+    reason."""
     damaged: dict[int, str] = {}
     depth = 2 * pool._max_workers  # noqa: SLF001
     # One queue across streams, so that many small streams (one frame each) still overlap.
@@ -152,7 +170,7 @@ def restore_into(
             bar.update(done)  # type: ignore[attr-defined]
 
     for s, stream in enumerate(c.streams):
-        if not any(p.member in sel for p in stream.parts):
+        if (streams is not None and s not in streams) or not any(p.member in sel for p in stream.parts):
             continue
         r = layout.runs(stream)
         mine = np.isin(r.member, list(sel))
@@ -165,7 +183,7 @@ def restore_into(
     return damaged
 
 
-def _frames_touched(c: Container, s: int, start: np.ndarray, length: np.ndarray) -> list[int]:
+def _frames_touched(c: Reader, s: int, start: np.ndarray, length: np.ndarray) -> list[int]:
     """Frames of stream `s` overlapping any of the runs (start, length)."""
     f, n = c.frame_size, c.frame_count(s)
     keep = length > 0
@@ -179,13 +197,13 @@ def _frames_touched(c: Container, s: int, start: np.ndarray, length: np.ndarray)
 def decode_all(path: str, pool: ThreadPoolExecutor) -> None:
     """Decodes and checks every frame of a container, discarding the bytes: the cost of unpacking
     without the disk writes (for `--compare` and the benchmark). Damage raises CorruptError."""
-    with Container(path) as c:
+    with open_container(path) as c:
         damaged = restore_into(c, set(range(len(c.members))), lambda _m, _off, _data: None, pool)
         if damaged or c.damage:
             raise CorruptError("; ".join([*c.damage, *damaged.values()]))
 
 
-def read_member(c: Container, name: str, workers: int | None = None) -> bytes:
+def read_member(c: Reader, name: str, workers: int | None = None) -> bytes:
     """One member's file, in memory, decoding only the frames that hold its bytes."""
     idx = next((i for i, m in enumerate(c.members) if m["name"] == name), None)
     if idx is None:

@@ -8,7 +8,9 @@ restored byte for byte; the scanner only has to be right for compression to be g
 restoration to be exact (ranges that are out of bounds or overlap are left in the residual).
 
 Formats: HDF5 (including netCDF-4, which is HDF5) through h5py, and netCDF classic (CDF-1, -2 and
--5) from its header. Other files are packed as opaque bytes.
+-5) from its header. Other files are packed as opaque bytes. Whatever the scanner cannot model (a
+datatype numpy has no equivalent for, a file HDF5 cannot open) stays residual, and the member
+carries a note saying so (shown by ``--compare``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Variable:
     dtype: str  # numpy dtype.str of the stored values ('<f8', '>i4', '|S8', '|O' …)
     shape: tuple[int, ...]
     regions: list[tuple[int, int]] = field(default_factory=list)  # (file offset, length)
+    ordered: bool = True  # the regions, joined, are the values in C order (not chunks, not heap ids)
 
     @property
     def klass(self) -> str:
@@ -66,6 +69,7 @@ class Member:
     format: str  # hdf5 | netcdf4 | netcdf3 | opaque
     size: int
     variables: list[Variable]
+    notes: list[str] = field(default_factory=list)  # what was left residual and why
 
 
 def type_code(dtype: str) -> str:
@@ -80,6 +84,16 @@ def type_code(dtype: str) -> str:
 def detect(path: str) -> str:
     with open(path, "rb") as f:
         head = f.read(8)
+        # HDF5's signature is at 0 or, after a userblock (MATLAB v7.3 files), at 512, 1024, 2048 …
+        at = 512
+        while head != HDF5_SIGNATURE and at < (8 << 20):
+            f.seek(at)
+            sig = f.read(8)
+            if len(sig) < 8:
+                break
+            if sig == HDF5_SIGNATURE:
+                return "hdf5"
+            at *= 2
     if head == HDF5_SIGNATURE:
         return "hdf5"
     if head[:3] == b"CDF" and head[3:4] in (b"\x01", b"\x02", b"\x05"):
@@ -92,13 +106,18 @@ def scan(path: str, name: str) -> Member:
     size = os.path.getsize(path)
     fmt = detect(path) if size >= 8 else "opaque"
     variables: list[Variable] = []
-    if fmt == "hdf5":
-        fmt, variables = _scan_hdf5(path)
-    elif fmt == "netcdf3":
-        from .netcdf3 import scan_classic
+    notes: list[str] = []
+    try:
+        if fmt == "hdf5":
+            fmt, variables = _scan_hdf5(path, notes)
+        elif fmt == "netcdf3":
+            from .netcdf3 import scan_classic
 
-        variables = scan_classic(path, size)
-    return Member(name, path, fmt, size, _keep_valid(variables, size))
+            variables = scan_classic(path, size)
+    except Exception as e:  # noqa: BLE001 - any failure to model a file only costs ratio
+        notes.append(f"not scanned ({type(e).__name__}: {e}); packed as opaque bytes")
+        fmt, variables = "opaque", []
+    return Member(name, path, fmt, size, _keep_valid(variables, size), notes)
 
 
 def _keep_valid(variables: list[Variable], size: int) -> list[Variable]:
@@ -115,13 +134,13 @@ def _keep_valid(variables: list[Variable], size: int) -> list[Variable]:
         if b > end:
             end, owner = b, i
     return [
-        Variable(v.path, v.dtype, v.shape, [r for r in v.regions if r[1] > 0])
+        Variable(v.path, v.dtype, v.shape, [r for r in v.regions if r[1] > 0], v.ordered)
         for i, v in enumerate(variables)
         if i not in bad and v.nbytes > 0
     ]
 
 
-def _scan_hdf5(path: str) -> tuple[str, list[Variable]]:
+def _scan_hdf5(path: str, notes: list[str]) -> tuple[str, list[Variable]]:
     import h5py
 
     # The low-level API: the high-level wrappers cost more than the HDF5 calls for files with
@@ -133,12 +152,17 @@ def _scan_hdf5(path: str) -> tuple[str, list[Variable]]:
 
         def visit(name: bytes, info: object) -> None:
             if info.type == h5py.h5o.TYPE_DATASET:  # type: ignore[attr-defined]
-                dsid = h5py.h5d.open(fid, name)
                 try:
-                    regions = _dataset_regions(dsid)
-                    if regions:
-                        shape = dsid.shape or ()
-                        found.append(Variable("/" + name.decode(), dsid.dtype.str, tuple(shape), regions))
+                    dsid = h5py.h5d.open(fid, name)
+                except Exception as e:  # noqa: BLE001 - e.g. a dataset whose filter is not available
+                    notes.append(f"/{name.decode(errors='replace')}: not opened ({e}); left residual")
+                    return
+                try:
+                    var = _variable(dsid, "/" + name.decode(errors="replace"))
+                    if var is not None:
+                        found.append(var)
+                except Exception as e:  # noqa: BLE001 - types numpy cannot express (H5T_TIME, odd floats)
+                    notes.append(f"/{name.decode(errors='replace')}: {type(e).__name__}: {e}; left residual")
                 finally:
                     dsid.close()
 
@@ -148,16 +172,32 @@ def _scan_hdf5(path: str) -> tuple[str, list[Variable]]:
     return fmt, found
 
 
-def _dataset_regions(dsid: object) -> list[tuple[int, int]]:
+def _variable(dsid: object, path: str) -> Variable | None:
+    import h5py
+
+    dcpl = dsid.get_create_plist()  # type: ignore[attr-defined]
+    regions = _dataset_regions(dsid, dcpl)
+    if not regions:
+        return None
+    dtype = dsid.dtype  # type: ignore[attr-defined]
+    size = dsid.get_type().get_size()  # type: ignore[attr-defined]
+    # Values numpy cannot describe exactly (heap ids of variable-length data, references) stay
+    # untyped bytes of the stored size.
+    exact = dtype.kind != "O" and dtype.itemsize == size
+    contiguous = dcpl.get_layout() == h5py.h5d.CONTIGUOUS  # type: ignore[attr-defined]
+    plain = exact and contiguous and dtype.fields is None and dtype.subdtype is None
+    return Variable(path, dtype.str if exact else f"|V{size}", tuple(dsid.shape or ()), regions, plain)  # type: ignore[attr-defined]
+
+
+def _dataset_regions(dsid: object, dcpl: object) -> list[tuple[int, int]]:
     """File ranges of a dataset's raw values: its contiguous block, or its chunks in index order.
     Filtered data (gzip, shuffle…) is already transformed, so it stays opaque, as do compact,
     virtual and external layouts."""
     import h5py
 
-    dcpl = dsid.get_create_plist()  # type: ignore[attr-defined]
-    if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:
+    if dcpl.get_nfilters() > 0 or dcpl.get_external_count() > 0:  # type: ignore[attr-defined]
         return []
-    layout = dcpl.get_layout()
+    layout = dcpl.get_layout()  # type: ignore[attr-defined]
     if layout == h5py.h5d.CONTIGUOUS:
         off = dsid.get_offset()  # type: ignore[attr-defined]
         return [] if off is None else [(int(off), int(dsid.get_storage_size()))]  # type: ignore[attr-defined]
