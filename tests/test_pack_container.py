@@ -404,6 +404,10 @@ def test_parity_repairs_a_frame_cut_out_or_wiped(small_set, which: float, how: s
         report = pack.unpack(os.path.join(work, "packed"), os.path.join(work, "r"))
         assert len(_check_restored(small_set, os.path.join(work, "r"))) == 6
         assert report.repaired
+        with pack.open_container(path) as c:
+            c.read_frame(0, 0)  # a repaired frame, then verify: damage is reported, and repairable
+            v = pack.verify(c)
+        assert v.repairable and v.damaged
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
