@@ -138,6 +138,9 @@ class Reader:
         self.frame_size = int(head["frame"])
 
     def pread(self, n: int, off: int) -> bytes:
+        """Up to `n` bytes from `off` (fewer at the end; none outside the file)."""
+        if off < 0 or off >= self.size:
+            return b""
         return os.pread(self.f.fileno(), max(0, min(n, self.size - off)), off)
 
     def close(self) -> None:
