@@ -14,12 +14,14 @@
 //! - [`view`]: the cluster view (ring slots, spares, epoch) everyone places by.
 //! - [`frame`]: the prefix, bounds, encoding and decoding of one frame (pure; fuzzed).
 //! - [`message`]: requests and responses.
+//! - [`batch`]: how keyed values are cut into `kv_put` requests.
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
 //! - `async_io` (feature `tokio`): the same over tokio streams (servers).
 
 #[cfg(feature = "tokio")]
 pub mod async_io;
 pub mod auth;
+pub mod batch;
 pub mod cluster;
 pub mod frame;
 pub mod message;

@@ -6,7 +6,8 @@
 
 use crate::state::State;
 use cairn_core::placement::place_key;
-use cairn_proto::message::{Request, MAX_KEYS};
+use cairn_proto::batch::kv_batches;
+use cairn_proto::message::Request;
 use cairn_proto::ClusterView;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -60,7 +61,7 @@ pub fn view_changed(state: &Arc<State>, before: Arc<ClusterView>, after: Arc<Clu
         let pushes = plan(&state, &before, &after, policy.redundancy);
         for (to, items) in pushes {
             let (mut sent, mut failed) = (0usize, None);
-            for batch in batches(&items) {
+            for batch in kv_batches(&items, BATCH_BYTES, |(_, _, v)| v.len() as u64, |a, b| a.1 != b.1) {
                 let keys = batch.iter().map(|(k, _, _)| k.clone()).collect();
                 let sizes = batch.iter().map(|(_, _, v)| v.len() as u64).collect();
                 let payload: Vec<u8> = batch.iter().flat_map(|(_, _, v)| v.iter().copied()).collect();
@@ -77,38 +78,4 @@ pub fn view_changed(state: &Arc<State>, before: Arc<ClusterView>, after: Arc<Clu
             }
         }
     });
-}
-
-/// Consecutive runs of `items` of one kind (value or member), each within the batch bounds.
-fn batches(items: &[(String, bool, Vec<u8>)]) -> Vec<&[(String, bool, Vec<u8>)]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, (_, member, v)) in items.iter().enumerate() {
-        let full = i > start && (items[start].1 != *member || i - start >= MAX_KEYS || bytes + v.len() as u64 > BATCH_BYTES);
-        if full {
-            out.push(&items[start..i]);
-            (start, bytes) = (i, 0);
-        }
-        bytes += v.len() as u64;
-    }
-    if start < items.len() {
-        out.push(&items[start..]);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_keep_one_kind_and_the_bounds() {
-        let item = |m: bool, n: usize| ("k".to_string(), m, vec![0u8; n]);
-        let items = vec![item(false, 1), item(false, 2), item(true, 3), item(true, 5 << 20), item(true, 5 << 20), item(false, 1)];
-        let lens: Vec<usize> = batches(&items).iter().map(|b| b.len()).collect();
-        assert_eq!(lens, vec![2, 2, 1, 1]);
-        assert!(batches(&[]).is_empty());
-        let many: Vec<_> = (0..MAX_KEYS + 1).map(|_| item(false, 0)).collect();
-        assert_eq!(batches(&many).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![MAX_KEYS, 1]);
-    }
 }

@@ -5,6 +5,7 @@
 use super::conn::Cluster;
 use cairn_core::placement::place_key;
 use cairn_core::{Error, Result};
+use cairn_proto::batch::kv_batches;
 use cairn_proto::message::{unexpected, Request, Response, MAX_KEYS};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -74,7 +75,7 @@ impl KvStore {
             }
             // Each batch goes to every copy before the next: a batch that fails anywhere is
             // deleted from every copy (values are replicated whole or not at all).
-            for batch in batches(&idx, limit.min(BATCH_BYTES), |i| items[i].1.len() as u64) {
+            for batch in kv_batches(&idx, limit.min(BATCH_BYTES), |&i| items[i].1.len() as u64, |_, _| false) {
                 let put = || -> Result<()> {
                     for copy in 0..self.copies() {
                         for (to, part) in self.by_server(&keys, batch, copy) {
@@ -214,39 +215,5 @@ impl KvStore {
         }
         // A prefix delete asks every server: each key counted once per copy.
         Ok(if prefix { n / self.copies() as u64 } else { n })
-    }
-}
-
-/// `idx` cut into consecutive runs of at most [`BATCH_KEYS`] keys and `max_bytes` bytes (a
-/// larger value goes alone).
-fn batches(idx: &[usize], max_bytes: u64, size: impl Fn(usize) -> u64) -> Vec<&[usize]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (n, &i) in idx.iter().enumerate() {
-        if n > start && (n - start == BATCH_KEYS || bytes + size(i) > max_bytes) {
-            out.push(&idx[start..n]);
-            (start, bytes) = (n, 0);
-        }
-        bytes += size(i);
-    }
-    if start < idx.len() {
-        out.push(&idx[start..]);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_bound_keys_and_bytes() {
-        let idx: Vec<usize> = (0..20_000).collect();
-        let b = batches(&idx, BATCH_BYTES, |_| 10);
-        assert_eq!(b.iter().map(|b| b.len()).collect::<Vec<_>>(), vec![BATCH_KEYS, BATCH_KEYS, 20_000 - 2 * BATCH_KEYS]);
-        let big = BATCH_BYTES / 2 + 1;
-        let b = batches(&[0, 1, 2, 3], BATCH_BYTES, |i| if i == 2 { 3 * BATCH_BYTES } else { big });
-        assert_eq!(b, vec![&[0][..], &[1], &[2], &[3]], "two halves do not fit one batch; a huge value goes alone");
-        assert!(batches(&[], 1, |_| 1).is_empty());
     }
 }
