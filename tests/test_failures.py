@@ -293,9 +293,10 @@ def test_lazy_recovery_rebuilds_what_is_read_first(tmp_path):
 
 def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
     """`cairn cluster start --config FILE` takes [staging] redundancy, scheme and failure_timeout
-    (a duration string) from the file: a SIGKILLed server is declared down within ~0.75 s."""
+    (a duration string) from the file: a SIGKILLed server is declared down within ~0.5 s (the
+    default, 3 s, would take longer than the bound)."""
     conf = tmp_path / "staging.toml"
-    conf.write_text('[staging]\nredundancy = 2\nscheme = "replicate"\nfailure_timeout = "750ms"\nrecovery = "aggressive"\n')
+    conf.write_text('[staging]\nredundancy = 2\nscheme = "replicate"\nfailure_timeout = "500ms"\nrecovery = "aggressive"\n')
     file = tmp_path / "cluster.json"
     run = subprocess.run([PY, "-m", "cairn", "cluster", "start", "--servers", "4", "--spares", "1", "--memory", "64MiB",
                           "--config", str(conf), "--file", str(file)], capture_output=True, text=True, timeout=120)
@@ -308,7 +309,7 @@ def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
         t0 = time.monotonic()
         os.kill(os_pid, signal.SIGKILL)
         wait_for(lambda: victim in _view(file)["down"], "declared down", 10)
-        assert time.monotonic() - t0 < 2.5, time.monotonic() - t0
+        assert time.monotonic() - t0 < 2.9, time.monotonic() - t0  # below the 3 s default: the file set it
     finally:
         cluster.stop(file)
 

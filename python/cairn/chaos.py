@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -64,6 +64,7 @@ class Workload:
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.errors: list[str] = []
+        self.ended: list[float] = []  # when each writer finished (the run's time)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -98,6 +99,9 @@ class Workload:
             w.close()
         except CairnError as e:
             self.errors.append(f"writer {rank}: {e}")
+        finally:
+            with self.lock:
+                self.ended.append(time.monotonic())
 
     def reader(self) -> None:
         import cairn
@@ -210,14 +214,16 @@ class Chaos:
         choices = [c for c in choices if voters_alive - len([s for s in c if s in meta]) > len(meta) // 2]
         return self.rng.choice(choices) if choices else []
 
-    def strike(self, t0: float, end: float) -> dict[str, Any] | None:
-        """Kills the next victims, first waiting (until ``end`` at most) while that would go
-        beyond the level; ``None`` when the wait ran out (the kill is not made)."""
+    def strike(self, t0: float, end: float, going: Callable[[], bool] = lambda: True) -> dict[str, Any] | None:
+        """Kills the next victims, first waiting (until ``end`` at most, while ``going()``) while
+        that would go beyond the level; ``None`` when the kill is not made: the wait ran out, the
+        workload ended, or no recovery can come (no restart and no spare left)."""
         deferred = 0.0
         if not self.beyond_level:
             start = time.monotonic()
             while self.outstanding() + 1 > self.level:
-                if time.monotonic() >= end:
+                hopeless = not self.restart and not (cluster.view(self.file, timeout=1.0) or {}).get("spares")
+                if time.monotonic() >= end or not going() or hopeless:
                     self.skipped += 1
                     return None
                 time.sleep(0.2)
@@ -279,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if wl and not any(t.is_alive() for t in threads[: args.writers]):
             break
         if time.monotonic() >= next_kill:
-            ev = chaos.strike(t0, end)
+            ev = chaos.strike(t0, end, lambda: not wl or any(t.is_alive() for t in threads[: wl.writers]))
             if ev:
                 print(f"[{ev['t_s']:7.1f} s] killed {ev['servers']} (deferred {ev['deferred_s']} s)", flush=True)
             next_kill = time.monotonic() + rng.expovariate(1 / mtbf)
@@ -287,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if wl:
         for t in threads[: args.writers]:
             t.join(timeout=duration + 60)
-        run_s = time.monotonic() - t0
+        run_s = max(wl.ended, default=time.monotonic()) - t0
         wl.done.set()
         for t in threads[args.writers:]:
             t.join(timeout=60)
