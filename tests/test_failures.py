@@ -293,10 +293,10 @@ def test_lazy_recovery_rebuilds_what_is_read_first(tmp_path):
 
 def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
     """`cairn cluster start --config FILE` takes [staging] redundancy, scheme and failure_timeout
-    (a duration string) from the file: a SIGKILLed server is declared down within ~0.5 s (the
+    (a duration string) from the file: a SIGKILLed server is declared down within ~0.25 s plus a probe (the
     default, 3 s, would take longer than the bound)."""
     conf = tmp_path / "staging.toml"
-    conf.write_text('[staging]\nredundancy = 2\nscheme = "replicate"\nfailure_timeout = "500ms"\nrecovery = "aggressive"\n')
+    conf.write_text('[staging]\nredundancy = 2\nscheme = "replicate"\nfailure_timeout = "250ms"\nrecovery = "aggressive"\n')
     file = tmp_path / "cluster.json"
     run = subprocess.run([PY, "-m", "cairn", "cluster", "start", "--servers", "4", "--spares", "1", "--memory", "64MiB",
                           "--config", str(conf), "--file", str(file)], capture_output=True, text=True, timeout=120)
