@@ -163,6 +163,13 @@ def _lost_objects(file: Path, timeout: float) -> tuple[int, int]:
     return checked, lost
 
 
+def _nothing_pending(rows: list[dict[str, Any]]) -> bool:
+    """Whether the control plane's leader answered and has no recovery queued."""
+    leaders = [r for r in rows if r.get("meta") == "leader" and r.get("state") == "up"]
+    return bool(leaders) and all((r.get("recovery_pending") or 0) == 0 for r in rows) and \
+        all(r.get("recovery_pending") is not None for r in leaders)
+
+
 def _leader(file: Path) -> int:
     rows = cluster.status(file, timeout=1.0)
     return next((r["leader"] for r in rows if r.get("leader") is not None), rows[0]["id"])
@@ -251,9 +258,11 @@ class Chaos:
                 if self.restart:
                     with open(cluster.entries_dir(self.file) / f"server-{sid}.log", "ab") as log:
                         self.children.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            # Recovered: its slot went to a live server (or it holds it again) and nothing is pending.
+            # Recovered: its slot went to a live server (or it holds it again) and the leader, which
+            # keeps the recovery queue, answered that nothing is pending (a leader that did not
+            # answer in time, or none elected yet, proves nothing).
             slot_live = sid not in view.get("slots", []) or sid not in view.get("down", [])
-            if declared and slot_live and sum(r.get("recovery_pending") or 0 for r in rows) == 0:
+            if declared and slot_live and _nothing_pending(rows):
                 done = event.setdefault("recovered_each", {})
                 done[str(sid)] = round(time.monotonic() - start, 2)
                 if len(done) == len(event["servers"]):
