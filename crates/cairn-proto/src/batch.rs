@@ -3,6 +3,10 @@
 
 use crate::message::MAX_KEYS;
 
+/// Bytes of values per `kv_put`: large enough that a request's round trip is small against
+/// sending it, small enough that a batch refused for space is a small part of a server's memory.
+pub const KV_BATCH_BYTES: u64 = 8 << 20;
+
 /// `items` cut into consecutive runs of at most [`MAX_KEYS`] items and `max_bytes` bytes (an
 /// item larger than that goes alone), a new run starting wherever `apart` says two neighbours
 /// may not share a request (a value next to a set member).
@@ -26,7 +30,7 @@ pub fn kv_batches<T>(items: &[T], max_bytes: u64, size: impl Fn(&T) -> u64, apar
 mod tests {
     use super::*;
 
-    const MAX: u64 = 8 << 20;
+    const MAX: u64 = KV_BATCH_BYTES;
 
     #[test]
     fn batches_bound_keys_and_bytes() {

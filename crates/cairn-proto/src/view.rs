@@ -3,7 +3,7 @@
 //! Requests carry the sender's epoch and a server with a newer view answers `stale_epoch` with it.
 
 use crate::cluster::{ClusterFile, ServerEntry};
-use cairn_core::placement::{spread_group, Ring, Spread};
+use cairn_core::placement::{place_key, spread_group, Ring, Spread};
 use cairn_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -82,6 +82,17 @@ impl ClusterView {
             .map(|i| self.slots[(start + i) % self.slots.len()])
             .find(|s| !self.down.contains(s))
             .unwrap_or(self.slots[start])
+    }
+
+    /// The servers holding the copies of keyed value `key` at the cluster's default `level`:
+    /// its replica group of `level + 1` servers (at most the live ones). Clients place keys by
+    /// it, and servers copy keys to the members a view change adds.
+    pub fn key_group(&self, key: &str, level: u32) -> Vec<u32> {
+        let n = (level as usize + 1).min(self.live().len());
+        if n == 0 {
+            return Vec::new();
+        }
+        self.group(place_key("", key, &[]), n).0
     }
 
     /// The replica or stripe group of `n` servers from the slot `key` falls on: no two members

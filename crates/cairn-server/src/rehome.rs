@@ -5,27 +5,14 @@
 //! after recovery the task store again survives the cluster's level of further failures.
 
 use crate::state::State;
-use cairn_core::placement::place_key;
-use cairn_proto::batch::kv_batches;
+use cairn_proto::batch::{kv_batches, KV_BATCH_BYTES};
 use cairn_proto::message::Request;
 use cairn_proto::ClusterView;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Bytes of values per push (like a client's batch).
-const BATCH_BYTES: u64 = 8 << 20;
-
 /// What to push where: per server, (key, member?, value) in order.
 type Pushes = BTreeMap<u32, Vec<(String, bool, Vec<u8>)>>;
-
-/// The replica group of `key` in `view` with the cluster's `level` (as clients place it).
-fn group(view: &ClusterView, key: &str, level: u32) -> Vec<u32> {
-    let n = (level as usize + 1).min(view.live().len());
-    if n == 0 {
-        return Vec::new();
-    }
-    view.group(place_key("", key, &[]), n).0
-}
 
 /// The pushes this server owes after `before` became `after`: each key it holds whose group
 /// gained servers, when it is the first live member of the old group still in the new one.
@@ -33,7 +20,7 @@ fn plan(state: &State, before: &ClusterView, after: &ClusterView, level: u32) ->
     let me = state.id;
     let mut out: Pushes = BTreeMap::new();
     let owed = |key: &str| -> Vec<u32> {
-        let (old, new) = (group(before, key, level), group(after, key, level));
+        let (old, new) = (before.key_group(key, level), after.key_group(key, level));
         let first_holder = old.iter().copied().find(|s| new.contains(s) && after.is_live(*s));
         if first_holder != Some(me) {
             return Vec::new();
@@ -61,7 +48,7 @@ pub fn view_changed(state: &Arc<State>, before: Arc<ClusterView>, after: Arc<Clu
         let pushes = plan(&state, &before, &after, policy.redundancy);
         for (to, items) in pushes {
             let (mut sent, mut failed) = (0usize, None);
-            for batch in kv_batches(&items, BATCH_BYTES, |(_, _, v)| v.len() as u64, |a, b| a.1 != b.1) {
+            for batch in kv_batches(&items, KV_BATCH_BYTES, |(_, _, v)| v.len() as u64, |a, b| a.1 != b.1) {
                 let keys = batch.iter().map(|(k, _, _)| k.clone()).collect();
                 let sizes = batch.iter().map(|(_, _, v)| v.len() as u64).collect();
                 let payload: Vec<u8> = batch.iter().flat_map(|(_, _, v)| v.iter().copied()).collect();

@@ -3,17 +3,13 @@
 //! many keys go as one request per server (puts in batches of bounded size).
 
 use super::conn::Cluster;
-use cairn_core::placement::place_key;
 use cairn_core::{Error, Result};
-use cairn_proto::batch::kv_batches;
+use cairn_proto::batch::{kv_batches, KV_BATCH_BYTES};
 use cairn_proto::message::{unexpected, Request, Response, MAX_KEYS};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Bytes of values per put request: large enough that a request's round trip is small against
-/// sending it, small enough that a batch refused for space is a small part of a server's memory.
-const BATCH_BYTES: u64 = 8 << 20;
 /// Keys per request (keeps its JSON header well under the frame limit).
 const BATCH_KEYS: usize = MAX_KEYS;
 
@@ -40,10 +36,10 @@ impl KvStore {
     /// go to a replica group in different failure domains, like objects).
     fn by_server(&self, keys: &[&str], idx: &[usize], copy: usize) -> BTreeMap<u32, Vec<usize>> {
         let view = self.cluster.view();
-        let n = self.copies();
+        let level = self.cluster.policy().redundancy;
         let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for &i in idx {
-            let (group, _) = view.group(place_key("", keys[i], &[]), n);
+            let group = view.key_group(keys[i], level);
             groups.entry(group[copy.min(group.len() - 1)]).or_default().push(i);
         }
         groups
@@ -75,7 +71,7 @@ impl KvStore {
             }
             // Each batch goes to every copy before the next: a batch that fails anywhere is
             // deleted from every copy (values are replicated whole or not at all).
-            for batch in kv_batches(&idx, limit.min(BATCH_BYTES), |&i| items[i].1.len() as u64, |_, _| false) {
+            for batch in kv_batches(&idx, limit.min(KV_BATCH_BYTES), |&i| items[i].1.len() as u64, |_, _| false) {
                 let put = || -> Result<()> {
                     for copy in 0..self.copies() {
                         for (to, part) in self.by_server(&keys, batch, copy) {
