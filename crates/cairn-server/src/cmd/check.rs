@@ -148,4 +148,17 @@ mod tests {
         }
         assert!(request(&cut(4, 0), 10).unwrap_err().to_string().contains("carries no payload"));
     }
+
+    #[test]
+    fn claims_bound_their_ids_and_leases() {
+        let claim = |claimer: &str, lease_ms| Request::Claim { dataset: "d".into(), claimer: claimer.into(), lease_ms };
+        assert!(request(&claim("c", 1000), 0).is_ok());
+        assert!(request(&claim("", 1000), 0).unwrap_err().to_string().contains("claimer id of 0 bytes"));
+        assert!(request(&claim(&"x".repeat(MAX_CLAIMER + 1), 1000), 0).is_err());
+        for lease in [0, MAX_LEASE_MS + 1] {
+            assert!(request(&claim("c", lease), 0).unwrap_err().to_string().contains("a lease of"));
+        }
+        let unclaim = Request::Unclaim { dataset: "d".into(), claimer: String::new() };
+        assert!(request(&unclaim, 0).is_err());
+    }
 }
