@@ -314,6 +314,50 @@ def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
         cluster.stop(file)
 
 
+def test_a_spare_that_fails_while_refilling_passes_its_slot_on_and_nothing_is_lost(tmp_path):
+    """Level 1, two spares: SIGKILL of a server, then of the spare that took its slot while lazy
+    recovery onto it is under way. The second spare inherits the slot and everything still to be
+    rebuilt (pieces the index names on the first server, and those already rebuilt onto the
+    failed spare); once recovery reports done no block reads degraded, and SIGKILL of the server
+    sharing the most objects with the first loses nothing."""
+    c = cluster.start(tmp_path / "cluster.json", servers=5, spares=2, memory="128MiB", meta=3, redundancy=1, rs_data=3,
+                      min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery_deadline="8s")
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
+        w = cairn.open("sim", "w", **opts)
+        w.define("p", "f8", (32, 32))
+        for s in range(6):
+            with w.step(s):
+                w.put("p", _field(s))
+        r = cairn.open("sim", "r", **opts)
+        wait_for(lambda: all(b.state == "encoded" for s in range(3) for b in r.blocks("p", s)), "steps 0-2 encoded", 30)
+        first = _victim(c)
+        held = {row["id"]: {(o["step"], o["id"]) for o in row["object_list"]} for row in cluster.status(c.file, objects=True)
+                if row["meta"] == "none" and row["state"] == "up"}
+        third = max((sid for sid in held if sid != first), key=lambda sid: len(held[sid] & held[first]))
+        assert held[third] & held[first], "the first and last victims share objects"
+        spare, heir = _view(c.file)["spares"][:2]
+        c.procs[first].send_signal(signal.SIGKILL)
+        c.procs[first].wait(timeout=10)
+        wait_for(lambda: spare in _view(c.file)["slots"], "the first spare takes the slot", 15)
+        assert _recovery(c.file)["pending"] > 0, "recovery (8 s deadline) must still be under way"
+        c.procs[spare].send_signal(signal.SIGKILL)
+        c.procs[spare].wait(timeout=10)
+        wait_for(lambda: heir in _view(c.file)["slots"], "the second spare takes the slot", 15)
+        wait_for(lambda: _recovery(c.file)["pending"] == 0, "recovery", 40)
+        assert _recovery(c.file)["lost"] == 0
+        states = {b.state for s in range(6) for b in r.blocks("p", s)}
+        assert states <= {"replicated", "encoded"}, f"blocks still read degraded after recovery: {states}"
+        c.procs[third].send_signal(signal.SIGKILL)
+        c.procs[third].wait(timeout=10)
+        for s in range(6):
+            assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
+        r.close()
+        w.close()
+    finally:
+        c.stop()
+
+
 @pytest.mark.parametrize("level", [1, 2])
 def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_level(tmp_path, level):
     """SIGKILL of a server, then of the server sharing the most objects with it while lazy

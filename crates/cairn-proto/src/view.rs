@@ -119,6 +119,14 @@ impl ClusterView {
         self.slots.contains(&id) && !self.down.contains(&id)
     }
 
+    /// The server now holding the slot `id` held when it was last lost: the end of its chain of
+    /// hand-overs (the spare that took its slot, then the spare that took that one's, ...).
+    /// `id` itself when no server took its slot.
+    pub fn heir(&self, id: u32) -> u32 {
+        let Some(at) = self.took.iter().rposition(|(from, _)| *from == id) else { return id };
+        self.took[at..].iter().fold(id, |cur, (from, to)| if *from == cur { *to } else { cur })
+    }
+
     /// The next view, in which server `out` (holding a slot or a spare) is down. A down server
     /// keeps its slot until a spare takes it ([`ClusterView::replace`]).
     pub fn fail(&self, out: u32) -> Result<ClusterView> {
@@ -195,6 +203,24 @@ mod tests {
             })
             .collect();
         ClusterFile { secret: "s".into(), servers, redundancy: Default::default() }
+    }
+
+    #[test]
+    fn a_lost_slot_passes_down_its_chain_of_spares() {
+        let v = ClusterView::initial(&file(3, 3));
+        assert_eq!(v.heir(1), 1, "nobody took it");
+        let v = v.fail(1).unwrap().replace(1, 3).unwrap();
+        assert_eq!((v.heir(1), v.heir(0)), (3, 0));
+        // The first spare dies before its slot is refilled: the next one inherits both.
+        let v = v.fail(3).unwrap().replace(3, 4).unwrap();
+        assert_eq!((v.heir(1), v.heir(3)), (4, 4));
+        assert!(v.is_live(v.heir(1)));
+        // Server 1 back as a spare, taking another lost slot, then lost again: what it held
+        // last goes to the spare that took that slot.
+        let v = v.rejoin(1).unwrap().fail(2).unwrap().replace(2, 1).unwrap();
+        assert_eq!((v.heir(2), v.heir(1)), (1, 4));
+        let v = v.fail(1).unwrap().replace(1, 5).unwrap();
+        assert_eq!((v.heir(1), v.heir(2)), (5, 5));
     }
 
     #[test]

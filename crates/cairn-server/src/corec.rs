@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 /// Encodings running at once (each on a different replication group and server).
 const PARALLEL: usize = 4;
 
+/// The pause before encodings that failed are tried again.
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The leader's classifier and encoding state.
 #[derive(Debug, Default)]
 pub struct Corec {
@@ -104,15 +107,19 @@ impl Corec {
                     state.corec.running.store(false, Ordering::Release);
                     break;
                 }
-                run_plan(&state, plan).await;
+                // Failed encodings are planned again: not at once, or a server that died (and is
+                // not declared down yet) would be hammered in a loop that starves the clients.
+                if !run_plan(&state, plan).await {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
             }
         });
     }
 }
 
 /// Encodes the planned objects: groups in parallel (up to [`PARALLEL`]), one object at a time
-/// within a group (its encode token).
-async fn run_plan(state: &Arc<State>, plan: Vec<Key>) {
+/// within a group (its encode token). Whether every encoding succeeded.
+async fn run_plan(state: &Arc<State>, plan: Vec<Key>) -> bool {
     let mut by_group: BTreeMap<Vec<u32>, Vec<(Key, Copies)>> = BTreeMap::new();
     for key in plan {
         match copies_of(state, &key) {
@@ -127,22 +134,29 @@ async fn run_plan(state: &Arc<State>, plan: Vec<Key>) {
     }
     let mut groups: Vec<Vec<(Key, Copies)>> = by_group.into_values().collect();
     let mut running = tokio::task::JoinSet::new();
+    let mut ok = true;
     while !groups.is_empty() || !running.is_empty() {
         while running.len() < PARALLEL {
             let Some(jobs) = groups.pop() else { break };
             let state = state.clone();
             running.spawn(async move {
+                let mut all = true;
                 for (key, copies) in jobs {
                     let ok = encode_one(&state, &key, &copies).await;
                     if let Err(e) = &ok {
                         eprintln!("cairn server {}: encoding object {:#x} of '{}' step {}: {e}", state.id, key.id, key.dataset, key.step);
                     }
+                    all &= ok.is_ok();
                     classifier_done(&state, &key, ok.is_ok());
                 }
+                all
             });
         }
-        let _ = running.join_next().await;
+        if let Some(r) = running.join_next().await {
+            ok &= r.unwrap_or(false);
+        }
     }
+    ok
 }
 
 fn classifier_done(state: &State, key: &Key, ok: bool) {

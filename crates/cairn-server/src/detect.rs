@@ -39,8 +39,8 @@ pub async fn run(state: Arc<State>) {
         for id in epochs.keys() {
             heard.insert(*id, now);
         }
-        if let Some(next) = next_view(&view, state.id, &epochs, |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout)
-        {
+        let silent = |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout;
+        if let Some(next) = next_view(&view, state.id, &epochs, silent, |id| state.recovery.still_named(&state, id)) {
             let what = describe(&view, &next);
             match crate::views::set_view(&state, next).await {
                 Ok(_) => eprintln!("cairn server {}: {what}", state.id),
@@ -79,8 +79,17 @@ async fn probe(state: &Arc<State>, view: &ClusterView, limit: Duration) -> HashM
 
 /// The one view change the probes call for, if any: the first silent live member or spare is
 /// declared down (a spare that answered taking its slot), else the first down server that
-/// answered with the current view rejoins. One change per round keeps each a small step.
-fn next_view(view: &ClusterView, me: u32, answered: &HashMap<u32, u64>, silent: impl Fn(u32) -> bool) -> Option<ClusterView> {
+/// answered with the current view rejoins. One change per round keeps each a small step. A
+/// server whose slot a spare took rejoins only once the index names it for no piece any more
+/// (`named`: recovery has moved them all to the spare): server ids are reused, and an index
+/// naming a live server for a piece it lost when it died would never be rebuilt.
+fn next_view(
+    view: &ClusterView,
+    me: u32,
+    answered: &HashMap<u32, u64>,
+    silent: impl Fn(u32) -> bool,
+    named: impl Fn(u32) -> bool,
+) -> Option<ClusterView> {
     let members = view.slots.iter().chain(&view.spares).copied().filter(|id| *id != me && !view.down.contains(id));
     if let Some(out) = members.clone().find(|id| silent(*id)) {
         let mut next = view.fail(out).ok()?;
@@ -92,7 +101,11 @@ fn next_view(view: &ClusterView, me: u32, answered: &HashMap<u32, u64>, silent: 
         }
         return Some(next);
     }
-    let back = view.down.iter().copied().find(|id| answered.get(id).is_some_and(|e| *e >= view.epoch))?;
+    let back = view
+        .down
+        .iter()
+        .copied()
+        .find(|id| answered.get(id).is_some_and(|e| *e >= view.epoch) && (view.heir(*id) == *id || !named(*id)))?;
     view.rejoin(back).ok()
 }
 
@@ -128,26 +141,32 @@ mod tests {
     fn a_silent_member_is_replaced_by_an_answering_spare_in_one_epoch() {
         let v = view(4, 2);
         let all: HashMap<u32, u64> = (1..6).map(|id| (id, 1)).collect();
-        assert!(next_view(&v, 0, &all, |_| false).is_none(), "everyone answers: no change");
+        assert!(next_view(&v, 0, &all, |_| false, |_| false).is_none(), "everyone answers: no change");
         let mut answered = all.clone();
         answered.remove(&2);
         answered.remove(&4);
-        let next = next_view(&v, 0, &answered, |id| !answered.contains_key(&id)).unwrap();
+        let next = next_view(&v, 0, &answered, |id| !answered.contains_key(&id), |_| false).unwrap();
         assert_eq!(next.epoch, 2);
         assert_eq!(next.down, vec![2]);
         assert!(next.slots.contains(&5) && !next.slots.contains(&2), "the answering spare 5 took the slot, not the silent 4: {next:?}");
         // With no spare left, a silent member stays in its slot, down, and placement skips it.
         let v = view(3, 0);
-        let next = next_view(&v, 0, &HashMap::from([(1, 1)]), |id| id == 2).unwrap();
+        let next = next_view(&v, 0, &HashMap::from([(1, 1)]), |id| id == 2, |_| false).unwrap();
         assert_eq!((next.down.clone(), next.slots.len(), next.live()), (vec![2], 3, vec![0, 1]));
     }
 
     #[test]
     fn a_down_server_rejoins_only_once_it_holds_the_current_view() {
         let v = view(3, 0).fail(2).unwrap();
-        assert!(next_view(&v, 0, &HashMap::from([(1, 2), (2, 1)]), |_| false).is_none(), "still on the old view: not wiped yet");
-        let next = next_view(&v, 0, &HashMap::from([(1, 2), (2, 2)]), |_| false).unwrap();
-        assert_eq!((next.epoch, next.down.len(), next.live().len()), (3, 0, 3));
-        assert!(next_view(&v, 0, &HashMap::new(), |id| id == 0).is_none(), "the leader never declares itself down");
+        assert!(next_view(&v, 0, &HashMap::from([(1, 2), (2, 1)]), |_| false, |_| false).is_none(), "still on the old view: not wiped yet");
+        let next = next_view(&v, 0, &HashMap::from([(1, 2), (2, 2)]), |_| false, |_| true).unwrap();
+        assert_eq!((next.epoch, next.down.len(), next.live().len()), (3, 0, 3), "back in its own slot: refilled");
+        assert!(next_view(&v, 0, &HashMap::new(), |id| id == 0, |_| false).is_none(), "the leader never declares itself down");
+        // A spare took its slot: it waits until no index entry names it (its pieces rebuilt).
+        let v = view(3, 1).fail(2).unwrap().replace(2, 3).unwrap();
+        let answered = HashMap::from([(1, 3), (2, 3), (3, 3)]);
+        assert!(next_view(&v, 0, &answered, |_| false, |id| id == 2).is_none(), "still named: not back yet");
+        let next = next_view(&v, 0, &answered, |_| false, |_| false).unwrap();
+        assert_eq!((next.down.len(), next.spares.clone()), (0, vec![2]), "back as a spare");
     }
 }

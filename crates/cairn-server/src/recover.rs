@@ -11,17 +11,21 @@
 use crate::cmd::data::PutHeader;
 use crate::state::{lock, State};
 use cairn_core::erasure::Code;
-use cairn_core::index::Redundancy;
+use cairn_core::index::{Redundancy, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_proto::message::{Request, Response};
 use cairn_proto::ClusterView;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Tries per object before it is counted as lost.
+/// Tries per object before it waits for the next rescan.
 const TRIES: u32 = 3;
+
+/// How long after a failed rebuild the leader looks again for what is short of its copies (a
+/// target or source that failed meanwhile is replaced by a view change before long).
+const RESCAN: Duration = Duration::from_secs(1);
 
 /// The leader's recovery queue and counters.
 #[derive(Debug, Default)]
@@ -29,7 +33,11 @@ pub struct Recovery {
     queue: Mutex<VecDeque<Job>>,
     running: AtomicBool,
     rebuilt: AtomicU64,
-    lost: AtomicU64,
+    /// Objects with no surviving piece (beyond their level), each counted once.
+    lost: Mutex<BTreeSet<(String, u64, u64)>>,
+    /// Rebuilds given up for now (a server failed during them), queued again by the next
+    /// rescan.
+    parked: Mutex<Vec<Job>>,
     /// Cuts a lazy pause short when touched objects are queued.
     wake: tokio::sync::Notify,
 }
@@ -40,17 +48,26 @@ struct Job {
     dataset: String,
     step: u64,
     id: u64,
+    /// The lost server the index names.
     from: u32,
+    /// The server to rebuild onto when the job was queued (`from` itself: a server back in
+    /// its own slot, refilled); a server that failed since is followed to its heir.
     to: u32,
     tries: u32,
     /// Touched by a read: rebuilt without a pause.
     urgent: bool,
 }
 
+impl Job {
+    fn key(&self) -> (&str, u64, u64, u32) {
+        (&self.dataset, self.step, self.id, self.from)
+    }
+}
+
 impl Recovery {
-    /// Objects waiting to be rebuilt.
+    /// Objects waiting to be rebuilt (including rebuilds deferred to the next rescan).
     pub fn pending(&self) -> u64 {
-        lock(&self.queue).len() as u64
+        (lock(&self.queue).len() + lock(&self.parked).len()) as u64
     }
 
     /// Objects rebuilt since this server started.
@@ -60,17 +77,51 @@ impl Recovery {
 
     /// Objects that could not be rebuilt (no surviving piece: beyond their level).
     pub fn lost(&self) -> u64 {
-        self.lost.load(Ordering::Relaxed)
+        lock(&self.lost).len() as u64
     }
 
-    /// After a view change committed at the leader: queues every committed object with a piece
-    /// on a server whose slot another server took, or on a server back in its own slot (it
-    /// came back empty, no spare having taken its place), and starts rebuilding.
+    /// After view change `before` → `after` committed at the leader: queues every committed
+    /// piece on a lost server whose slot a live server now holds, and every object of a server
+    /// back in its own slot (it came back empty, no spare having taken its place), and starts
+    /// rebuilding. The whole index is scanned, not just the servers this change replaced: a
+    /// rebuild that was under way onto a spare that failed too continues onto its heir.
     pub fn view_changed(&self, state: &Arc<State>, before: &ClusterView, after: &ClusterView) {
-        let mut moved: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
-        let back = before.down.iter().filter(|s| !after.down.contains(s) && after.slots.contains(s));
-        moved.extend(back.map(|s| (*s, *s)));
-        self.queue_moved(state, moved);
+        let back: Vec<u32> = before.down.iter().copied().filter(|s| !after.down.contains(s) && after.slots.contains(s)).collect();
+        self.rescan(state, after, &back);
+    }
+
+    /// On becoming leader: queues what lost servers still hold (a previous leader may have died
+    /// with recovery under way).
+    pub fn resume(&self, state: &Arc<State>) {
+        let Ok(view) = state.view() else { return };
+        self.rescan(state, &view, &[]);
+    }
+
+    /// After a commit at the leader: queues the pieces the step placed on servers lost before
+    /// it committed (a seal that could not reach a server is tolerated within the level), which
+    /// the scan of the view change did not see.
+    pub fn committed(&self, state: &Arc<State>, dataset: &str, index: &StepIndex) {
+        let Ok(view) = state.view() else { return };
+        let jobs = self.short_in(&view, &[], dataset, index);
+        self.add(state, jobs);
+    }
+
+    /// Whether a committed index entry (not counted lost) names server `id` for a piece. Pieces
+    /// of a server whose slot a spare took stay named until rebuilt on the spare.
+    pub fn still_named(&self, state: &State, id: u32) -> bool {
+        let Ok(log) = crate::control::leader(state) else { return true };
+        let lost = lock(&self.lost);
+        state.meta.datasets(log).into_iter().any(|ds| {
+            state.meta.steps(log, &ds).into_iter().any(|step| {
+                state.meta.index(log, &ds, step).is_ok_and(|index| {
+                    index
+                        .blocks
+                        .iter()
+                        .flat_map(|b| &b.objects)
+                        .any(|o| o.servers().contains(&id) && !lost.contains(&(ds.clone(), step, o.id)))
+                })
+            })
+        })
     }
 
     /// Objects just read degraded go first, without a pause (lazy recovery rebuilds what is
@@ -90,37 +141,65 @@ impl Recovery {
         self.wake.notify_one();
     }
 
-    /// On becoming leader: queues what the view's hand-overs still leave on lost servers (a
-    /// previous leader may have died with recovery under way).
-    pub fn resume(&self, state: &Arc<State>) {
-        let Ok(view) = state.view() else { return };
-        let moved = view.took.iter().copied().filter(|(from, to)| !view.is_live(*from) && view.is_live(*to)).collect();
-        lock(&self.queue).clear();
-        self.queue_moved(state, moved);
-    }
-
-    fn queue_moved(&self, state: &Arc<State>, moved: Vec<(u32, u32)>) {
+    /// Replaces the queue with what `view` leaves short (keeping refills under way and which
+    /// jobs were touched), `back` being servers refilled in their own slots.
+    fn rescan(&self, state: &Arc<State>, view: &ClusterView, back: &[u32]) {
         let Ok(log) = crate::control::leader(state) else { return };
-        if moved.is_empty() {
-            return;
-        }
         let mut jobs = Vec::new();
         for ds in state.meta.datasets(log) {
             for step in state.meta.steps(log, &ds) {
-                let Ok(index) = state.meta.index(log, &ds, step) else { continue };
-                for o in index.blocks.iter().flat_map(|b| &b.objects) {
-                    for (from, to) in &moved {
-                        if o.servers().contains(from) {
-                            jobs.push(Job { dataset: ds.clone(), step, id: o.id, from: *from, to: *to, tries: 0, urgent: false });
-                        }
-                    }
+                if let Ok(index) = state.meta.index(log, &ds, step) {
+                    jobs.extend(self.short_in(view, back, &ds, &index));
                 }
             }
         }
+        let parked = std::mem::take(&mut *lock(&self.parked));
+        let mut q = lock(&self.queue);
+        let urgent: BTreeSet<(&str, u64, u64, u32)> = q.iter().filter(|j| j.urgent).map(Job::key).collect();
+        let refills: Vec<Job> = q
+            .iter()
+            .chain(&parked)
+            .filter(|j| j.from == j.to && view.is_live(j.from) && !back.contains(&j.from))
+            .map(|j| Job { tries: 0, ..j.clone() })
+            .collect();
+        for j in &mut jobs {
+            j.urgent = urgent.contains(&j.key());
+        }
+        drop(urgent);
+        jobs.sort_by_key(|j| !j.urgent);
+        q.clear();
+        q.extend(refills);
+        drop(q);
+        if !jobs.is_empty() {
+            eprintln!("cairn server {}: {} objects to recover (view epoch {})", state.id, jobs.len(), view.epoch);
+        }
+        self.add(state, jobs);
+    }
+
+    /// The pieces of `index` to rebuild in `view`: on a lost server whose heir is live (and
+    /// holds no piece of the object yet), or on a server of `back`. Objects counted lost are
+    /// not tried again.
+    fn short_in(&self, view: &ClusterView, back: &[u32], dataset: &str, index: &StepIndex) -> Vec<Job> {
+        let lost = lock(&self.lost);
+        let mut jobs = Vec::new();
+        for o in index.blocks.iter().flat_map(|b| &b.objects) {
+            if lost.contains(&(dataset.to_string(), index.step, o.id)) {
+                continue;
+            }
+            let servers = o.servers();
+            for &from in &servers {
+                let to = if back.contains(&from) { Some(from) } else { target(view, &servers, from) };
+                let Some(to) = to else { continue };
+                jobs.push(Job { dataset: dataset.to_string(), step: index.step, id: o.id, from, to, tries: 0, urgent: false });
+            }
+        }
+        jobs
+    }
+
+    fn add(&self, state: &Arc<State>, jobs: Vec<Job>) {
         if jobs.is_empty() {
             return;
         }
-        eprintln!("cairn server {}: recovering {} objects onto {:?}", state.id, jobs.len(), moved);
         lock(&self.queue).extend(jobs);
         self.kick(state);
     }
@@ -135,8 +214,21 @@ impl Recovery {
             let mut sent = 0u64;
             loop {
                 let Some(job) = lock(&state.recovery.queue).pop_front() else {
+                    // Rebuilds that failed wait for a rescan: by then a view change has usually
+                    // replaced the server that failed under them.
+                    if !lock(&state.recovery.parked).is_empty() {
+                        tokio::time::sleep(RESCAN).await;
+                        if let Ok(view) = state.view() {
+                            state.recovery.rescan(&state, &view, &[]);
+                        }
+                        continue;
+                    }
                     state.recovery.running.store(false, Ordering::Release);
-                    return;
+                    // A job queued between the empty pop and the flag is not left behind.
+                    if lock(&state.recovery.queue).is_empty() || state.recovery.running.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
+                    continue;
                 };
                 match rebuild_one(&state, &job).await {
                     Ok(Some(bytes)) => {
@@ -145,15 +237,19 @@ impl Recovery {
                     }
                     // Released, or no longer there: nothing to rebuild.
                     Ok(None) => {}
-                    Err(e) if job.tries + 1 < TRIES && e.kind() != cairn_core::ErrorKind::DataLoss => {
+                    Err(e) if e.kind() == cairn_core::ErrorKind::DataLoss => {
+                        eprintln!("cairn server {}: object {:#x} of '{}' step {} lost: {e}", state.id, job.id, job.dataset, job.step);
+                        lock(&state.recovery.lost).insert((job.dataset.clone(), job.step, job.id));
+                    }
+                    Err(_) if job.tries + 1 < TRIES => {
                         lock(&state.recovery.queue).push_back(Job { tries: job.tries + 1, ..job });
                     }
                     Err(e) => {
                         eprintln!(
-                            "cairn server {}: object {:#x} of '{}' step {} not rebuilt: {e}",
+                            "cairn server {}: object {:#x} of '{}' step {} not rebuilt yet: {e}",
                             state.id, job.id, job.dataset, job.step
                         );
-                        state.recovery.lost.fetch_add(1, Ordering::Relaxed);
+                        lock(&state.recovery.parked).push(job);
                     }
                 }
                 // The byte rate holds for every object; the lazy pause is cut short by a touch.
@@ -189,6 +285,25 @@ fn throttle(rate: u64, sent: u64) -> Option<Duration> {
     (rate > 0).then(|| Duration::from_secs_f64(sent as f64 / rate as f64))
 }
 
+/// Where a piece the index names on lost server `from` goes, the object's pieces being on
+/// `servers`: the live server holding `from`'s slot now, or, should that one hold a piece of
+/// the object already (a server id back as a spare and replaced again), the first live server
+/// holding none. `None` while no live server took the slot (reads stay degraded meanwhile).
+fn target(view: &ClusterView, servers: &[u32], from: u32) -> Option<u32> {
+    let heir = view.heir(from);
+    if view.is_live(from) || heir == from || !view.is_live(heir) {
+        return None;
+    }
+    if !servers.contains(&heir) {
+        return Some(heir);
+    }
+    view.live().into_iter().find(|s| !servers.contains(s))
+}
+
+fn no_target(job: &Job) -> Error {
+    Error::Unavailable(format!("no live server holds server {}'s slot to rebuild object {:#x} on; waiting for a spare", job.from, job.id))
+}
+
 /// Rebuilds one piece and records it: the bytes sent to the new holder, `None` when the object
 /// is gone or already moved.
 async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
@@ -198,10 +313,12 @@ async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
     let found = index.blocks.iter().flat_map(|b| b.objects.iter().map(move |o| (b, o))).find(|(_, o)| o.id == job.id);
     let Some((block, o)) = found else { return Ok(None) };
     // A server back in its own slot (`from == to`) is refilled: the index names it already.
+    // Otherwise the piece goes to whoever holds the lost server's slot now.
     let refill = job.from == job.to;
-    if !o.servers().contains(&job.from) || (o.servers().contains(&job.to) && !refill) {
+    if !o.servers().contains(&job.from) {
         return Ok(None);
     }
+    let to = if refill { job.to } else { target(&view, &o.servers(), job.from).ok_or_else(|| no_target(job))? };
     let bytes = o.region.volume() * (block.len / block.region.volume().max(1));
     let (shard, k, m, stripe, sources) = match &o.redundancy {
         Redundancy::Replicated { servers } => (0, 0, 0, Vec::new(), servers.clone()),
@@ -214,16 +331,27 @@ async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
         }
     };
     let live: Vec<u32> = sources.iter().copied().filter(|s| *s != job.from && view.is_live(*s)).collect();
-    let source = *live.first().ok_or_else(|| Error::DataLoss(format!("no live server holds a piece of object {:#x}", job.id)))?;
-    let piece = Piece { shard, k, m, stripe, checksum: o.checksum };
-    if source == state.id {
-        rebuild(state, &job.dataset, job.step, job.id, &piece, job.to).await?;
-    } else {
-        let Piece { shard, k, m, stripe, checksum } = piece;
-        let req = Request::Rebuild { dataset: job.dataset.clone(), step: job.step, id: job.id, shard, k, m, stripe, checksum, to: job.to };
-        crate::peer::call(state, source, &req).await?;
+    if live.is_empty() {
+        return Err(Error::DataLoss(format!("no live server holds a piece of object {:#x}", job.id)));
     }
-    let recorded = refill || state.meta.rebuilt(log, &job.dataset, job.step, vec![(job.id, job.from, job.to)]).await? > 0;
+    // Any holder will do; one that fails (or is itself being refilled) passes to the next.
+    let piece = Piece { shard, k, m, stripe, checksum: o.checksum };
+    let mut last = Ok(());
+    for source in live {
+        last = if source == state.id {
+            rebuild(state, &job.dataset, job.step, job.id, &piece, to).await
+        } else {
+            let Piece { shard, k, m, ref stripe, checksum } = piece;
+            let stripe = stripe.clone();
+            let req = Request::Rebuild { dataset: job.dataset.clone(), step: job.step, id: job.id, shard, k, m, stripe, checksum, to };
+            crate::peer::call(state, source, &req).await.map(|_| ())
+        };
+        if last.is_ok() {
+            break;
+        }
+    }
+    last?;
+    let recorded = refill || state.meta.rebuilt(log, &job.dataset, job.step, vec![(job.id, job.from, to)]).await? > 0;
     Ok(recorded.then_some(if k > 0 { bytes.div_ceil(u64::from(k)) } else { bytes }))
 }
 
@@ -292,6 +420,42 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn view(active: u32, spares: u32) -> ClusterView {
+        use cairn_core::placement::ServerSpec;
+        use cairn_proto::cluster::{ClusterFile, ServerEntry};
+        let servers = (0..active + spares)
+            .map(|id| ServerEntry {
+                spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
+                addr: String::new(),
+                unix: None,
+                host: "h".into(),
+                pid: 0,
+                memory: 1,
+            })
+            .collect();
+        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
+    }
+
+    #[test]
+    fn a_lost_piece_goes_to_the_live_heir_of_its_slot_or_waits() {
+        let v = view(4, 3).fail(1).unwrap();
+        assert_eq!(target(&v, &[0, 1], 1), None, "no spare took the slot yet: degraded, no rebuild");
+        let v = v.replace(1, 4).unwrap();
+        assert_eq!(target(&v, &[0, 1], 1), Some(4));
+        // The spare fails before it was refilled: the next one takes over its work.
+        let v = v.fail(4).unwrap();
+        assert_eq!(target(&v, &[0, 1], 1), None, "the heir is down");
+        let v = v.replace(4, 5).unwrap();
+        assert_eq!((target(&v, &[0, 1], 1), target(&v, &[0, 4], 4)), (Some(5), Some(5)));
+        // The heir holds a piece already: any live server holding none.
+        assert_eq!(target(&v, &[1, 5], 1), Some(0));
+        assert_eq!(target(&v, &[0, 2], 0), None, "a live server is not rebuilt");
+        // Server 1, replaced, back as a spare and live again in another slot: what the index
+        // names on it now is its own.
+        let v = v.rejoin(1).unwrap().fail(2).unwrap().replace(2, 1).unwrap();
+        assert_eq!((target(&v, &[1, 3], 1), target(&v, &[2, 3], 2)), (None, Some(1)));
+    }
 
     #[test]
     fn lazy_recovery_spreads_the_deadline_over_what_is_left() {

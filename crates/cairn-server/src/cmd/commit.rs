@@ -160,6 +160,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     };
     state.meta.timed(seal, started.elapsed() - seal);
     sweep(state, dataset, step, &session, &view, ready.shares.keys().copied().collect());
+    state.recovery.committed(state, dataset, &ready.index);
     state.corec.committed(state, dataset, &ready.index, &done.released.iter().map(|i| i.step).collect::<Vec<_>>());
     for old in done.released {
         free(state, dataset, &old).await;
