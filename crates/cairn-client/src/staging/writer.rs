@@ -16,7 +16,7 @@ use cairn_core::{stats, Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response, Share};
 use cairn_proto::ClusterView;
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Puts in flight per server before waiting for acknowledgements (bounded so neither side's
@@ -37,6 +37,8 @@ pub struct StagingWriter {
     default_level: u32,
     /// What this writer put in each unpublished step.
     open: BTreeMap<u64, OpenStep>,
+    /// Servers the last failed put could not reach (dead or hung).
+    unreached: BTreeSet<u32>,
 }
 
 /// This writer's part of one unpublished step.
@@ -73,6 +75,7 @@ impl StagingWriter {
             object_size: cfg.object_size,
             keep_last: cfg.keep_last,
             open: BTreeMap::new(),
+            unreached: BTreeSet::new(),
         })
     }
 
@@ -217,8 +220,10 @@ impl StagingWriter {
             let e = Error::from_kind(e.kind(), e.to_string());
             // What arrived is dropped again, from the servers that answered: one that failed
             // (dead, hung) would only cost another deadline; its leftovers go with the step.
-            let answered: Vec<u32> =
-                sent.iter().filter(|(_, r)| !matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
+            let (unreached, answered): (Vec<_>, Vec<_>) =
+                sent.iter().partition(|(_, r)| matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable));
+            self.unreached = unreached.into_iter().map(|(s, _)| *s).collect();
+            let answered: Vec<u32> = answered.into_iter().map(|(s, _)| *s).collect();
             for ((step, _), objs) in blocks.iter().zip(&refs) {
                 for &server in &answered {
                     let ids: Vec<u64> = objs.iter().filter(|o| o.servers().contains(&server)).map(|o| o.id).collect();
@@ -310,18 +315,39 @@ impl WriteEngine for StagingWriter {
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let view = self.cluster.view();
-        match self.put_once(&view, &blocks) {
-            // The cluster moved to a newer view meanwhile (told by a server), or a server failed:
-            // once the control plane declares it down (a spare in its slot, or placement passing
-            // over it), place again by the new view, once. Degraded writes keep their level.
-            Err(e)
-                if self.cluster.view().epoch != view.epoch
-                    || (e.kind() == ErrorKind::Unavailable && self.cluster.await_view_after(view.epoch)) =>
-            {
-                self.put_once(&self.cluster.view(), &blocks)
+        let e = match self.put_once(&view, &blocks) {
+            // The cluster moved to a newer view meanwhile (told by a server): place by it, once.
+            Err(_) if self.cluster.view().epoch != view.epoch => return self.put_once(&self.cluster.view(), &blocks),
+            Err(e) if e.kind() == ErrorKind::Unavailable => e,
+            r => return r,
+        };
+        // A server failed. The index names every object's servers, so the copies need not wait
+        // for the control plane to declare it down: they go around it at once, to the next live
+        // servers of the ring, at the same level (measured under `cairn chaos`, waiting for the
+        // view change held each write that met a dead server for the failure timeout).
+        let mut around = (*view).clone();
+        around.down.extend(std::mem::take(&mut self.unreached).into_iter().filter(|s| !view.down.contains(s)));
+        let policy = self.cluster.policy().clone();
+        let needed = blocks
+            .iter()
+            .map(|(_, b)| match policy.scheme {
+                Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
+                _ => b.def.redundancy as usize + 1,
+            })
+            .max()
+            .unwrap_or(1);
+        if around.down.len() > view.down.len() && around.live().len() >= needed {
+            match self.put_once(&around, &blocks) {
+                Err(e) if e.kind() == ErrorKind::Unavailable => {}
+                r => return r,
             }
-            r => r,
         }
+        // Not enough servers left around it (or another failed too): place again once the
+        // control plane has declared it down (a spare in its slot, or placement passing over it).
+        if self.cluster.await_view_after(view.epoch) {
+            return self.put_once(&self.cluster.view(), &blocks);
+        }
+        Err(e)
     }
 
     fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool> {
