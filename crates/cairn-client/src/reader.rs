@@ -78,6 +78,14 @@ impl Reader {
         Ok(all)
     }
 
+    /// Attributes of the dataset, as of the last committed step (none before the first).
+    pub fn attrs(&self) -> Result<cairn_core::attrs::Attrs> {
+        match self.steps()?.last() {
+            Some(&s) => self.engine.step_attrs(s),
+            None => Ok(Default::default()),
+        }
+    }
+
     /// Definition of `var` in a committed `step`.
     pub fn var(&self, var: &str, step: u64) -> Result<VarDef> {
         let vars = self.engine.step_vars(step).map_err(|e| self.not_committed(e, step))?;

@@ -151,6 +151,10 @@ impl ReadEngine for FileReader {
         Ok(self.index(step)?.vars.clone())
     }
 
+    fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
+        Ok(self.index(step)?.attrs.clone())
+    }
+
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
         Ok(self.index(step)?.blocks_of(var).cloned().collect())
     }

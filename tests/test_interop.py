@@ -1,0 +1,116 @@
+"""Dimension names and attributes, lazy indexing, and restarts that keep definitions, on both engines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cairn
+
+
+def write_field(cfg, name="ds", steps=3, shape=(4, 6, 5)):
+    """A dataset with dims and attributes: ``p[s] = arange + 1000 s``."""
+    with cairn.open(name, "w", config=cfg, rank=0, nranks=1) as f:
+        f.attrs["title"] = "test run"
+        f.define("p", "f8", shape, dims=("z", "y", "x"), attrs={"units": "K", "scale": np.float32(0.5),
+                                                                  "levels": np.arange(3)})
+        f.define("w", "i4", local=True, attrs={"kind": "walkers"})
+        for s in range(steps):
+            with f.step(s):
+                if s == 0:
+                    f.attrs["nsteps"] = np.int64(steps)
+                f.put("p", field(s, shape), offset=(0,) * len(shape))
+                f.put("w", np.arange(s + 1, dtype="i4"))
+    return field
+
+
+def field(s, shape=(4, 6, 5)):
+    return np.arange(np.prod(shape), dtype="f8").reshape(shape) + 1000 * s
+
+
+def test_dims_and_attributes_round_trip(cfg):
+    write_field(cfg)
+    with cairn.open("ds", "r", config=cfg) as r:
+        assert r.attrs == {"title": "test run", "nsteps": 3}
+        v = r.variables()
+        assert v["p"].dims == ("z", "y", "x")
+        assert v["p"].attrs == {"units": "K", "scale": 0.5, "levels": [0, 1, 2]}
+        assert v["w"].dims is None and v["w"].attrs == {"kind": "walkers"}
+
+
+def test_attributes_are_checked_with_clear_errors(cfg):
+    with cairn.open("ds", "w", config=cfg, rank=0, nranks=1) as f:
+        with pytest.raises(cairn.InvalidArgumentError, match="3 dimensions but 2"):
+            f.define("p", "f8", (2, 3, 4), dims=("y", "x"))
+        with pytest.raises(cairn.InvalidArgumentError, match="must differ"):
+            f.define("p", "f8", (2, 3), dims=("x", "x"))
+        with pytest.raises(cairn.InvalidArgumentError, match="attribute 'f' of variable 'p'.*cannot be stored"):
+            f.define("p", "f8", (2, 3), attrs={"f": object()})
+        with pytest.raises(cairn.InvalidArgumentError, match="more than 65536"):
+            f.attrs["blob"] = "x" * 70000
+        with pytest.raises(cairn.InvalidArgumentError, match="finite"):
+            f.attrs["nan"] = float("nan")
+        assert dict(f.attrs) == {}
+        f.define("p", "f8", (2, 3), dims=("y", "x"), attrs={"units": "m"})
+        with pytest.raises(cairn.ConflictError, match="dims \\(y, x\\).*cannot redefine.*dims \\(a, b\\)"):
+            f.define("p", "f8", (2, 3), dims=("a", "b"), attrs={"units": "m"})
+
+
+def test_append_keeps_definitions_and_attributes_and_says_where_to_resume(cfg):
+    write_field(cfg, steps=2)
+    with cairn.open("ds", "a", config=cfg, rank=0, nranks=1) as f:
+        assert f.next_step == 2
+        assert f.attrs["title"] == "test run"
+        with f.step(f.next_step):
+            f.put("p", field(2), offset=(0, 0, 0))
+    with cairn.open("ds", "r", config=cfg) as r:
+        assert r.steps() == [0, 1, 2]
+        assert r.attrs["title"] == "test run" and r.variables()["p"].dims == ("z", "y", "x")
+        assert np.array_equal(r["p"][2], field(2))
+
+
+def test_lazy_variable_describes_itself_and_reads_steps(cfg):
+    write_field(cfg)
+    with cairn.open("ds", "r", config=cfg) as r:
+        p = r["p"]
+        assert (p.shape, p.dtype, p.dims, p.attrs["units"], p.steps) == ((4, 6, 5), np.dtype("f8"), ("z", "y", "x"), "K", [0, 1, 2])
+        assert np.array_equal(p[-1], field(2))
+        assert np.array_equal(p[1, 0:3, :, 4], field(1)[0:3, :, 4])
+        assert np.array_equal(p[0, ..., ::-2], field(0)[..., ::-2])
+        with pytest.raises(cairn.NotFoundError):
+            r["nope"]
+        with pytest.raises(cairn.NotFoundError, match="step 7 is not committed"):
+            p[7]
+        with pytest.raises(IndexError):
+            p[0, 4]
+        with pytest.raises(cairn.InvalidArgumentError, match="step index"):
+            p[0:2]
+
+
+def index_part(n):
+    """One basic index of a dimension of size ``n``: an integer or a slice, negatives included."""
+    bound = st.one_of(st.none(), st.integers(-n - 2, n + 2))
+    step = st.one_of(st.none(), st.integers(-3, 3).filter(lambda s: s != 0))
+    return st.one_of(st.integers(-n, n - 1), st.builds(slice, bound, bound, step))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_lazy_indexing_equals_numpy_indexing(tmp_path_factory, data):
+    ndim = data.draw(st.integers(1, 4))
+    shape = tuple(data.draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim)))
+    full = np.random.default_rng(1).normal(size=shape)
+    d = tmp_path_factory.mktemp("lazy")
+    with cairn.open("ds", "w", path=d, rank=0, nranks=1) as f:
+        f.define("x", "f8", shape)
+        with f.step(0):
+            f.put("x", full, offset=(0,) * ndim)
+    key = tuple(data.draw(index_part(n)) for n in shape[:data.draw(st.integers(0, ndim))])
+    if data.draw(st.booleans()) and len(key) < ndim:
+        key = key + (Ellipsis,)
+    with cairn.open("ds", "r", path=d) as r:
+        got = r["x"][(0, *key)]
+    want = full[key]
+    assert got.shape == want.shape and np.array_equal(got, want)
