@@ -114,3 +114,69 @@ def test_lazy_indexing_equals_numpy_indexing(tmp_path_factory, data):
         got = r["x"][(0, *key)]
     want = full[key]
     assert got.shape == want.shape and np.array_equal(got, want)
+
+
+xr = pytest.importorskip("xarray")
+
+
+def write_blocks(cfg, name="ds", steps=3):
+    """``p`` (4 x 6 x 5) written as 2 x 2 blocks along z, y by one writer, with dims and attributes."""
+    with cairn.open(name, "w", config=cfg, rank=0, nranks=1) as f:
+        f.attrs["title"] = "blocks"
+        f.define("p", "f8", (4, 6, 5), dims=("z", "y", "x"), attrs={"units": "K"})
+        f.define("q", "i4", (6,), dims=("y",))
+        f.define("w", "i4", local=True)
+        for s in range(steps):
+            with f.step(s):
+                a = field(s)
+                for z in (0, 2):
+                    for y in (0, 3):
+                        f.put("p", a[z:z + 2, y:y + 3], offset=(z, y, 0))
+                f.put("q", np.arange(6, dtype="i4") * s, offset=(0,))
+                f.put("w", np.arange(2, dtype="i4"))
+
+
+def open_xr(cfg, **kw):
+    """``xr.open_dataset`` of dataset ``ds`` of ``cfg``: by path for files, by name and cluster
+    for staging. The backend class is passed as the engine, so this works before ``maturin
+    develop`` registers the ``cairn`` entry point."""
+    from cairn.xarray_backend import CairnBackendEntrypoint
+
+    text = cfg.read_text()
+    if 'engine = "staging"' in text:
+        cluster = text.split('cluster = "')[1].split('"')[0]
+        return xr.open_dataset("ds", engine=CairnBackendEntrypoint, backend_kwargs={"cluster": cluster}, **kw)
+    return xr.open_dataset(cfg.parent / "ds", engine=CairnBackendEntrypoint, **kw)
+
+
+def expected(steps=3):
+    return np.stack([field(s) for s in range(steps)])
+
+
+def test_xarray_opens_eagerly_lazily_and_with_dask(cfg):
+    write_blocks(cfg)
+    with open_xr(cfg) as ds:
+        assert ds.attrs == {"title": "blocks"}
+        assert ds["p"].dims == ("step", "z", "y", "x") and ds["p"].attrs == {"units": "K"}
+        assert list(ds["step"].values) == [0, 1, 2] and "w" not in ds
+        assert not ds["p"].variable._in_memory
+        assert float(ds["p"].isel(step=-1, z=3, y=slice(None, None, -2), x=0)[0]) == field(2)[3, 5, 0]
+        assert np.array_equal(ds["p"].values, expected())
+        assert np.array_equal(ds["q"].values, np.outer(range(3), np.arange(6)))
+    with open_xr(cfg, chunks={}) as ds:
+        assert ds["p"].chunks == ((1, 1, 1), (2, 2), (3, 3), (5,))
+        assert np.array_equal(ds["p"].compute().values, expected())
+    with cairn.open("ds", "r", config=cfg) as r:
+        d = r.to_dask("p")
+        assert d.chunks == ((1, 1, 1), (2, 2), (3, 3), (5,))
+        assert np.array_equal(d[1:, :, ::2].compute(), expected()[1:, :, ::2])
+        with pytest.raises(cairn.InvalidArgumentError, match="local variable"):
+            r.to_dask("w")
+
+
+def test_xarray_entry_point_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    from .conftest import ROOT
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["entry-points"]["xarray.backends"]["cairn"] == "cairn.xarray_backend:CairnBackendEntrypoint"

@@ -377,6 +377,19 @@ class Reader:
         """The dataset's attributes (as of the last committed step)."""
         return metadata.from_json(self._inner.attrs())
 
+    def to_dask(self, name: str) -> Any:
+        """Global variable ``name`` over the committed steps as a lazy Dask array of shape
+        ``(steps, *shape)``, one chunk per step and per written block (the block edges of the last
+        step); a step where it is missing or partly written reads as NaN (floats)."""
+        import dask.array as da
+
+        from .step_array import StepArray
+
+        arr = StepArray(self, name)
+        # Named, not tokenized: the reader's native handle cannot be hashed by content.
+        return da.from_array(arr, chunks=arr.chunks(), asarray=False, lock=False, fancy=False,
+                             meta=np.empty((0,) * arr.ndim, dtype=arr.dtype), name=f"cairn-{name}-{uuid.uuid4().hex}")
+
     def __getitem__(self, name: str) -> Variable:
         """Variable ``name``, read lazily by indexing with the step first:
         ``r["pressure"][9, 0:128, :, 5]``, ``r["pressure"][-1]`` (the last committed step)."""

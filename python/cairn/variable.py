@@ -50,6 +50,11 @@ def normalize(key: Any, shape: tuple[int, ...]) -> list[int | slice]:
     return out
 
 
+def selected_shape(key: list[int | slice]) -> tuple[int, ...]:
+    """The shape of what ``key`` (normalized) selects."""
+    return tuple(len(range(k.start, k.stop, k.step)) for k in key if isinstance(k, slice))
+
+
 def bounding_box(key: list[int | slice]) -> tuple[list[int], list[int], tuple[int | slice, ...]]:
     """The box (offset, count) holding every element ``key`` touches, and the index that picks
     them out of that box. A slice selecting nothing gives a zero count."""
@@ -79,7 +84,7 @@ def read_box(reader: Reader, name: str, step: int, key: list[int | slice], dtype
     bounding box."""
     offset, count, local = bounding_box(key)
     if 0 in count:
-        return np.empty(count, dtype=dtype)[local]
+        return np.empty(selected_shape(key), dtype=dtype)
     return reader.get(name, step, offset, count)[local]
 
 
