@@ -4,6 +4,7 @@
     cairn pack SET_DIR -o OUT [--group-size 32 --scheme auto --parity 1] | --compare
     cairn unpack OUT -o RESTORED [--member NAME]
     cairn get PATH VAR --step N [--box 0:10,:,5] [-o out.npy]
+    cairn export PATH -o OUT.zarr|OUT.nc|OUT.h5 [--steps 0:10] [--vars a,b] [--cluster FILE]
     [mpirun -n N] cairn skel APP.yaml|qmcpack|s3d [--engine file|staging|adios2] [--trace-flush N]
     cairn model RUNS.json... [--procs 16384,65536] [--mttf 6h] [--png model.png]
     cairn cohmm --out DIR [--nx 128 --ny 128 --steps 20 --mode database|runtime --store staging|redis
@@ -24,7 +25,7 @@ import sys
 
 import numpy as np
 
-from . import __version__, chaos, cluster_cli, cohmm_cli, model_cli, pack_cli, skel_cli
+from . import __version__, chaos, cluster_cli, cohmm_cli, export_cli, model_cli, pack_cli, skel_cli
 from ._api import Reader
 from ._api import open as cairn_open
 from .exceptions import CairnError, InvalidArgumentError
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     get.add_argument("--writer", type=int, default=0, help="writer rank, for a local variable")
     get.add_argument("-o", "--output", help="write a .npy file instead of printing")
     get.set_defaults(func=cmd_get)
+    export_cli.add(sub)
     pack_cli.add(sub)
     skel_cli.add(sub)
     model_cli.add(sub)

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ._api import Reader, VariableInfo
 
 
+def dims_of(name: str, info: VariableInfo) -> tuple[str, ...]:
+    """Dimension names of global variable ``name``: those given to ``define``, else ``<name>_dim<i>``."""
+    return info.dims or tuple(f"{name}_dim{i}" for i in range(len(info.shape or ())))
+
+
 def normalize(key: Any, shape: tuple[int, ...]) -> list[int | slice]:
     """``key`` (without the step) as one int or ``slice`` with resolved bounds per dimension,
     ``...`` expanded; :class:`IndexError` (numpy's) for an index out of range."""
@@ -115,7 +120,7 @@ class Variable:
     @property
     def dims(self) -> tuple[str, ...]:
         """Dimension names: those given to ``define``, else ``<name>_dim<i>``."""
-        return self._info.dims or tuple(f"{self.name}_dim{i}" for i in range(self.ndim))
+        return dims_of(self.name, self._info)
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from ._api import Reader
-from ._api import open as cairn_open
+from .locate import open_reader
 from .step_array import StepArray
+from .variable import dims_of
 
 
 class CairnBackendArray(BackendArray):
@@ -37,22 +38,6 @@ class CairnBackendArray(BackendArray):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self.array.__getitem__)
 
 
-def open_reader(path: str | os.PathLike[str], cluster: str | os.PathLike[str] | None = None,
-                config: str | os.PathLike[str] | None = None) -> Reader:
-    """A reader of the dataset at ``path`` (``[file] path`` joined with its name), or of dataset
-    ``path`` in the staging cluster ``cluster``, or as ``config`` (a ``cairn.toml``) says."""
-    text = os.fspath(path).rstrip("/")
-    if cluster is not None:
-        r = cairn_open(os.path.basename(text), "r", engine="staging", cluster=os.fspath(cluster))
-    elif config is not None:
-        r = cairn_open(os.path.basename(text), "r", config=config)
-    else:
-        full = os.path.abspath(text)
-        r = cairn_open(os.path.basename(full), "r", engine="file", path=os.path.dirname(full))
-    assert isinstance(r, Reader)
-    return r
-
-
 def to_dataset(reader: Reader, drop_variables: Iterable[str] = ()) -> xr.Dataset:
     """The xarray Dataset of ``reader``'s global variables over its committed steps."""
     steps = reader.steps()
@@ -62,7 +47,7 @@ def to_dataset(reader: Reader, drop_variables: Iterable[str] = ()) -> xr.Dataset
         if info.local or name in drop:
             continue
         array = StepArray(reader, name, steps)
-        dims = ("step", *(info.dims or (f"{name}_dim{i}" for i in range(len(info.shape or ())))))
+        dims = ("step", *dims_of(name, info))
         data = indexing.LazilyIndexedArray(CairnBackendArray(array))
         preferred = dict(zip(dims, array.chunks()))
         variables[name] = xr.Variable(dims, data, attrs=info.attrs, encoding={"preferred_chunks": preferred})
