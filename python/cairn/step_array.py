@@ -37,7 +37,7 @@ class StepArray:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         first, *rest = normalize(key, self.shape)
-        positions = [first] if isinstance(first, int) else range(first.start, first.stop, first.step)
+        positions = [first] if isinstance(first, int) else first
         parts = [self._read(self.steps[i], rest) for i in positions]
         if isinstance(first, int):
             return parts[0]
@@ -45,7 +45,7 @@ class StepArray:
             return np.empty((0, *selected_shape(rest)), dtype=self.dtype)
         return np.stack(parts)
 
-    def _read(self, step: int, key: list[int | slice]) -> np.ndarray:
+    def _read(self, step: int, key: list[int | range]) -> np.ndarray:
         try:
             return read_box(self.reader, self.name, step, key, self.dtype)
         except NotFoundError:

@@ -24,9 +24,10 @@ def dims_of(name: str, info: VariableInfo) -> tuple[str, ...]:
     return info.dims or tuple(f"{name}_dim{i}" for i in range(len(info.shape or ())))
 
 
-def normalize(key: Any, shape: tuple[int, ...]) -> list[int | slice]:
-    """``key`` (without the step) as one int or ``slice`` with resolved bounds per dimension,
-    ``...`` expanded; :class:`IndexError` (numpy's) for an index out of range."""
+def normalize(key: Any, shape: tuple[int, ...]) -> list[int | range]:
+    """``key`` (without the step) as one int or ``range`` of indices per dimension, ``...``
+    expanded; :class:`IndexError` (numpy's) for an index out of range. Ranges in ``key`` are taken
+    as already normalized."""
     key = key if isinstance(key, tuple) else (key,)
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
@@ -37,10 +38,15 @@ def normalize(key: Any, shape: tuple[int, ...]) -> list[int | slice]:
         raise IndexError(f"too many indices: the variable has {len(shape)} dimensions {shape} after the step, "
                          f"{len(key)} were indexed")
     key = key + (slice(None),) * (len(shape) - len(key))
-    out: list[int | slice] = []
+    out: list[int | range] = []
     for dim, (k, n) in enumerate(zip(key, shape)):
         if isinstance(k, slice):
-            out.append(slice(*k.indices(n)))
+            out.append(range(*k.indices(n)))
+            continue
+        if isinstance(k, range):
+            if k and not (0 <= min(k) and max(k) < n):
+                raise IndexError(f"indices {k} are out of bounds for dimension {dim} with size {n}")
+            out.append(k)
             continue
         try:
             i = None if isinstance(k, (bool, np.bool_)) else operator.index(k)
@@ -55,36 +61,36 @@ def normalize(key: Any, shape: tuple[int, ...]) -> list[int | slice]:
     return out
 
 
-def selected_shape(key: list[int | slice]) -> tuple[int, ...]:
+def selected_shape(key: list[int | range]) -> tuple[int, ...]:
     """The shape of what ``key`` (normalized) selects."""
-    return tuple(len(range(k.start, k.stop, k.step)) for k in key if isinstance(k, slice))
+    return tuple(len(k) for k in key if isinstance(k, range))
 
 
-def bounding_box(key: list[int | slice]) -> tuple[list[int], list[int], tuple[int | slice, ...]]:
-    """The box (offset, count) holding every element ``key`` touches, and the index that picks
-    them out of that box. A slice selecting nothing gives a zero count."""
-    offset, count, local = [], [], []
+def bounding_box(key: list[int | range]) -> tuple[list[int], list[int], tuple[int | slice, ...]]:
+    """The box (offset, count) holding every element ``key`` (normalized) touches, and the index
+    that picks them out of that box. A range selecting nothing gives a zero count."""
+    offset: list[int] = []
+    count: list[int] = []
+    local: list[int | slice] = []
     for k in key:
         if isinstance(k, int):
             offset.append(k)
             count.append(1)
             local.append(0)
             continue
-        n = len(range(k.start, k.stop, k.step))
-        if n == 0:
+        if not k:
             offset.append(0)
             count.append(0)
             local.append(slice(0, 0))
             continue
-        last = k.start + (n - 1) * k.step
-        lo, hi = min(k.start, last), max(k.start, last) + 1
+        lo, hi = min(k), max(k) + 1
         offset.append(lo)
         count.append(hi - lo)
         local.append(slice(k.start - lo, None, k.step) if k.step < 0 else slice(0, None, k.step))
     return offset, count, tuple(local)
 
 
-def read_box(reader: Reader, name: str, step: int, key: list[int | slice], dtype: np.dtype) -> np.ndarray:
+def read_box(reader: Reader, name: str, step: int, key: list[int | range], dtype: np.dtype) -> np.ndarray:
     """The elements ``key`` (normalized) selects of ``name`` at ``step``, reading only their
     bounding box."""
     offset, count, local = bounding_box(key)
