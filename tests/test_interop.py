@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cairn
+from cairn.variable import normalize
 
 
 def write_field(cfg, name="ds", steps=3, shape=(4, 6, 5)):
@@ -114,6 +115,8 @@ def test_lazy_indexing_equals_numpy_indexing(tmp_path_factory, data):
         got = r["x"][(0, *key)]
     want = full[key]
     assert got.shape == want.shape and np.array_equal(got, want)
+    norm = normalize(key, shape)
+    assert normalize(tuple(norm), shape) == norm  # normalized keys pass through unchanged
 
 
 xr = pytest.importorskip("xarray")
@@ -180,3 +183,15 @@ def test_xarray_entry_point_is_declared():
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["xarray.backends"]["cairn"] == "cairn.xarray_backend:CairnBackendEntrypoint"
+
+
+def test_release_works_on_both_engines(cfg):
+    write_field(cfg)
+    with cairn.open("ds", "r", config=cfg) as r:
+        r.release(1)
+        assert r.steps() == [0, 2]
+        with pytest.raises(cairn.NotFoundError, match="step 1 is not committed"):
+            r.get("p", 1)
+        with pytest.raises(cairn.NotFoundError):
+            r.release(1)
+        assert np.array_equal(r["p"][-1], field(2))

@@ -361,9 +361,14 @@ class Reader:
         yield from _claims.claims(self._inner, lease, timeout)
 
     def release(self, step: int) -> None:
-        """Free a committed step in the staging servers (for every reader). The ``file`` engine
-        keeps all steps and refuses."""
+        """Free a committed step for every reader: in the staging servers, or (file engine) its
+        index, the data files being append-only. Later reads of it fail with :class:`NotFoundError`."""
         self._inner.release(_step(step))
+
+    def pending(self) -> list[tuple[int, int, int]]:
+        """Steps some writer ranks ended but not all, not committed: ``(step, ranks that ended it,
+        ranks it waits for)``. The file engine tells; the staging engine lists none yet."""
+        return self._inner.pending()
 
     def variables(self) -> dict[str, VariableInfo]:
         """Variables of the committed steps: name -> :class:`VariableInfo` (with ``dims`` and

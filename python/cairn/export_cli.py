@@ -45,8 +45,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def add(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("export", help="write a dataset to Zarr v3 (.zarr), netCDF-4 (.nc) or HDF5 (.h5) with dims, "
-                                      "attributes and a step dimension",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                      "attributes and a step dimension")
     e.add_argument("dataset", help="dataset folder (the [file] path joined with the name), or with --cluster a staging dataset's name")
     e.add_argument("-o", "--output", required=True, help="output; its suffix picks the format: .zarr (zarr-python), "
                                                          ".nc (netCDF4-python) or .h5 (h5py)")

@@ -102,10 +102,12 @@ pub trait ReadEngine: Send + Sync {
     }
 
     /// Frees a committed step (its data is gone for every reader).
-    fn release(&self, step: u64) -> Result<()> {
-        Err(cairn_core::Error::InvalidArgument(format!(
-            "cannot release step {step}: this engine keeps every step; release applies to the staging engine"
-        )))
+    fn release(&self, step: u64) -> Result<()>;
+
+    /// Steps some writers ended but not all (not committed yet): each with the number of ranks that
+    /// ended it and the number it waits for. Only the file engine tells (its fragments are files).
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        Ok(Vec::new())
     }
 
     /// Committed steps, and whether the writers closed the dataset (no more steps come).

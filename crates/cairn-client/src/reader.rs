@@ -41,7 +41,14 @@ impl Reader {
         self.engine.wait_step(step, timeout)
     }
 
-    /// Frees a committed step in every server (staging engine); later reads of it fail.
+    /// Steps some writers ended but not all: (step, ranks that ended it, ranks it waits for).
+    /// The file engine tells; the staging engine's control plane does not yet (none listed).
+    pub fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        self.engine.pending()
+    }
+
+    /// Frees a committed step for every reader: in every server (staging engine), or its index
+    /// (file engine: the step's bytes stay in the append-only data files); later reads of it fail.
     pub fn release(&self, step: u64) -> Result<()> {
         self.engine.release(step)
     }

@@ -41,6 +41,10 @@ impl PyReader {
         py.detach(|| self.inner.release(step)).map_err(to_py)
     }
 
+    fn pending(&self, py: Python<'_>) -> PyResult<Vec<(u64, u32, u32)>> {
+        py.detach(|| self.inner.pending()).map_err(to_py)
+    }
+
     fn listing(&self, py: Python<'_>) -> PyResult<(Vec<u64>, bool)> {
         py.detach(|| self.inner.listing()).map_err(to_py)
     }
