@@ -7,7 +7,6 @@ import textwrap
 import numpy as np
 import pytest
 
-import cairn
 from cairn.cli import main
 
 from .conftest import PY, check, mpirun
