@@ -101,6 +101,20 @@ def test_ls_and_get_work_on_staging_datasets(tmp_path, capsys):
         npy = tmp_path / "o.npy"
         assert main(["get", "st", "p", "--step", "-1", "--box", "::-1,1", "-o", str(npy), "--cluster", str(c.file)]) == 0
         assert np.array_equal(np.load(npy), np.arange(12.0).reshape(4, 3)[::-1, 1])
+        w = [cairn.open("half", "w", engine="staging", cluster=str(c.file), rank=r, nranks=2, session="s") for r in range(2)]
+        for f in w:
+            f.define("p", "f8", (2,))
+        with w[0].step(0):
+            w[0].put("p", np.zeros(1), offset=(0,))
+        assert main(["ls", "half", "--cluster", str(c.file)]) == 0
+        assert "none committed\npending step 0 pending (1 of 2 ranks ended it)" in capsys.readouterr().out
+        with w[1].step(0):
+            w[1].put("p", np.ones(1), offset=(1,))
+        assert main(["ls", "half", "--cluster", str(c.file)]) == 0
+        out = capsys.readouterr().out
+        assert "1 committed: 0..0" in out and "pending" not in out
+        for f in w:
+            f.close()
     finally:
         c.stop()
 

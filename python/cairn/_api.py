@@ -366,8 +366,8 @@ class Reader:
         self._inner.release(_step(step))
 
     def pending(self) -> list[tuple[int, int, int]]:
-        """Steps some writer ranks ended but not all, not committed: ``(step, ranks that ended it,
-        ranks it waits for)``. The file engine tells; the staging engine lists none yet."""
+        """Steps some writer ranks ended that are not committed: ``(step, ranks that ended it,
+        ranks it waits for)``, on both engines."""
         return self._inner.pending()
 
     def variables(self) -> dict[str, VariableInfo]:

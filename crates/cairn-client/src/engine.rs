@@ -104,11 +104,9 @@ pub trait ReadEngine: Send + Sync {
     /// Frees a committed step (its data is gone for every reader).
     fn release(&self, step: u64) -> Result<()>;
 
-    /// Steps some writers ended but not all (not committed yet): each with the number of ranks that
-    /// ended it and the number it waits for. Only the file engine tells (its fragments are files).
-    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
-        Ok(Vec::new())
-    }
+    /// Steps some writers ended but that are not committed yet: each with the number of ranks
+    /// that ended it and the number it waits for.
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>>;
 
     /// Committed steps, and whether the writers closed the dataset (no more steps come).
     fn listing(&self) -> Result<(Vec<u64>, bool)> {

@@ -41,8 +41,8 @@ impl Reader {
         self.engine.wait_step(step, timeout)
     }
 
-    /// Steps some writers ended but not all: (step, ranks that ended it, ranks it waits for).
-    /// The file engine tells; the staging engine's control plane does not yet (none listed).
+    /// Steps some writers ended but that are not committed: (step, ranks that ended it, ranks it
+    /// waits for). A step all ranks ended still shows while its commit waits (staging: for seals).
     pub fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
         self.engine.pending()
     }

@@ -472,6 +472,10 @@ impl ReadEngine for StagingReader {
         }
     }
 
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        super::pending_of(&self.cluster, &self.dataset)
+    }
+
     fn listing(&self) -> Result<(Vec<u64>, bool)> {
         listing_of(&self.cluster, &self.dataset)
     }
