@@ -195,3 +195,14 @@ def test_release_works_on_both_engines(cfg):
         with pytest.raises(cairn.NotFoundError):
             r.release(1)
         assert np.array_equal(r["p"][-1], field(2))
+
+
+def test_local_variables_with_dims_take_blocks_of_that_many_dimensions(cfg):
+    with cairn.open("ds", "w", config=cfg, rank=0, nranks=1) as f:
+        f.define("walkers", "f8", local=True, dims=("walker", "xyz"))
+        with f.step(0):
+            with pytest.raises(cairn.InvalidArgumentError, match="has 1 dimensions.*names 2 \\(walker, xyz\\)"):
+                f.put("walkers", np.zeros(3))
+            f.put("walkers", np.zeros((3, 3)))
+    with cairn.open("ds", "r", config=cfg) as r:
+        assert r.variables()["walkers"].dims == ("walker", "xyz") and r.get_local("walkers", 0, 0).shape == (3, 3)

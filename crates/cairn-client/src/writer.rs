@@ -218,7 +218,10 @@ impl Writer {
                     "'{var}' is a local variable: put it without an offset (each writer has its own block)"
                 )))
             }
-            (None, None) => Region::new(vec![0; count.len()], count.to_vec())?,
+            (None, None) => {
+                check_local_dims(def, count)?;
+                Region::new(vec![0; count.len()], count.to_vec())?
+            }
         };
         let want = region.volume().checked_mul(dtype.size() as u64);
         if want != Some(bytes.len() as u64) {
@@ -267,6 +270,7 @@ impl Writer {
             None => self.define(var, dtype, None)?,
         }
         let def = &self.vars[var];
+        check_local_dims(def, count)?;
         if dtype != def.dtype {
             return Err(Error::InvalidArgument(format!(
                 "dtype mismatch: trace '{var}' holds {} but the records are {dtype}; convert them (e.g. numpy astype) first",
@@ -393,6 +397,20 @@ impl Drop for Writer {
             let _ = self.abort_step();
             let _ = self.flush_traces();
         }
+    }
+}
+
+/// A block of local variable `def` must have as many dimensions as it names.
+fn check_local_dims(def: &VarDef, count: &[u64]) -> Result<()> {
+    match &def.dims {
+        Some(dims) if dims.len() != count.len() => Err(Error::InvalidArgument(format!(
+            "block of '{}' has {} dimensions {count:?} but the variable names {} ({}); put blocks of that many dimensions",
+            def.name,
+            count.len(),
+            dims.len(),
+            dims.join(", ")
+        ))),
+        _ => Ok(()),
     }
 }
 
