@@ -206,3 +206,15 @@ def test_local_variables_with_dims_take_blocks_of_that_many_dimensions(cfg):
             f.put("walkers", np.zeros((3, 3)))
     with cairn.open("ds", "r", config=cfg) as r:
         assert r.variables()["walkers"].dims == ("walker", "xyz") and r.get_local("walkers", 0, 0).shape == (3, 3)
+
+
+def test_lazy_indexing_reads_only_the_bounding_box(file_cfg):
+    write_field(file_cfg)
+    with cairn.open("ds", "r", config=file_cfg) as r:
+        boxes = []
+        get = r.get
+        r.get = lambda name, step, offset, count: boxes.append((step, offset, count)) or get(name, step, offset, count)
+        assert np.array_equal(r["p"][1, 1:3, ::2, -1], field(1)[1:3, ::2, -1])
+        assert np.array_equal(r["p"][-1, 3, 5:0:-2], field(2)[3, 5:0:-2])
+        assert r["p"][0, 2:2].shape == (0, 6, 5)
+    assert boxes == [(1, [1, 0, 4], [2, 5, 1]), (2, [3, 1, 0], [1, 5, 5])]
