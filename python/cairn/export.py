@@ -11,7 +11,7 @@ import os
 import shutil
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -65,6 +65,14 @@ def _flat(value: Any) -> Any:
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
         return np.asarray(value)
     return json.dumps(value)
+
+
+class Sink(Protocol):
+    """A format writer: one step of one variable at a time, then ``close``."""
+
+    def write(self, name: str, i: int, values: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class ZarrSink:
@@ -162,7 +170,7 @@ class H5Sink:
         self.f.close()
 
 
-SINKS = {".zarr": ZarrSink, ".nc": NetCDFSink, ".h5": H5Sink, ".hdf5": H5Sink}
+SINKS: dict[str, Callable[[str, Plan], Sink]] = {".zarr": ZarrSink, ".nc": NetCDFSink, ".h5": H5Sink, ".hdf5": H5Sink}
 
 
 def export(reader: Reader, out: str, steps: list[int], names: list[str] | None = None, *, force: bool = False,

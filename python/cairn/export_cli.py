@@ -21,10 +21,9 @@ def parse_steps(text: str | None, committed: list[int]) -> list[int]:
         nums = []
     if not 1 <= len(nums) <= 3 or any(n is not None and n < 0 for n in nums) or (len(nums) == 1 and nums[0] is None):
         raise InvalidArgumentError(f"--steps {text!r}: give step numbers A:B (B excluded), A:B:S or one step N, e.g. 0:10")
-    if len(nums) == 1:
-        lo, hi, stride = nums[0], nums[0] + 1, 1  # type: ignore[operator]
-    else:
-        lo, hi, stride = nums[0] or 0, nums[1], (nums[2] if len(nums) == 3 else None) or 1
+    lo = nums[0] or 0
+    hi = lo + 1 if len(nums) == 1 else nums[1]
+    stride = (nums[2] if len(nums) == 3 else None) or 1
     chosen = [s for s in committed if s >= lo and (hi is None or s < hi) and (s - lo) % stride == 0]
     if not chosen:
         span = f"{committed[0]}..{committed[-1]}" if committed else "none"

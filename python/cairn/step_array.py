@@ -31,6 +31,8 @@ class StepArray:
                                        "read its blocks with get_local(name, step, writer)")
         self.reader, self.name, self.info = reader, name, info
         self.steps = reader.steps() if steps is None else list(steps)
+        #: The shape of one step.
+        self.item_shape: tuple[int, ...] = info.shape
         self.shape: tuple[int, ...] = (len(self.steps), *info.shape)
         self.dtype: np.dtype = info.dtype
         self.ndim = len(self.shape)
@@ -56,7 +58,7 @@ class StepArray:
     def chunks(self) -> tuple[tuple[int, ...], ...]:
         """Chunk sizes per dimension, one chunk per step and per written block: the edges of the
         blocks of the last step (of every block, when they do not form a grid)."""
-        edges: list[set[int]] = [{0, n} for n in self.info.shape]
+        edges: list[set[int]] = [{0, n} for n in self.item_shape]
         if self.steps:
             try:
                 blocks = self.reader.blocks(self.name, self.steps[-1])
