@@ -194,3 +194,15 @@ def test_mpirun_serve_without_a_secret_starts_the_cluster(tmp_path):
         if p.poll() is None:
             p.kill()
         p.communicate()
+
+
+@pytest.mark.parametrize("box", ["::-1,:", "1:6:2,::-2", "2,::2", ":,3"])
+def test_large_reads_go_in_slabs_with_the_same_result(tmp_path, monkeypatch, box):
+    from cairn import dataset_cli
+
+    monkeypatch.setattr(dataset_cli, "_SLAB_BYTES", 16)
+    path = make(tmp_path)
+    npy = tmp_path / "o.npy"
+    assert main(["get", path, "p", "--step", "1", "--box", box, "-o", str(npy)]) == 0
+    key = tuple(int(p) if ":" not in p else slice(*[int(x) if x else None for x in p.split(":")]) for p in box.split(","))
+    assert np.array_equal(np.load(npy), P1[key])
