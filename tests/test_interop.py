@@ -177,12 +177,29 @@ def test_xarray_opens_eagerly_lazily_and_with_dask(cfg):
             r.to_dask("w")
 
 
-def test_xarray_entry_point_is_declared():
-    tomllib = pytest.importorskip("tomllib")
-    from .conftest import ROOT
+def test_engine_cairn_through_the_declared_entry_point(file_cfg):
+    """The entry point pyproject.toml declares, installed as a package's metadata would be (as
+    `maturin develop` or pip does), lets xarray find ``engine="cairn"``; a fresh process, since
+    xarray caches the backends it found."""
+    import os
+    import subprocess
 
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["entry-points"]["xarray.backends"]["cairn"] == "cairn.xarray_backend:CairnBackendEntrypoint"
+    from .conftest import PY, ROOT
+
+    tomllib = pytest.importorskip("tomllib")
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["xarray.backends"]["cairn"]
+    assert target == "cairn.xarray_backend:CairnBackendEntrypoint"
+    write_blocks(file_cfg)
+    site = file_cfg.parent / "site"
+    info = site / "cairn_entry_point-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cairn-entry-point\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[xarray.backends]\ncairn = {target}\n")
+    probe = "import sys, xarray as xr; print(float(xr.open_dataset(sys.argv[1], engine='cairn')['p'][-1, 3, 5, 4]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([PY, "-c", probe, str(file_cfg.parent / "ds")], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) == field(2)[3, 5, 4]
 
 
 def test_release_works_on_both_engines(cfg):
