@@ -48,7 +48,7 @@ def plan(reader: Reader, steps: list[int], names: list[str] | None) -> Plan:
         info = variables[n]
         if info.local:
             continue
-        arrays[n], dims[n] = StepArray(reader, n, steps), ("step", *dims_of(n, info))
+        arrays[n], dims[n] = StepArray(reader, n, steps, info), ("step", *dims_of(n, info))
         for d, size in zip(dims[n], arrays[n].shape):
             if sizes.setdefault(d, size) != size:
                 raise InvalidArgumentError(f"dimension {d!r} is {sizes[d]} long in one variable but {size} in '{n}'; "

@@ -46,7 +46,7 @@ def to_dataset(reader: Reader, drop_variables: Iterable[str] = ()) -> xr.Dataset
     for name, info in reader.variables().items():
         if info.local or name in drop:
             continue
-        array = StepArray(reader, name, steps)
+        array = StepArray(reader, name, steps, info)
         dims = ("step", *dims_of(name, info))
         data = indexing.LazilyIndexedArray(CairnBackendArray(array))
         preferred = dict(zip(dims, array.chunks()))
