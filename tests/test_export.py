@@ -107,3 +107,12 @@ def test_four_rank_mpi_writer_with_dims_and_attributes_exported_and_reopened(tmp
             assert main(["export", str(tmp_path / "sim"), "-o", str(out)]) == 0
             with reopen(out) as got:
                 assert_same(got.load(), src.load())
+
+
+def test_export_without_the_format_package_says_what_to_install(file_cfg, tmp_path, capsys, monkeypatch):
+    import sys
+
+    write_blocks(file_cfg)
+    monkeypatch.setitem(sys.modules, "zarr", None)  # import zarr now raises ImportError
+    assert main(["export", str(file_cfg.parent / "ds"), "-o", str(tmp_path / "o.zarr")]) == 1
+    assert "needs the Python package zarr: pip install zarr" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ._api import Reader
-from .exceptions import AlreadyExistsError, InvalidArgumentError
+from .exceptions import AlreadyExistsError, ConfigError, InvalidArgumentError
 from .step_array import StepArray
 from .variable import dims_of
 
@@ -189,7 +189,11 @@ def export(reader: Reader, out: str, steps: list[int], names: list[str] | None =
     p = plan(reader, steps, names)
     if os.path.exists(out):
         shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
-    sink = SINKS[suffix](out, p)
+    try:
+        sink = SINKS[suffix](out, p)
+    except ImportError as e:
+        raise ConfigError(f"writing {suffix} needs the Python package {e.name}: pip install {e.name} "
+                          "(or cairn[xarray])") from None
     total = sum(a.dtype.itemsize * int(np.prod(a.shape)) for a in p.arrays.values())
     try:
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"exporting to {os.path.basename(out)}",
