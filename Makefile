@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MPIRUN := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
-.PHONY: help setup build demo test test-rust test-python bench fuzz check clean
+.PHONY: help setup build demo test test-rust test-python bench fuzz lint check clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,8 +37,13 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh
 
-check: test ## everything CI runs
+lint: ## formatting and lints: cargo fmt --check, clippy, ruff, and the _native.pyi stub against the built module
+	cargo fmt --all --check
 	cargo clippy --workspace --release -q -- -D warnings
+	$(VENV)/bin/ruff check python tests
+	$(PY) -m mypy.stubtest cairn._native
+
+check: setup lint test-rust test-python ## everything CI runs (setup skips apt when its packages are there)
 
 clean: ## remove build outputs
 	cargo clean

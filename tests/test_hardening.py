@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import cairn
-from cairn import _native, cluster
+from cairn import cluster
 
 from .conftest import PY
 

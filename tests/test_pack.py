@@ -264,7 +264,8 @@ def test_a_damaged_frame_is_named_and_costs_only_its_members(smooth_set, tmp_pat
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
     restored = str(tmp_path / "restored")
-    with pytest.raises(cairn.CorruptError, match=r"frame 3 of stream '~files'.* is damaged and parity cannot repair it \(the container has no parity") as e:
+    damaged = r"frame 3 of stream '~files'.* is damaged and parity cannot repair it \(the container has no parity"
+    with pytest.raises(cairn.CorruptError, match=damaged) as e:
         pack.unpack(out, restored)
     report = e.value.report
     assert set(report.damaged) == {"rank-0.h5"}  # frame 3 lies inside the first file

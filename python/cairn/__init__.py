@@ -6,6 +6,7 @@
 ...         f.put("pressure", block, offset=(x0, 0, 0))
 >>> with cairn.open("run1", "r") as f:
 ...     a = f.get("pressure", step=0, offset=(0, 0, 0), count=(128, 256, 256))
+...     b = f["pressure"][-1, 0:128, :, 5]   # lazy: the last step, only this box is read
 
 The engine (``file`` or ``staging``) comes from ``cairn.toml``, never from code.
 """
@@ -14,5 +15,6 @@ from ._api import BlockInfo, Reader, VariableInfo, Writer, open
 from ._native import __version__
 from .exceptions import *  # noqa: F403
 from .exceptions import __all__ as _exc_all
+from .variable import Variable
 
-__all__ = ["open", "Writer", "Reader", "VariableInfo", "BlockInfo", "__version__", *_exc_all]
+__all__ = ["open", "Writer", "Reader", "Variable", "VariableInfo", "BlockInfo", "__version__", *_exc_all]

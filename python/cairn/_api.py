@@ -8,22 +8,26 @@ import operator
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _native
-from .exceptions import ConfigError, InvalidArgumentError
+from . import _native, metadata
+from .exceptions import ConfigError, InvalidArgumentError, NotFoundError
+from .variable import Variable
 
 
 @dataclass(frozen=True)
 class VariableInfo:
-    """A variable's element type, global shape (``None`` if local) and whether it is local."""
+    """A variable's element type, global shape (``None`` if local), whether it is local, its
+    dimension names (``None`` if not given) and attributes."""
 
     dtype: np.dtype
     shape: tuple[int, ...] | None
     local: bool
+    dims: tuple[str, ...] | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -171,9 +175,13 @@ class Writer:
         self._local: dict[str, bool] = {}
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
-               redundancy: int | None = None) -> None:
+               redundancy: int | None = None, dims: Sequence[str] | None = None,
+               attrs: dict[str, Any] | None = None) -> None:
         """Define a variable: a global array of ``shape``, or with ``local=True`` a per-writer
-        block of any size (ragged). Every rank must define it identically. With the staging
+        block of any size (ragged). Every rank must define it identically. ``dims`` names each
+        dimension (``("z", "y", "x")``: xarray and the exported files use them) and ``attrs`` holds
+        its attributes (``{"units": "K"}``: JSON-serialisable values, numpy scalars and arrays,
+        at most 64 KiB as JSON). With the staging
         engine, ``redundancy=r`` makes it survive any ``r`` server failures: its objects are
         written to ``r + 1`` servers in different failure domains, and the cluster's scheme may
         later erasure-code cold ones into ``rs_data + r`` shards (CoREC). Without it the level is
@@ -184,9 +192,25 @@ class Writer:
             raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
         if not local and shape is None:
             raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
+        if isinstance(dims, str):
+            raise InvalidArgumentError(f"'{name}': dims={dims!r}; give a sequence of names, one per dimension, e.g. ('y', 'x')")
         self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape],
-                           None if redundancy is None else int(redundancy))
+                           None if redundancy is None else int(redundancy),
+                           None if dims is None else [str(d) for d in dims],
+                           None if attrs is None else metadata.to_json(attrs, f"variable '{name}'"))
         self._local[name] = local
+
+    @property
+    def attrs(self) -> metadata.DatasetAttrs:
+        """The dataset's attributes, a dict: ``f.attrs["title"] = "run 1"``. Set them before or
+        inside the first step; every step carries them (a restart in mode ``"a"`` keeps them)."""
+        return metadata.DatasetAttrs(metadata.from_json(self._inner.attrs()), self._inner.set_attrs)
+
+    @property
+    def next_step(self) -> int:
+        """Where to resume: the step after the last one committed when opened (0 for a new
+        dataset). In mode ``"a"`` the definitions of that step are kept, so no ``define`` is needed."""
+        return self._inner.next_step
 
     @contextlib.contextmanager
     def step(self, step: int, consume: Reader | Sequence[Reader] | None = None) -> Iterator[Writer]:
@@ -337,14 +361,47 @@ class Reader:
         yield from _claims.claims(self._inner, lease, timeout)
 
     def release(self, step: int) -> None:
-        """Free a committed step in the staging servers (for every reader). The ``file`` engine
-        keeps all steps and refuses."""
+        """Free a committed step for every reader: in the staging servers, or (file engine) its
+        index, the data files being append-only. Later reads of it fail with :class:`NotFoundError`."""
         self._inner.release(_step(step))
 
+    def pending(self) -> list[tuple[int, int, int]]:
+        """Steps some writer ranks ended that are not committed: ``(step, ranks that ended it,
+        ranks it waits for)``, on both engines."""
+        return self._inner.pending()
+
     def variables(self) -> dict[str, VariableInfo]:
-        """Variables of the committed steps: name -> :class:`VariableInfo`."""
-        return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None)
-                for n, d, s in self._inner.variables()}
+        """Variables of the committed steps: name -> :class:`VariableInfo` (with ``dims`` and
+        ``attrs``)."""
+        return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None,
+                                None if dims is None else tuple(dims), metadata.from_json(attrs))
+                for n, d, s, dims, attrs in self._inner.variables()}
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The dataset's attributes (as of the last committed step)."""
+        return metadata.from_json(self._inner.attrs())
+
+    def to_dask(self, name: str) -> Any:
+        """Global variable ``name`` over the committed steps as a lazy Dask array of shape
+        ``(steps, *shape)``, one chunk per step and per written block (the block edges of the last
+        step); a step where it is missing or partly written reads as NaN (floats)."""
+        import dask.array as da
+
+        from .step_array import StepArray
+
+        arr = StepArray(self, name)
+        # Named, not tokenized: the reader's native handle cannot be hashed by content.
+        return da.from_array(arr, chunks=arr.chunks(), asarray=False, lock=False, fancy=False,
+                             meta=np.empty((0,) * arr.ndim, dtype=arr.dtype), name=f"cairn-{name}-{uuid.uuid4().hex}")
+
+    def __getitem__(self, name: str) -> Variable:
+        """Variable ``name``, read lazily by indexing with the step first:
+        ``r["pressure"][9, 0:128, :, 5]``, ``r["pressure"][-1]`` (the last committed step)."""
+        info = self.variables().get(name)
+        if info is None:
+            raise NotFoundError(f"unknown variable '{name}'; defined: [{', '.join(self.variables())}]")
+        return Variable(self, name, info)
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from . import _native, cluster
@@ -49,9 +50,33 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
                    help="the mean time between server failures expected; sets the default recovery deadline")
 
 
+def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
+    """Server 0 of a new cluster creates its secret (once: other processes never replace one);
+    the others say at once what they wait for."""
+    path = cluster.entries_dir(cluster_file) / "secret"
+    if path.exists():
+        return
+    if sid != 0:
+        print(f"cairn serve: server {sid} waits up to {timeout:g} s for the cluster secret {path}: server 0 (rank 0) "
+              "creates it, or write one first (64 hex digits, mode 0600)", file=sys.stderr, flush=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".secret-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(_native.new_secret())
+    try:
+        os.link(tmp, path)  # fails if another process made one meanwhile: theirs stays
+    except FileExistsError:
+        pass
+    finally:
+        os.remove(tmp)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else int(rank or 0)
+    ensure_secret(os.path.abspath(args.cluster), sid, args.timeout)
     staging = json.loads(_native.config_json(args.config, []))["staging"]
     got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None), None) for k, d in SERVER_DEFAULTS.items()}
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
@@ -133,7 +158,7 @@ def add(sub: Any) -> None:
     s.add_argument("--cluster", default="cluster.json", help="cluster file to meet the others through")
     s.add_argument("--id", type=int, help="server id (default: the MPI/Slurm rank)")
     s.add_argument("--servers", type=int, default=1, help="active servers in the cluster")
-    s.add_argument("--spares", type=int, default=0)
+    s.add_argument("--spares", type=int, default=0, help="spare servers in the cluster (ids from --servers on)")
     s.add_argument("--memory", default="4GiB", help="memory limit of this server")
     s.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
                    help="address to listen on (default loopback; 0.0.0.0 for clients on other nodes: see docs/protocol.md, Threat model)")
@@ -144,33 +169,33 @@ def add(sub: Any) -> None:
                    help="servers running the control plane's Raft replicas: the first M of the ring (1-5, default 3)")
     _redundancy_flags(s)
     s.add_argument("--node", help="node name (default: host name)")
-    s.add_argument("--rack", default="")
+    s.add_argument("--rack", default="", help="rack name, a failure domain placement spreads copies over (default: none)")
     s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("cluster", help="start, stop or inspect a local staging cluster")
     csub = c.add_subparsers(dest="cluster_cmd", required=True)
     st = csub.add_parser("start", help="launch servers in the background; returns once they serve")
-    st.add_argument("--servers", type=int, default=4)
-    st.add_argument("--spares", type=int, default=0)
+    st.add_argument("--servers", type=int, default=4, help="active servers")
+    st.add_argument("--spares", type=int, default=0, help="spare servers that take a failed server's slot")
     st.add_argument("--topology", help="TOML/JSON file: [[server]] id, node, rack")
     st.add_argument("--memory", default="4GiB", help="memory limit per server")
     st.add_argument("--host", "--bind", dest="host", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
-    st.add_argument("--file", default="cluster.json")
+    st.add_argument("--file", default="cluster.json", help="cluster file to write (clients and other commands read it)")
     st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                     help="servers running the control plane (1-5, default 3; all when fewer)")
     _redundancy_flags(st)
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
-    sp.add_argument("--file", default="cluster.json")
+    sp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
     sp.set_defaults(func=cmd_stop)
     rp = csub.add_parser("replace", help="give a failed server's ring slot to a spare (a view change)")
     rp.add_argument("server", type=int, help="the server that is down")
     rp.add_argument("--spare", type=int, help="the spare that takes its slot (default: the first)")
-    rp.add_argument("--file", default="cluster.json")
+    rp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
     rp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the control plane (default 10)")
     rp.set_defaults(func=cmd_replace)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
-    ss.add_argument("--file", default="cluster.json")
+    ss.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
     ss.add_argument("--json", action="store_true", help="print {epoch, leader, servers: [...]} as JSON")
     ss.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")

@@ -46,17 +46,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cohmm", help="the CoHMM multiscale proxy app on cairn.tasks (resumes a crashed run from its store)",
                        description="2-D shock wave, Jiang-Tadmor scheme, fluxes from tasks (analytic law or LAMMPS MD, kriging, "
                                    "memo). Rerun with the same --out (and store) to resume.")
-    p.add_argument("--nx", type=int, default=128)
-    p.add_argument("--ny", type=int, default=128)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--nx", type=int, default=128, help="grid cells along x")
+    p.add_argument("--ny", type=int, default=128, help="grid cells along y")
+    p.add_argument("--steps", type=int, default=20, help="macro steps (each has 4 flux phases)")
     p.add_argument("--stimulus", default="centralized", help="line, centralized or x (default centralized)")
     p.add_argument("--mode", choices=["database", "runtime"], default="database",
                    help="database: tags through the engine, data and state in the store (resumable); runtime: data through the engine")
     p.add_argument("--store", choices=["staging", "redis"], default="staging", help="local store to start in --out (default staging)")
     p.add_argument("--store-url", help="an existing store: redis://HOST:PORT or a Cairn cluster file")
-    p.add_argument("--engine", choices=["dask", "process"], default="dask")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--no-kriging", action="store_true", help="no kriging surrogate (results are then bit-exact on resume)")
+    p.add_argument("--engine", choices=["dask", "process"], default="dask",
+                   help="task engine: a Dask LocalCluster or a process pool")
+    p.add_argument("--workers", type=int, default=2, help="worker processes of the engine")
+    p.add_argument("--no-kriging", action="store_true",
+                   help="solver only, no kriging surrogate (a resumed run is bit-identical to an uninterrupted one with or without it)")
     p.add_argument("--flux", choices=["analytic", "md"], default="analytic", help="fine scale: analytic law or LAMMPS MD")
     p.add_argument("--md-steps", type=int, default=1000, help="MD steps per LAMMPS flux (default 1000)")
     p.add_argument("--cost", type=float, default=0.0, help="extra seconds per flux evaluation (emulated fine-scale cost)")
@@ -67,5 +69,5 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-store", action="store_true", help="leave the local store running after a completed run")
     p.add_argument("--inject-faults", action="store_true", help="every 4th task skips its work in round 0 (tests the retry rounds)")
     p.add_argument("--max-rounds", type=int, default=5, help="retry rounds before giving up on a task (default 5)")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step table")
     p.set_defaults(func=cmd_cohmm)

@@ -1,7 +1,8 @@
 //! The engine interface: what the file and staging engines implement. The [`crate::Writer`] and
 //! [`crate::Reader`] in front of them do all argument checking, so engines see only valid requests.
 
-use cairn_core::index::{BlockRecord, VarDef};
+use cairn_core::attrs::Attrs;
+use cairn_core::index::{BlockRecord, StepIndex, VarDef};
 use cairn_core::{Region, Result};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -17,10 +18,26 @@ pub struct BlockData<'a> {
     pub bytes: &'a [u8],
 }
 
+/// What a writer publishes with its blocks at the end of a step.
+#[derive(Debug, Clone, Default)]
+pub struct StepPart {
+    /// Its variable definitions.
+    pub defs: Vec<VarDef>,
+    /// The dataset attributes it set.
+    pub attrs: Attrs,
+    /// Datasets whose same step the step's commit releases.
+    pub consume: Vec<String>,
+}
+
 /// The writing side of an engine, for one writer rank.
 pub trait WriteEngine: Send {
+    /// The index of the last committed step, if any: its definitions keep later ones consistent,
+    /// and a restarted writer takes its definitions and attributes over.
+    fn last_index(&self) -> Result<Option<StepIndex>>;
     /// Definition of a variable in steps already committed, to keep later definitions consistent.
-    fn committed_def(&self, name: &str) -> Result<Option<VarDef>>;
+    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
+        Ok(self.last_index()?.and_then(|i| i.vars.get(name).cloned()))
+    }
     /// Whether a step is already committed (and so may not be written again).
     fn is_committed(&self, step: u64) -> Result<bool>;
     /// Stores one block of an unpublished step.
@@ -31,11 +48,12 @@ pub trait WriteEngine: Send {
     /// with one call, the staging engine pipelines them to each server); a buffered trace flush
     /// uses this. On error none of them is recorded.
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()>;
-    /// Publishes this writer's part of `step`; the step commits once every rank has, and its
-    /// commit releases step `step` of each dataset in `consume` with it (one transaction).
-    /// Returns whether this call committed it. Several steps may be unpublished at once (steps
-    /// held for a trace flush); they are published in order.
-    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool>;
+    /// Publishes this writer's part of `step` (its blocks, with `part`'s definitions and dataset
+    /// attributes); the step commits once every rank has, and its commit releases step `step` of
+    /// each dataset in `part.consume` with it (one transaction). Returns whether this call
+    /// committed it. Several steps may be unpublished at once (steps held for a trace flush);
+    /// they are published in order.
+    fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool>;
     /// Records that this rank closed the dataset; once every rank did, streams and claims of it
     /// end after its last step.
     fn close(&mut self) -> Result<()> {
@@ -55,6 +73,8 @@ pub trait ReadEngine: Send + Sync {
     fn steps(&self) -> Result<Vec<u64>>;
     /// Variables of a committed step.
     fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>>;
+    /// Attributes of the dataset as of a committed step.
+    fn step_attrs(&self, step: u64) -> Result<Attrs>;
     /// Blocks of a variable in a committed step.
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>>;
     /// Copies `isect` of `block` (of `step`) into `out`, which is laid out as `dst`.
@@ -82,11 +102,11 @@ pub trait ReadEngine: Send + Sync {
     }
 
     /// Frees a committed step (its data is gone for every reader).
-    fn release(&self, step: u64) -> Result<()> {
-        Err(cairn_core::Error::InvalidArgument(format!(
-            "cannot release step {step}: this engine keeps every step; release applies to the staging engine"
-        )))
-    }
+    fn release(&self, step: u64) -> Result<()>;
+
+    /// Steps some writers ended but that are not committed yet: each with the number of ranks
+    /// that ended it and the number it waits for.
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>>;
 
     /// Committed steps, and whether the writers closed the dataset (no more steps come).
     fn listing(&self) -> Result<(Vec<u64>, bool)> {

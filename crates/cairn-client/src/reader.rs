@@ -41,7 +41,14 @@ impl Reader {
         self.engine.wait_step(step, timeout)
     }
 
-    /// Frees a committed step in every server (staging engine); later reads of it fail.
+    /// Steps some writers ended but that are not committed: (step, ranks that ended it, ranks it
+    /// waits for). A step all ranks ended still shows while its commit waits (staging: for seals).
+    pub fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        self.engine.pending()
+    }
+
+    /// Frees a committed step for every reader: in every server (staging engine), or its index
+    /// (file engine: the step's bytes stay in the append-only data files); later reads of it fail.
     pub fn release(&self, step: u64) -> Result<()> {
         self.engine.release(step)
     }
@@ -76,6 +83,14 @@ impl Reader {
             all.extend(self.engine.step_vars(s)?);
         }
         Ok(all)
+    }
+
+    /// Attributes of the dataset, as of the last committed step (none before the first).
+    pub fn attrs(&self) -> Result<cairn_core::attrs::Attrs> {
+        match self.steps()?.last() {
+            Some(&s) => self.engine.step_attrs(s),
+            None => Ok(Default::default()),
+        }
     }
 
     /// Definition of `var` in a committed `step`.

@@ -2,10 +2,11 @@
 //! step order) before an engine sees it, so all engines and all languages behave the same.
 
 use crate::config::{Config, EngineKind};
-use crate::engine::{BlockData, WriteEngine};
+use crate::engine::{BlockData, StepPart, WriteEngine};
 use crate::file::{FileWriter, Layout};
 use crate::staging::StagingWriter;
 use crate::trace::TraceBuffer;
+use cairn_core::attrs::{check_attrs, Attrs};
 use cairn_core::index::VarDef;
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
@@ -14,6 +15,10 @@ use std::collections::BTreeMap;
 pub struct Writer {
     engine: Box<dyn WriteEngine>,
     vars: BTreeMap<String, VarDef>,
+    /// Attributes of the dataset, published with every step.
+    attrs: Attrs,
+    /// The step after the last one committed when opened (0 for a new dataset).
+    next_step: u64,
     rank: u32,
     nranks: u32,
     step: Option<u64>,
@@ -23,9 +28,8 @@ pub struct Writer {
     traces: TraceBuffer,
     /// Datasets whose same step the open step's commit releases (D²T consume-and-produce).
     consume: Vec<String>,
-    /// Steps this rank ended that wait for the trace flush, with the definitions they had and
-    /// what they consume.
-    held: Vec<(u64, Vec<VarDef>, Vec<String>)>,
+    /// Steps this rank ended that wait for the trace flush, with what they publish.
+    held: Vec<(u64, StepPart)>,
     /// Flush traces every this many ended steps.
     trace_flush: u32,
     /// Steps ended since opening: flushes fall on every `trace_flush`-th, on every rank alike.
@@ -57,9 +61,15 @@ impl Writer {
             }
             EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, session.to_string())?),
         };
+        // A restart carries on with the definitions and attributes of the last committed step.
+        let last = if append { engine.last_index()? } else { None };
+        let next_step = last.as_ref().map_or(0, |i| i.step.saturating_add(1));
+        let (vars, attrs) = last.map(|i| (i.vars, i.attrs)).unwrap_or_default();
         Ok(Writer {
             engine,
-            vars: BTreeMap::new(),
+            vars,
+            attrs,
+            next_step,
             rank,
             nranks,
             step: None,
@@ -75,6 +85,25 @@ impl Writer {
     /// This writer's rank.
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// Where a restarted writer resumes: the step after the last one committed when it opened
+    /// (0 for a new dataset, or one opened with `append` false).
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// Attributes of the dataset this writer publishes.
+    pub fn attrs(&self) -> &Attrs {
+        &self.attrs
+    }
+
+    /// Sets the attributes of the dataset (replacing those set before), published with every
+    /// step this writer ends from now on.
+    pub fn set_attrs(&mut self, attrs: Attrs) -> Result<()> {
+        check_attrs(&attrs, "the dataset")?;
+        self.attrs = attrs;
+        Ok(())
     }
 
     /// Defines a variable: a global array of `shape`, or a local (ragged) one when `shape` is None.
@@ -189,7 +218,10 @@ impl Writer {
                     "'{var}' is a local variable: put it without an offset (each writer has its own block)"
                 )))
             }
-            (None, None) => Region::new(vec![0; count.len()], count.to_vec())?,
+            (None, None) => {
+                check_local_dims(def, count)?;
+                Region::new(vec![0; count.len()], count.to_vec())?
+            }
         };
         let want = region.volume().checked_mul(dtype.size() as u64);
         if want != Some(bytes.len() as u64) {
@@ -238,6 +270,7 @@ impl Writer {
             None => self.define(var, dtype, None)?,
         }
         let def = &self.vars[var];
+        check_local_dims(def, count)?;
         if dtype != def.dtype {
             return Err(Error::InvalidArgument(format!(
                 "dtype mismatch: trace '{var}' holds {} but the records are {dtype}; convert them (e.g. numpy astype) first",
@@ -268,18 +301,19 @@ impl Writer {
     /// step held for the trace flush is not committed yet.
     pub fn end_step(&mut self) -> Result<bool> {
         let step = self.step.ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
-        let defs: Vec<VarDef> = self.vars.values().cloned().collect();
+        let part = StepPart { defs: self.vars.values().cloned().collect(), attrs: self.attrs.clone(), consume: self.consume.clone() };
         let ended = self.ended + 1;
         let waiting = !self.traces.is_empty() || !self.held.is_empty();
         if waiting && !ended.is_multiple_of(u64::from(self.trace_flush)) {
             self.step = None;
             self.ended = ended;
-            self.held.push((step, defs, std::mem::take(&mut self.consume)));
+            self.consume.clear();
+            self.held.push((step, part));
             return Ok(false);
         }
         // Flush while the step still counts as open, so a failed write leaves it abortable.
         self.flush_traces()?;
-        let committed = self.engine.end_step(step, &defs, &self.consume)?;
+        let committed = self.engine.end_step(step, &part)?;
         self.step = None;
         self.ended = ended;
         Ok(committed)
@@ -304,8 +338,8 @@ impl Writer {
             self.traces.clear();
         }
         // In order; a step that fails to publish stays held with those after it, for a retry.
-        while let Some((step, defs, consume)) = self.held.first() {
-            self.engine.end_step(*step, defs, consume)?;
+        while let Some((step, part)) = self.held.first() {
+            self.engine.end_step(*step, part)?;
             self.held.remove(0);
         }
         Ok(())
@@ -363,6 +397,20 @@ impl Drop for Writer {
             let _ = self.abort_step();
             let _ = self.flush_traces();
         }
+    }
+}
+
+/// A block of local variable `def` must have as many dimensions as it names.
+fn check_local_dims(def: &VarDef, count: &[u64]) -> Result<()> {
+    match &def.dims {
+        Some(dims) if dims.len() != count.len() => Err(Error::InvalidArgument(format!(
+            "block of '{}' has {} dimensions {count:?} but the variable names {} ({}); put blocks of that many dimensions",
+            def.name,
+            count.len(),
+            dims.len(),
+            dims.join(", ")
+        ))),
+        _ => Ok(()),
     }
 }
 

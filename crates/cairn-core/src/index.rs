@@ -1,6 +1,7 @@
 //! The index schema: variable definitions, block records, each writer's per-step fragment and the
 //! committed step index merged from them. Serialized as JSON (see `docs/format.md`).
 
+use crate::attrs::{check_attrs, check_dims, merge_attrs, Attrs};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::region::{find_overlap, Region};
@@ -24,6 +25,12 @@ pub struct VarDef {
     /// Server failures its objects survive in a staging cluster (0: one copy).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub redundancy: u32,
+    /// Names of the dimensions, one per dimension of `shape` (or of a local variable's blocks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dims: Option<Vec<String>>,
+    /// The variable's attributes (units, long name, …).
+    #[serde(default, skip_serializing_if = "Attrs::is_empty")]
+    pub attrs: Attrs,
 }
 
 fn is_zero_u32(n: &u32) -> bool {
@@ -39,7 +46,26 @@ impl VarDef {
         if let Some(s) = &shape {
             Region::new(vec![0; s.len()], s.clone())?;
         }
-        Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0 })
+        Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0, dims: None, attrs: Attrs::new() })
+    }
+
+    /// The definition with dimension names and attributes, checked (see [`VarDef::check_meta`]).
+    pub fn with_meta(mut self, dims: Option<Vec<String>>, attrs: Attrs) -> Result<VarDef> {
+        self.dims = dims;
+        self.attrs = attrs;
+        self.check_meta()?;
+        Ok(self)
+    }
+
+    /// Checks the dimension names (one per dimension; a local variable's are checked against its
+    /// blocks) and the attributes (bounded in size).
+    pub fn check_meta(&self) -> Result<()> {
+        if let (Some(dims), Some(shape)) = (&self.dims, &self.shape) {
+            check_dims(dims, shape.len(), &self.name)?;
+        } else if let Some(dims) = &self.dims {
+            check_dims(dims, dims.len(), &self.name)?;
+        }
+        check_attrs(&self.attrs, &format!("variable '{}'", self.name))
     }
 
     /// The definition with redundancy level `r` (server failures its objects survive).
@@ -59,10 +85,19 @@ impl VarDef {
             Some(s) => format!("{} {s:?}", self.dtype),
             None => format!("{} local", self.dtype),
         };
-        match self.redundancy {
+        let mut text = match self.redundancy {
             0 => kind,
             r => format!("{kind} surviving {r} server failures"),
+        };
+        if let Some(dims) = &self.dims {
+            text += &format!(" dims ({})", dims.join(", "));
         }
+        if !self.attrs.is_empty() {
+            let json = serde_json::to_string(&self.attrs).unwrap_or_default();
+            let cut = json.char_indices().nth(120).map_or(json.len(), |(i, _)| i);
+            text += &format!(" attrs {}{}", &json[..cut], if cut < json.len() { "…" } else { "" });
+        }
+        text
     }
 }
 
@@ -259,12 +294,15 @@ pub struct Fragment {
     /// with it (D²T consume-and-produce).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consume: Vec<String>,
+    /// Attributes of the dataset this writer set.
+    #[serde(default, skip_serializing_if = "Attrs::is_empty")]
+    pub attrs: Attrs,
 }
 
 impl Fragment {
     /// A fragment in the current format version.
     pub fn new(step: u64, writer: u32, nranks: u32, session: String, vars: Vec<VarDef>, blocks: Vec<BlockRecord>) -> Fragment {
-        Fragment { format: FORMAT_VERSION, step, writer, nranks, session, vars, blocks, consume: Vec::new() }
+        Fragment { format: FORMAT_VERSION, step, writer, nranks, session, vars, blocks, consume: Vec::new(), attrs: Attrs::new() }
     }
 
     /// Checks what one fragment can show alone (before it is merged with the others): a valid
@@ -272,6 +310,10 @@ impl Fragment {
     pub fn validate(&self) -> Result<()> {
         if self.nranks == 0 || self.writer >= self.nranks {
             return Err(Error::InvalidArgument(format!("writer {} of {} writers is not a valid rank", self.writer, self.nranks)));
+        }
+        check_attrs(&self.attrs, "the dataset")?;
+        for v in &self.vars {
+            v.check_meta()?;
         }
         for b in &self.blocks {
             if b.writer != self.writer {
@@ -289,8 +331,8 @@ impl Fragment {
     /// step), ignoring statistics (NaN never equals itself).
     pub fn same_content(&self, other: &Fragment) -> bool {
         let key = |b: &BlockRecord| (b.var.clone(), b.region.clone(), b.len, b.checksum, b.objects.clone());
-        (self.step, self.writer, self.nranks, &self.session, &self.vars, &self.consume)
-            == (other.step, other.writer, other.nranks, &other.session, &other.vars, &other.consume)
+        (self.step, self.writer, self.nranks, &self.session, &self.vars, &self.consume, &self.attrs)
+            == (other.step, other.writer, other.nranks, &other.session, &other.vars, &other.consume, &other.attrs)
             && self.blocks.iter().map(key).eq(other.blocks.iter().map(key))
     }
 }
@@ -308,6 +350,9 @@ pub struct StepIndex {
     pub vars: BTreeMap<String, VarDef>,
     /// All blocks of the step.
     pub blocks: Vec<BlockRecord>,
+    /// Attributes of the dataset, as of this step (every writer's, merged).
+    #[serde(default, skip_serializing_if = "Attrs::is_empty")]
+    pub attrs: Attrs,
 }
 
 impl StepIndex {
@@ -325,7 +370,9 @@ impl StepIndex {
             )));
         }
         let mut vars: BTreeMap<String, (VarDef, u32)> = BTreeMap::new();
+        let mut attrs = Attrs::new();
         for f in &frags {
+            merge_attrs(&mut attrs, &f.attrs, &format!("step {step} by an earlier rank"), &format!("rank {}", f.writer))?;
             for v in &f.vars {
                 match vars.get(&v.name) {
                     Some((prev, r)) if prev != v => {
@@ -351,6 +398,7 @@ impl StepIndex {
             nranks,
             vars: vars.into_iter().map(|(k, (v, _))| (k, v)).collect(),
             blocks: frags.into_iter().flat_map(|f| f.blocks).collect(),
+            attrs,
         };
         index.validate()?;
         Ok(index)
@@ -535,6 +583,34 @@ mod tests {
         other.vars[0].dtype = DType::F32;
         let e = StepIndex::merge(3, vec![frag(0, 2, vec![]), other]).unwrap_err().to_string();
         assert!(e.contains("'p'") && e.contains("f4"), "{e}");
+    }
+
+    #[test]
+    fn dims_and_attrs_round_trip_and_leave_old_indexes_unchanged() {
+        let old = to_json(&StepIndex::merge(3, vec![frag(0, 1, vec![])]).unwrap());
+        assert!(!String::from_utf8_lossy(&old).contains("dims") && !String::from_utf8_lossy(&old).contains("attrs"));
+        let mut f = frag(0, 1, vec![]);
+        let units = serde_json::json!({"units": "K", "scale": [1, 2.5]}).as_object().unwrap().clone();
+        f.vars[0] = f.vars[0].clone().with_meta(Some(vec!["y".into(), "x".into()]), units.clone()).unwrap();
+        f.attrs = serde_json::json!({"title": "run"}).as_object().unwrap().clone();
+        let back: StepIndex = from_json(&to_json(&StepIndex::merge(3, vec![f]).unwrap()), "step 3").unwrap();
+        assert_eq!(back.vars["p"].dims.as_deref(), Some(&["y".to_string(), "x".to_string()][..]));
+        assert_eq!(back.vars["p"].attrs, units);
+        assert_eq!(back.attrs["title"], "run");
+        let e = VarDef::new("p", DType::F64, Some(vec![10, 4])).unwrap().with_meta(Some(vec!["x".into()]), Attrs::new()).unwrap_err();
+        assert!(e.to_string().contains("2 dimensions but 1"), "{e}");
+    }
+
+    #[test]
+    fn ranks_setting_one_dataset_attribute_differently_conflict() {
+        let mut a = frag(0, 2, vec![]);
+        let mut b = frag(1, 2, vec![]);
+        a.attrs = serde_json::json!({"title": "a"}).as_object().unwrap().clone();
+        b.attrs = serde_json::json!({"title": "b"}).as_object().unwrap().clone();
+        let e = StepIndex::merge(3, vec![a.clone(), b]).unwrap_err();
+        assert!(e.to_string().contains("\"title\" is \"a\"") && e.to_string().contains("rank 1"), "{e}");
+        let idx = StepIndex::merge(3, vec![a, frag(1, 2, vec![])]).unwrap();
+        assert_eq!(idx.attrs["title"], "a");
     }
 
     #[test]

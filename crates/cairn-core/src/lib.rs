@@ -13,10 +13,12 @@
 //! - [`codec`]: the compression pipeline (pco for numbers, zstd/gzip for bytes) chosen by element type.
 //! - [`erasure`]: the Reed–Solomon code of encoded (cold) objects: parity, shards, decode.
 //! - [`checksum`]: crc32c per fixed-size chunk, so partial reads verify exactly what they return.
+//! - [`attrs`]: dimension names and attributes of variables and datasets, checked and merged.
 //! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
 //! - [`error`]: the crate's error type and the small public set of error kinds.
 
 pub mod assemble;
+pub mod attrs;
 pub mod checksum;
 pub mod codec;
 pub mod corec;

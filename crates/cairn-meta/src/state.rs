@@ -621,6 +621,24 @@ impl MetaState {
         self.datasets.get(dataset).map(|d| d.committed.keys().copied().collect()).unwrap_or_default()
     }
 
+    /// Steps of `dataset` some writer ranks ended that are not committed: each with the number of
+    /// ranks of its most advanced session that ended it (all, once prepared and waiting for its
+    /// seals) and the number it waits for.
+    pub fn pending(&self, dataset: &str) -> Vec<(u64, u32, u32)> {
+        let Some(ds) = self.datasets.get(dataset) else { return Vec::new() };
+        let mut most: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
+        let ended = ds.pending.iter().flat_map(|(step, sessions)| {
+            sessions.values().map(move |p| (*step, p.frags.len() as u32, p.frags.values().next().map_or(0, |f| f.nranks)))
+        });
+        let prepared =
+            ds.prepared.iter().flat_map(|(step, sessions)| sessions.values().map(move |p| (*step, p.index.nranks, p.index.nranks)));
+        for (step, n, of) in ended.chain(prepared) {
+            let e = most.entry(step).or_default();
+            *e = (*e).max((n, of));
+        }
+        most.into_iter().filter(|(s, _)| !ds.committed.contains_key(s)).map(|(s, (n, of))| (s, n, of)).collect()
+    }
+
     /// The committed index of a step.
     pub fn index(&self, dataset: &str, step: u64) -> Result<Arc<StepIndex>, Error> {
         let ds = self.datasets.get(dataset).ok_or_else(|| no_dataset(dataset))?;
@@ -732,6 +750,21 @@ pub(crate) mod tests {
             "a second finisher is told it is done"
         );
         assert_eq!(commit(&mut s, 0, "b", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "another session cannot");
+    }
+
+    #[test]
+    fn pending_steps_count_the_ranks_that_ended_them_until_committed() {
+        let mut s = MetaState::default();
+        add(&mut s, 4, 0, 3, "old");
+        add(&mut s, 4, 2, 3, "new");
+        add(&mut s, 4, 1, 3, "new");
+        add(&mut s, 6, 0, 2, "new");
+        assert_eq!(s.pending("d"), vec![(4, 2, 3), (6, 1, 2)], "the most advanced session of each step");
+        assert!(matches!(add(&mut s, 6, 1, 2, "new"), Outcome::Prepared { .. }));
+        assert_eq!(s.pending("d"), vec![(4, 2, 3), (6, 2, 2)], "prepared: every rank ended it, the commit waits");
+        commit(&mut s, 6, "new", None);
+        assert_eq!(s.pending("d"), vec![(4, 2, 3)]);
+        assert!(s.pending("other").is_empty());
     }
 
     #[test]

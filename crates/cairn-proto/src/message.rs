@@ -558,6 +558,10 @@ pub enum Response {
         /// Whether the writers closed the dataset (no more steps come).
         #[serde(default)]
         finished: bool,
+        /// Steps some writer ranks ended that are not committed: (step, ranks that ended it,
+        /// ranks it waits for).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pending: Vec<(u64, u32, u32)>,
     },
     /// What a claim got.
     Claimed {

@@ -5,12 +5,14 @@
 //! - `errors`: the exception classes and the one conversion from Cairn errors.
 //! - `writer`: `Writer`, over `cairn_client::Writer`.
 //! - `reader`: `Reader`, over `cairn_client::Reader`.
+//! - `attrs`: attributes crossing as JSON text.
 //! - `buffer`: borrowing numpy buffers without copying.
 //! - `codec`: the compression pipeline (type-specific first pass, byte codec second).
 //! - `erasure`: the Reed–Solomon code, for the parity frames of pack containers.
 //! - `kv`: keyed values and sets on a staging cluster (`cairn.tasks`).
 //! - `staging`: running a staging server, admin requests to a cluster.
 
+mod attrs;
 mod buffer;
 mod codec;
 mod erasure;

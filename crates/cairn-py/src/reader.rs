@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 /// A block: (writer, offset, count, min, max, mean, checksum, bytes, stored, codec, redundancy, state).
 type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>, u32, &'static str);
 
-/// A variable's description: (name, dtype name, shape or None).
-type VarTuple = (String, String, Option<Vec<u64>>);
+/// A variable's description: (name, dtype name, shape or None, dims or None, attributes as JSON).
+type VarTuple = (String, String, Option<Vec<u64>>, Option<Vec<String>>, String);
 
 /// Native read handle; see `cairn.Reader` for the documented API.
 #[pyclass(name = "Reader", module = "cairn._native")]
@@ -41,6 +41,10 @@ impl PyReader {
         py.detach(|| self.inner.release(step)).map_err(to_py)
     }
 
+    fn pending(&self, py: Python<'_>) -> PyResult<Vec<(u64, u32, u32)>> {
+        py.detach(|| self.inner.pending()).map_err(to_py)
+    }
+
     fn listing(&self, py: Python<'_>) -> PyResult<(Vec<u64>, bool)> {
         py.detach(|| self.inner.listing()).map_err(to_py)
     }
@@ -59,10 +63,15 @@ impl PyReader {
         py.detach(|| self.inner.unclaim(claimer)).map_err(to_py)
     }
 
-    /// name -> (dtype name, shape or None)
-    fn variables(&self) -> PyResult<Vec<VarTuple>> {
-        let vars = self.inner.variables().map_err(to_py)?;
-        Ok(vars.into_values().map(|v| (v.name, v.dtype.name().to_string(), v.shape)).collect())
+    /// (name, dtype name, shape or None, dims or None, attributes JSON) of every variable.
+    fn variables(&self, py: Python<'_>) -> PyResult<Vec<VarTuple>> {
+        let vars = py.detach(|| self.inner.variables()).map_err(to_py)?;
+        Ok(vars.into_values().map(|v| (v.name, v.dtype.name().to_string(), v.shape, v.dims, crate::attrs::to_json(&v.attrs))).collect())
+    }
+
+    /// The dataset's attributes (as of the last committed step) as JSON.
+    fn attrs(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(crate::attrs::to_json(&py.detach(|| self.inner.attrs()).map_err(to_py)?))
     }
 
     fn var(&self, var: &str, step: u64) -> PyResult<(String, Option<Vec<u64>>)> {

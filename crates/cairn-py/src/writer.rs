@@ -44,15 +44,41 @@ impl PyWriter {
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 
-    /// Defines a variable; without `redundancy` it gets the cluster's default level.
-    #[pyo3(signature = (name, dtype, shape, redundancy=None))]
-    fn define(&self, name: &str, dtype: &str, shape: Option<Vec<u64>>, redundancy: Option<u32>) -> PyResult<()> {
+    /// Defines a variable; without `redundancy` it gets the cluster's default level. `attrs` is
+    /// a JSON object.
+    #[pyo3(signature = (name, dtype, shape, redundancy=None, dims=None, attrs=None))]
+    fn define(
+        &self,
+        name: &str,
+        dtype: &str,
+        shape: Option<Vec<u64>>,
+        redundancy: Option<u32>,
+        dims: Option<Vec<String>>,
+        attrs: Option<&str>,
+    ) -> PyResult<()> {
         let dtype = DType::parse(dtype).map_err(to_py)?;
-        let def = cairn_core::index::VarDef::new(name, dtype, shape).map_err(to_py)?;
+        let meta = crate::attrs::parse(attrs, &format!("variable '{name}'"))?;
+        let def = cairn_core::index::VarDef::new(name, dtype, shape).and_then(|d| d.with_meta(dims, meta)).map_err(to_py)?;
         self.with(|w| {
             let level = redundancy.unwrap_or_else(|| w.default_redundancy());
             w.define_var(def.with_redundancy(level))
         })
+    }
+
+    /// Sets the dataset's attributes (a JSON object), replacing those set before.
+    fn set_attrs(&self, attrs: &str) -> PyResult<()> {
+        let attrs = crate::attrs::parse(Some(attrs), "the dataset")?;
+        self.with(|w| w.set_attrs(attrs))
+    }
+
+    /// The dataset's attributes as JSON.
+    fn attrs(&self) -> PyResult<String> {
+        self.with(|w| Ok(crate::attrs::to_json(w.attrs())))
+    }
+
+    #[getter]
+    fn next_step(&self) -> PyResult<u64> {
+        self.with(|w| Ok(w.next_step()))
     }
 
     fn begin_step(&self, step: u64) -> PyResult<()> {

@@ -209,6 +209,12 @@ impl Meta {
         query(log, |s| s.steps(dataset))
     }
 
+    /// Steps of `dataset` some writer ranks ended that are not committed (see
+    /// [`cairn_meta::MetaState::pending`]).
+    pub fn pending(&self, log: &dyn MetaLog, dataset: &str) -> Vec<(u64, u32, u32)> {
+        query(log, |s| s.pending(dataset))
+    }
+
     /// The committed index of a step.
     pub fn index(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
         query(log, |s| s.index(dataset, step))

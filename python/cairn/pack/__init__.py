@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 
-from ..exceptions import CorruptError
+from ..exceptions import CorruptError as CorruptError  # re-exported: pack.CorruptError
 
 from .aggregate import PackReport, pack
 from .compare import as_json as compare_json

@@ -26,7 +26,7 @@ class Executor:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -162,7 +162,8 @@ class RedisStore(Store):
         return self.delete_many(self._call(lambda: list(self._r.scan_iter(match=_glob_escape(prefix) + "*", count=1000))))
 
     def cas(self, key: str, expect: int | None, value: bytes | None) -> tuple[bool, int]:
-        ok, version = self._call(self._cas, [_CAS_PREFIX + key], [-1 if expect is None else expect, value if value is not None else b"", int(value is None)])
+        args = [-1 if expect is None else expect, value if value is not None else b"", int(value is None)]
+        ok, version = self._call(self._cas, [_CAS_PREFIX + key], args)
         return bool(ok), int(version)
 
     def cas_get(self, key: str) -> tuple[int, bytes] | None:

@@ -1,8 +1,9 @@
 //! Paths inside a dataset directory and the write-then-rename publication they rely on.
 
 use cairn_core::error::IoContext;
-use cairn_core::index::{from_json, StepIndex};
+use cairn_core::index::{from_json, Fragment, StepIndex};
 use cairn_core::{Error, Result};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -69,6 +70,28 @@ impl Layout {
             .collect();
         steps.sort_unstable();
         Ok(steps)
+    }
+
+    /// Steps some writers ended but that are not committed: each step with the number of ranks of
+    /// its most advanced session that ended it and the number it waits for.
+    pub fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        let dir = self.root.join("pending");
+        let committed = self.steps()?;
+        let mut by_step: BTreeMap<u64, BTreeMap<String, (u32, u32)>> = BTreeMap::new();
+        for e in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+            let Ok(e) = e else { continue };
+            let name = e.file_name();
+            let Some(step) = name.to_str().and_then(|n| n.strip_prefix("step-")?.split('.').next()?.parse::<u64>().ok()) else {
+                continue;
+            };
+            // A fragment removed meanwhile (its step just committed) or half-damaged is passed over.
+            let Some(frag) = std::fs::read(e.path()).ok().and_then(|b| from_json::<Fragment>(&b, "fragment").ok()) else { continue };
+            if committed.binary_search(&step).is_err() {
+                let n = by_step.entry(step).or_default().entry(frag.session).or_insert((0, frag.nranks));
+                n.0 += 1;
+            }
+        }
+        Ok(by_step.into_iter().filter_map(|(step, sessions)| sessions.into_values().max().map(|(ended, of)| (step, ended, of))).collect())
     }
 
     /// Reads and validates a committed step index.

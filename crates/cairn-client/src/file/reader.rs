@@ -151,6 +151,26 @@ impl ReadEngine for FileReader {
         Ok(self.index(step)?.vars.clone())
     }
 
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        self.layout.pending()
+    }
+
+    fn release(&self, step: u64) -> Result<()> {
+        // Only the index goes: data files are append-only, so the step's bytes stay as dead space.
+        let p = self.layout.step_path(step);
+        self.indexes.lock().unwrap().remove(&step);
+        std::fs::remove_file(&p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Error::NotFound(format!("step {step} is not committed in {}; nothing to release", self.layout.root.display()))
+            }
+            _ => Error::io(format!("releasing step {step} (removing {})", p.display()), e),
+        })
+    }
+
+    fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
+        Ok(self.index(step)?.attrs.clone())
+    }
+
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
         Ok(self.index(step)?.blocks_of(var).cloned().collect())
     }

@@ -3,11 +3,11 @@
 use super::claim;
 use super::layout::{publish, Layout};
 use crate::config::FileConfig;
-use crate::engine::{BlockData, WriteEngine};
+use crate::engine::{BlockData, StepPart, WriteEngine};
 use cairn_core::checksum::chunk_crcs;
 use cairn_core::codec::{self, Element, Policy};
 use cairn_core::error::IoContext;
-use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex, VarDef};
+use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex};
 use cairn_core::{stats, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -152,11 +152,8 @@ impl FileWriter {
 }
 
 impl WriteEngine for FileWriter {
-    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
-        match self.layout.steps()?.last() {
-            Some(&s) => Ok(self.layout.read_step(s)?.vars.get(name).cloned()),
-            None => Ok(None),
-        }
+    fn last_index(&self) -> Result<Option<StepIndex>> {
+        self.layout.steps()?.last().map(|&s| self.layout.read_step(s)).transpose()
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {
@@ -210,7 +207,8 @@ impl WriteEngine for FileWriter {
         Ok(())
     }
 
-    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool> {
+    fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
+        let consume = &part.consume;
         if !consume.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "step {step} consumes {consume:?}: consume-and-produce needs the staging engine; the file engine's \
@@ -221,7 +219,8 @@ impl WriteEngine for FileWriter {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }
         let blocks = self.blocks.remove(&step).unwrap_or_default();
-        let frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), blocks);
+        let mut frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), blocks);
+        frag.attrs = part.attrs.clone();
         let done = self.publish_part(step, &to_json(&frag)).and_then(|()| self.try_commit(step, Some(&self.session)));
         if done.is_err() {
             // Kept also when only the commit failed, so that a retry publishes this writer's

@@ -36,10 +36,19 @@ pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
     Ok(listing_of(c, dataset)?.0)
 }
 
+/// Steps of `dataset` some writer ranks ended that are not committed: (step, ranks that ended
+/// it, ranks it waits for).
+pub(crate) fn pending_of(c: &Cluster, dataset: &str) -> Result<Vec<(u64, u32, u32)>> {
+    match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
+        Response::Steps { pending, .. } => Ok(pending),
+        other => Err(unexpected("steps", &other)),
+    }
+}
+
 /// Committed steps of `dataset`, and whether its writers closed it.
 pub(crate) fn listing_of(c: &Cluster, dataset: &str) -> Result<(Vec<u64>, bool)> {
     match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
-        Response::Steps { steps, finished } => Ok((steps, finished)),
+        Response::Steps { steps, finished, .. } => Ok((steps, finished)),
         other => Err(unexpected("steps", &other)),
     }
 }

@@ -407,6 +407,10 @@ impl ReadEngine for StagingReader {
         Ok(self.index(step)?.vars.clone())
     }
 
+    fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
+        Ok(self.index(step)?.attrs.clone())
+    }
+
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
         Ok(self.index(step)?.blocks_of(var).cloned().collect())
     }
@@ -466,6 +470,10 @@ impl ReadEngine for StagingReader {
             Response::Ok => Ok(()),
             other => Err(unexpected("release", &other)),
         }
+    }
+
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        super::pending_of(&self.cluster, &self.dataset)
     }
 
     fn listing(&self) -> Result<(Vec<u64>, bool)> {

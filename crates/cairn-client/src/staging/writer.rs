@@ -5,11 +5,11 @@
 use super::conn::Cluster;
 use super::{index_of, steps_of};
 use crate::config::StagingConfig;
-use crate::engine::{BlockData, WriteEngine};
+use crate::engine::{BlockData, StepPart, WriteEngine};
 use cairn_core::assemble::for_each_run;
 use cairn_core::corec::Scheme;
 use cairn_core::erasure::Code;
-use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, VarDef};
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, StepIndex};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, ErrorKind, Region, Result};
@@ -302,11 +302,8 @@ impl StagingWriter {
 }
 
 impl WriteEngine for StagingWriter {
-    fn committed_def(&self, name: &str) -> Result<Option<VarDef>> {
-        match steps_of(&self.cluster, &self.dataset)?.last() {
-            Some(&last) => Ok(index_of(&self.cluster, &self.dataset, last)?.vars.get(name).cloned()),
-            None => Ok(None),
-        }
+    fn last_index(&self) -> Result<Option<StepIndex>> {
+        steps_of(&self.cluster, &self.dataset)?.last().map(|&last| index_of(&self.cluster, &self.dataset, last)).transpose()
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {
@@ -350,10 +347,11 @@ impl WriteEngine for StagingWriter {
         Err(e)
     }
 
-    fn end_step(&mut self, step: u64, defs: &[VarDef], consume: &[String]) -> Result<bool> {
+    fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
         let open = self.open.remove(&step).unwrap_or_default();
-        let mut fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), defs.to_vec(), open.blocks);
-        fragment.consume = consume.to_vec();
+        let mut fragment = Fragment::new(step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), open.blocks);
+        fragment.consume = part.consume.clone();
+        fragment.attrs = part.attrs.clone();
         let shares = open.shares.into_iter().map(|(server, (objects, bytes))| Share { server, objects, bytes }).collect();
         let req = Request::EndStep { dataset: self.dataset.clone(), fragment, shares, keep_last: self.keep_last };
         let result = match self.cluster.coord(&req) {

@@ -16,7 +16,7 @@ pub async fn claim(state: &Arc<State>, dataset: &str, claimer: &str, lease_ms: u
 /// Extends `claimer`'s leases; answers the steps it still holds.
 pub async fn renew(state: &Arc<State>, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Response> {
     let steps = state.meta.renew(crate::control::leader(state)?, dataset, claimer, lease_ms).await?;
-    Ok(Response::Steps { steps, finished: false })
+    Ok(Response::Steps { steps, finished: false, pending: Vec::new() })
 }
 
 /// Gives back every step `claimer` holds, or records a writer rank's close.

@@ -93,10 +93,11 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
         }
-        Request::Steps { dataset } => plain(
-            crate::control::leader(state)
-                .map(|log| Response::Steps { steps: state.meta.steps(log, &dataset), finished: state.meta.finished(log, &dataset) }),
-        ),
+        Request::Steps { dataset } => plain(crate::control::leader(state).map(|log| Response::Steps {
+            steps: state.meta.steps(log, &dataset),
+            finished: state.meta.finished(log, &dataset),
+            pending: state.meta.pending(log, &dataset),
+        })),
         Request::Claim { dataset, claimer, lease_ms } => plain(claims::claim(state, &dataset, &claimer, lease_ms).await),
         Request::Renew { dataset, claimer, lease_ms } => plain(claims::renew(state, &dataset, &claimer, lease_ms).await),
         Request::Unclaim { dataset, claimer } => plain(claims::done(state, cairn_meta::Cmd::Unclaim { dataset, claimer }).await),

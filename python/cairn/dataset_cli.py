@@ -1,0 +1,202 @@
+"""``cairn ls`` and ``cairn get``: inspect datasets (file engine folders, or staging datasets with
+``--cluster``) and read boxes of them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from . import pack_cli
+from ._api import Reader
+from .exceptions import InvalidArgumentError, NotFoundError
+from .locate import open_reader
+
+#: Reads larger than this are done in slabs with a progress bar.
+_SLAB_BYTES = 64 << 20
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def _span(steps: list[int]) -> str:
+    return f"{len(steps)} committed: {steps[0]}..{steps[-1]}" if steps else "none committed"
+
+
+def _pending(f: Reader) -> str:
+    return "; ".join(f"step {s} pending ({ended} of {of} ranks ended it)" for s, ended, of in f.pending())
+
+
+def datasets_in(folder: str) -> list[str]:
+    """Names of the datasets directly inside ``folder`` (a ``[file] path``)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(n for n in os.listdir(folder) if os.path.isdir(os.path.join(folder, n, "steps")))
+
+
+def ls_folder(folder: str, names: list[str]) -> None:
+    print(f"{len(names)} datasets in {folder}\n\n{'dataset':<24} {'variables':>9}  steps")
+    for n in names:
+        f = open_reader(os.path.join(folder, n))
+        pending = _pending(f)
+        print(f"{n:<24} {len(f.variables()):>9}  {_span(f.steps())}{'; ' + pending if pending else ''}")
+
+
+def cmd_ls(args: argparse.Namespace) -> None:
+    if args.cluster is None and pack_cli.is_packed(args.path):
+        pack_cli.ls(args.path, verify=args.verify)
+        return
+    if args.cluster is None and not os.path.isdir(os.path.join(args.path, "steps")):
+        names = datasets_in(args.path)
+        if not names:
+            raise NotFoundError(f"no Cairn dataset or pack containers at {args.path}; give a dataset folder (the [file] path "
+                                "joined with the name), a folder of datasets, or a staging dataset's name with --cluster")
+        ls_folder(args.path, names)
+        return
+    f = open_reader(args.path, args.cluster)
+    steps = f.steps()
+    print(f"dataset {args.path}\nsteps   {_span(steps)}")
+    pending = _pending(f)
+    if pending:
+        print(f"pending {pending}")
+    if f.attrs:
+        print(f"attrs   {f.attrs}")
+    variables = f.variables()
+    print(f"\n{'variable':<20} {'dtype':<8} {'shape':<24} {'blocks':>6} {'stored':>12} {'ratio':>7}  codec (last step)")
+    raw = stored = 0
+    for name, v in variables.items():
+        shape = "local" if v.local else "x".join(map(str, v.shape or ()))
+        if v.dims:
+            shape += f" ({', '.join(v.dims)})"
+        try:
+            blocks = f.blocks(name, steps[-1]) if steps else []
+        except NotFoundError:  # not defined in the last step
+            blocks = []
+        n, k = sum(b.nbytes for b in blocks), sum(b.stored for b in blocks)
+        raw, stored = raw + n, stored + k
+        codecs = sorted({b.codec.split(":")[0] if b.codec else "raw" for b in blocks})
+        print(f"{name:<20} {v.dtype.str[1:]:<8} {shape:<24} {len(blocks):>6} {k / 1e6:>9.2f} MB {n / max(k, 1):>7.2f}  {'/'.join(codecs)}")
+    if raw:
+        print(f"{'total':<55} {stored / 1e6:>9.2f} MB {raw / max(stored, 1):>7.2f}")
+    shown = steps if args.blocks else steps[-1:]
+    for s in shown:
+        print(f"\nstep {s}")
+        print(f"  {'variable':<18} {'writer':>6} {'offset':<18} {'count':<18} {'min':>12} {'max':>12} {'mean':>12}")
+        for name in variables:
+            try:
+                blocks = f.blocks(name, s)
+            except KeyError:
+                continue
+            for b in blocks:
+                print(f"  {name:<18} {b.writer:>6} {str(b.offset):<18} {str(b.count):<18} "
+                      f"{_fmt(b.min):>12} {_fmt(b.max):>12} {_fmt(b.mean):>12}")
+
+
+def parse_box(text: str, shape: tuple[int, ...]) -> tuple[int | slice, ...]:
+    """``"0:10,:,-1"`` or ``"::2,:,5"`` -> numpy basic indexing against ``shape``: integers and
+    slices, negative ones counting from the end; bounds past the shape are refused, not clipped."""
+    parts = text.split(",")
+    if len(parts) != len(shape):
+        raise InvalidArgumentError(f"--box {text!r} has {len(parts)} dimensions; the variable has {len(shape)} {shape}")
+    key: list[int | slice] = []
+    for p, n in zip(parts, shape):
+        try:
+            nums = [int(x) if x.strip() else None for x in p.split(":")]
+        except ValueError:
+            nums = []
+        if not 1 <= len(nums) <= 3 or (len(nums) == 1 and nums[0] is None) or (len(nums) == 3 and nums[2] == 0):
+            raise InvalidArgumentError(f"--box part {p!r} is not an index: use integers and slices, e.g. 0:10, -1, ::2 or :")
+        if len(nums) == 1:
+            if not -n <= nums[0] < n:  # type: ignore[operator]
+                raise InvalidArgumentError(f"--box part {p!r} is outside 0..{n}")
+            key.append(nums[0] % n)  # type: ignore[operator]
+            continue
+        if any(b is not None and not -n <= b <= n for b in nums[:2]):
+            raise InvalidArgumentError(f"--box part {p!r} is empty or outside 0..{n}")
+        s = slice(*nums)
+        if len(range(*s.indices(n))) == 0:
+            raise InvalidArgumentError(f"--box part {p!r} is empty or outside 0..{n}")
+        key.append(s)
+    return tuple(key)
+
+
+def _check_output(path: str | None) -> None:
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise InvalidArgumentError(f"-o {path}: folder {os.path.dirname(os.path.abspath(path))} does not exist; create it first")
+
+
+def _get_local(f: Reader, var: str, step: int, writer: int | None) -> np.ndarray:
+    if writer is None:
+        writers = sorted({b.writer for b in f.blocks(var, step)})
+        raise InvalidArgumentError(f"'{var}' is a local variable (one block per writer): give --writer R; writers with a "
+                                   f"block at step {step}: {', '.join(map(str, writers)) or 'none'}")
+    return f.get_local(var, step, writer)
+
+
+def _read_slabs(f: Reader, var: str, step: int, key: tuple[int | slice, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The selection ``key`` of ``var`` at ``step``, read in slabs along its first sliced axis with a
+    progress bar when it is large (each slab reads only its own bounding box)."""
+    from tqdm import tqdm
+
+    from .variable import normalize, selected_shape
+
+    full = normalize(key, shape)
+    out = np.empty(selected_shape(full), dtype=dtype)
+    axis = next((i for i, k in enumerate(full) if isinstance(k, slice)), None)
+    v = f[var]
+    if axis is None or out.nbytes <= _SLAB_BYTES:
+        out[...] = v[(step, *full)]
+        return out
+    picked = full[axis]
+    assert isinstance(picked, range)
+    rows = max(1, _SLAB_BYTES * len(picked) // out.nbytes)
+    out_axis = sum(isinstance(k, slice) for k in full[:axis])
+    for r0 in tqdm(range(0, len(picked), rows), desc=f"reading {var}", unit="slab"):
+        sub = picked[r0:r0 + rows]
+        dest = (slice(None),) * out_axis + (slice(r0, r0 + len(sub)),)
+        out[dest] = v[(step, *full[:axis], sub, *full[axis + 1:])]
+    return out
+
+
+def cmd_get(args: argparse.Namespace) -> None:
+    _check_output(args.output)
+    f = open_reader(args.path, args.cluster)
+    info = f.variables().get(args.var)
+    if info is None:
+        raise InvalidArgumentError(f"unknown variable {args.var!r}; `cairn ls {args.path}` lists them")
+    step = f[args.var].step_of(args.step)
+    if info.local:
+        out = _get_local(f, args.var, step, args.writer)
+    else:
+        shape = info.shape or ()
+        key = parse_box(args.box, shape) if args.box else (slice(None),) * len(shape)
+        out = _read_slabs(f, args.var, step, key, shape, info.dtype)
+    if args.output:
+        np.save(args.output, out)
+        print(f"wrote {args.output}: {out.shape} {out.dtype} (step {step})")
+    else:
+        with np.printoptions(threshold=200, edgeitems=3):
+            print(out)
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, the datasets of a folder, "
+                                   "or packed containers")
+    ls.add_argument("path", help="dataset folder (the [file] path joined with the name), a folder of datasets, a pack folder, "
+                                 "or with --cluster a staging dataset's name")
+    ls.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
+    ls.add_argument("--blocks", action="store_true", help="show the blocks of every step, not only the last")
+    ls.add_argument("--verify", action="store_true", help="packed containers: read and check every frame, report damage "
+                                                          "and whether parity can repair it")
+    ls.set_defaults(func=cmd_ls)
+    get = sub.add_parser("get", help="read a box of a variable and print it or save it as .npy")
+    get.add_argument("path", help="dataset folder (the [file] path joined with the name), or with --cluster a staging dataset's name")
+    get.add_argument("var", help="variable name (`cairn ls` lists them)")
+    get.add_argument("--step", type=int, required=True, help="step number; negative counts back from the last committed step (-1: the last)")
+    get.add_argument("--box", help="numpy-style index per dimension, e.g. 0:10,:,5 or -1,::2,: (default: the whole array)")
+    get.add_argument("--writer", type=int, help="writer rank whose block of a local variable to read (required for local variables)")
+    get.add_argument("-o", "--output", help="write a .npy file instead of printing (its folder must exist)")
+    get.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
+    get.set_defaults(func=cmd_get)

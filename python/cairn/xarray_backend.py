@@ -1,0 +1,79 @@
+"""The xarray backend: ``xr.open_dataset("out/run1", engine="cairn")``.
+
+Every global variable becomes a data variable with a ``step`` dimension first (coordinate: the
+committed step numbers), then its dimension names (``define(..., dims=...)``, else
+``<name>_dim<i>``), with its attributes; the dataset's attributes are the Dataset's. Values are
+read lazily, only the boxes indexed; ``chunks={}`` gives Dask arrays with one chunk per step and
+per written block. Local (ragged, per-writer) variables are left out.
+
+A staging dataset is opened by name with ``backend_kwargs={"cluster": "cluster.json"}``; any
+``cairn.toml`` with ``backend_kwargs={"config": "cairn.toml"}``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import numpy as np
+import xarray as xr
+from xarray.backends import BackendArray, BackendEntrypoint
+from xarray.core import indexing
+
+from ._api import Reader
+from .locate import open_reader
+from .step_array import StepArray
+from .variable import dims_of
+
+
+class CairnBackendArray(BackendArray):
+    """One variable over all steps, indexed lazily (basic indexing: what a box read does)."""
+
+    def __init__(self, array: StepArray) -> None:
+        self.array = array
+        self.shape = array.shape
+        self.dtype = array.dtype
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self.array.__getitem__)
+
+
+def to_dataset(reader: Reader, drop_variables: Iterable[str] = ()) -> xr.Dataset:
+    """The xarray Dataset of ``reader``'s global variables over its committed steps."""
+    steps = reader.steps()
+    drop = set(drop_variables)
+    variables = {}
+    for name, info in reader.variables().items():
+        if info.local or name in drop:
+            continue
+        array = StepArray(reader, name, steps, info)
+        dims = ("step", *dims_of(name, info))
+        data = indexing.LazilyIndexedArray(CairnBackendArray(array))
+        preferred = dict(zip(dims, array.chunks()))
+        variables[name] = xr.Variable(dims, data, attrs=info.attrs, encoding={"preferred_chunks": preferred})
+    ds = xr.Dataset(variables, coords={"step": np.asarray(steps, dtype="u8")}, attrs=reader.attrs)
+    ds.set_close(reader.close)
+    return ds
+
+
+class CairnBackendEntrypoint(BackendEntrypoint):
+    """``engine="cairn"``: Cairn datasets (file engine folders, or staging datasets by name)."""
+
+    description = "Open Cairn datasets (file or staging engine) in xarray"
+    open_dataset_parameters = ("filename_or_obj", "drop_variables", "cluster", "config")
+
+    def open_dataset(  # type: ignore[override]
+        self,
+        filename_or_obj: Any,
+        *,
+        drop_variables: Iterable[str] | None = None,
+        cluster: str | os.PathLike[str] | None = None,
+        config: str | os.PathLike[str] | None = None,
+    ) -> xr.Dataset:
+        return to_dataset(open_reader(filename_or_obj, cluster, config), drop_variables or ())
+
+    def guess_can_open(self, filename_or_obj: Any) -> bool:
+        try:
+            return os.path.isdir(os.path.join(os.fspath(filename_or_obj), "steps"))
+        except TypeError:
+            return False
