@@ -80,9 +80,12 @@ def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
                     w.put("x", np.zeros(20_000), offset=(0,))
 
             # The step's first call finds the new leader (the hung one's deadline, then the
-            # election), then the put to the hung server misses its own deadline.
-            e, took = timed(write_step)
-            assert took < 2 * DEADLINE + 3 and f"server {victim}" in str(e), (took, e)
+            # election); the put to the hung server misses its own deadline, and the objects go
+            # around it to the live servers: the step commits and reads back while it hangs.
+            t = time.monotonic()
+            write_step()
+            assert time.monotonic() - t < 2 * DEADLINE + 3, time.monotonic() - t
+            assert (r.get("x", 1) == 0).all()
             t = time.monotonic()
             st = cli("cluster", "status", "--file", str(c.file), "--timeout", str(DEADLINE))
             assert st.returncode == 0 and time.monotonic() - t < 3 * DEADLINE + 5, st.stderr
@@ -92,7 +95,7 @@ def test_a_stopped_server_costs_every_call_only_its_deadline(tmp_path):
         finally:
             c.procs[victim].send_signal(signal.SIGCONT)
         # Resumed, the server serves again (a follower now); the cluster is usable.
-        assert r.steps() == [0]
+        assert r.steps() == [0, 1]
         assert (r.get("x", 0) == np.arange(20_000.0)).all()
         c.procs[victim].send_signal(signal.SIGSTOP)
         t = time.monotonic()
