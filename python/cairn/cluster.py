@@ -212,15 +212,129 @@ def _state_in(current: dict[str, Any] | None, server: dict[str, Any]) -> str:
         return "spare" if server.get("spare") else "up"
     if server["id"] in current.get("down", []):
         return "down"
+    if server["id"] in current.get("retiring", []):
+        return "retiring"
     if server["id"] in current.get("spares", []):
         return "spare"
     return "up" if server["id"] in current["slots"] else "down"
 
 
-def replace(file: str | os.PathLike[str], down: int, spare: int | None = None, timeout: float = 10.0) -> dict[str, Any]:
+def replace(file: str | os.PathLike[str], down: int, spare: int | None = None, timeout: float = 10.0,
+            wait: float = 120.0, progress: bool = False) -> dict[str, Any]:
     """Give server ``down``'s ring slot to a spare (``spare``, or the first one): a view change
-    committed through the control plane, after which ``down`` holds no slot. Returns the new view."""
-    return json.loads(_native.cluster_replace(os.fspath(file), down, spare, timeout))
+    committed through the control plane, after which ``down`` holds no slot. A server that is
+    still live retires: its pieces are copied to the spare, then it leaves the view and is
+    stopped (waited for up to ``wait`` seconds). Returns the new view."""
+    v = json.loads(_native.cluster_replace(os.fspath(file), down, spare, timeout))
+    if down in v.get("retiring", []):
+        v = _await_retired(file, down, wait, progress)
+    return v
+
+
+# Servers `add` started (kept so that they are reaped, not reported as leaked, when they exit).
+_added: list[subprocess.Popen[bytes]] = []
+
+
+def add(file: str | os.PathLike[str], n: int = 1, timeout: float = 60.0) -> dict[str, Any]:
+    """Start ``n`` more servers like the cluster's running ones (same flags, new ids, a node
+    each) and add them as new ring slots by a view change: new steps are placed on them from
+    that view on, and nothing stored moves. Returns the new view."""
+    current = view(file)
+    if current is None:
+        raise UnavailableError(f"no server of {file} answers; is the cluster running?")
+    known = [e["id"] for e in current["servers"]]
+    template = _running_cmdline(file, current)
+    ids = list(range(max(known) + 1, max(known) + 1 + n))
+    dirpath = entries_dir(file)
+    for sid in ids:
+        cmd = _with_flag(_with_flag(template, "--id", str(sid)), "--node", f"node{sid}")
+        (dirpath / f"server-{sid}.json").unlink(missing_ok=True)
+        with open(dirpath / f"server-{sid}.log", "wb") as log:
+            _added.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+    deadline = time.monotonic() + timeout
+    for sid in ids:
+        while not (dirpath / f"server-{sid}.json").exists():
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"server {sid} did not start within {timeout} s; see {dirpath / f'server-{sid}.log'}")
+            time.sleep(0.05)
+    v = json.loads(_native.cluster_add(os.fspath(file), ids, timeout))
+    entries = [json.loads((dirpath / f"server-{sid}.json").read_text()) | {"spare": False} for sid in ids]
+    _rewrite_servers(file, lambda servers: servers + entries)
+    return v
+
+
+def retire(file: str | os.PathLike[str], server: int, timeout: float = 10.0, wait: float = 120.0,
+           progress: bool = False) -> dict[str, Any]:
+    """Retire live server ``server``: a view change takes its slot at once (nothing new goes to
+    it), recovery copies its pieces to live servers at their level while it keeps serving
+    reads, then the control plane removes it from the view and it is stopped. Returns the view
+    without it."""
+    json.loads(_native.cluster_retire(os.fspath(file), server, timeout))
+    return _await_retired(file, server, wait, progress)
+
+
+def _await_retired(file: str | os.PathLike[str], server: int, wait: float, progress: bool) -> dict[str, Any]:
+    """Waits until retiring ``server`` has left the view (its pieces moved), showing the pieces
+    still to move, then stops its process and drops it from the cluster file."""
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + wait
+    with tqdm(desc=f"moving server {server}'s pieces", unit="piece", disable=not progress) as bar:
+        while True:
+            v = view(file, timeout=2.0)
+            if v is not None and all(e["id"] != server for e in v["servers"]):
+                break
+            pending = sum(r.get("recovery_pending") or 0 for r in status(file, timeout=2.0))
+            bar.total = max(bar.total or 0, pending)
+            bar.n = bar.total - pending
+            bar.refresh()
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"server {server} still holds pieces to move after {wait} s "
+                                       f"({pending} pending); see `cairn cluster status --file {file}`")
+            time.sleep(0.2)
+    entry = next((s for s in servers_of(file) if s["id"] == server), None)
+    if entry is not None and entry.get("pid"):
+        try:
+            os.kill(entry["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    _rewrite_servers(file, lambda servers: [s for s in servers if s["id"] != server])
+    return v
+
+
+def _running_cmdline(file: str | os.PathLike[str], current: dict[str, Any]) -> list[str]:
+    """The command line of a running server of this machine, to start more like it."""
+    for sid in current["slots"]:
+        entry = entries_dir(file) / f"server-{sid}.json"
+        try:
+            pid = json.loads(entry.read_text())["pid"]
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError):
+            continue
+        return [c.decode() for c in raw.split(b"\0") if c]
+    raise UnavailableError(f"no server of {file} runs on this machine to start more like it; start them with "
+                           "`cairn serve --cluster FILE --id N` and add them by id")
+
+
+def _with_flag(cmd: list[str], flag: str, value: str) -> list[str]:
+    out = list(cmd)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+def _rewrite_servers(file: str | os.PathLike[str], change: Any) -> None:
+    """Rewrites the cluster file's server list (atomically, readable by its owner only)."""
+    doc = json.loads(Path(file).read_text())
+    doc["servers"] = change(doc["servers"])
+    tmp = Path(f"{os.fspath(file)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, file)
 
 
 def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0) -> None:

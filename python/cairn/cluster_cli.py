@@ -122,8 +122,19 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cmd_replace(args: argparse.Namespace) -> None:
-    v = cluster.replace(args.file, args.server, args.spare, timeout=args.timeout)
-    print(f"view {v['epoch']}: server {args.server} is down and its slot went to a spare (slots {v['slots']}, spares {v['spares']})")
+    v = cluster.replace(args.file, args.server, args.spare, timeout=args.timeout, wait=args.wait, progress=True)
+    how = "is down and its slot went to a spare" if args.server in v.get("down", []) else "handed its slot to a spare and left"
+    print(f"view {v['epoch']}: server {args.server} {how} (slots {v['slots']}, spares {v['spares']})")
+
+
+def cmd_add(args: argparse.Namespace) -> None:
+    v = cluster.add(args.file, args.servers, timeout=args.timeout)
+    print(f"view {v['epoch']}: {args.servers} server(s) added (slots {v['slots']})")
+
+
+def cmd_retire(args: argparse.Namespace) -> None:
+    v = cluster.retire(args.file, args.server, timeout=args.timeout, wait=args.wait, progress=True)
+    print(f"view {v['epoch']}: server {args.server} retired, its pieces moved (slots {v['slots']})")
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -188,11 +199,21 @@ def add(sub: Any) -> None:
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
     sp.set_defaults(func=cmd_stop)
-    rp = csub.add_parser("replace", help="give a failed server's ring slot to a spare (a view change)")
-    rp.add_argument("server", type=int, help="the server that is down")
+    rp = csub.add_parser("replace", help="give a server's ring slot to a spare (a view change); a live server's pieces "
+                                         "are copied to the spare first, then it stops")
+    rp.add_argument("server", type=int, help="the server to replace (down, or live)")
     rp.add_argument("--spare", type=int, help="the spare that takes its slot (default: the first)")
-    rp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
-    rp.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the control plane (default 10)")
+    ad = csub.add_parser("add", help="start more servers like the running ones and add them as new ring slots")
+    ad.add_argument("--servers", type=int, default=1, help="servers to add (default 1)")
+    ad.set_defaults(func=cmd_add)
+    rt = csub.add_parser("retire", help="move a live server's pieces to the others at their level, then stop it")
+    rt.add_argument("server", type=int, help="the server to retire")
+    rt.set_defaults(func=cmd_retire)
+    for p in (rp, ad, rt):
+        p.add_argument("--file", default="cluster.json", help="cluster file of the cluster (default cluster.json)")
+        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the control plane (default 10)")
+    for p in (rp, rt):
+        p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the pieces to move (default 300)")
     rp.set_defaults(func=cmd_replace)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--file", default="cluster.json", help="cluster file of the cluster")

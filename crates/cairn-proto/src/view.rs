@@ -25,7 +25,12 @@ pub struct ClusterView {
     /// new control-plane leader still has to recover onto whom.
     #[serde(default)]
     pub took: Vec<(u32, u32)>,
-    /// Every server's entry (address, node, rack), active, spare or down.
+    /// Servers leaving the cluster (`cairn cluster retire`, or a live server replaced by a
+    /// spare): no slot, so nothing new is placed on them, but they still serve what they hold
+    /// until recovery has moved it elsewhere; then they leave the view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retiring: Vec<u32>,
+    /// Every server's entry (address, node, rack), active, spare, retiring or down.
     pub servers: Vec<ServerEntry>,
 }
 
@@ -39,6 +44,7 @@ impl ClusterView {
             spares: file.servers.iter().filter(|s| s.spec.spare).map(|s| s.spec.id).collect(),
             down: Vec::new(),
             took: Vec::new(),
+            retiring: Vec::new(),
             servers: file.servers.clone(),
         }
     }
@@ -56,14 +62,14 @@ impl ClusterView {
             return bad("a server is listed twice".into());
         }
         let (mut seen, mut down) = (BTreeSet::new(), BTreeSet::new());
-        for id in self.slots.iter().chain(&self.spares).chain(&self.down) {
+        for id in self.slots.iter().chain(&self.spares).chain(&self.down).chain(&self.retiring) {
             if !known.contains(id) {
                 return bad(format!("server {id} has a slot, is a spare or is down, but has no entry"));
             }
         }
-        for id in self.slots.iter().chain(&self.spares) {
+        for id in self.slots.iter().chain(&self.spares).chain(&self.retiring) {
             if !seen.insert(*id) {
-                return bad(format!("server {id} is listed twice among slots and spares"));
+                return bad(format!("server {id} is listed twice among slots, spares and retiring servers"));
             }
         }
         for id in &self.down {
@@ -186,6 +192,69 @@ impl ClusterView {
     }
 }
 
+/// Reconfiguration (`cairn cluster add / retire / replace`): each a view change, committed
+/// through the control plane like the failure handling's.
+impl ClusterView {
+    /// The next view, in which the servers of `entries` (running, not yet members) take new
+    /// ring slots after the existing ones: placement uses them from this view on, and nothing
+    /// already stored moves (the index names each object's servers).
+    pub fn add(&self, entries: Vec<ServerEntry>) -> Result<ClusterView> {
+        let mut next = self.clone();
+        next.epoch += 1;
+        for e in entries {
+            if self.servers.iter().any(|s| s.spec.id == e.spec.id) {
+                return Err(Error::InvalidArgument(format!("server {} is already in the cluster (epoch {})", e.spec.id, self.epoch)));
+            }
+            next.slots.push(e.spec.id);
+            next.servers.push(e);
+        }
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// The next view, in which live server `id` gives up its slot and retires: recovery moves
+    /// its pieces to live servers (at their level), reading them from it, and
+    /// [`ClusterView::retired`] then removes it.
+    pub fn retire(&self, id: u32) -> Result<ClusterView> {
+        if !self.is_live(id) {
+            return Err(Error::InvalidArgument(format!("server {id} is not a live member in epoch {}; only those retire", self.epoch)));
+        }
+        if self.live().len() < 2 {
+            return Err(Error::InvalidArgument(format!("server {id} is the last live server; add one before retiring it")));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.slots.retain(|s| *s != id);
+        next.retiring.push(id);
+        Ok(next)
+    }
+
+    /// The next view, in which spare `spare` takes the slot of live server `id`, which retires:
+    /// its pieces are copied to the spare (from it, so even single copies move), then it leaves.
+    pub fn hand_over(&self, id: u32, spare: u32) -> Result<ClusterView> {
+        if !self.is_live(id) {
+            return Err(Error::InvalidArgument(format!("server {id} is not a live member in epoch {}", self.epoch)));
+        }
+        let mut next = self.replace(id, spare)?;
+        next.down.retain(|s| *s != id);
+        next.retiring.push(id);
+        Ok(next)
+    }
+
+    /// The next view, in which retiring server `id`, whose pieces have all moved, is no longer
+    /// a member (its entry goes too: nobody is to send it anything).
+    pub fn retired(&self, id: u32) -> Result<ClusterView> {
+        if !self.retiring.contains(&id) {
+            return Err(Error::InvalidArgument(format!("server {id} is not retiring in epoch {}", self.epoch)));
+        }
+        let mut next = self.clone();
+        next.epoch += 1;
+        next.retiring.retain(|s| *s != id);
+        next.servers.retain(|s| s.spec.id != id);
+        Ok(next)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +272,25 @@ mod tests {
             })
             .collect();
         ClusterFile { secret: "s".into(), servers, redundancy: Default::default() }
+    }
+
+    #[test]
+    fn servers_join_retire_and_hand_over_by_view_changes() {
+        let v = ClusterView::initial(&file(2, 1));
+        let mut new = file(6, 0).servers[5].clone();
+        let a = v.add(vec![new.clone()]).unwrap();
+        assert_eq!((a.slots.clone(), a.spares.clone(), a.epoch), (vec![0, 1, 5], vec![2], 2));
+        new.spec.id = 2;
+        assert!(v.add(vec![new]).is_err(), "already a member");
+        let v = ClusterView::initial(&file(3, 1));
+        let r = v.retire(1).unwrap();
+        assert_eq!((r.slots.clone(), r.retiring.clone(), r.is_live(1)), (vec![0, 2], vec![1], false));
+        assert!(r.validate().is_ok() && r.retire(1).is_err());
+        let gone = r.retired(1).unwrap();
+        assert!(gone.retiring.is_empty() && gone.server(1).is_err() && gone.validate().is_ok());
+        let h = v.hand_over(2, 3).unwrap();
+        assert_eq!((h.slots.clone(), h.retiring.clone(), h.down.clone(), h.heir(2)), (vec![0, 1, 3], vec![2], vec![], 3));
+        assert!(h.validate().is_ok());
     }
 
     #[test]

@@ -53,6 +53,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::serve, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_request, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_replace, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::cluster_add, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::cluster_retire, m)?)?;
     m.add_function(wrap_pyfunction!(staging::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(staging::parse_duration, m)?)?;
     m.add_function(wrap_pyfunction!(staging::load_topology, m)?)?;

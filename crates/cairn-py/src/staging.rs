@@ -87,6 +87,24 @@ pub(crate) fn cluster_replace(py: Python<'_>, cluster: PathBuf, down: u32, spare
     Ok(serde_json::to_string(&view).expect("views serialize"))
 }
 
+/// Adds running servers `ids` to the cluster as new slots; returns the new view (JSON).
+#[pyfunction]
+#[pyo3(signature = (cluster, ids, timeout_s=cairn_client::config::DEFAULT_TIMEOUT))]
+pub(crate) fn cluster_add(py: Python<'_>, cluster: PathBuf, ids: Vec<u32>, timeout_s: f64) -> PyResult<String> {
+    let timeout = seconds(timeout_s)?;
+    let view = py.detach(|| cairn_client::staging::add_servers(&cluster, &ids, timeout)).map_err(to_py)?;
+    Ok(serde_json::to_string(&view).expect("views serialize"))
+}
+
+/// Retires live server `id` (its pieces move, then it leaves the view); returns the new view (JSON).
+#[pyfunction]
+#[pyo3(signature = (cluster, id, timeout_s=cairn_client::config::DEFAULT_TIMEOUT))]
+pub(crate) fn cluster_retire(py: Python<'_>, cluster: PathBuf, id: u32, timeout_s: f64) -> PyResult<String> {
+    let timeout = seconds(timeout_s)?;
+    let view = py.detach(|| cairn_client::staging::retire_server(&cluster, id, timeout)).map_err(to_py)?;
+    Ok(serde_json::to_string(&view).expect("views serialize"))
+}
+
 /// Bytes in a size such as "4GiB".
 #[pyfunction]
 pub(crate) fn parse_size(text: &str) -> PyResult<u64> {

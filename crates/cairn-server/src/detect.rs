@@ -79,7 +79,8 @@ async fn probe(state: &Arc<State>, view: &ClusterView, limit: Duration) -> HashM
 
 /// The one view change the probes call for, if any: the first silent live member or spare is
 /// declared down (a spare that answered taking its slot), else the first down server that
-/// answered with the current view rejoins. One change per round keeps each a small step. A
+/// answered with the current view rejoins, or a retiring server none of whose pieces the index
+/// names any more leaves. One change per round keeps each a small step. A
 /// server whose slot a spare took rejoins only once the index names it for no piece any more
 /// (`named`: recovery has moved them all to the spare): server ids are reused, and an index
 /// naming a live server for a piece it lost when it died would never be rebuilt.
@@ -101,6 +102,10 @@ fn next_view(
         }
         return Some(next);
     }
+    // A retiring server leaves once recovery has moved every piece the index named on it.
+    if let Some(gone) = view.retiring.iter().copied().find(|id| !named(*id)) {
+        return view.retired(gone).ok();
+    }
     let back = view
         .down
         .iter()
@@ -114,7 +119,8 @@ fn describe(before: &ClusterView, after: &ClusterView) -> String {
     let newly_down: Vec<u32> = after.down.iter().copied().filter(|s| !before.down.contains(s)).collect();
     let back: Vec<u32> = before.down.iter().copied().filter(|s| !after.down.contains(s)).collect();
     let took: Vec<(u32, u32)> = before.slots.iter().zip(&after.slots).filter(|(a, b)| a != b).map(|(a, b)| (*a, *b)).collect();
-    format!("view {}: down {newly_down:?}, rejoined {back:?}, slots taken over (from, to) {took:?}", after.epoch)
+    let left: Vec<u32> = before.retiring.iter().copied().filter(|s| !after.retiring.contains(s)).collect();
+    format!("view {}: down {newly_down:?}, rejoined {back:?}, slots taken over (from, to) {took:?}, retired {left:?}", after.epoch)
 }
 
 #[cfg(test)]
@@ -168,5 +174,11 @@ mod tests {
         assert!(next_view(&v, 0, &answered, |_| false, |id| id == 2).is_none(), "still named: not back yet");
         let next = next_view(&v, 0, &answered, |_| false, |_| false).unwrap();
         assert_eq!((next.down.len(), next.spares.clone()), (0, vec![2]), "back as a spare");
+        // A retiring server leaves once nothing names it.
+        let v = view(3, 0).retire(1).unwrap();
+        let all = HashMap::from([(1, 2), (2, 2)]);
+        assert!(next_view(&v, 0, &all, |_| false, |id| id == 1).is_none(), "its pieces still to move");
+        let next = next_view(&v, 0, &all, |_| false, |_| false).unwrap();
+        assert!(next.retiring.is_empty() && next.server(1).is_err());
     }
 }

@@ -68,6 +68,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
         }
         state.requests.fetch_add(1, Ordering::Relaxed);
         let stop_after = matches!(env.req, Request::Shutdown);
+        await_view(&state, env.epoch).await;
         let reply = match check_epoch(&state, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
             None => cmd::dispatch(&state, env.req, prefix, &mut stream).await,
@@ -85,6 +86,25 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
         if fatal || sent.is_err() {
             return;
         }
+    }
+}
+
+/// How long a request placed by a newer view than this server's waits for that view (just
+/// committed, on its way here) before it is refused as busy.
+const VIEW_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits (at most [`VIEW_WAIT`]) for the view a request was placed by, asking the other servers
+/// for it: a client that learnt a view change first is then served instead of refused.
+async fn await_view(state: &Arc<State>, epoch: Option<u64>) {
+    let Some(given) = epoch else { return };
+    let behind = || state.view().is_ok_and(|v| given > v.epoch);
+    if !behind() {
+        return;
+    }
+    crate::views::refresh(state);
+    let until = tokio::time::Instant::now() + VIEW_WAIT;
+    while behind() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 

@@ -65,7 +65,9 @@ async fn call_full(
     max_reply: u64,
 ) -> Result<(Response, Vec<u8>)> {
     let view = state.view()?;
-    let addr = view.server(to)?.addr.clone();
+    // A server that left the view (retired) is as unreachable as a dead one.
+    let addr =
+        view.server(to).map_err(|_| Error::Unavailable(format!("server {to} has left the cluster (view {})", view.epoch)))?.addr.clone();
     let op = req.op_name();
     let attempt = |pooled: Option<TcpStream>| {
         let addr = addr.as_str();

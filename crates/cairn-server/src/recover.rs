@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Objects rebuilt at once when recovery is not paced (aggressive, or past its deadline).
+const BATCH: usize = 16;
+
 /// Tries per object before it waits for the next rescan.
 const TRIES: u32 = 3;
 
@@ -38,6 +41,8 @@ pub struct Recovery {
     /// Rebuilds given up for now (a server failed during them), queued again by the next
     /// rescan.
     parked: Mutex<Vec<Job>>,
+    /// Rebuilds under way.
+    inflight: AtomicU64,
     /// Cuts a lazy pause short when touched objects are queued.
     wake: tokio::sync::Notify,
 }
@@ -67,7 +72,7 @@ impl Job {
 impl Recovery {
     /// Objects waiting to be rebuilt (including rebuilds deferred to the next rescan).
     pub fn pending(&self) -> u64 {
-        (lock(&self.queue).len() + lock(&self.parked).len()) as u64
+        (lock(&self.queue).len() + lock(&self.parked).len()) as u64 + self.inflight.load(Ordering::Relaxed)
     }
 
     /// Objects rebuilt since this server started.
@@ -213,7 +218,16 @@ impl Recovery {
             let started = tokio::time::Instant::now();
             let mut sent = 0u64;
             loop {
-                let Some(job) = lock(&state.recovery.queue).pop_front() else {
+                // Paced (lazy, before the deadline): one object at a time. Otherwise a batch at
+                // once, so that their log entries share a commit (a retiring server's thousands
+                // of pieces moved one round trip and one entry at a time took minutes).
+                let paced = pace(&state.limits, started.elapsed(), state.recovery.pending()).is_some_and(|p| p >= Duration::from_millis(5));
+                let batch: Vec<Job> = {
+                    let mut q = lock(&state.recovery.queue);
+                    let n = if paced { 1 } else { BATCH.min(q.len()) };
+                    q.drain(..n).collect()
+                };
+                if batch.is_empty() {
                     // Rebuilds that failed wait for a rescan: by then a view change has usually
                     // replaced the server that failed under them.
                     if !lock(&state.recovery.parked).is_empty() {
@@ -229,29 +243,42 @@ impl Recovery {
                         return;
                     }
                     continue;
-                };
-                match rebuild_one(&state, &job).await {
-                    Ok(Some(bytes)) => {
-                        state.recovery.rebuilt.fetch_add(1, Ordering::Relaxed);
-                        sent += bytes;
-                    }
-                    // Released, or no longer there: nothing to rebuild.
-                    Ok(None) => {}
-                    Err(e) if e.kind() == cairn_core::ErrorKind::DataLoss => {
-                        eprintln!("cairn server {}: object {:#x} of '{}' step {} lost: {e}", state.id, job.id, job.dataset, job.step);
-                        lock(&state.recovery.lost).insert((job.dataset.clone(), job.step, job.id));
-                    }
-                    Err(_) if job.tries + 1 < TRIES => {
-                        lock(&state.recovery.queue).push_back(Job { tries: job.tries + 1, ..job });
-                    }
-                    Err(e) => {
-                        eprintln!(
-                            "cairn server {}: object {:#x} of '{}' step {} not rebuilt yet: {e}",
-                            state.id, job.id, job.dataset, job.step
-                        );
-                        lock(&state.recovery.parked).push(job);
+                }
+                state.recovery.inflight.store(batch.len() as u64, Ordering::Relaxed);
+                let mut running = tokio::task::JoinSet::new();
+                for job in batch {
+                    let state = state.clone();
+                    running.spawn(async move {
+                        let r = rebuild_one(&state, &job).await;
+                        (job, r)
+                    });
+                }
+                while let Some(done) = running.join_next().await {
+                    let Ok((job, r)) = done else { continue };
+                    match r {
+                        Ok(Some(bytes)) => {
+                            state.recovery.rebuilt.fetch_add(1, Ordering::Relaxed);
+                            sent += bytes;
+                        }
+                        // Released, or no longer there: nothing to rebuild.
+                        Ok(None) => {}
+                        Err(e) if e.kind() == cairn_core::ErrorKind::DataLoss => {
+                            eprintln!("cairn server {}: object {:#x} of '{}' step {} lost: {e}", state.id, job.id, job.dataset, job.step);
+                            lock(&state.recovery.lost).insert((job.dataset.clone(), job.step, job.id));
+                        }
+                        Err(_) if job.tries + 1 < TRIES => {
+                            lock(&state.recovery.queue).push_back(Job { tries: job.tries + 1, ..job });
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "cairn server {}: object {:#x} of '{}' step {} not rebuilt yet: {e}",
+                                state.id, job.id, job.dataset, job.step
+                            );
+                            lock(&state.recovery.parked).push(job);
+                        }
                     }
                 }
+                state.recovery.inflight.store(0, Ordering::Relaxed);
                 // The byte rate holds for every object; the lazy pause is cut short by a touch.
                 if let Some(due) = throttle(state.limits.recovery_rate, sent) {
                     tokio::time::sleep_until(started + due).await;
@@ -285,13 +312,17 @@ fn throttle(rate: u64, sent: u64) -> Option<Duration> {
     (rate > 0).then(|| Duration::from_secs_f64(sent as f64 / rate as f64))
 }
 
-/// Where a piece the index names on lost server `from` goes, the object's pieces being on
-/// `servers`: the live server holding `from`'s slot now, or, should that one hold a piece of
-/// the object already (a server id back as a spare and replaced again), the first live server
-/// holding none. `None` while no live server took the slot (reads stay degraded meanwhile).
+/// Where a piece the index names on lost or retiring server `from` goes, the object's pieces
+/// being on `servers`: the live server holding `from`'s slot now, or, should that one hold a
+/// piece of the object already (a server id back as a spare and replaced again) or `from` be
+/// retiring with its slot gone, the first live server holding none. `None` while no live
+/// server took a lost server's slot (reads stay degraded meanwhile).
 fn target(view: &ClusterView, servers: &[u32], from: u32) -> Option<u32> {
     let heir = view.heir(from);
-    if view.is_live(from) || heir == from || !view.is_live(heir) {
+    // Retiring, or retired with pieces committed onto it since (a put it took just before it
+    // learnt it was leaving): its slot is gone, any live server will do.
+    let leaving = view.retiring.contains(&from) || view.server(from).is_err();
+    if view.is_live(from) || (heir == from && !leaving) || (heir != from && !view.is_live(heir)) {
         return None;
     }
     if !servers.contains(&heir) {
@@ -315,6 +346,7 @@ async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
     // A server back in its own slot (`from == to`) is refilled: the index names it already.
     // Otherwise the piece goes to whoever holds the lost server's slot now.
     let refill = job.from == job.to;
+    let retiring = view.retiring.contains(&job.from);
     if !o.servers().contains(&job.from) {
         return Ok(None);
     }
@@ -326,11 +358,15 @@ async fn rebuild_one(state: &Arc<State>, job: &Job) -> Result<Option<u64>> {
             let lost = shards.iter().position(|s| *s == job.from).expect("checked above") as u32;
             (lost + 1, *k, *m, shards.clone(), shards.clone())
         }
+        // A retiring server still holds its single copies: they move like any other.
+        Redundancy::Single if retiring => (0, 0, 0, Vec::new(), vec![job.from]),
         Redundancy::Single => {
             return Err(Error::DataLoss(format!("object {:#x} had one copy, on server {}", job.id, job.from)));
         }
     };
-    let live: Vec<u32> = sources.iter().copied().filter(|s| *s != job.from && view.is_live(*s)).collect();
+    // A retiring server is the first source of its own pieces (it is there to be read).
+    let mut live: Vec<u32> = sources.iter().copied().filter(|s| if *s == job.from { retiring } else { view.is_live(*s) }).collect();
+    live.sort_by_key(|s| *s != job.from);
     if live.is_empty() {
         return Err(Error::DataLoss(format!("no live server holds a piece of object {:#x}", job.id)));
     }
@@ -376,7 +412,10 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
     let Piece { shard, k, m, ref stripe, checksum } = *piece;
     let held = if shard == 0 { 0 } else { stripe.iter().position(|s| *s == state.id).map_or(u32::MAX, |j| j as u32 + 1) };
     let (data, h) = state.store.with(dataset, step, (id, held), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, shard)))?;
-    let piece: Vec<u8> = if shard == 0 {
+    let piece: Vec<u8> = if shard == held && shard > 0 {
+        // A retiring server hands over its own shard as it is (its reads verify it later).
+        data.to_vec()
+    } else if shard == 0 {
         if crc32c::crc32c(&data) != checksum {
             return Err(Error::Corrupt(format!("the copy of object {id:#x} on server {} does not match its checksum", state.id)));
         }

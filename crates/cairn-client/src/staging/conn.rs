@@ -300,7 +300,12 @@ impl Cluster {
     /// current view's epoch. A connection that failed is dropped, so the next call reconnects.
     pub(crate) fn with<T>(&self, server: u32, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
         let view = self.view();
-        let entry = view.server(server)?;
+        // A server that left the view (retired) is gone for this client: the index read again
+        // names where its pieces went (readers re-read it on NotFound; writers place again by
+        // the view that no longer has it).
+        let entry = view
+            .server(server)
+            .map_err(|_| Error::NotFound(format!("server {server} has left the cluster (view {}); read the index again", view.epoch)))?;
         let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).entry(server).or_default().clone();
         let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {

@@ -73,7 +73,41 @@ pub fn replace_server(cluster: &std::path::Path, down: u32, spare: Option<u32>, 
         Some(s) => s,
         None => return Err(Error::InvalidArgument(format!("view {} has no spare; start the cluster with --spares N", view.epoch))),
     };
-    let next = view.replace(down, spare)?;
+    // A live server (one that answers) hands its slot over and retires, its pieces copied from
+    // it first; a dead or hung one is replaced, and recovery rebuilds from the surviving pieces.
+    let answers = view.is_live(down) && c.call(down, &Request::Status).is_ok();
+    let next = if answers { view.hand_over(down, spare)? } else { view.replace(down, spare)? };
+    c.coord(&Request::SetView { view: next.clone() })?;
+    Ok(next)
+}
+
+/// Adds the running servers `ids` (started with `--cluster` naming this cluster, their entries
+/// published in `FILE.d/`) to the cluster as new ring slots, by a view change.
+pub fn add_servers(cluster: &std::path::Path, ids: &[u32], timeout: std::time::Duration) -> Result<ClusterView> {
+    let dir = cairn_proto::cluster::ClusterFile::entries_dir(cluster);
+    let mut entries = Vec::with_capacity(ids.len());
+    for id in ids {
+        let path = dir.join(format!("server-{id}.json"));
+        let text =
+            std::fs::read(&path).map_err(|e| Error::io(format!("reading server {id}'s entry {}; is it running?", path.display()), e))?;
+        let mut entry: cairn_proto::cluster::ServerEntry =
+            serde_json::from_slice(&text).map_err(|e| Error::Corrupt(format!("server entry {}: {e}", path.display())))?;
+        entry.spec.spare = false;
+        entries.push(entry);
+    }
+    let c = Cluster::open(cluster, timeout)?;
+    c.refresh_view();
+    let next = c.view().add(entries)?;
+    c.coord(&Request::SetView { view: next.clone() })?;
+    Ok(next)
+}
+
+/// Retires live server `id` by a view change: it loses its slot at once, recovery moves its
+/// pieces to live servers, and the control plane removes it from the view when none is left.
+pub fn retire_server(cluster: &std::path::Path, id: u32, timeout: std::time::Duration) -> Result<ClusterView> {
+    let c = Cluster::open(cluster, timeout)?;
+    c.refresh_view();
+    let next = c.view().retire(id)?;
     c.coord(&Request::SetView { view: next.clone() })?;
     Ok(next)
 }
