@@ -126,22 +126,7 @@ fn describe(before: &ClusterView, after: &ClusterView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_core::placement::ServerSpec;
-    use cairn_proto::cluster::{ClusterFile, ServerEntry};
-
-    fn view(active: u32, spares: u32) -> ClusterView {
-        let servers = (0..active + spares)
-            .map(|id| ServerEntry {
-                spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
-                addr: String::new(),
-                unix: None,
-                host: "h".into(),
-                pid: 0,
-                memory: 1,
-            })
-            .collect();
-        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
-    }
+    use crate::testing::view;
 
     #[test]
     fn a_silent_member_is_replaced_by_an_answering_spare_in_one_epoch() {

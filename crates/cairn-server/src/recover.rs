@@ -459,22 +459,7 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn view(active: u32, spares: u32) -> ClusterView {
-        use cairn_core::placement::ServerSpec;
-        use cairn_proto::cluster::{ClusterFile, ServerEntry};
-        let servers = (0..active + spares)
-            .map(|id| ServerEntry {
-                spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
-                addr: String::new(),
-                unix: None,
-                host: "h".into(),
-                pid: 0,
-                memory: 1,
-            })
-            .collect();
-        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
-    }
+    use crate::testing::view;
 
     #[test]
     fn a_lost_piece_goes_to_the_live_heir_of_its_slot_or_waits() {

@@ -16,6 +16,22 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+/// A cluster view of `active` servers and `spares` spares (ids in that order), one node each,
+/// for unit tests of view changes.
+pub fn view(active: u32, spares: u32) -> ClusterView {
+    let servers = (0..active + spares)
+        .map(|id| ServerEntry {
+            spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
+            addr: String::new(),
+            unix: None,
+            host: "h".into(),
+            pid: 0,
+            memory: 1,
+        })
+        .collect();
+    ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
+}
+
 /// One running server of a [`TestCluster`].
 #[derive(Debug)]
 struct Running {
