@@ -8,7 +8,8 @@ import numpy as np
 
 __all__ = [
     "__version__", "Writer", "Reader", "KvStore", "config_json", "compress", "decompress", "crc32c", "erasure_times",
-    "erasure_parity", "erasure_decode", "serve", "cluster_request", "cluster_replace", "cluster_add", "cluster_retire", "parse_size", "parse_duration",
+    "erasure_parity", "erasure_decode", "serve", "cluster_request", "cluster_replace", "cluster_add", "cluster_retire",
+    "parse_size", "parse_duration",
     "load_topology", "new_secret", "cluster_start", "cluster_stop", "CairnError", "NotFoundError",
     "AlreadyExistsError", "ConflictError", "UnavailableError", "CorruptError", "InvalidArgumentError", "ConfigError",
     "CapacityError", "DataLossError"
