@@ -104,6 +104,35 @@ def _recovery(file) -> dict:
     return {k: sum(r.get(f"recovery_{k}") or 0 for r in rows) for k in ("pending", "rebuilt", "lost")}
 
 
+def _write_encoded(c, data: dict[int, np.ndarray], object_size: int, encoded: int):
+    """Writes ``data`` (step -> field of "p") and waits until steps 0..encoded-1 are erasure-coded
+    (hot_steps=1 makes older steps cold). Returns the open writer and a reader."""
+    opts = dict(engine="staging", cluster=c.file, object_size=object_size, timeout=20.0)
+    w = cairn.open("sim", "w", **opts)
+    w.define("p", "f8", next(iter(data.values())).shape)
+    for s, a in data.items():
+        with w.step(s):
+            w.put("p", a)
+    r = cairn.open("sim", "r", **opts)
+    wait_for(lambda: all(b.state == "encoded" for s in range(encoded) for b in r.blocks("p", s)),
+             f"steps 0-{encoded - 1} encoded", 30)
+    return w, r
+
+
+def _sharing_most(c, first: int) -> int:
+    """The active data server holding the most objects that ``first`` also holds."""
+    held = {row["id"]: {(o["step"], o["id"]) for o in row["object_list"]} for row in cluster.status(c.file, objects=True)
+            if row["meta"] == "none" and row["state"] == "up"}
+    other = max((sid for sid in held if sid != first), key=lambda sid: len(held[sid] & held[first]))
+    assert held[other] & held[first], f"servers {first} and {other} share no object"
+    return other
+
+
+def _kill(c, sid: int) -> None:
+    c.procs[sid].send_signal(signal.SIGKILL)
+    c.procs[sid].wait(timeout=10)
+
+
 @pytest.mark.parametrize("recovery", ["lazy", "aggressive"])
 def test_after_recovery_onto_the_spare_a_second_failure_loses_nothing(tmp_path, recovery):
     """Level 1: a SIGKILLed server's copies and shards are rebuilt on the spare that took its slot
@@ -112,18 +141,10 @@ def test_after_recovery_onto_the_spare_a_second_failure_loses_nothing(tmp_path, 
     c = cluster.start(tmp_path / "cluster.json", servers=5, spares=1, memory="128MiB", meta=3, redundancy=1, rs_data=3,
                       min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery=recovery, recovery_deadline="4s")
     try:
-        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
-        w = cairn.open("sim", "w", **opts)
-        w.define("p", "f8", (32, 32))
-        for s in range(6):
-            with w.step(s):
-                w.put("p", _field(s))
-        r = cairn.open("sim", "r", **opts)
-        wait_for(lambda: all(b.state == "encoded" for s in range(4) for b in r.blocks("p", s)), "steps 0-3 encoded", 30)
+        w, r = _write_encoded(c, {s: _field(s) for s in range(6)}, object_size=2048, encoded=4)
         first, second = [row["id"] for row in cluster.status(c.file) if row["meta"] == "none" and row["state"] == "up"][:2]
         spare = _view(c.file)["spares"][0]
-        c.procs[first].send_signal(signal.SIGKILL)
-        c.procs[first].wait(timeout=10)
+        _kill(c, first)
         wait_for(lambda: spare in _view(c.file)["slots"], "the spare takes the slot", 15)
         t0 = time.monotonic()
         wait_for(lambda: (lambda st: st["pending"] == 0 and st["rebuilt"] > 0)(_recovery(c.file)), "recovery", 30)
@@ -133,8 +154,7 @@ def test_after_recovery_onto_the_spare_a_second_failure_loses_nothing(tmp_path, 
         # The index names the spare, not the dead server: nothing reads degraded any more.
         states = {b.state for s in range(6) for b in r.blocks("p", s)}
         assert states <= {"replicated", "encoded"}, states
-        c.procs[second].send_signal(signal.SIGKILL)
-        c.procs[second].wait(timeout=10)
+        _kill(c, second)
         for s in range(6):
             assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
         r.close()
@@ -166,8 +186,7 @@ def test_spares_replace_failed_control_plane_servers_so_a_majority_remains(tmp_p
 
         for victim in (leader, follower):
             spare = _view(c.file)["spares"][0]
-            c.procs[victim].send_signal(signal.SIGKILL)
-            c.procs[victim].wait(timeout=10)
+            _kill(c, victim)
             wait_for(lambda: victim in _view(c.file)["down"] and spare in _view(c.file)["slots"], f"a spare takes server {victim}'s slot", 20)
             wait_for(lambda: spare in voters(), f"spare {spare} joins the control plane", 20)
             wait_for(lambda: _recovery(c.file)["pending"] == 0, "recovery", 30)
@@ -204,8 +223,7 @@ def test_a_server_back_in_its_own_slot_is_refilled(tmp_path):
         second = max((sid for sid in held if sid != victim), key=lambda sid: len(held[sid] & held[victim]))
         assert held[second] & held[victim]
         cmd = [a.decode() for a in Path(f"/proc/{c.procs[victim].pid}/cmdline").read_bytes().split(b"\0") if a]
-        c.procs[victim].send_signal(signal.SIGKILL)
-        c.procs[victim].wait(timeout=10)
+        _kill(c, victim)
         wait_for(lambda: victim in _view(c.file)["down"], f"server {victim} declared down", 15)
         with open(tmp_path / "restarted.log", "wb") as log:
             back = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -214,8 +232,7 @@ def test_a_server_back_in_its_own_slot_is_refilled(tmp_path):
             wait_for(lambda: (lambda st: st["pending"] == 0 and st["rebuilt"] > 0)(_recovery(c.file)), "the refill", 30)
             row = next(r for r in cluster.status(c.file, timeout=1.0) if r["id"] == victim)
             assert row["memory_used"] > 0, row
-            c.procs[second].send_signal(signal.SIGKILL)
-            c.procs[second].wait(timeout=10)
+            _kill(c, second)
             r = cairn.open("sim", "r", **opts)
             for s in range(4):
                 assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
@@ -269,8 +286,7 @@ def test_lazy_recovery_rebuilds_what_is_read_first(tmp_path):
             with w.step(s):
                 w.put("p", _field(s))
         victim = _victim(c)
-        c.procs[victim].send_signal(signal.SIGKILL)
-        c.procs[victim].wait(timeout=10)
+        _kill(c, victim)
         wait_for(lambda: victim in _view(c.file)["down"], "declared down", 15)
 
         def degraded(step: int) -> bool:
@@ -323,33 +339,20 @@ def test_a_spare_that_fails_while_refilling_passes_its_slot_on_and_nothing_is_lo
     c = cluster.start(tmp_path / "cluster.json", servers=5, spares=2, memory="128MiB", meta=3, redundancy=1, rs_data=3,
                       min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery_deadline="8s")
     try:
-        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
-        w = cairn.open("sim", "w", **opts)
-        w.define("p", "f8", (32, 32))
-        for s in range(6):
-            with w.step(s):
-                w.put("p", _field(s))
-        r = cairn.open("sim", "r", **opts)
-        wait_for(lambda: all(b.state == "encoded" for s in range(3) for b in r.blocks("p", s)), "steps 0-2 encoded", 30)
+        w, r = _write_encoded(c, {s: _field(s) for s in range(6)}, object_size=2048, encoded=3)
         first = _victim(c)
-        held = {row["id"]: {(o["step"], o["id"]) for o in row["object_list"]} for row in cluster.status(c.file, objects=True)
-                if row["meta"] == "none" and row["state"] == "up"}
-        third = max((sid for sid in held if sid != first), key=lambda sid: len(held[sid] & held[first]))
-        assert held[third] & held[first], "the first and last victims share objects"
+        third = _sharing_most(c, first)
         spare, heir = _view(c.file)["spares"][:2]
-        c.procs[first].send_signal(signal.SIGKILL)
-        c.procs[first].wait(timeout=10)
+        _kill(c, first)
         wait_for(lambda: spare in _view(c.file)["slots"], "the first spare takes the slot", 15)
         assert _recovery(c.file)["pending"] > 0, "recovery (8 s deadline) must still be under way"
-        c.procs[spare].send_signal(signal.SIGKILL)
-        c.procs[spare].wait(timeout=10)
+        _kill(c, spare)
         wait_for(lambda: heir in _view(c.file)["slots"], "the second spare takes the slot", 15)
         wait_for(lambda: _recovery(c.file)["pending"] == 0, "recovery", 40)
         assert _recovery(c.file)["lost"] == 0
         states = {b.state for s in range(6) for b in r.blocks("p", s)}
         assert states <= {"replicated", "encoded"}, f"blocks still read degraded after recovery: {states}"
-        c.procs[third].send_signal(signal.SIGKILL)
-        c.procs[third].wait(timeout=10)
+        _kill(c, third)
         for s in range(6):
             assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
         r.close()
@@ -368,27 +371,15 @@ def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_leve
     c = cluster.start(tmp_path / "cluster.json", servers=6, spares=1, memory="128MiB", meta=3, redundancy=level, rs_data=3,
                       min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery_deadline="300s")
     try:
-        opts = dict(engine="staging", cluster=c.file, object_size=4096, timeout=20.0)
-        w = cairn.open("sim", "w", **opts)
-        w.define("p", "f8", (64, 64))
         data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
-        for s, a in data.items():
-            with w.step(s):
-                w.put("p", a)
-        r = cairn.open("sim", "r", **opts)
-        wait_for(lambda: all(b.state == "encoded" for s in range(3) for b in r.blocks("p", s)), "steps 0-2 encoded", 30)
+        w, r = _write_encoded(c, data, object_size=4096, encoded=3)
         first = _victim(c)
-        held = {row["id"]: {(o["step"], o["id"]) for o in row["object_list"]} for row in cluster.status(c.file, objects=True)
-                if row["meta"] == "none" and row["state"] == "up"}
-        second = max((sid for sid in held if sid != first), key=lambda sid: len(held[sid] & held[first]))
-        assert held[second] & held[first], "the two victims share objects"
+        second = _sharing_most(c, first)
         spare = _view(c.file)["spares"][0]
-        c.procs[first].send_signal(signal.SIGKILL)
-        c.procs[first].wait(timeout=10)
+        _kill(c, first)
         wait_for(lambda: spare in _view(c.file)["slots"], "the spare takes the slot", 15)
         assert _recovery(c.file)["pending"] > 0, "recovery (300 s deadline) must still be under way"
-        c.procs[second].send_signal(signal.SIGKILL)
-        c.procs[second].wait(timeout=10)
+        _kill(c, second)
         wait_for(lambda: second in _view(c.file)["down"], f"server {second} declared down", 15)
         lost = 0
         for s, a in data.items():
@@ -434,8 +425,7 @@ def test_keyed_values_follow_view_changes_so_later_failures_lose_none(tmp_path):
         for _ in range(2):
             # Servers outside the control plane, so its majority stays whatever the timing.
             victim = next(r["id"] for r in cluster.status(c.file, timeout=1.0) if r["state"] == "up" and r["id"] not in voters)
-            c.procs[victim].send_signal(signal.SIGKILL)
-            c.procs[victim].wait(timeout=10)
+            _kill(c, victim)
             wait_for(lambda: victim in _view(c.file)["down"], f"server {victim} declared down", 15)
             wait_for(lambda: copies() == want, f"two live copies of every key again after losing server {victim}", 20)
         assert store.get_many([k for k, _ in values]) == [v for _, v in values]

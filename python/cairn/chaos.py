@@ -21,6 +21,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,6 +36,12 @@ from .exceptions import CairnError, DataLossError
 def seconds(text: str | float) -> float:
     """Seconds in ``"18s"``, ``"250ms"``, ``"2m"`` or a number (parsed in Rust, like the servers)."""
     return float(_native.parse_duration(str(text)))
+
+
+def _debug(msg: str) -> None:
+    """With CAIRN_CHAOS_DEBUG set, a wall-clock-stamped line on stderr (to line up with server logs)."""
+    if os.environ.get("CAIRN_CHAOS_DEBUG"):
+        print(f"{time.time():.3f} {msg}", file=sys.stderr, flush=True)
 
 
 def _entry(file: Path, sid: int) -> dict[str, Any]:
@@ -89,9 +96,12 @@ class Workload:
                         with w.step(s):
                             w.put("u", _field(rank, self.writers, s, self.n), offset=(rank * rows, 0))
                         self._time("write", time.perf_counter() - t)
+                        if time.perf_counter() - t > 0.05:
+                            _debug(f"slow write: rank {rank} step {s} took {time.perf_counter() - t:.3f} s")
                         break
                     except CairnError as e:
                         self._count("write_retries")
+                        _debug(f"write retry: rank {rank} step {s} after {time.perf_counter() - t:.3f} s: {e}")
                         if attempt == 9:
                             self.errors.append(f"writer {rank} gave up on step {s}: {e}")
                             return
@@ -297,6 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ev = chaos.strike(t0, end, lambda: not wl or any(t.is_alive() for t in threads[: wl.writers]))
             if ev:
                 print(f"[{ev['t_s']:7.1f} s] killed {ev['servers']} (deferred {ev['deferred_s']} s)", flush=True)
+                _debug(f"killed {ev['servers']}")
             next_kill = time.monotonic() + rng.expovariate(1 / mtbf)
         time.sleep(0.05)
     if wl:
