@@ -41,18 +41,20 @@ def file_cfg(tmp_path: Path) -> Path:
     return file_config(tmp_path)
 
 
-@pytest.fixture(params=["file", "staging"])
+@pytest.fixture(params=["file", "staging", "staging-socket", "staging-tcp"])
 def cfg(request: pytest.FixtureRequest, tmp_path: Path):
-    """A cairn.toml for each engine: the same tests run on both (file engine under tmp_path; a
-    real 2-server staging cluster, separate processes, with small objects so blocks split)."""
+    """A cairn.toml for each engine and transport: the same tests run on all (file engine under
+    tmp_path; a real 2-server staging cluster, separate processes, with small objects so blocks
+    split, reached by same-node copies (the default), its Unix socket, or TCP)."""
     if request.param == "file":
         yield file_config(tmp_path)
         return
     from cairn import cluster
 
+    transport = request.param.partition("-")[2] or "auto"
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     conf = tmp_path / "cairn.toml"
-    conf.write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\n')
+    conf.write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\ntransport = "{transport}"\n')
     try:
         yield conf
     finally:

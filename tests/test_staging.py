@@ -339,3 +339,71 @@ def test_corec_loses_no_committed_byte_to_r_sigkills_while_writing_and_reading(t
         assert lost > 0
     finally:
         c.stop()
+
+
+def _same_node_bytes(c) -> int:
+    return sum(row.get("same_node_bytes") or 0 for row in cluster.status(c.file))
+
+
+def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(tmp_path):
+    """transport "auto" (the default): puts and gets of objects, whole and as boxes, move their
+    bytes by same-node copies (counted by the servers) with the same results as the Unix socket
+    and TCP, which move none that way."""
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
+    try:
+        a = np.random.default_rng(0).random((300, 200))
+        for transport in ("auto", "socket", "tcp"):
+            before = _same_node_bytes(c)
+            opts = dict(engine="staging", cluster=c.file, object_size=32 << 10, transport=transport)
+            with cairn.open(transport, "w", **opts) as w:
+                w.define("p", "f8", a.shape)
+                with w.step(0):
+                    w.put("p", a[:150], offset=(0, 0))
+                    w.put("p", np.asfortranarray(a[150:]), offset=(150, 0))
+            with cairn.open(transport, "r", **opts) as r:
+                assert np.array_equal(r.get("p", 0), a)
+                assert np.array_equal(r.get("p", 0, offset=(7, 3), count=(250, 101)), a[7:257, 3:104])
+            moved = _same_node_bytes(c) - before
+            if transport == "auto":
+                # Two copies of each object put (level 1), the whole array and the box read back.
+                assert moved >= 2 * a.nbytes + a.nbytes + 250 * 101 * 8, moved
+            else:
+                assert moved == 0, (transport, moved)
+        with pytest.raises(cairn.ConfigError, match='transport = "shm"'):
+            cairn.open("x", "w", engine="staging", cluster=c.file, transport="shm")
+    finally:
+        c.stop()
+
+
+def test_a_writer_sigkilled_amid_same_node_copies_leaves_only_whole_committed_steps(tmp_path):
+    """A writer putting 48 MiB steps (16 MiB objects, copied by the servers from its memory) is
+    SIGKILLed at a random moment: every committed step reads back exactly, the step it was
+    writing never shows, and the servers go on serving."""
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="1GiB", redundancy=0)
+    script = textwrap.dedent(f"""
+        import numpy as np, cairn
+        with cairn.open("big", "w", engine="staging", cluster={str(c.file)!r}, keep_last=2) as w:
+            w.define("p", "f8", (3, 1 << 21))
+            for s in range(10_000):
+                with w.step(s):
+                    w.put("p", np.full((3, 1 << 21), float(s)), offset=(0, 0))
+    """)
+    try:
+        p = subprocess.Popen([PY, "-c", script])
+        r = cairn.open("big", "r", engine="staging", cluster=c.file)
+        wait_for(lambda: len(r.steps()) > 0 and r.steps()[-1] >= 3, "the writer commits a few steps", 60)
+        time.sleep(np.random.default_rng().uniform(0, 0.2))  # a random moment of its put loop
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+        assert _same_node_bytes(c) > 0
+        steps = r.steps()
+        for s in steps:
+            assert np.array_equal(r.get("p", s), np.full((3, 1 << 21), float(s))), f"step {s}"
+        assert not [x for x in r.pending() if x[0] > steps[-1] + 1], r.pending()
+        with cairn.open("after", "w", engine="staging", cluster=c.file) as w:
+            w.define("q", "f8", (4,))
+            with w.step(0):
+                w.put("q", np.ones(4), offset=(0,))
+        assert cairn.open("after", "r", engine="staging", cluster=c.file).get("q", 0).tolist() == [1.0] * 4
+    finally:
+        c.stop()

@@ -67,6 +67,11 @@ pub struct StagingConfig {
     pub servers: u32,
     /// Embedded cluster: memory limit per server, e.g. "4GiB".
     pub memory: String,
+    /// How this process reaches servers: "auto" (servers on this host: same-node copies, where the
+    /// server copies object bytes straight from and to this process's memory, over a Unix socket;
+    /// the socket alone where the kernel forbids them; TCP to other hosts), "socket" (no
+    /// same-node copies) or "tcp" (TCP even on this host).
+    pub transport: String,
     /// Seconds every read and write to a server may take to make progress; a server that misses
     /// it (hung, overloaded, gone) is reported by `UnavailableError`. Waits such as `wait_step`
     /// add their own timeout to it.
@@ -170,6 +175,7 @@ impl Default for StagingConfig {
             keep: false,
             servers: 3,
             memory: "4GiB".into(),
+            transport: "auto".into(),
             timeout: DEFAULT_TIMEOUT,
             redundancy: None,
             scheme: None,
@@ -209,7 +215,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
+    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, transport, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -244,6 +250,7 @@ impl Config {
 
     /// Checks settings serde cannot.
     fn validate(self) -> Result<Config> {
+        crate::staging::Transport::parse(&self.staging.transport)?;
         if let Some(d) = &self.staging.failure_timeout {
             d.get().map_err(|e| Error::Config(format!("[staging] failure_timeout: {e}")))?;
         }
@@ -314,6 +321,10 @@ impl Config {
                 self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?
             }
             "memory" => self.staging.memory = value.to_string(),
+            "transport" => {
+                crate::staging::Transport::parse(value)?;
+                self.staging.transport = value.to_string();
+            }
             "timeout" => {
                 self.staging.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
                 self.staging.deadline()?;

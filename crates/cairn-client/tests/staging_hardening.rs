@@ -126,6 +126,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         writer: 0,
         shard: 0,
         sealed: false,
+        from: None,
     };
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
     use std::io::Write;

@@ -23,6 +23,12 @@ pub struct Share {
 /// Most keys one `kv_get` or `kv_put` may name (keeps headers and replies bounded).
 pub const MAX_KEYS: usize = 8192;
 
+/// Runs of client memory one same-node put or get may name (more go as a payload).
+pub const MAX_RUNS: usize = 4096;
+
+/// Bytes of a same-node probe ([`Request::Attach`]) at most.
+pub const MAX_ATTACH_PROBE: u64 = 4096;
+
 /// What travels in a request frame's header: the request and the cluster-view epoch the sender
 /// placed it by (absent for requests that do not depend on placement: hello, status, views).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,6 +86,11 @@ pub enum Request {
         /// An encoder's shard of a committed object: stored sealed at once.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         sealed: bool,
+        /// A same-node put: no payload; the bytes are these runs (address, length) of the memory
+        /// of the client at the other end of the Unix socket, which the server copies once
+        /// (cross-memory attach). At most [`MAX_RUNS`] runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<Vec<(u64, u64)>>,
     },
     /// Reads the box `want` (inside the object's box) of one object; the reply's payload holds it.
     /// For a shard (`shard` > 0) the whole shard is returned and `want` must be the object's box.
@@ -95,6 +106,21 @@ pub enum Request {
         /// 0 for a whole copy, `i + 1` for shard `i`.
         #[serde(default, skip_serializing_if = "is_zero")]
         shard: u32,
+        /// A same-node get: the server writes the bytes into these runs (address, length) of the
+        /// client's memory, which add up to the reply's length, and sends no payload.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        into: Option<Vec<(u64, u64)>>,
+    },
+    /// Asks whether same-node copies work on this connection (a Unix socket, with the kernel
+    /// letting the server read the client's memory): the server copies `len` bytes at `addr` of
+    /// the client's memory and answers `Ok` if their crc32c is `checksum`.
+    Attach {
+        /// Address of the probe bytes in the client.
+        addr: u64,
+        /// Their length (at most [`MAX_ATTACH_PROBE`]).
+        len: u64,
+        /// Their crc32c.
+        checksum: u32,
     },
     /// Leader → a holder of a committed object's whole copy: encode it into `k + m` shards and
     /// store shard `i` on `shards[i]`. Answered with [`Response::Encoded`].
@@ -412,6 +438,10 @@ pub struct ServerStatus {
     pub steps: u64,
     /// Requests served since start.
     pub requests: u64,
+    /// Object bytes copied straight from or to clients' memory on this host (same-node puts and
+    /// gets), since start.
+    #[serde(default)]
+    pub same_node_bytes: u64,
     /// Seconds since start.
     pub uptime_s: f64,
     /// Its part in the control plane: `leader`, `follower`, `candidate`, `learner` or `none`.

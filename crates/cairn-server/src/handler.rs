@@ -16,8 +16,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 /// Serves one connection until the peer leaves, sends something malformed, stalls mid-frame,
-/// or the server stops.
-pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream: S, mut place: Place, auth: Arc<Semaphore>) {
+/// or the server stops. `local` is the pid of a client on this host at the other end of a Unix
+/// socket (same-node copies go straight to and from its memory).
+pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+    state: Arc<State>,
+    stream: S,
+    mut place: Place,
+    auth: Arc<Semaphore>,
+    local: Option<i32>,
+) {
     let mut stream = Deadline::new(stream, state.limits.io_timeout);
     let hello = tokio::select! {
         h = tokio::time::timeout(state.limits.hello_timeout, hello(&state, &mut stream)) => h.unwrap_or_else(|_| {
@@ -71,7 +78,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(state: Arc<State>, stream
         await_view(&state, env.epoch).await;
         let reply = match check_epoch(&state, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
-            None => cmd::dispatch(&state, env.req, prefix, &mut stream).await,
+            None => cmd::dispatch(&state, env.req, prefix, &mut stream, local).await,
         };
         let fatal = matches!(&reply, Err(Error::Io { .. }));
         stream.arm();

@@ -11,6 +11,7 @@
 //! - [`control`]: this server's replica of the control plane (meta servers), and Raft's
 //!   transport over the staging protocol.
 //! - [`cmd`]: one module per kind of request.
+//! - [`cma`]: same-node copies straight between a local client's memory and object buffers.
 //! - [`store`]: objects with memory accounting.
 //! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
 //! - [`meta`]: the coordinator's side of commits, as commands of the control plane's log
@@ -20,6 +21,7 @@
 //! - [`state`]: what all connections share: limits, the cluster view, the stores.
 //! - [`testing`]: a cluster of servers in one process that tests kill and restart.
 
+pub mod cma;
 pub mod cmd;
 pub mod control;
 pub mod corec;

@@ -432,7 +432,7 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
             if shards.iter().flatten().count() >= k {
                 break;
             }
-            let get = Request::Get { dataset: dataset.to_string(), step, id, want: h.region.clone(), shard: i as u32 + 1 };
+            let get = Request::Get { dataset: dataset.to_string(), step, id, want: h.region.clone(), shard: i as u32 + 1, into: None };
             if let Ok((Response::Data { checksum }, bytes)) = crate::peer::fetch(state, stripe[i], &get, state.store.max_reply()).await {
                 if crc32c::crc32c(&bytes) == checksum {
                     shards[i] = Some(bytes);

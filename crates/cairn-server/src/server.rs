@@ -73,8 +73,13 @@ pub async fn run(state: Arc<State>, listeners: Listeners, shutdown: impl Future<
             let (state, auth) = (state.clone(), authenticated.clone());
             tasks.spawn(async move {
                 match conn {
-                    Conn::Tcp(s) => handle(state, s, place, auth).await,
-                    Conn::Unix(s) => handle(state, s, place, auth).await,
+                    Conn::Tcp(s) => handle(state, s, place, auth, None).await,
+                    Conn::Unix(s) => {
+                        // The kernel's word for who is on the other end: the only process
+                        // same-node copies of this connection may touch.
+                        let pid = s.peer_cred().ok().and_then(|c| c.pid());
+                        handle(state, s, place, auth, pid).await
+                    }
                 }
             });
         };

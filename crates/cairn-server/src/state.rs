@@ -126,6 +126,8 @@ pub struct State {
     pub control: OnceLock<cairn_meta::raft::RaftLog>,
     /// Requests served.
     pub requests: AtomicU64,
+    /// Object bytes copied straight from or to local clients' memory.
+    pub same_node_bytes: AtomicU64,
     /// The cluster's redundancy settings (from the cluster file, read when first needed).
     policy: OnceLock<cairn_core::corec::Policy>,
     /// The leader's CoREC encoder: classifier and encodings under way.
@@ -158,6 +160,7 @@ impl State {
             meta_options,
             control: OnceLock::new(),
             requests: AtomicU64::new(0),
+            same_node_bytes: AtomicU64::new(0),
             policy: OnceLock::new(),
             corec: crate::corec::Corec::default(),
             recovery: crate::recover::Recovery::default(),

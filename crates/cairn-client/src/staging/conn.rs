@@ -6,7 +6,7 @@
 
 use cairn_core::{Error, ErrorKind, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
-use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::message::{refused, Envelope, Request, Response, MAX_RUNS};
 use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame};
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
@@ -82,28 +82,54 @@ pub(crate) struct Conn {
     timeout: Duration,
     /// The view epoch requests are stamped with.
     epoch: Option<u64>,
+    /// The server copies object bytes straight from and to this process's memory.
+    same_node: bool,
 }
 
 impl Conn {
     fn open(entry: &ServerEntry, secret: &str, transport: Transport, timeout: Duration) -> Result<Conn> {
         let (server, addr) = (entry.spec.id, entry.addr.clone());
-        let unix = entry.unix.as_deref().filter(|p| transport == Transport::Auto && entry.host == hostname() && p.exists());
+        let unix = entry.unix.as_deref().filter(|p| transport != Transport::Tcp && entry.host == hostname() && p.exists());
         let stream = match unix {
             Some(p) => UnixStream::connect(p).map(Stream::Unix),
             None => tcp(&addr, timeout).map(Stream::Tcp),
         }
         .and_then(|s| s.set_timeouts(timeout).map(|()| s));
         let stream = stream.map_err(|e| fail(server, &addr, "connect", timeout, &Error::io("connecting", e)))?;
-        let mut c = Conn { stream, server, addr, timeout, epoch: None };
+        let local = matches!(stream, Stream::Unix(_));
+        let mut c = Conn { stream, server, addr, timeout, epoch: None, same_node: false };
         let nonce = match c.recv(0, "hello")?.0 {
             Response::Challenge { nonce, .. } => nonce,
             other => return Err(refused("connect", other)),
         };
         let hello = Request::Hello { client: format!("client pid {}", std::process::id()), mac: cairn_proto::auth::answer(secret, &nonce) };
         match c.call(&hello)? {
-            Response::Welcome { .. } => Ok(c),
-            other => Err(refused("hello", other)),
+            Response::Welcome { .. } => {}
+            other => return Err(refused("hello", other)),
         }
+        if local && transport == Transport::Auto {
+            c.same_node = c.probe_same_node()?;
+        }
+        Ok(c)
+    }
+
+    /// Whether the server can copy this process's memory: it reads a few bytes of it and checks
+    /// them (the kernel may forbid it: ptrace policy, seccomp, another user).
+    fn probe_same_node(&mut self) -> Result<bool> {
+        let seed = std::process::id() ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let probe: [u8; 64] = std::array::from_fn(|i| (seed >> (i % 4 * 8)) as u8 ^ i as u8);
+        let req = Request::Attach { addr: probe.as_ptr() as u64, len: probe.len() as u64, checksum: crc32c::crc32c(&probe) };
+        let ok = matches!(self.call(&req)?, Response::Ok);
+        std::hint::black_box(&probe); // read by the server during the call
+        Ok(ok)
+    }
+
+    /// The runs (address, length) of `parts` in this process's memory, when the server copies
+    /// object bytes itself on this connection; else `None` (send them as a payload). The parts
+    /// must stay alive and untouched until the request's reply is read.
+    pub(crate) fn runs_of(&self, parts: &[&[u8]]) -> Option<Vec<(u64, u64)>> {
+        let runs: Vec<(u64, u64)> = parts.iter().filter(|p| !p.is_empty()).map(|p| (p.as_ptr() as u64, p.len() as u64)).collect();
+        (self.same_node && !runs.is_empty() && runs.len() <= MAX_RUNS).then_some(runs)
     }
 
     fn fail(&self, op: &str, e: Error) -> Error {
@@ -205,13 +231,31 @@ fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Erro
     }
 }
 
-/// Which transport clients use.
+/// Which transport clients use (`[staging] transport`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Transport {
-    /// Unix socket for servers on this host, else TCP.
+pub enum Transport {
+    /// For servers on this host, same-node copies (the server copies object bytes straight
+    /// between this process's memory and its own) over a Unix socket, or the Unix socket alone
+    /// where the kernel forbids them; TCP for the others.
     Auto,
-    /// TCP always (benchmarks).
+    /// Unix socket for servers on this host, with object bytes in the frames; else TCP.
+    Socket,
+    /// TCP always.
     Tcp,
+}
+
+impl Transport {
+    /// The transport a `[staging] transport` value names.
+    pub fn parse(text: &str) -> Result<Transport> {
+        match text {
+            "auto" => Ok(Transport::Auto),
+            "socket" => Ok(Transport::Socket),
+            "tcp" => Ok(Transport::Tcp),
+            other => Err(Error::Config(format!(
+                "[staging] transport = \"{other}\": use \"auto\" (same-node copies where possible), \"socket\" or \"tcp\""
+            ))),
+        }
+    }
 }
 
 /// A cluster as a client sees it: the cluster file (secret, memory), the current view, and a
@@ -229,10 +273,9 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    pub(crate) fn open(path: &Path, timeout: Duration) -> Result<Arc<Cluster>> {
+    pub(crate) fn open(path: &Path, timeout: Duration, transport: Transport) -> Result<Arc<Cluster>> {
         let file = ClusterFile::load(path)?;
         let view = RwLock::new(Arc::new(ClusterView::initial(&file)));
-        let transport = if std::env::var_os("CAIRN_TRANSPORT").is_some_and(|t| t == "tcp") { Transport::Tcp } else { Transport::Auto };
         Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout }))
     }
 

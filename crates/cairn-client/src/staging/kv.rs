@@ -2,7 +2,7 @@
 //! results, step markers and memo buckets in. A key lives on the server its hash places it on;
 //! many keys go as one request per server (puts in batches of bounded size).
 
-use super::conn::Cluster;
+use super::conn::{Cluster, Transport};
 use cairn_core::{Error, Result};
 use cairn_proto::batch::{kv_batches, KV_BATCH_BYTES};
 use cairn_proto::message::{unexpected, Request, Response, MAX_KEYS};
@@ -23,7 +23,7 @@ impl KvStore {
     /// Connects (lazily) to the cluster in the cluster file `path`; every call has `timeout`
     /// to make progress.
     pub fn open(path: &Path, timeout: std::time::Duration) -> Result<KvStore> {
-        Ok(KvStore { cluster: Cluster::open(path, timeout)? })
+        Ok(KvStore { cluster: Cluster::open(path, timeout, Transport::Auto)? })
     }
 
     /// Indices of `keys` grouped by the server holding them in the current view.

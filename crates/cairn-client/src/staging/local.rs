@@ -4,7 +4,7 @@
 //! `cairn-server` binary). Servers started by `mpirun`/`srun` on many nodes meet through the same
 //! cluster file without this.
 
-use super::conn::Cluster;
+use super::conn::{Cluster, Transport};
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{load_topology, write_private, ClusterFile};
 use cairn_proto::message::{Request, Response};
@@ -74,7 +74,7 @@ pub fn server_command() -> Vec<String> {
 
 /// Whether any server of the cluster in `file` answers within `timeout`.
 pub fn is_running(file: &Path, timeout: Duration) -> bool {
-    let Ok(c) = Cluster::open(file, timeout) else { return false };
+    let Ok(c) = Cluster::open(file, timeout, Transport::Auto) else { return false };
     let ids: Vec<u32> = c.view().servers.iter().map(|s| s.spec.id).collect();
     ids.into_iter().any(|id| c.call(id, &Request::Status).is_ok())
 }
@@ -153,7 +153,7 @@ impl LocalCluster {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let c = Cluster::open(&file, Duration::from_secs(5))?;
+        let c = Cluster::open(&file, Duration::from_secs(5), Transport::Auto)?;
         for id in 0..n {
             if let Err(e) = c.call(id, &Request::Status) {
                 return Err(failed(&mut children, format!("server {id} does not answer: {e}; see its log in {}", dir.display())));
@@ -166,7 +166,7 @@ impl LocalCluster {
     /// answer within 2 s is killed at once), a kill for any still running after `timeout`, then
     /// the cluster file and its folder are removed. Works for any local cluster, whoever started it.
     pub fn stop(file: &Path, timeout: Duration) -> Result<()> {
-        let c = Cluster::open(file, Duration::from_secs(2))?;
+        let c = Cluster::open(file, Duration::from_secs(2), Transport::Auto)?;
         let entries = c.view().servers.clone();
         let mut waiting = Vec::new();
         for s in &entries {

@@ -8,6 +8,7 @@ pub mod local;
 mod reader;
 mod writer;
 
+pub use conn::Transport;
 pub use kv::KvStore;
 pub use reader::StagingReader;
 pub use writer::StagingWriter;
@@ -29,7 +30,7 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
                 .into(),
         )
     })?;
-    Cluster::open(path, cfg.deadline()?)
+    Cluster::open(path, cfg.deadline()?, Transport::parse(&cfg.transport)?)
 }
 
 pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
@@ -66,7 +67,7 @@ pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepInde
 /// Gives server `down`'s ring slot to `spare` (or the first spare) by a view change through the
 /// control plane ([`ClusterView::replace`] of the newest view); returns the new view.
 pub fn replace_server(cluster: &std::path::Path, down: u32, spare: Option<u32>, timeout: std::time::Duration) -> Result<ClusterView> {
-    let c = Cluster::open(cluster, timeout)?;
+    let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     c.refresh_view();
     let view = c.view();
     let spare = match spare.or_else(|| view.spares.first().copied()) {
@@ -95,7 +96,7 @@ pub fn add_servers(cluster: &std::path::Path, ids: &[u32], timeout: std::time::D
         entry.spec.spare = false;
         entries.push(entry);
     }
-    let c = Cluster::open(cluster, timeout)?;
+    let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     c.refresh_view();
     let next = c.view().add(entries)?;
     c.coord(&Request::SetView { view: next.clone() })?;
@@ -105,7 +106,7 @@ pub fn add_servers(cluster: &std::path::Path, ids: &[u32], timeout: std::time::D
 /// Retires live server `id` by a view change: it loses its slot at once, recovery moves its
 /// pieces to live servers, and the control plane removes it from the view when none is left.
 pub fn retire_server(cluster: &std::path::Path, id: u32, timeout: std::time::Duration) -> Result<ClusterView> {
-    let c = Cluster::open(cluster, timeout)?;
+    let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     c.refresh_view();
     let next = c.view().retire(id)?;
     c.coord(&Request::SetView { view: next.clone() })?;
@@ -124,7 +125,7 @@ pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, time
             "{request:?} is not an administrative request (status, objects, datasets, view, set_view, shutdown)"
         )));
     }
-    let c = Cluster::open(cluster, timeout)?;
+    let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     // A view change is a log entry, and the dataset list the log's state: both go to the control
     // plane's leader, whichever server is named (asked again through an election).
     let resp = if matches!(req, Request::SetView { .. } | Request::Datasets) { c.coord(&req)? } else { c.call(server, &req)? };

@@ -80,15 +80,25 @@ impl StagingReader {
             let mut sent = 0;
             for i in 0..fetches.len() {
                 while sent < fetches.len() && sent < i + WINDOW {
-                    c.send(&fetches[sent].req, &[])?;
+                    // On the same node the server writes straight into the destination runs,
+                    // which are not touched here until its reply is read.
+                    let f = &mut fetches[sent];
+                    let runs = c.runs_of(&f.parts.iter().map(|p| &p[..]).collect::<Vec<_>>());
+                    if let Request::Get { into, .. } = &mut f.req {
+                        *into = runs;
+                    }
+                    c.send(&f.req, &[])?;
                     sent += 1;
                 }
                 let f = &mut fetches[i];
                 let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
-                let (resp, len) = c.recv(want, "get")?;
+                let local = matches!(&f.req, Request::Get { into: Some(_), .. });
+                let (resp, len) = c.recv(if local { 0 } else { want }, "get")?;
                 match self.cluster.settle(resp) {
-                    Ok(Response::Data { checksum }) if len == want => {
-                        c.read_payload(&mut f.parts, "get")?;
+                    Ok(Response::Data { checksum }) if len == want || (local && len == 0) => {
+                        if !local {
+                            c.read_payload(&mut f.parts, "get")?;
+                        }
                         let got = f.parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
                         if got != checksum {
                             first_err.get_or_insert(Error::Corrupt(format!(
@@ -227,7 +237,7 @@ impl StagingReader {
                 encoded.push((o, want, parts));
                 continue;
             }
-            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0 };
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0, into: None };
             by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), parts, holders, done: false });
         }
         if !encoded.is_empty() {
@@ -306,8 +316,14 @@ impl StagingReader {
                     .iter()
                     .map(|&(j, i)| {
                         let o = objs[j];
-                        let req =
-                            Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
+                        let req = Request::Get {
+                            dataset: self.dataset.clone(),
+                            step,
+                            id: o.id,
+                            want: o.region.clone(),
+                            shard: i as u32 + 1,
+                            into: None,
+                        };
                         let part = chunks.remove(&(j, i)).expect("each shard fetched once");
                         Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
                     })

@@ -96,7 +96,18 @@ impl StagingWriter {
             };
             for (i, o) in objects.iter().enumerate() {
                 let parts: Vec<&[u8]> = o.parts.iter().map(|p| p.as_ref()).collect();
-                c.send(&o.req, &parts)?;
+                // On the same node the server copies the bytes from this process's memory
+                // (they stay borrowed until the replies are read, below).
+                match c.runs_of(&parts) {
+                    Some(runs) => {
+                        let mut req = o.req.clone();
+                        if let Request::Put { from, .. } = &mut req {
+                            *from = Some(runs);
+                        }
+                        c.send(&req, &[])?
+                    }
+                    None => c.send(&o.req, &parts)?,
+                }
                 if i + 1 - acked >= WINDOW {
                     ack(c)?;
                     acked += 1;
@@ -162,6 +173,7 @@ impl StagingWriter {
                     writer: self.rank,
                     shard,
                     sealed: false,
+                    from: None,
                 };
                 let redundancy = if let Some((k, m)) = stripe {
                     // k data shards (the bytes, cut) and m parity shards, each on its own server.

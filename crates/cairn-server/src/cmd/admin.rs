@@ -17,6 +17,7 @@ pub fn status(state: &State) -> Response {
             objects,
             steps,
             requests: state.requests.load(Ordering::Relaxed),
+            same_node_bytes: state.same_node_bytes.load(Ordering::Relaxed),
             uptime_s: state.started.elapsed().as_secs_f64(),
             meta: meta.to_string(),
             leader,

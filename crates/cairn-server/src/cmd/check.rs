@@ -3,7 +3,9 @@
 //! arbitrary input (`fuzz/fuzz_targets/request_decode.rs`).
 
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Request, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_RAFT_PAYLOAD};
+use cairn_proto::message::{
+    Request, MAX_ATTACH_PROBE, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_RAFT_PAYLOAD, MAX_RUNS,
+};
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
 pub fn request(req: &Request, payload_len: u64) -> Result<()> {
@@ -14,15 +16,25 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", req.op_name())));
     }
     match req {
-        Request::Put { id, region, elem, shard, .. } => {
+        Request::Put { id, region, elem, shard, from, .. } => {
+            // A same-node put names the bytes in the client's memory instead of sending them.
+            let len = match from {
+                Some(runs) if payload_len == 0 => runs_len(runs)?,
+                Some(_) => return Err(Error::InvalidArgument("a same-node put names client memory and carries no payload".into())),
+                None => payload_len,
+            };
             // A shard is at most its object's bytes (at least 1: an empty object's shards).
-            let fits = |want: u64| if *shard == 0 { want == payload_len } else { payload_len >= 1 && payload_len <= want.max(1) };
+            let fits = |want: u64| if *shard == 0 { want == len } else { len >= 1 && len <= want.max(1) };
             region.volume().checked_mul(u64::from(*elem)).filter(|want| fits(*want) && *elem > 0).map(|_| ()).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "object {id:#x} (shard {shard}): payload of {payload_len} bytes does not match its box {:?} of {elem}-byte elements",
+                    "object {id:#x} (shard {shard}): payload of {len} bytes does not match its box {:?} of {elem}-byte elements",
                     region.count
                 ))
             })
+        }
+        Request::Get { into: Some(runs), .. } => runs_len(runs).map(|_| ()),
+        Request::Attach { len, .. } if *len == 0 || *len > MAX_ATTACH_PROBE => {
+            Err(Error::InvalidArgument(format!("a same-node probe of {len} bytes: give 1 to {MAX_ATTACH_PROBE}")))
         }
         Request::Encode { k, m, shards, .. } => {
             if *k < 2
@@ -115,6 +127,21 @@ fn check_key(key: &str) -> Result<()> {
     Ok(())
 }
 
+/// The bytes of a same-node request's runs of client memory: at most [`MAX_RUNS`] runs, none
+/// empty or wrapping around the address space, adding up to at most what any object may have.
+fn runs_len(runs: &[(u64, u64)]) -> Result<u64> {
+    if runs.is_empty() || runs.len() > MAX_RUNS {
+        return Err(Error::InvalidArgument(format!("{} runs of client memory: name 1 to {MAX_RUNS}", runs.len())));
+    }
+    let total = runs.iter().try_fold(0u64, |a, &(addr, n)| addr.checked_add(n).filter(|_| n > 0).and_then(|_| a.checked_add(n)));
+    total.filter(|t| *t <= MAX_LOCAL_OBJECT).ok_or_else(|| {
+        Error::InvalidArgument("runs of client memory that are empty, wrap around or exceed an object's largest size".into())
+    })
+}
+
+/// Largest object a same-node request may name (the frame payload bound applies to the rest).
+const MAX_LOCAL_OBJECT: u64 = 1 << 40;
+
 /// A batch's keys are valid, and its sizes match the keys and add up to the payload.
 fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
     check_keys(keys)?;
@@ -160,5 +187,43 @@ mod tests {
         }
         let unclaim = Request::Unclaim { dataset: "d".into(), claimer: String::new() };
         assert!(request(&unclaim, 0).is_err());
+    }
+
+    #[test]
+    fn same_node_requests_bound_their_runs_and_carry_no_payload() {
+        let put = |from: Option<Vec<(u64, u64)>>| Request::Put {
+            dataset: "d".into(),
+            step: 0,
+            session: "s".into(),
+            var: "v".into(),
+            id: 1,
+            region: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
+            elem: 8,
+            checksum: 0,
+            copy: 0,
+            writer: 0,
+            shard: 0,
+            sealed: false,
+            from,
+        };
+        assert!(request(&put(Some(vec![(4096, 16), (8192, 16)])), 0).is_ok());
+        assert!(request(&put(Some(vec![(4096, 16), (8192, 16)])), 32).unwrap_err().to_string().contains("no payload"));
+        assert!(request(&put(Some(vec![(4096, 16)])), 0).unwrap_err().to_string().contains("does not match its box"));
+        for bad in [vec![], vec![(4096, 0), (0, 32)], vec![(u64::MAX - 8, 32)], vec![(1, 1); MAX_RUNS + 1]] {
+            assert!(request(&put(Some(bad)), 0).is_err());
+        }
+        let get = |into| Request::Get {
+            dataset: "d".into(),
+            step: 0,
+            id: 1,
+            want: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
+            shard: 0,
+            into: Some(into),
+        };
+        assert!(request(&get(vec![(4096, 32)]), 0).is_ok());
+        assert!(request(&get(vec![(u64::MAX, 1)]), 0).is_err());
+        let attach = |len| Request::Attach { addr: 4096, len, checksum: 0 };
+        assert!(request(&attach(64), 0).is_ok());
+        assert!(request(&attach(0), 0).is_err() && request(&attach(MAX_ATTACH_PROBE + 1), 0).is_err());
     }
 }

@@ -57,6 +57,31 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
     Ok(Response::Ok)
 }
 
+/// Stores one object whose bytes are runs of the local client's memory (a same-node put).
+pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutHeader) -> Result<Response> {
+    let pid = local.ok_or_else(crate::cma::not_local)?;
+    let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
+    let reservation = state.store.reserve(len)?;
+    let mut data = state.store.buffer(len as usize);
+    crate::cma::read(pid, runs, &mut data)?;
+    state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+    store(state, h, data, reservation)?;
+    Ok(Response::Ok)
+}
+
+/// Writes a get's reply bytes into runs of the local client's memory, which answers without a payload.
+pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], reply: Reply) -> Result<Reply> {
+    let pid = local.ok_or_else(crate::cma::not_local)?;
+    match reply {
+        Reply::WithPayload(resp, payload) => {
+            crate::cma::write(pid, runs, payload.bytes())?;
+            state.same_node_bytes.fetch_add(payload.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(Reply::Plain(resp))
+        }
+        plain => Ok(plain),
+    }
+}
+
 /// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
 /// the header's crc32c, consuming the reservation of their space.
 pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
@@ -117,6 +142,7 @@ impl PutHeader {
             writer: self.writer,
             shard: self.shard,
             sealed: self.sealed,
+            from: None,
         }
     }
 }

@@ -50,7 +50,14 @@ impl Payload {
 }
 
 /// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
-pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
+/// `local` is the pid of the client when it runs on this host (for same-node copies).
+pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
+    state: &Arc<State>,
+    req: Request,
+    p: Prefix,
+    stream: &mut S,
+    local: Option<i32>,
+) -> Result<Reply> {
     let data = matches!(
         req,
         Request::Put { .. }
@@ -71,11 +78,21 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(state: &Arc<State>, req
         Request::View => state.view().map(|v| Reply::Plain(Response::View { view: (*v).clone() })),
         Request::SetView { view } => plain(crate::views::set_view(state, view).await),
         Request::ViewChanged { view } => plain(state.adopt(view).map(|_| Response::Ok)),
-        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed } => {
+        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed, from } => {
             let h = data::PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed };
-            plain(data::put(state, stream, p.payload_len, h).await)
+            match from {
+                Some(runs) => plain(data::put_local(state, local, &runs, h)),
+                None => plain(data::put(state, stream, p.payload_len, h).await),
+            }
         }
-        Request::Get { dataset, step, id, want, shard } => data::get(state, &dataset, step, (id, shard), &want),
+        Request::Get { dataset, step, id, want, shard, into } => {
+            let reply = data::get(state, &dataset, step, (id, shard), &want)?;
+            match into {
+                Some(runs) => data::deliver_local(state, local, &runs, reply),
+                None => Ok(reply),
+            }
+        }
+        Request::Attach { addr, len, checksum } => plain(crate::cma::probe(local, addr, len, checksum).map(|()| Response::Ok)),
         Request::Encode { dataset, step, id, k, m, shards, holders } => {
             plain(crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await)
         }
