@@ -39,7 +39,7 @@ def add_field_args(p: argparse.ArgumentParser, steps: int) -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs per configuration; best kept")
 
 
-def run_writers(fn: Callable[..., None], where: str, shape, steps: int, nw: int) -> float:
+def run_writers(fn: Callable[..., None], where: Any, shape, steps: int, nw: int) -> float:
     """Runs ``fn(where, shape, steps, rank, nw, barrier, queue)`` in nw spawned processes, each
     putting its elapsed seconds on the queue; returns the slowest."""
     ctx = mp.get_context("spawn")

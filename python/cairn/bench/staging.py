@@ -1,11 +1,15 @@
-"""The ``staging`` engine against a raw loopback socket and Redis, on the same bytes, in one run.
+"""The ``staging`` engine against a raw loopback socket, memcpy and Redis, on the same bytes, in one run.
 
 W writer processes (1 and 2) each put their slab of a float64 field (default 256 MiB per step in
 all) into a local 2-server cluster for S steps; then one reader gets every step whole and a 1/8
-box (half along each dimension). Baselines: the same bytes sent once over a plain loopback TCP
-socket into a reused buffer (the ceiling for any staging over TCP), and Redis SET/GET of the same
-bytes in 64 MiB values on a real ``redis-server``. Also the latency of 4 KiB puts (one object each)
-vs a 4 KiB socket round trip and a Redis SET. Prints MB/s and the ratios.
+box (half along each dimension). Each transport is a row: ``same-node`` (the default: servers copy
+the bytes straight from and to the clients' arrays), ``socket`` (the Unix socket) and ``tcp``.
+Baselines: the same bytes sent once over a plain loopback TCP socket into a reused buffer (the
+ceiling for any staging over TCP), the same bytes copied by numpy into a reused buffer in as many
+processes (the ceiling of any same-node transfer), and Redis SET/GET of the same bytes in 64 MiB
+values on a real ``redis-server``. Also puts with ``redundancy = 1`` (two copies) against one copy,
+and the latency of 4 KiB puts (one object each) per transport vs a 4 KiB socket round trip and a
+Redis SET. Prints MB/s and the ratios.
 """
 
 from __future__ import annotations
@@ -82,6 +86,29 @@ def raw_socket(shape, steps, nw) -> float:
         p.start()
     dt = max(q.get() for _ in ps)
     for p in [*ps, sink]:
+        p.join()
+    return dt
+
+
+def _memcpy(a, steps, barrier, q):
+    out = np.empty_like(a)
+    np.copyto(out, a)  # touched once, as a reused buffer is
+    barrier.wait()
+    t = time.perf_counter()
+    for _ in range(steps):
+        np.copyto(out, a)
+    q.put(time.perf_counter() - t)
+
+
+def memcpy(shape, steps, nw) -> float:
+    """Seconds for nw processes to copy their slabs, steps times, into reused buffers."""
+    ctx = mp.get_context("fork")
+    q, barrier = ctx.Queue(), ctx.Barrier(nw)
+    ps = [ctx.Process(target=_memcpy, args=(data_for(shape, r, nw), steps, barrier, q)) for r in range(nw)]
+    for p in ps:
+        p.start()
+    dt = max(q.get() for _ in ps)
+    for p in ps:
         p.join()
     return dt
 
@@ -189,10 +216,15 @@ def socket_rtt_4k() -> float:
 
 # ---- cairn ------------------------------------------------------------------------------------
 
-def _cairn_writer(cl, shape, steps, rank, nw, barrier, q):
+#: The transports measured: their names in the table, and ``[staging] transport``.
+TRANSPORTS = {"same-node": "auto", "socket": "socket", "tcp": "tcp"}
+
+
+def _cairn_writer(where, shape, steps, rank, nw, barrier, q):
+    cl, transport = where
     a = data_for(shape, rank, nw)
     x0, _ = slab(shape, rank, nw)
-    f = cairn.open("bench", "w", engine="staging", cluster=cl, rank=rank, nranks=nw, session="b", keep_last=2)
+    f = cairn.open("bench", "w", engine="staging", cluster=cl, rank=rank, nranks=nw, session="b", keep_last=2, transport=transport)
     f.define("field", "f8", shape)
     barrier.wait()
     t = time.perf_counter()
@@ -203,10 +235,10 @@ def _cairn_writer(cl, shape, steps, rank, nw, barrier, q):
     f.close()
 
 
-def cairn_get(cl, box) -> tuple[float, int]:
+def cairn_get(cl, box, transport) -> tuple[float, int]:
     off, cnt = box
     out = np.empty(cnt)
-    f = cairn.open("bench", "r", engine="staging", cluster=cl)
+    f = cairn.open("bench", "r", engine="staging", cluster=cl, transport=transport)
     steps = f.steps()
     t = time.perf_counter()
     for s in steps:
@@ -214,8 +246,8 @@ def cairn_get(cl, box) -> tuple[float, int]:
     return time.perf_counter() - t, len(steps)
 
 
-def cairn_small(cl) -> float:
-    f = cairn.open("small", "w", engine="staging", cluster=cl)
+def cairn_small(cl, transport) -> float:
+    f = cairn.open(f"small-{transport}", "w", engine="staging", cluster=cl, transport=transport)
     f.define("b", "u1", (100 * 4096,))
     blk = np.frombuffer(os.urandom(4096), "u1")
     n = 2000
@@ -231,43 +263,57 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m cairn.bench staging", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_field_args(p, steps=5)
+    p.add_argument("--transports", default=",".join(TRANSPORTS), help=f"transports measured (default {','.join(TRANSPORTS)})")
     args = p.parse_args(argv)
     shape, nbytes, whole, eighth = boxes(args.mib)
+    transports = args.transports.split(",")
     rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="cairn-bench-")
     mem = f"{(3 * args.mib + 64)}MiB"  # keep_last=2 plus the step being written, per server at worst
+
+    def cairn_run(nw: int, transport: str, redundancy: int) -> dict[str, float]:
+        # Two servers; one copy measures the transport against the raw socket and memcpy.
+        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem, redundancy=redundancy)
+        try:
+            cl = str(c.file)
+            res = {"put": run_writers(_cairn_writer, (cl, transport), shape, args.steps, nw) / args.steps}
+            if redundancy:
+                return res
+            get, kept = cairn_get(cl, whole, transport)
+            box, _ = cairn_get(cl, eighth, transport)
+            return {**res, "get": get / kept, "get_box": box / kept}
+        finally:
+            c.stop()
+
     try:
         for nw in args.writers:
             best: dict[str, float] = {}
             for _ in range(args.repeat):
-                c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem, redundancy=0)  # one copy: the transport against a raw socket (redundancy: bench redundancy)
-                try:
-                    cl = str(c.file)
-                    res = {"put": run_writers(_cairn_writer, cl, shape, args.steps, nw)}
-                    res["get"], kept = cairn_get(cl, whole)
-                    res["get_box"], _ = cairn_get(cl, eighth)
-                finally:
-                    c.stop()
-                res["get"] /= kept
-                res["get_box"] /= kept
-                res["raw"] = raw_socket(shape, args.steps, nw) / args.steps
+                res = {"raw": raw_socket(shape, args.steps, nw) / args.steps, "memcpy": memcpy(shape, args.steps, nw) / args.steps}
+                for name in transports:
+                    res.update({f"{name}:{k}": v for k, v in cairn_run(nw, TRANSPORTS[name], 0).items()})
+                res.update({f"r1:{k}": v for k, v in cairn_run(nw, "auto", 1).items()})
                 rd = redis_put_get(tmp, shape, args.steps, nw)
                 res["redis_put"], res["redis_get"] = rd["put"] / args.steps, rd["get"] / args.steps
-                res["put"] /= args.steps
                 for k, v in res.items():
                     best[k] = min(best.get(k, float("inf")), v)
             mb = nbytes / 1e6
-            rows.append({
-                "writers": nw,
-                "put_MBps": mb / best["put"], "raw_MBps": mb / best["raw"], "redis_set_MBps": mb / best["redis_put"],
-                "put_vs_raw": best["raw"] / best["put"], "put_vs_redis": best["redis_put"] / best["put"],
-                "get_MBps": mb / best["get"], "redis_get_MBps": mb / best["redis_get"],
-                "get_vs_raw": best["raw"] / best["get"], "get_vs_redis": best["redis_get"] / best["get"],
-                "box_MBps": mb / 8 / best["get_box"],
-            })
+            for name in transports:
+                put, get = best[f"{name}:put"], best[f"{name}:get"]
+                rows.append({
+                    "writers": nw, "transport": name,
+                    "put_MBps": mb / put, "get_MBps": mb / get, "box_MBps": mb / 8 / best[f"{name}:get_box"],
+                    "raw_MBps": mb / best["raw"], "memcpy_MBps": mb / best["memcpy"],
+                    "put_vs_raw": best["raw"] / put, "get_vs_raw": best["raw"] / get,
+                    "put_vs_memcpy": best["memcpy"] / put, "get_vs_memcpy": best["memcpy"] / get,
+                    "redis_set_MBps": mb / best["redis_put"], "redis_get_MBps": mb / best["redis_get"],
+                    "put_vs_redis": best["redis_put"] / put, "get_vs_redis": best["redis_get"] / get,
+                })
+            rows.append({"writers": nw, "transport": "same-node", "redundancy": 1, "put_r1_MBps": mb / best["r1:put"],
+                         "put_r1_vs_r0": best.get("same-node:put", float("nan")) / best["r1:put"]})
         c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory="1GiB", redundancy=0)
         try:
-            small = cairn_small(str(c.file))
+            small = {name: cairn_small(str(c.file), TRANSPORTS[name]) for name in transports}
         finally:
             c.stop()
         rtt = socket_rtt_4k()
@@ -275,10 +321,14 @@ def main(argv: list[str]) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"staging: {args.mib} MiB per step, {args.steps} steps, 2 servers on loopback, best of {args.repeat}")
-    print(table(rows, ["writers", "put_MBps", "raw_MBps", "redis_set_MBps", "put_vs_raw", "put_vs_redis",
-                       "get_MBps", "redis_get_MBps", "get_vs_raw", "get_vs_redis", "box_MBps"]))
-    lat = {"cairn_put_4k_us": small * 1e6, "socket_rtt_4k_us": rtt * 1e6, "redis_set_4k_us": rd_small * 1e6}
-    print("4 KiB put latency: cairn {cairn_put_4k_us:.0f} us, raw socket round trip {socket_rtt_4k_us:.0f} us, "
-          "redis SET {redis_set_4k_us:.0f} us".format(**lat))
+    print(table([r for r in rows if "put_MBps" in r],
+                ["writers", "transport", "put_MBps", "get_MBps", "box_MBps", "raw_MBps", "memcpy_MBps", "put_vs_raw",
+                 "get_vs_raw", "put_vs_memcpy", "get_vs_memcpy", "put_vs_redis", "get_vs_redis"]))
+    print(table([r for r in rows if "put_r1_MBps" in r], ["writers", "transport", "redundancy", "put_r1_MBps", "put_r1_vs_r0"]))
+    lat = {"socket_rtt_4k_us": rtt * 1e6, "redis_set_4k_us": rd_small * 1e6,
+           **{f"cairn_put_4k_us_{name}": t * 1e6 for name, t in small.items()},
+           **{f"put_4k_vs_rtt_{name}": t / rtt for name, t in small.items()}}
+    print("4 KiB put latency: " + ", ".join(f"cairn {name} {t * 1e6:.0f} us ({t / rtt:.1f}x)" for name, t in small.items())
+          + f"; raw socket round trip {rtt * 1e6:.0f} us, redis SET {rd_small * 1e6:.0f} us")
     path = save("staging", rows + [lat], vars(args))
     print(f"saved {path}")

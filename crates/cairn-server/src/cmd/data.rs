@@ -63,9 +63,10 @@ pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutH
     let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
     let reservation = state.store.reserve(len)?;
     let mut data = state.store.buffer(len as usize);
-    crate::cma::read(pid, runs, &mut data)?;
+    let mut crc = 0u32;
+    crate::cma::read(pid, runs, &mut data, &mut |piece| crc = crc32c::crc32c_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-    store(state, h, data, reservation)?;
+    store_checked(state, h, data, crc, reservation)?;
     Ok(Response::Ok)
 }
 
@@ -86,6 +87,11 @@ pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], rep
 /// the header's crc32c, consuming the reservation of their space.
 pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
     let crc = crc32c::crc32c(&data);
+    store_checked(state, h, data, crc, reservation)
+}
+
+/// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
+fn store_checked(state: &State, h: PutHeader, data: Vec<u8>, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
     if crc != h.checksum {
         return Err(Error::Corrupt(format!(
             "object {:#x} of '{}' arrived damaged (crc32c {crc:#x}, sender computed {:#x}); put it again",
