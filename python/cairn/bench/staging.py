@@ -194,7 +194,10 @@ def socket_rtt_4k() -> float:
         while True:
             n = 0
             while n < 4096:
-                k = s.recv_into(memoryview(buf)[n:])
+                try:
+                    k = s.recv_into(memoryview(buf)[n:])
+                except OSError:  # closed at the end of the measurement
+                    return
                 if not k:
                     return
                 n += k
