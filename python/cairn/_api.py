@@ -125,10 +125,11 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 
 
 def _where(cfg: str | None, ov: list[tuple[str, str]]) -> tuple[str, str | None]:
-    """The engine and, for staging, the cluster file a dataset opened with ``cfg`` and ``ov`` is in."""
+    """The engine and where a dataset opened with ``cfg`` and ``ov`` is: the cluster file
+    (staging) or the directory holding the datasets (file)."""
     resolved = json.loads(_native.config_json(cfg, ov))
-    cluster = resolved["staging"]["cluster"] if resolved["engine"] == "staging" else None
-    return resolved["engine"], None if cluster is None else os.path.abspath(cluster)
+    at = resolved["staging"]["cluster"] if resolved["engine"] == "staging" else resolved["file"]["path"]
+    return resolved["engine"], None if at is None else os.path.abspath(at)
 
 
 def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, rank: int, nranks: int, comm: Any) -> list[tuple[str, str]]:
@@ -217,11 +218,11 @@ class Writer:
         """Write step ``step`` inside the ``with`` block. It commits (becomes visible) once every
         rank has left the block; an exception abandons this rank's part and the step stays hidden.
 
-        ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster) makes
-        this step's commit release step ``step`` of ``src`` in one transaction: both happen or
-        neither (D²T consume-and-produce, with :meth:`Reader.claims`). If another claimer consumed
-        that step first (this one's lease had lapsed), the step is refused with
-        :class:`ConflictError` and nothing changes."""
+        ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster or the
+        same ``file`` engine path) makes this step's commit release step ``step`` of ``src`` in one
+        transaction: both happen or neither (D²T consume-and-produce, with :meth:`Reader.claims`).
+        If another claimer consumed that step first (this one's lease had lapsed), the step is
+        refused with :class:`ConflictError` and nothing changes."""
         sources = self._sources(consume)
         self._inner.begin_step(_step(step))
         try:
@@ -243,10 +244,10 @@ class Writer:
         for r in readers:
             if not isinstance(r, Reader):
                 raise InvalidArgumentError(f"consume={r!r}: give the Reader (or a list of Readers) of the dataset whose step this commit releases")
-            if r._where != self._where or self._where[0] != "staging":
+            if r._where != self._where:
                 raise InvalidArgumentError(f"consume= of dataset '{r._name}' ({r._where[0]} {r._where[1] or ''}) from a writer on "
                                            f"{self._where[0]} {self._where[1] or ''}: consume-and-produce works within one staging "
-                                           "cluster (the file engine's is not built yet)")
+                                           "cluster or one file engine path; open both datasets there")
         return [r._name for r in readers]
 
     def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
@@ -355,7 +356,8 @@ class Reader:
         its result with ``dst.step(step, consume=self)``. Ends when the writers closed the
         dataset and nothing is left for this claimer, or when no step came for ``timeout``
         seconds (``None``: wait for ever); steps yielded and not consumed then go back to the
-        others. Staging engine."""
+        others. On the ``file`` engine leases are files (``claims/``) and expire by wall-clock
+        time, so claimers on several nodes need synchronised clocks."""
         from . import _claims
 
         yield from _claims.claims(self._inner, lease, timeout)

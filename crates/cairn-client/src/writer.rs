@@ -43,11 +43,12 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Opens dataset `name` for writing with the engine `cfg` names. `append` adds steps to an
-    /// existing dataset; otherwise the file engine needs one without committed steps (the staging
-    /// engine takes any: its committed steps are immutable). `session` identifies this
+    /// Opens dataset `name` for writing with the engine `cfg` names. `append` carries the
+    /// definitions and attributes of its last committed step over. `session` identifies this
     /// launch of the application: every rank of one launch passes the same value, and a restart
     /// passes a new one (see [`crate::session`]), so a crashed run's leftovers never mix in.
+    /// Without `append` a dataset with committed steps opens too (claimers share a
+    /// destination); its committed steps are immutable either way.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
@@ -168,8 +169,9 @@ impl Writer {
     }
 
     /// Makes the open step's commit release the same step of each dataset in `datasets` (of
-    /// the same cluster), in one transaction: both happen or neither. The step is refused at its
-    /// end if one of them no longer holds the step (another claimer consumed it).
+    /// the same staging cluster, or beside this one under the same `[file] path`), in one
+    /// transaction: both happen or neither. The step is refused at its end if one of them no
+    /// longer holds the step (another claimer consumed it).
     pub fn consume(&mut self, datasets: Vec<String>) -> Result<()> {
         let step = self.step.ok_or_else(|| Error::Conflict("consume without an open step; call begin_step first".into()))?;
         for d in &datasets {
