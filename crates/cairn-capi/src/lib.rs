@@ -41,7 +41,7 @@ pub enum Status {
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 pub enum CairnFile {
     /// Write handle.
-    W(Writer),
+    W(Box<Writer>),
     /// Read handle.
     R(Reader),
 }
@@ -118,7 +118,7 @@ unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Err
 unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
     // SAFETY: the caller passes a live handle.
     match unsafe { f.as_mut() } {
-        Some(CairnFile::W(w)) => Ok(w),
+        Some(CairnFile::W(w)) => Ok(&mut **w),
         Some(CairnFile::R(_)) => Err(invalid("this handle was opened for reading (mode \"r\"); open with \"w\" or \"a\" to write")),
         None => Err(invalid("file handle is NULL")),
     }
@@ -163,7 +163,7 @@ pub unsafe extern "C" fn cairn_open(
                     return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
                 }
                 let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
-                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?)
+                CairnFile::W(Box::new(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?))
             }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };

@@ -65,6 +65,10 @@ pub trait WriteEngine: Send {
     fn default_redundancy(&self) -> u32 {
         0
     }
+    /// Servers that refused or did not answer the last failed put (none for files).
+    fn failed_servers(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// The reading side of an engine.
