@@ -89,9 +89,11 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 ) -> Writer | Reader:
     """Open dataset ``name``.
 
-    ``mode`` is ``"w"`` (new dataset), ``"a"`` (add steps to an existing one, e.g. after a restart)
-    or ``"r"``. Writers are rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``);
-    a step commits when every rank has ended it. ``config`` names a ``cairn.toml`` (else
+    ``mode`` is ``"w"`` (write, starting without definitions; a dataset that has steps opens too,
+    its committed steps staying immutable, so claimers can share a destination), ``"a"`` (add steps
+    to an existing one, taking its definitions over, e.g. after a restart) or ``"r"``. Writers are
+    rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``); a step commits when every
+    rank has ended it. ``config`` names a ``cairn.toml`` (else
     ``$CAIRN_CONFIG``, else ``./cairn.toml``); keyword ``overrides`` such as ``engine="file"`` or
     ``path="out"`` win over it. Readers may run on any number of processes.
 

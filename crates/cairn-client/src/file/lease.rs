@@ -66,10 +66,7 @@ pub(super) fn claim(layout: &Layout, claimer: &str, lease: Duration) -> Result<(
             Some((g, l)) if l.expires_ms <= now => g + 1,
             Some(_) => continue,
         };
-        if publish_new(&lease_path(layout, step, generation), &bytes, false, 0)? {
-            for g in 0..generation {
-                let _ = std::fs::remove_file(lease_path(layout, step, g));
-            }
+        if take(layout, step, generation, &bytes)? {
             return Ok((Some(step), false));
         }
     }
@@ -82,6 +79,25 @@ pub(super) fn claim(layout: &Layout, claimer: &str, lease: Duration) -> Result<(
     }
     let all_mine = committed.iter().all(|s| leases.get(s).is_some_and(|(_, l)| l.claimer == claimer && l.expires_ms > now));
     Ok((None, in_flight.is_empty() && all_mine && layout.finished()?))
+}
+
+/// Creates generation `generation` of `step`'s lease; returns whether this claimer has the step
+/// now (not if another created that generation first, or the step is gone).
+fn take(layout: &Layout, step: u64, generation: u32, lease: &[u8]) -> Result<bool> {
+    let path = lease_path(layout, step, generation);
+    if !publish_new(&path, lease, false, 0)? {
+        return Ok(false);
+    }
+    // Consumed between this claimer's listings of steps and of leases (its holder dropped the
+    // lease after taking the step): no step to hand out.
+    if !layout.step_path(step).exists() {
+        let _ = std::fs::remove_file(path);
+        return Ok(false);
+    }
+    for g in 0..generation {
+        let _ = std::fs::remove_file(lease_path(layout, step, g));
+    }
+    Ok(true)
 }
 
 /// Extends every live lease of `claimer` to `lease` from now; returns the steps it holds.
@@ -115,5 +131,25 @@ pub(super) fn drop_step(layout: &Layout, step: u64) {
     let prefix = format!("{step:012}.");
     for name in layout.list("claims").unwrap_or_default().into_iter().filter(|n| n.starts_with(&prefix)) {
         let _ = std::fs::remove_file(layout.dir("claims").join(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_is_taken_once_per_generation_and_never_once_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), "ds");
+        layout.create().unwrap();
+        std::fs::write(layout.step_path(3), b"{}").unwrap();
+        assert!(take(&layout, 3, 0, b"{}").unwrap());
+        assert!(!take(&layout, 3, 0, b"{}").unwrap(), "generation 0 exists: the race is lost");
+        assert!(take(&layout, 3, 1, b"{}").unwrap());
+        assert_eq!(layout.list("claims").unwrap(), vec!["000000000003.000001.json"], "older generations go");
+        std::fs::remove_file(layout.step_path(3)).unwrap();
+        assert!(!take(&layout, 3, 2, b"{}").unwrap(), "a consumed step is not handed out");
+        assert_eq!(layout.list("claims").unwrap(), vec!["000000000003.000001.json"]);
     }
 }
