@@ -183,6 +183,31 @@ def test_a_destination_step_commits_once_and_a_refused_one_keeps_its_source(opts
     assert np.array_equal(src2.get("p", 0), _field(0))
 
 
+def test_the_last_rank_carries_the_consume_of_several_sources(opts):
+    """A 2-rank destination: rank 0 names the sources (a list), rank 1 ends last and its end of
+    step commits the step and releases it in both sources at once."""
+    for name in ("sim", "sim2"):
+        w = cairn.open(name, "w", **opts)
+        w.define("p", "f8", (8, 16))
+        with w.step(0):
+            w.put("p", _field(0))
+        w.close()
+    src, src2 = cairn.open("sim", "r", **opts), cairn.open("sim2", "r", **opts)
+    ranks = [cairn.open("stats", "w", rank=r, nranks=2, session="two", **opts) for r in range(2)]
+    for r, w in enumerate(ranks):
+        w.define("mean", dtype="f8", local=True)
+        w.begin_step(0, consume=[src, src2] if r == 0 else None)
+        w.put("mean", np.full(4, float(r)))
+    assert ranks[0].end_step() is False, "rank 1 has not ended the step yet"
+    assert src.steps() == [0] and src2.steps() == [0]
+    assert ranks[1].end_step() is True
+    assert src.steps() == [] and src2.steps() == []
+    with cairn.open("stats", "r", **opts) as r:
+        assert r.steps() == [0] and np.array_equal(r.get_local("mean", 0, writer=1), np.ones(4))
+    for w in ranks:
+        w.close()
+
+
 def test_consume_checks_what_it_is_given(tmp_path):
     c = cluster.start(tmp_path / "cluster.json", servers=1, memory="64MiB")
     try:

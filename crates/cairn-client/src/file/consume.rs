@@ -281,3 +281,61 @@ pub(super) fn read_visible(layout: &Layout, step: u64) -> Result<StepIndex> {
         r => r,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(step: u64, txn: Option<&str>) -> Vec<u8> {
+        let consumed = txn.map(|t| Consumed { txn: t.into(), datasets: vec!["src".into()] });
+        let i = StepIndex { format: 1, step, nranks: 1, vars: Default::default(), blocks: vec![], attrs: Default::default(), consumed };
+        to_json(&i)
+    }
+
+    #[test]
+    fn a_taken_step_counts_in_its_source_until_the_destination_links_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (Layout::new(dir.path(), "src"), Layout::new(dir.path(), "dst"));
+        src.create().unwrap();
+        dst.create().unwrap();
+        std::fs::write(src.step_path(5), index(5, None)).unwrap();
+        publish(&taken_path(&src, 5, "t1", "txn"), b"dst", false, 0).unwrap();
+        std::fs::rename(src.step_path(5), taken_path(&src, 5, "t1", "json")).unwrap();
+        assert_eq!(visible_steps(&src).unwrap(), vec![5], "taken, not committed: still there");
+        assert_eq!(read_visible(&src, 5).unwrap().step, 5);
+        std::fs::write(dst.step_path(5), index(5, Some("other"))).unwrap();
+        assert_eq!(visible_steps(&src).unwrap(), vec![5], "another transaction's commit does not count");
+        std::fs::write(dst.step_path(5), index(5, Some("t1"))).unwrap();
+        assert_eq!(visible_steps(&src).unwrap(), Vec::<u64>::new(), "committed: released");
+    }
+
+    #[test]
+    fn a_dead_transaction_is_undone_unless_it_committed_and_a_live_one_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (Layout::new(dir.path(), "src"), Layout::new(dir.path(), "dst"));
+        src.create().unwrap();
+        dst.create().unwrap();
+        let journal = journal_path(&dst, 5, "t1");
+        let take = || {
+            std::fs::write(src.step_path(5), index(5, None)).unwrap();
+            publish(&taken_path(&src, 5, "t1", "txn"), b"dst", false, 0).unwrap();
+            std::fs::rename(src.step_path(5), taken_path(&src, 5, "t1", "json")).unwrap();
+            std::fs::write(&journal, index(5, Some("t1"))).unwrap();
+        };
+        take();
+        let live = File::open(&journal).unwrap();
+        assert!(try_lock(&live));
+        recover_source(&src).unwrap();
+        assert!(journal.exists() && !src.step_path(5).exists(), "its process holds the lock: in flight");
+        drop(live);
+        recover_source(&src).unwrap();
+        assert!(src.step_path(5).exists() && !journal.exists(), "dead before its commit: undone");
+        assert!(src.list("taken").unwrap().is_empty());
+        std::fs::remove_file(src.step_path(5)).unwrap();
+        take();
+        std::fs::hard_link(&journal, dst.step_path(5)).unwrap();
+        recover_destination(&dst).unwrap();
+        assert!(!src.step_path(5).exists() && !journal.exists() && dst.step_path(5).exists(), "dead after its commit: finished");
+        assert!(src.list("taken").unwrap().is_empty());
+    }
+}
