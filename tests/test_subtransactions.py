@@ -16,6 +16,8 @@ import pytest
 import cairn
 from cairn import cluster
 
+from .conftest import ROOT, check, file_config
+
 
 @pytest.fixture
 def small(tmp_path):
@@ -113,4 +115,61 @@ def test_a_write_the_file_system_refuses_is_a_failed_put_retried_once_there_is_r
     assert done == {"committed": True}
     with cairn.open("sub", "r", engine="file", path=str(tmp_path)) as r:
         assert r.steps() == [0]
+        assert np.array_equal(r.get("a", 0), np.arange(128.0)) and (r.get("b", 0) == 7).all()
+
+
+C_RETRY = textwrap.dedent(r"""
+    #include <cairn.h>
+    #include <signal.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #include <sys/resource.h>
+    #define CHECK(x) do { enum cairn_status s_ = (x); if (s_ != CAIRN_OK) { \
+        fprintf(stderr, "%s: %s\n", #x, cairn_last_error()); return 1; } } while (0)
+    int main(int argc, char **argv) {
+        static double a[128];
+        static unsigned char b[1 << 20];
+        uint64_t na[1] = {128}, nb[1] = {1 << 20}, zero[1] = {0};
+        struct cairn_file *w;
+        struct rlimit lim;
+        for (int i = 0; i < 128; i++) a[i] = i;
+        memset(b, 7, sizeof b);
+        signal(SIGXFSZ, SIG_IGN);
+        getrlimit(RLIMIT_FSIZE, &lim);
+        rlim_t soft = lim.rlim_cur;
+        CHECK(cairn_open("sub", "w", argv[1], 0, 1, &w));
+        CHECK(cairn_define(w, "a", "f8", 1, na));
+        CHECK(cairn_define(w, "b", "u1", 1, nb));
+        CHECK(cairn_begin_step(w, 0));
+        CHECK(cairn_put(w, "a", a, 1, zero, na));
+        lim.rlim_cur = 64 << 10;
+        setrlimit(RLIMIT_FSIZE, &lim);
+        if (cairn_put(w, "b", b, 1, zero, nb) == CAIRN_OK) return 2;
+        if (cairn_end_step(w) != CAIRN_ERR_CONFLICT) return 3;
+        printf("refused: %s\n", cairn_last_error());
+        lim.rlim_cur = soft;
+        setrlimit(RLIMIT_FSIZE, &lim);
+        CHECK(cairn_put(w, "b", b, 1, zero, nb));
+        CHECK(cairn_end_step(w));
+        CHECK(cairn_begin_step(w, 1));
+        CHECK(cairn_put(w, "a", a, 1, zero, na));
+        CHECK(cairn_abort_step(w));
+        CHECK(cairn_close(w));
+        return 0;
+    }
+""")
+
+
+def test_c_end_step_refuses_a_step_with_a_failed_put_until_it_is_put_again(tmp_path):
+    lib = ROOT / "target" / "release"
+    (tmp_path / "retry.c").write_text(C_RETRY)
+    exe = tmp_path / "retry"
+    check(subprocess.run(["cc", str(tmp_path / "retry.c"), "-I", str(ROOT / "crates/cairn-capi/include"), "-L", str(lib),
+                          "-lcairn", f"-Wl,-rpath,{lib}", "-o", str(exe)], capture_output=True, text=True))
+    cfg = file_config(tmp_path)
+    out = check(subprocess.run([str(exe), str(cfg)], capture_output=True, text=True, timeout=60))
+    assert "refused: step 0 is not committed" in out and "of b could not be stored" in out, out
+    with cairn.open("sub", "r", config=str(cfg)) as r:
+        assert r.steps() == [0], "step 1 was aborted"
         assert np.array_equal(r.get("a", 0), np.arange(128.0)) and (r.get("b", 0) == 7).all()

@@ -281,7 +281,9 @@ pub unsafe extern "C" fn cairn_flush_traces(f: *mut CairnFile) -> Status {
     guard(|| unsafe { writer(f) }?.flush_traces())
 }
 
-/// Ends the open step.
+/// Ends the open step. Refused with `CAIRN_ERR_CONFLICT` while a put of the step could not be
+/// stored (its own call returned the error) and was not put again: put those blocks again and end
+/// the step, or drop it with [`cairn_abort_step`]. The step stays invisible meanwhile.
 ///
 /// # Safety
 /// `f` is a write handle.
@@ -289,6 +291,16 @@ pub unsafe extern "C" fn cairn_flush_traces(f: *mut CairnFile) -> Status {
 pub unsafe extern "C" fn cairn_end_step(f: *mut CairnFile) -> Status {
     // SAFETY: per this function's contract.
     guard(|| unsafe { writer(f) }?.end_step().map(|_| ()))
+}
+
+/// Drops the open step and everything put in it; nothing of it becomes visible.
+///
+/// # Safety
+/// `f` is a write handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_abort_step(f: *mut CairnFile) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { writer(f) }?.abort_step())
 }
 
 /// Reads the box `offset + count` (`ndim` values each) of `var` at committed `step` into `out`,
