@@ -111,7 +111,7 @@ def test_bad_compression_and_damaged_blocks_are_named(tmp_path):
         cairn.open("ds", "w", engine="file", path=str(tmp_path), compression="zstd:99")
     cfg = _cfg(tmp_path, "aware")
     write_fields(cfg, ranks=1)
-    data = tmp_path / "ds" / "data" / "rank-000000.bin"
+    (data,) = (tmp_path / "ds" / "data").glob("rank-000000.*.bin")
     with cairn.open("ds", "r", config=cfg) as f:
         b = f.blocks("rho", 0)[0]
     raw = bytearray(data.read_bytes())

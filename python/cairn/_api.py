@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import _native, metadata
-from .exceptions import ConfigError, InvalidArgumentError, NotFoundError
+from .exceptions import CapacityError, ConfigError, InvalidArgumentError, NotFoundError, UnavailableError, step_error
 from .variable import Variable
 
 
@@ -89,9 +89,11 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 ) -> Writer | Reader:
     """Open dataset ``name``.
 
-    ``mode`` is ``"w"`` (new dataset), ``"a"`` (add steps to an existing one, e.g. after a restart)
-    or ``"r"``. Writers are rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``);
-    a step commits when every rank has ended it. ``config`` names a ``cairn.toml`` (else
+    ``mode`` is ``"w"`` (write, starting without definitions; a dataset that has steps opens too,
+    its committed steps staying immutable, so claimers can share a destination), ``"a"`` (add steps
+    to an existing one, taking its definitions over, e.g. after a restart) or ``"r"``. Writers are
+    rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``); a step commits when every
+    rank has ended it. ``config`` names a ``cairn.toml`` (else
     ``$CAIRN_CONFIG``, else ``./cairn.toml``); keyword ``overrides`` such as ``engine="file"`` or
     ``path="out"`` win over it. Readers may run on any number of processes.
 
@@ -125,10 +127,11 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
 
 
 def _where(cfg: str | None, ov: list[tuple[str, str]]) -> tuple[str, str | None]:
-    """The engine and, for staging, the cluster file a dataset opened with ``cfg`` and ``ov`` is in."""
+    """The engine and where a dataset opened with ``cfg`` and ``ov`` is: the cluster file
+    (staging) or the directory holding the datasets (file)."""
     resolved = json.loads(_native.config_json(cfg, ov))
-    cluster = resolved["staging"]["cluster"] if resolved["engine"] == "staging" else None
-    return resolved["engine"], None if cluster is None else os.path.abspath(cluster)
+    at = resolved["staging"]["cluster"] if resolved["engine"] == "staging" else resolved["file"]["path"]
+    return resolved["engine"], None if at is None else os.path.abspath(at)
 
 
 def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, rank: int, nranks: int, comm: Any) -> list[tuple[str, str]]:
@@ -173,6 +176,7 @@ class Writer:
         self._comm = comm
         self._where = where
         self._local: dict[str, bool] = {}
+        self._open = 0  # the step last begun
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
                redundancy: int | None = None, dims: Sequence[str] | None = None,
@@ -217,23 +221,52 @@ class Writer:
         """Write step ``step`` inside the ``with`` block. It commits (becomes visible) once every
         rank has left the block; an exception abandons this rank's part and the step stays hidden.
 
-        ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster) makes
-        this step's commit release step ``step`` of ``src`` in one transaction: both happen or
-        neither (D²T consume-and-produce, with :meth:`Reader.claims`). If another claimer consumed
-        that step first (this one's lease had lapsed), the step is refused with
-        :class:`ConflictError` and nothing changes."""
-        sources = self._sources(consume)
-        self._inner.begin_step(_step(step))
+        Each put is a sub-transaction: one that cannot be stored (a full or failed server, a disk
+        error) does not stop the block; leaving it raises :class:`StepError` naming every such
+        variable and the servers involved, and abandons the step (never partly visible). To retry
+        only those, write the step with :meth:`begin_step` and :meth:`end_step` instead.
+
+        ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster or the
+        same ``file`` engine path) makes this step's commit release step ``step`` of ``src`` in one
+        transaction: both happen or neither (D²T consume-and-produce, with :meth:`Reader.claims`).
+        If another claimer consumed that step first (this one's lease had lapsed), the step is
+        refused with :class:`ConflictError` and nothing changes."""
+        self.begin_step(step, consume)
         try:
-            if sources:
-                self._inner.consume(sources)
             yield self
-            self._inner.end_step()
+            self.end_step()
         except BaseException:
             # Also when ending fails (e.g. a trace flush into a full server): the step stays
             # hidden and the next one can begin; steps ended earlier stay held for the next flush.
             self._inner.abort_step()
             raise
+
+    def begin_step(self, step: int, consume: Reader | Sequence[Reader] | None = None) -> None:
+        """Open step ``step`` (see :meth:`step`; ``with f.step(s):`` is the usual form). End it
+        with :meth:`end_step` or drop it with :meth:`abort_step`."""
+        sources = self._sources(consume)
+        self._inner.begin_step(_step(step))
+        self._open = _step(step)
+        try:
+            if sources:
+                self._inner.consume(sources)
+        except BaseException:
+            self._inner.abort_step()
+            raise
+
+    def end_step(self) -> bool:
+        """End the open step; returns whether this call committed it (this rank was the last).
+        If some of its puts could not be stored, raises :class:`StepError` naming them and keeps
+        the step open and hidden with the puts that were: put those boxes again and call
+        ``end_step()`` again, or :meth:`abort_step`."""
+        failed = self._inner.failed_puts()
+        if failed:
+            raise step_error(self._open, failed)
+        return self._inner.end_step()
+
+    def abort_step(self) -> None:
+        """Drop the open step and everything put in it; nothing of it becomes visible."""
+        self._inner.abort_step()
 
     def _sources(self, consume: Reader | Sequence[Reader] | None) -> list[str]:
         """Names of the datasets ``consume`` names, checked to live where this writer writes."""
@@ -243,19 +276,26 @@ class Writer:
         for r in readers:
             if not isinstance(r, Reader):
                 raise InvalidArgumentError(f"consume={r!r}: give the Reader (or a list of Readers) of the dataset whose step this commit releases")
-            if r._where != self._where or self._where[0] != "staging":
+            if r._where != self._where:
                 raise InvalidArgumentError(f"consume= of dataset '{r._name}' ({r._where[0]} {r._where[1] or ''}) from a writer on "
                                            f"{self._where[0]} {self._where[1] or ''}: consume-and-produce works within one staging "
-                                           "cluster (the file engine's is not built yet)")
+                                           "cluster or one file engine path; open both datasets there")
         return [r._name for r in readers]
 
     def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
         """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
         this rank's block of a local variable (no offset). C- and Fortran-ordered arrays both work;
-        C-contiguous native-endian arrays cross into Rust without a copy."""
+        C-contiguous native-endian arrays cross into Rust without a copy. A put that cannot be
+        stored (full or failed servers, a disk error) is reported by :meth:`end_step` as a
+        :class:`StepError`, together with the step's other failed puts."""
         arr = _little_endian_c(data)
         off = None if offset is None else [int(o) for o in offset]
-        self._inner.put(name, _dtype(arr.dtype), arr, off)
+        try:
+            self._inner.put(name, _dtype(arr.dtype), arr, off)
+        except (CapacityError, UnavailableError):
+            # A failed sub-transaction of the open step: end_step reports it with the others.
+            if not any(f[0] == name for f in self._inner.failed_puts()):
+                raise
 
     def trace(self, name: str, values: Any) -> None:
         """Append fine-grained records (e.g. each walker's energy, or an ``(n, 3)`` array of
@@ -355,7 +395,8 @@ class Reader:
         its result with ``dst.step(step, consume=self)``. Ends when the writers closed the
         dataset and nothing is left for this claimer, or when no step came for ``timeout``
         seconds (``None``: wait for ever); steps yielded and not consumed then go back to the
-        others. Staging engine."""
+        others. On the ``file`` engine leases are files (``claims/``) and expire by wall-clock
+        time, so claimers on several nodes need synchronised clocks."""
         from . import _claims
 
         yield from _claims.claims(self._inner, lease, timeout)

@@ -1,6 +1,10 @@
 """Exceptions Cairn raises: all derive from :class:`CairnError`, and each also from the built-in
 that fits (``NotFoundError`` is a ``KeyError``, ``InvalidArgumentError`` a ``ValueError`` …)."""
 
+from __future__ import annotations
+
+import functools
+
 from ._native import (
     AlreadyExistsError,
     CairnError,
@@ -14,6 +18,45 @@ from ._native import (
     UnavailableError,
 )
 
+
+
+class StepError(CairnError):
+    """Some puts of a step could not be stored (D²T sub-transactions: each put is one), so the
+    step did not commit; nothing of it is visible.
+
+    ``failed`` maps each variable with such a put to the servers that refused or did not answer
+    it (an empty list for the ``file`` engine: its disk); ``puts`` lists every failed put as
+    ``(variable, offset, count, servers, message)``; ``step`` is the step. After
+    :meth:`Writer.end_step` the step stays open with the puts that were stored: put the failed
+    boxes again and call ``end_step()`` again, or ``abort_step()``. Leaving a ``with f.step(s):``
+    block aborts it instead. When every failed put failed the same way, the error is also of that
+    class (``CapacityError``, ``UnavailableError``), so code catching those keeps working."""
+
+    def __init__(self, step: int, puts: list[tuple[str, tuple[int, ...], tuple[int, ...], list[int], str]]) -> None:
+        self.step = step
+        self.puts = puts
+        self.failed: dict[str, list[int]] = {}
+        for var, _, _, servers, _ in puts:
+            self.failed[var] = sorted(set(self.failed.get(var, [])) | set(servers))
+        names = ", ".join(f"'{v}'" + (f" (servers {', '.join(map(str, s))})" if s else "") for v, s in self.failed.items())
+        super().__init__(f"step {step} is not committed: {len(puts)} put(s) of {names} could not be stored; first: "
+                         f"{puts[0][4]}. Put those boxes again and end the step, or abort it")
+
+
+@functools.cache
+def _step_error_of(kind: type) -> type:
+    """A :class:`StepError` that is also a ``kind`` (e.g. a :class:`CapacityError`)."""
+    return type("StepError", (StepError, kind), {"__module__": "cairn", "__doc__": StepError.__doc__})
+
+
+def step_error(step: int, failed: list[tuple[str, list[int], list[int], list[int], str, str]]) -> StepError:
+    """The :class:`StepError` of ``step``'s failed puts, as ``Writer.failed_puts`` lists them."""
+    puts = [(v, tuple(o), tuple(c), list(s), msg) for v, o, c, s, msg, _ in failed]
+    kinds = {k for *_, k in failed}
+    cls = _step_error_of(globals()[kinds.pop()]) if len(kinds) == 1 else StepError
+    return cls(step, puts)
+
+
 __all__ = [
     "CairnError",
     "NotFoundError",
@@ -25,4 +68,5 @@ __all__ = [
     "ConfigError",
     "CapacityError",
     "DataLossError",
+    "StepError",
 ]

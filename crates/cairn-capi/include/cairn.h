@@ -111,11 +111,19 @@ enum cairn_status cairn_trace(struct cairn_file *f,
 // `f` is a write handle.
 enum cairn_status cairn_flush_traces(struct cairn_file *f);
 
-// Ends the open step.
+// Ends the open step. Refused with `CAIRN_ERR_CONFLICT` while a put of the step could not be
+// stored (its own call returned the error) and was not put again: put those blocks again and end
+// the step, or drop it with [`cairn_abort_step`]. The step stays invisible meanwhile.
 //
 // # Safety
 // `f` is a write handle.
 enum cairn_status cairn_end_step(struct cairn_file *f);
+
+// Drops the open step and everything put in it; nothing of it becomes visible.
+//
+// # Safety
+// `f` is a write handle.
+enum cairn_status cairn_abort_step(struct cairn_file *f);
 
 // Reads the box `offset + count` (`ndim` values each) of `var` at committed `step` into `out`,
 // which has room for `out_bytes` bytes (the box's element count × element size).

@@ -41,7 +41,7 @@ pub enum Status {
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 pub enum CairnFile {
     /// Write handle.
-    W(Writer),
+    W(Box<Writer>),
     /// Read handle.
     R(Reader),
 }
@@ -118,7 +118,7 @@ unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Err
 unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
     // SAFETY: the caller passes a live handle.
     match unsafe { f.as_mut() } {
-        Some(CairnFile::W(w)) => Ok(w),
+        Some(CairnFile::W(w)) => Ok(&mut **w),
         Some(CairnFile::R(_)) => Err(invalid("this handle was opened for reading (mode \"r\"); open with \"w\" or \"a\" to write")),
         None => Err(invalid("file handle is NULL")),
     }
@@ -163,7 +163,7 @@ pub unsafe extern "C" fn cairn_open(
                     return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
                 }
                 let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
-                CairnFile::W(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?)
+                CairnFile::W(Box::new(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?))
             }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };
@@ -281,7 +281,9 @@ pub unsafe extern "C" fn cairn_flush_traces(f: *mut CairnFile) -> Status {
     guard(|| unsafe { writer(f) }?.flush_traces())
 }
 
-/// Ends the open step.
+/// Ends the open step. Refused with `CAIRN_ERR_CONFLICT` while a put of the step could not be
+/// stored (its own call returned the error) and was not put again: put those blocks again and end
+/// the step, or drop it with [`cairn_abort_step`]. The step stays invisible meanwhile.
 ///
 /// # Safety
 /// `f` is a write handle.
@@ -289,6 +291,16 @@ pub unsafe extern "C" fn cairn_flush_traces(f: *mut CairnFile) -> Status {
 pub unsafe extern "C" fn cairn_end_step(f: *mut CairnFile) -> Status {
     // SAFETY: per this function's contract.
     guard(|| unsafe { writer(f) }?.end_step().map(|_| ()))
+}
+
+/// Drops the open step and everything put in it; nothing of it becomes visible.
+///
+/// # Safety
+/// `f` is a write handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_abort_step(f: *mut CairnFile) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { writer(f) }?.abort_step())
 }
 
 /// Reads the box `offset + count` (`ndim` values each) of `var` at committed `step` into `out`,

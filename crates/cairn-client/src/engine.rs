@@ -65,6 +65,10 @@ pub trait WriteEngine: Send {
     fn default_redundancy(&self) -> u32 {
         0
     }
+    /// Servers that refused or did not answer the last failed put (none for files).
+    fn failed_servers(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// The reading side of an engine.
@@ -115,21 +119,11 @@ pub trait ReadEngine: Send + Sync {
 
     /// Leases the lowest committed step no live claimer holds to `claimer` for `lease`; returns
     /// it, and whether nothing will ever be free for this claimer (see [`crate::Reader::claim`]).
-    fn claim(&self, _claimer: &str, _lease: Duration) -> Result<(Option<u64>, bool)> {
-        Err(unclaimable())
-    }
+    fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)>;
 
     /// Extends `claimer`'s leases; returns the steps it still holds.
-    fn renew(&self, _claimer: &str, _lease: Duration) -> Result<Vec<u64>> {
-        Err(unclaimable())
-    }
+    fn renew(&self, claimer: &str, lease: Duration) -> Result<Vec<u64>>;
 
     /// Gives back every step `claimer` holds.
-    fn unclaim(&self, _claimer: &str) -> Result<()> {
-        Err(unclaimable())
-    }
-}
-
-fn unclaimable() -> cairn_core::Error {
-    cairn_core::Error::InvalidArgument("claims need the staging engine: the file engine's claims (lease files) are not built yet".into())
+    fn unclaim(&self, claimer: &str) -> Result<()>;
 }

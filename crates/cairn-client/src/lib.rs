@@ -6,6 +6,7 @@
 //! - [`writer`]: [`Writer`], one rank's handle; checks every request before an engine sees it.
 //! - [`reader`]: [`Reader`], box reads assembled from intersecting blocks (M×N).
 //! - [`session`]: the writer session when the caller names none (environment, launcher, random).
+//! - [`subtx`]: sub-transactions: puts of a step that could not be stored, which keep it open.
 //! - [`engine`]: the traits engines implement.
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
 //! - [`staging`]: the `staging` engine (objects in staging servers' memory, commits through the control plane).
@@ -17,6 +18,7 @@ pub mod file;
 pub mod reader;
 pub mod session;
 pub mod staging;
+pub mod subtx;
 mod trace;
 pub mod writer;
 

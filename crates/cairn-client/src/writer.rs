@@ -5,6 +5,7 @@ use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, StepPart, WriteEngine};
 use crate::file::{FileWriter, Layout};
 use crate::staging::StagingWriter;
+use crate::subtx::{FailedPut, Failures};
 use crate::trace::TraceBuffer;
 use cairn_core::attrs::{check_attrs, Attrs};
 use cairn_core::index::VarDef;
@@ -28,6 +29,8 @@ pub struct Writer {
     traces: TraceBuffer,
     /// Datasets whose same step the open step's commit releases (D²T consume-and-produce).
     consume: Vec<String>,
+    /// Puts of the open step that could not be stored (failed sub-transactions).
+    failures: Failures,
     /// Steps this rank ended that wait for the trace flush, with what they publish.
     held: Vec<(u64, StepPart)>,
     /// Flush traces every this many ended steps.
@@ -43,11 +46,12 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// Opens dataset `name` for writing with the engine `cfg` names. `append` adds steps to an
-    /// existing dataset; otherwise the file engine needs one without committed steps (the staging
-    /// engine takes any: its committed steps are immutable). `session` identifies this
+    /// Opens dataset `name` for writing with the engine `cfg` names. `append` carries the
+    /// definitions and attributes of its last committed step over. `session` identifies this
     /// launch of the application: every rank of one launch passes the same value, and a restart
     /// passes a new one (see [`crate::session`]), so a crashed run's leftovers never mix in.
+    /// Without `append` a dataset with committed steps opens too (claimers share a
+    /// destination); its committed steps are immutable either way.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
@@ -76,6 +80,7 @@ impl Writer {
             put: BTreeMap::new(),
             traces: TraceBuffer::default(),
             consume: Vec::new(),
+            failures: Failures::default(),
             held: Vec::new(),
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
@@ -164,12 +169,14 @@ impl Writer {
         self.step = Some(step);
         self.put.clear();
         self.consume.clear();
+        self.failures.clear();
         Ok(())
     }
 
     /// Makes the open step's commit release the same step of each dataset in `datasets` (of
-    /// the same cluster), in one transaction: both happen or neither. The step is refused at its
-    /// end if one of them no longer holds the step (another claimer consumed it).
+    /// the same staging cluster, or beside this one under the same `[file] path`), in one
+    /// transaction: both happen or neither. The step is refused at its end if one of them no
+    /// longer holds the step (another claimer consumed it).
     pub fn consume(&mut self, datasets: Vec<String>) -> Result<()> {
         let step = self.step.ok_or_else(|| Error::Conflict("consume without an open step; call begin_step first".into()))?;
         for d in &datasets {
@@ -241,10 +248,26 @@ impl Writer {
                 region.offset, region.count, prev.offset, prev.count
             )));
         }
-        // Recorded only once stored, so a put refused for lack of space can be retried.
-        self.engine.put(step, BlockData { def, region: region.clone(), bytes })?;
+        // Recorded only once stored, so a put refused for lack of space can be retried; until
+        // then the step does not end (a failed sub-transaction).
+        let local = def.is_local();
+        if let Err(e) = self.engine.put(step, BlockData { def, region: region.clone(), bytes }) {
+            if Failures::is_storage(e.kind()) {
+                let servers = self.engine.failed_servers();
+                let (error, kind) = (e.to_string(), e.kind());
+                self.failures.failed(FailedPut { var: var.to_string(), region, servers, error, kind }, local);
+            }
+            return Err(e);
+        }
+        self.failures.stored(var, &region, local);
         self.put.entry(var.to_string()).or_default().push(region);
         Ok(())
+    }
+
+    /// Puts of the open step that could not be stored and were not put again since: the step
+    /// does not end until they are (D²T sub-transactions).
+    pub fn failed_puts(&self) -> &[FailedPut] {
+        self.failures.list()
     }
 
     /// Appends trace records of `var` to the open step: `count[0]` records, each of extents
@@ -301,6 +324,9 @@ impl Writer {
     /// step held for the trace flush is not committed yet.
     pub fn end_step(&mut self) -> Result<bool> {
         let step = self.step.ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
+        if let Some(e) = self.failures.refusal(step) {
+            return Err(e);
+        }
         let part = StepPart { defs: self.vars.values().cloned().collect(), attrs: self.attrs.clone(), consume: self.consume.clone() };
         let ended = self.ended + 1;
         let waiting = !self.traces.is_empty() || !self.held.is_empty();
@@ -348,6 +374,7 @@ impl Writer {
     /// Abandons the open step (its blocks and trace records never become visible); a no-op
     /// without one. Steps already ended stay held for the next flush.
     pub fn abort_step(&mut self) -> Result<()> {
+        self.failures.clear();
         match self.step.take() {
             Some(step) => {
                 self.traces.drop_step(step);

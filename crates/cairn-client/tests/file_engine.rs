@@ -132,15 +132,30 @@ fn bad_requests_are_named_and_lose_nothing() {
     assert_eq!(r.blocks("x", 0).unwrap().len(), 2);
     let e = r.get("x", 0, &[0, 0], &[4, 4], &mut [0; 64]).unwrap_err();
     assert!(e.to_string().contains("partly written"), "{e}");
-    assert!(Writer::open("ds", &c, 0, 1, false, "s1").unwrap_err().to_string().contains("mode \"a\""));
+    // Mode "w" opens a dataset with steps (claimers share a destination), but committed steps
+    // are immutable.
+    let mut again = Writer::open("ds", &c, 0, 1, false, "s2").unwrap();
+    assert_eq!(again.begin_step(0).unwrap_err().kind(), ErrorKind::AlreadyExists);
     assert_eq!(Reader::open("nope", &c).unwrap_err().kind(), ErrorKind::NotFound);
+}
+
+/// The data file of `rank` of dataset `ds` (one per session; these tests write one session).
+fn data_file(dir: &Path, rank: u32) -> std::path::PathBuf {
+    let prefix = format!("rank-{rank:06}.");
+    let files: Vec<_> = std::fs::read_dir(dir.join("ds/data"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
 }
 
 #[test]
 fn damaged_data_is_reported_as_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     write_all(dir.path(), &[64, 8], 2, 1);
-    let data = dir.path().join("ds/data/rank-000001.bin");
+    let data = data_file(dir.path(), 1);
     let mut bytes = std::fs::read(&data).unwrap();
     bytes[100] ^= 0xff;
     std::fs::write(&data, &bytes).unwrap();
@@ -198,7 +213,7 @@ fn large_reads_shared_among_threads_are_exact_and_verified() {
         r.get("field", 0, &off, &cnt, &mut out).unwrap();
         assert!(out == bytes_of(&off, &cnt, &shape, 0), "box {off:?}+{cnt:?}");
     }
-    let data = dir.path().join("ds/data/rank-000000.bin");
+    let data = data_file(dir.path(), 0);
     let mut bytes = std::fs::read(&data).unwrap();
     let n = bytes.len();
     bytes[n - 100] ^= 1; // damage near the end: read by the last thread
@@ -221,7 +236,7 @@ fn traces_are_buffered_commit_at_the_flush_and_read_back_exactly() {
     c.set("trace_flush", "3").unwrap();
     let writers = 3u64;
     let mut ws: Vec<Writer> = (0..writers).map(|r| Writer::open("ds", &c, r as u32, writers as u32, false, "s1").unwrap()).collect();
-    let data_len = || std::fs::metadata(dir.path().join("ds/data/rank-000000.bin")).map_or(0, |m| m.len());
+    let data_len = || std::fs::metadata(data_file(dir.path(), 0)).map_or(0, |m| m.len());
     for step in 0..7u64 {
         for (r, w) in ws.iter_mut().enumerate() {
             w.define("t", DType::U64, Some(vec![4])).unwrap();

@@ -134,12 +134,17 @@ fn full_server_refuses_with_capacity_error_and_stays_up() {
     let e = w.put("x", DType::U8, &vec![7u8; 4 << 20], None, &[4 << 20]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
     assert!(e.to_string().contains("server 0") && e.to_string().contains("release"), "{e}");
+    // A failed sub-transaction: the step does not end until 'x' is put again, or is aborted.
+    let failed = w.failed_puts().to_vec();
+    assert_eq!((failed.len(), failed[0].var.as_str(), failed[0].servers.as_slice()), (1, "x", &[0u32][..]));
+    w.put("y", DType::U8, &vec![9u8; 300 << 10], None, &[300 << 10]).unwrap();
+    let e = w.end_step().unwrap_err();
+    assert!(e.kind() == ErrorKind::Conflict && e.to_string().contains("of x could not be stored"), "{e}");
+    w.abort_step().unwrap();
     // What arrived before the refusal was freed, and the server still serves: steps rotate
     // under keep_last without ever filling it.
     for step in 0..6 {
-        if step > 0 {
-            w.begin_step(step).unwrap();
-        }
+        w.begin_step(step).unwrap();
         w.put("y", DType::U8, &vec![step as u8; 300 << 10], None, &[300 << 10]).unwrap();
         w.end_step().unwrap();
     }

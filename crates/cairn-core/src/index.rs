@@ -353,6 +353,20 @@ pub struct StepIndex {
     /// Attributes of the dataset, as of this step (every writer's, merged).
     #[serde(default, skip_serializing_if = "Attrs::is_empty")]
     pub attrs: Attrs,
+    /// The consume-and-produce transaction whose commit this is (file engine), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed: Option<Consumed>,
+}
+
+/// A step committed by a consume-and-produce transaction of the file engine: the source
+/// datasets' `taken/` entries carry its id, and readers of a source hide the step it took once
+/// this index is committed (docs/format.md, *Consume*).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Consumed {
+    /// The transaction's id.
+    pub txn: String,
+    /// Datasets beside this one whose same step the commit released.
+    pub datasets: Vec<String>,
 }
 
 impl StepIndex {
@@ -399,6 +413,7 @@ impl StepIndex {
             vars: vars.into_iter().map(|(k, (v, _))| (k, v)).collect(),
             blocks: frags.into_iter().flat_map(|f| f.blocks).collect(),
             attrs,
+            consumed: None,
         };
         index.validate()?;
         Ok(index)

@@ -38,6 +38,11 @@ fn class_index(kind: ErrorKind) -> usize {
     }
 }
 
+/// Name of the exception class of errors of `kind`.
+pub(crate) fn class_name(kind: ErrorKind) -> &'static str {
+    CLASSES[class_index(kind)].0
+}
+
 pyo3::create_exception!(cairn, CairnError, PyException, "Root of every error Cairn raises.");
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();

@@ -8,6 +8,9 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 
+/// A put that could not be stored: (variable, offset, count, servers, error, its exception class).
+type FailedTuple = (String, Vec<u64>, Vec<u64>, Vec<u32>, String, &'static str);
+
 /// Native write handle; see `cairn.Writer` for the documented API.
 #[pyclass(name = "Writer", module = "cairn._native")]
 pub(crate) struct PyWriter {
@@ -110,6 +113,19 @@ impl PyWriter {
 
     fn end_step(&self, py: Python<'_>) -> PyResult<bool> {
         py.detach(|| self.with(|w| w.end_step()))
+    }
+
+    /// Each put of the open step that could not be stored.
+    fn failed_puts(&self) -> PyResult<Vec<FailedTuple>> {
+        self.with(|w| {
+            Ok(w.failed_puts()
+                .iter()
+                .map(|f| {
+                    let class = crate::errors::class_name(f.kind);
+                    (f.var.clone(), f.region.offset.clone(), f.region.count.clone(), f.servers.clone(), f.error.clone(), class)
+                })
+                .collect())
+        })
     }
 
     fn consume(&self, datasets: Vec<String>) -> PyResult<()> {

@@ -1,4 +1,4 @@
-"""D²T's claim workflow (Lofstead et al., §III-IV) on real staging servers.
+"""D²T's claim workflow (Lofstead et al., §III-IV) on real staging servers and on the file engine.
 
 W writer ranks commit ``--steps`` steps of a 2-D field and close; then C claimer processes
 (C = 1, 2, 4, 8) share them with ``src.claims()`` and commit each step's column means into a stats
@@ -6,8 +6,8 @@ dataset with ``dst.step(s, consume=src)``, doing ``--work`` seconds of analysis 
 Reported: steps consumed per second, claim latency (a claim call's time, median and p90), the
 consuming commit's time against a plain ``dst.step(s)`` then ``src.release(s)`` measured in the
 same run, and the same workflow with one claimer SIGKILLed every ``--kill-every`` seconds (and
-started again), where every step must still land in the stats dataset exactly once. Saves
-``bench/results/workflow.json``.
+started again), where every step must still land in the stats dataset exactly once. Each engine
+of ``--engines`` runs all of it. Saves ``bench/results/workflow.json``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ PAPER = "D²T: < 1.2 s protocol overhead at 4096 clients x 32 servers; (0, 100] 
 
 CLAIMER = textwrap.dedent("""
     import json, sys, time, cairn
-    cluster, src_name, dst_name, work, lease = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
-    opts = dict(engine="staging", cluster=cluster, timeout=30.0)
+    opts, src_name, dst_name, work, lease = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
     with cairn.open(src_name, "r", **opts) as src, cairn.open(dst_name, "w", rank=0, nranks=1, **opts) as dst:
         dst.define("mean", dtype="f8", local=True)
         it = src.claims(lease=lease)
@@ -82,7 +81,7 @@ def _check(opts: dict[str, Any], src: str, dst: str, steps: int) -> tuple[int, i
 def claimers(opts: dict[str, Any], script: Path, tag: str, a: argparse.Namespace, c: int, kill_every: float | None) -> dict[str, Any]:
     src, dst = f"sim-{tag}", f"stats-{tag}"
     _produce(opts, src, a.steps, a.writers, a.n)
-    argv = [sys.executable, str(script), opts["cluster"], src, dst, str(a.work), str(a.lease)]
+    argv = [sys.executable, str(script), json.dumps(opts), src, dst, str(a.work), str(a.lease)]
     records: list[dict[str, Any]] = []
     kills = 0
     t0 = time.perf_counter()
@@ -109,7 +108,7 @@ def claimers(opts: dict[str, Any], script: Path, tag: str, a: argparse.Namespace
     good, left = _check(opts, src, dst, a.steps)
     claim = np.array([r["claim_s"] for r in records]) * 1e3
     commit = np.array([r["commit_s"] for r in records]) * 1e3
-    return {"claimers": c, "killed_every_s": kill_every, "kills": kills, "steps": a.steps, "run_s": took,
+    return {"engine": opts["engine"], "claimers": c, "killed_every_s": kill_every, "kills": kills, "steps": a.steps, "run_s": took,
             "steps_per_s": a.steps / took, "claim_ms_median": float(np.median(claim)), "claim_ms_p90": float(np.percentile(claim, 90)),
             "commit_ms_median": float(np.median(commit)), "in_stats_once": good, "left_in_source": left,
             "ideal_steps_per_s": c / a.work if a.work > 0 else None}
@@ -137,7 +136,28 @@ def consume_cost(opts: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
             bsrc.release(s)
             times["step_release"].append(time.perf_counter() - t)
     med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
-    return {"consume_ms": med["consume"], "step_then_release_ms": med["step_release"], "ratio": med["consume"] / med["step_release"]}
+    return {"engine": opts["engine"], "consume_ms": med["consume"], "step_then_release_ms": med["step_release"], "ratio": med["consume"] / med["step_release"]}
+
+
+def run_engine(opts: dict[str, Any], script: Path, a: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The consume cost, the claimer counts and the failure run on one engine; returns the cost."""
+    engine = opts["engine"]
+    cost = consume_cost(opts, a)
+    print(f"{engine}: consume-and-produce commit {cost['consume_ms']:.2f} ms vs step + release "
+          f"{cost['step_then_release_ms']:.2f} ms ({cost['ratio']:.2f}x)", flush=True)
+    for n in (int(x) for x in a.claimers.split(",")):
+        row = claimers(opts, script, f"c{n}", a, n, None)
+        rows.append(row)
+        print(f"  {n} claimers: {row['steps_per_s']:.1f} steps/s, claim {row['claim_ms_median']:.1f} ms, "
+              f"in stats once {row['in_stats_once']}/{a.steps}", flush=True)
+    work = a.work
+    a.work = a.kill_work
+    row = claimers(opts, script, "kill", a, a.kill_claimers, a.kill_every)
+    a.work = work
+    rows.append(row)
+    print(f"  {a.kill_claimers} claimers, one SIGKILLed every {a.kill_every:g} s: {row['kills']} kills, "
+          f"{row['steps_per_s']:.2f} steps/s, in stats once {row['in_stats_once']}/{a.steps}", flush=True)
+    return cost
 
 
 def main(argv: list[str]) -> None:
@@ -152,34 +172,28 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--kill-every", type=float, default=10.0, help="SIGKILL one claimer this often in the failure run (default 10 s)")
     ap.add_argument("--kill-claimers", type=int, default=4, help="claimers in the failure run (default 4)")
     ap.add_argument("--kill-work", type=float, default=1.0, help="analysis seconds per step in the failure run (default 1.0)")
+    ap.add_argument("--engines", default="staging,file", help="engines to run it on (default staging,file)")
     a = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    costs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "claimer.py"
         script.write_text(CLAIMER)
-        c = cluster.start(Path(tmp) / "cluster.json", servers=3, memory="1GiB", meta=3, redundancy=1, scheme="replicate")
-        try:
-            opts = dict(engine="staging", cluster=str(c.file), timeout=30.0)
-            cost = consume_cost(opts, a)
-            print(f"consume-and-produce commit {cost['consume_ms']:.2f} ms vs step + release {cost['step_then_release_ms']:.2f} ms "
-                  f"({cost['ratio']:.2f}x)", flush=True)
-            for n in (int(x) for x in a.claimers.split(",")):
-                row = claimers(opts, script, f"c{n}", a, n, None)
-                rows.append(row)
-                print(f"  {n} claimers: {row['steps_per_s']:.1f} steps/s, claim {row['claim_ms_median']:.1f} ms, "
-                      f"in stats once {row['in_stats_once']}/{a.steps}", flush=True)
-            work = a.work
-            a.work = a.kill_work
-            row = claimers(opts, script, "kill", a, a.kill_claimers, a.kill_every)
-            a.work = work
-            rows.append(row)
-            print(f"  {a.kill_claimers} claimers, one SIGKILLed every {a.kill_every:g} s: {row['kills']} kills, "
-                  f"{row['steps_per_s']:.2f} steps/s, in stats once {row['in_stats_once']}/{a.steps}", flush=True)
-        finally:
-            c.stop()
+        for engine in a.engines.split(","):
+            c = None
+            if engine == "staging":
+                c = cluster.start(Path(tmp) / "cluster.json", servers=3, memory="1GiB", meta=3, redundancy=1, scheme="replicate")
+                opts: dict[str, Any] = dict(engine="staging", cluster=str(c.file), timeout=30.0)
+            else:
+                opts = dict(engine="file", path=str(Path(tmp) / "files"))
+            try:
+                costs.append(run_engine(opts, script, a, rows))
+            finally:
+                if c is not None:
+                    c.stop()
     print()
-    print(table(rows, ["claimers", "killed_every_s", "kills", "steps_per_s", "ideal_steps_per_s", "claim_ms_median", "claim_ms_p90",
+    print(table(rows, ["engine", "claimers", "killed_every_s", "kills", "steps_per_s", "ideal_steps_per_s", "claim_ms_median", "claim_ms_p90",
                        "commit_ms_median", "in_stats_once", "left_in_source"]))
     print(PAPER)
-    path = save("workflow", rows + [{"consume_cost": cost}], {k: v for k, v in vars(a).items()} | {"paper": PAPER})
+    path = save("workflow", rows + [{"consume_cost": cost} for cost in costs], {k: v for k, v in vars(a).items()} | {"paper": PAPER})
     print(f"\nsaved {path}")

@@ -83,7 +83,7 @@ pub(super) fn check_part(layout: &Layout, step: u64, rank: u32, session: &str, b
     }
 }
 
-/// A digest of a published fragment, to recognise it later.
+/// A digest of a published fragment (to recognise it later) or of a session (to name its files).
 pub(super) fn digest(bytes: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     h.write(bytes);

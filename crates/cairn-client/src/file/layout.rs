@@ -20,9 +20,37 @@ impl Layout {
         Layout { root: path.join(name) }
     }
 
-    /// Data file of a writer, relative to the root (as recorded in the index).
-    pub fn data_rel(rank: u32) -> String {
-        format!("data/rank-{rank:06}.bin")
+    /// Data file of a writer, relative to the root (as recorded in the index). Each session has
+    /// its own, so writers of different sessions (claimers sharing a destination as rank 0 of 1)
+    /// never append to one file.
+    pub fn data_rel(rank: u32, session: &str) -> String {
+        format!("data/rank-{rank:06}.{:016x}.bin", super::claim::digest(session.as_bytes()))
+    }
+
+    /// A directory of the dataset (`steps`, `pending`, `taken`, `claims`, `closed`).
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Names of the files in directory `name` of the dataset (none if it does not exist:
+    /// datasets written before it was introduced lack it).
+    pub fn list(&self, name: &str) -> Result<Vec<String>> {
+        let dir = self.dir(name);
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => Ok(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Error::io(format!("listing {}", dir.display()), e)),
+        }
+    }
+
+    /// A sibling dataset (same `[file] path`).
+    pub fn sibling(&self, name: &str) -> Layout {
+        Layout { root: self.root.with_file_name(name) }
+    }
+
+    /// The dataset's name (its directory's).
+    pub fn name(&self) -> String {
+        self.root.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
     }
 
     /// Committed index of a step.
@@ -94,6 +122,40 @@ impl Layout {
         Ok(by_step.into_iter().filter_map(|(step, sessions)| sessions.into_values().max().map(|(ended, of)| (step, ended, of))).collect())
     }
 
+    /// Records that rank `rank` of `nranks` of `session` closed the dataset.
+    pub(super) fn close_rank(&self, rank: u32, nranks: u32, session: &str, fsync: bool) -> Result<()> {
+        let mark = Closed { session: session.to_string(), nranks };
+        publish(&self.closed_path(rank), &serde_json::to_vec(&mark).expect("marks serialize"), fsync, rank)
+    }
+
+    /// A writer of rank `rank` opened the dataset: it is being written again.
+    pub(super) fn reopen_rank(&self, rank: u32) -> Result<()> {
+        let p = self.closed_path(rank);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("removing {}", p.display()), e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether every rank of one session closed the dataset (and none opened it since): no more
+    /// steps come, so streams and claims end.
+    pub fn finished(&self) -> Result<bool> {
+        let mut ranks: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+        for name in self.list("closed")? {
+            let Some(mark) = std::fs::read(self.dir("closed").join(name)).ok().and_then(|b| serde_json::from_slice::<Closed>(&b).ok())
+            else {
+                continue;
+            };
+            let n = ranks.entry(mark.session).or_insert((0, mark.nranks));
+            n.0 += 1;
+        }
+        Ok(ranks.values().any(|(closed, of)| closed >= of))
+    }
+
+    fn closed_path(&self, rank: u32) -> PathBuf {
+        self.dir("closed").join(format!("rank-{rank:06}.json"))
+    }
+
     /// Reads and validates a committed step index.
     pub fn read_step(&self, step: u64) -> Result<StepIndex> {
         let p = self.step_path(step);
@@ -107,17 +169,61 @@ impl Layout {
     }
 }
 
+/// A rank's mark in `closed/`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Closed {
+    session: String,
+    nranks: u32,
+}
+
 /// Writes `bytes` to `dest` atomically: a uniquely named temporary file in the same directory,
 /// optionally flushed, then renamed over `dest`. Readers see the old file or the new one, never part.
 pub(super) fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<()> {
+    let (tmp, _) = staged(dest, bytes, fsync, tag)?;
+    std::fs::rename(&tmp, dest).ctx(|| format!("publishing {}", dest.display()))?;
+    flush_dir(dest, fsync)
+}
+
+/// [`publish`], but only if `dest` does not exist: returns false if it does.
+pub(super) fn publish_new(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<bool> {
+    let (tmp, _) = staged(dest, bytes, fsync, tag)?;
+    let linked = link_new(&tmp, dest);
+    let _ = std::fs::remove_file(&tmp);
+    let linked = linked?;
+    if linked {
+        flush_dir(dest, fsync)?;
+    }
+    Ok(linked)
+}
+
+/// Makes `dest` another name of `src` unless `dest` exists (a hard link, which unlike a rename
+/// never replaces a file); returns whether it did.
+pub(super) fn link_new(src: &Path, dest: &Path) -> Result<bool> {
+    match std::fs::hard_link(src, dest) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::io(format!("publishing {} (the file engine needs a POSIX file system with hard links)", dest.display()), e)),
+    }
+}
+
+/// A uniquely named temporary file beside `dest` holding `bytes`, and the file, open.
+pub(super) fn staged(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<(PathBuf, std::fs::File)> {
     let dir = dest.parent().expect("published files live in a dataset directory");
-    let tmp = dir.join(format!(".tmp-{}-{tag}-{}", std::process::id(), dest.file_name().unwrap().to_string_lossy()));
+    std::fs::create_dir_all(dir).ctx(|| format!("creating directory {}", dir.display()))?;
+    // Unique also among threads (a claimer's heartbeat renews while it claims).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".tmp-{}-{tag}-{n}-{}", std::process::id(), dest.file_name().unwrap().to_string_lossy()));
     let mut f = std::fs::File::create(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
     f.write_all(bytes).ctx(|| format!("writing {}", tmp.display()))?;
     if fsync {
         f.sync_all().ctx(|| format!("flushing {}", tmp.display()))?;
     }
-    std::fs::rename(&tmp, dest).ctx(|| format!("publishing {}", dest.display()))?;
+    Ok((tmp, f))
+}
+
+fn flush_dir(dest: &Path, fsync: bool) -> Result<()> {
+    let dir = dest.parent().expect("published files live in a dataset directory");
     if fsync {
         std::fs::File::open(dir).and_then(|d| d.sync_all()).ctx(|| format!("flushing directory {}", dir.display()))?;
     }

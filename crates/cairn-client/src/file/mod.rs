@@ -1,10 +1,15 @@
 //! The `file` engine: each writer appends its blocks to its own data file and publishes a fragment
 //! of the step index when it ends a step; whichever writer completes the set merges the fragments
-//! into `steps/<step>.json` with one atomic rename, which is the commit point. No servers, N→N.
+//! into `steps/<step>.json` with one hard link (atomic, and never replacing a committed step),
+//! which is the commit point. No servers, N→N.
+//! Claims of committed steps are lease files (`lease`); consume-and-produce commits a step and
+//! releases it in its sources as one transaction (`consume`).
 //! Layout and format: `docs/format.md`.
 
 mod claim;
+mod consume;
 mod layout;
+mod lease;
 mod reader;
 mod writer;
 

@@ -2,6 +2,7 @@
 //! the checksum chunks that hold the needed bytes.
 
 use super::layout::Layout;
+use super::{consume, lease};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::{chunks_touched, copy_box, Layout as BufLayout};
 use cairn_core::checksum::verify;
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Reads committed steps of a dataset. Committed steps never change, so their indexes are cached.
 #[derive(Debug)]
@@ -33,7 +35,7 @@ impl FileReader {
         if let Some(i) = self.indexes.lock().unwrap().get(&step) {
             return Ok(i.clone());
         }
-        let idx = Arc::new(self.layout.read_step(step)?);
+        let idx = Arc::new(consume::read_visible(&self.layout, step)?);
         self.indexes.lock().unwrap().insert(step, idx.clone());
         Ok(idx)
     }
@@ -144,7 +146,25 @@ const PARALLEL_MIN_BYTES: usize = 8 << 20;
 
 impl ReadEngine for FileReader {
     fn steps(&self) -> Result<Vec<u64>> {
-        self.layout.steps()
+        consume::visible_steps(&self.layout)
+    }
+
+    fn listing(&self) -> Result<(Vec<u64>, bool)> {
+        // Finished first: steps committed before the last close are then all listed.
+        let finished = self.layout.finished()?;
+        Ok((self.steps()?, finished))
+    }
+
+    fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)> {
+        lease::claim(&self.layout, claimer, lease)
+    }
+
+    fn renew(&self, claimer: &str, lease: Duration) -> Result<Vec<u64>> {
+        lease::renew(&self.layout, claimer, lease)
+    }
+
+    fn unclaim(&self, claimer: &str) -> Result<()> {
+        lease::unclaim(&self.layout, claimer)
     }
 
     fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {

@@ -1,7 +1,7 @@
 //! The writing side of the file engine, for one rank.
 
-use super::claim;
-use super::layout::{publish, Layout};
+use super::layout::{publish, publish_new, Layout};
+use super::{claim, consume};
 use crate::config::FileConfig;
 use crate::engine::{BlockData, StepPart, WriteEngine};
 use cairn_core::checksum::chunk_crcs;
@@ -34,26 +34,17 @@ pub struct FileWriter {
 }
 
 impl FileWriter {
-    /// Opens rank `rank` of `nranks` for writing. `append` keeps committed steps and adds to them;
-    /// otherwise the dataset must not hold committed steps yet (nothing is ever deleted silently).
-    /// Refused while another writer has this rank open, and (without `append`) when this rank has
-    /// ended steps of `session` that did not commit yet.
+    /// Opens rank `rank` of `nranks` for writing. `append` takes the definitions of the last
+    /// committed step over (see [`crate::Writer::open`]); committed steps are immutable either way,
+    /// so several claimers may open one destination (each its own session and data file).
+    /// Refused while another writer has this rank of this session open, and (without `append`)
+    /// when this rank has ended steps of `session` that did not commit yet.
     pub fn open(layout: Layout, rank: u32, nranks: u32, append: bool, cfg: &FileConfig, session: String) -> Result<FileWriter> {
         let compression = cfg.compression()?;
         layout.create()?;
-        let steps = layout.steps()?;
-        if !append && !steps.is_empty() {
-            return Err(Error::AlreadyExists(format!(
-                "dataset {} already holds committed steps {}..={}; open it with mode \"a\" to add steps, \
-                 or delete the directory to start over",
-                layout.root.display(),
-                steps[0],
-                steps[steps.len() - 1]
-            )));
-        }
-        let data_rel = Layout::data_rel(rank);
+        let data_rel = Layout::data_rel(rank, &session);
         let path = layout.root.join(&data_rel);
-        // Appending never rewrites bytes a committed index points at; a fresh dataset starts empty.
+        // Only appended to: the session's earlier blocks stay where committed indexes point.
         let data = OpenOptions::new()
             .create(true)
             .append(true)
@@ -63,8 +54,8 @@ impl FileWriter {
         claim::lock_data_file(&data, &path, rank, &session)?;
         if !append {
             claim::check_no_pending_part(&layout, rank, &session)?;
-            data.set_len(0).ctx(|| format!("truncating {}", path.display()))?;
         }
+        layout.reopen_rank(rank)?;
         let end = data.metadata().ctx(|| format!("reading size of {}", path.display()))?.len();
         let (fsync, chunk) = (cfg.fsync, cfg.chunk_size);
         let (blocks, published) = (BTreeMap::new(), BTreeMap::new());
@@ -76,6 +67,7 @@ impl FileWriter {
     /// Cleans up after a crashed run: completes merges whose fragments (of one session) are all
     /// present, and drops this rank's fragments of other sessions for steps that never committed.
     fn recover(&self) -> Result<()> {
+        consume::recover_destination(&self.layout)?;
         let dir = self.layout.root.join("pending");
         let mine = format!(".rank-{:06}.json", self.rank);
         let entries: Vec<_> = std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))?.flatten().collect();
@@ -110,10 +102,11 @@ impl FileWriter {
     }
 
     /// Merges and publishes `step` if every rank's fragment of one session is present: of
-    /// `session` if given, else of any session. Returns whether the step is committed now.
+    /// `session` if given, else of any session (recovering). Returns whether the step is
+    /// committed now. A step another session committed meanwhile is refused.
     fn try_commit(&self, step: u64, session: Option<&str>) -> Result<bool> {
         let dest = self.layout.step_path(step);
-        if dest.exists() {
+        if session.is_none() && dest.exists() {
             return Ok(true);
         }
         let dir = self.layout.root.join("pending");
@@ -138,11 +131,24 @@ impl FileWriter {
         let complete = sessions
             .into_iter()
             .find(|(s, frags)| session.is_none_or(|want| want == s) && frags.first().is_some_and(|f| frags.len() as u32 >= f.nranks));
-        let Some((_, frags)) = complete else {
+        let Some((session, frags)) = complete else {
             return Ok(false);
         };
+        let consume: Vec<String> = frags.iter().flat_map(|f| f.consume.iter().cloned()).collect();
         let index = StepIndex::merge(step, frags)?;
-        publish(&dest, &to_json(&index), self.fsync, self.rank)?;
+        if !consume.is_empty() {
+            return consume::commit(&self.layout, index, &session, consume, self.fsync, self.rank);
+        }
+        let bytes = to_json(&index);
+        // Two ranks of one session may both merge (the same bytes); another session's index is
+        // never replaced.
+        if !publish_new(&dest, &bytes, self.fsync, self.rank)? && std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
+            return Err(Error::AlreadyExists(format!(
+                "step {step} of {} was committed meanwhile by another writer session; a step commits once, so this \
+                 writer's part is dropped: write a new step number",
+                self.layout.root.display()
+            )));
+        }
         // Fragments of every session are done with: the step is committed and immutable.
         for p in names {
             let _ = std::fs::remove_file(p);
@@ -208,19 +214,13 @@ impl WriteEngine for FileWriter {
     }
 
     fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
-        let consume = &part.consume;
-        if !consume.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "step {step} consumes {consume:?}: consume-and-produce needs the staging engine; the file engine's \
-                 (commit by rename) is not built yet"
-            )));
-        }
         if self.fsync {
             self.data.sync_data().ctx(|| format!("flushing {}", self.data_rel))?;
         }
         let blocks = self.blocks.remove(&step).unwrap_or_default();
         let mut frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), blocks);
         frag.attrs = part.attrs.clone();
+        frag.consume = part.consume.clone();
         let done = self.publish_part(step, &to_json(&frag)).and_then(|()| self.try_commit(step, Some(&self.session)));
         if done.is_err() {
             // Kept also when only the commit failed, so that a retry publishes this writer's
@@ -228,6 +228,10 @@ impl WriteEngine for FileWriter {
             self.blocks.insert(step, frag.blocks);
         }
         done
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.layout.close_rank(self.rank, self.nranks, &self.session, self.fsync)
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {

@@ -39,6 +39,8 @@ pub struct StagingWriter {
     open: BTreeMap<u64, OpenStep>,
     /// Servers the last failed put could not reach (dead or hung).
     unreached: BTreeSet<u32>,
+    /// Servers that refused or did not answer the last failed put.
+    refused: Vec<u32>,
 }
 
 /// This writer's part of one unpublished step.
@@ -76,6 +78,7 @@ impl StagingWriter {
             keep_last: cfg.keep_last,
             open: BTreeMap::new(),
             unreached: BTreeSet::new(),
+            refused: Vec::new(),
         })
     }
 
@@ -230,6 +233,7 @@ impl StagingWriter {
         }
         if let Some(e) = sent.iter().find_map(|(_, r)| r.as_ref().err()) {
             let e = Error::from_kind(e.kind(), e.to_string());
+            self.refused = sent.iter().filter(|(_, r)| r.is_err()).map(|(s, _)| *s).collect();
             // What arrived is dropped again, from the servers that answered: one that failed
             // (dead, hung) would only cost another deadline; its leftovers go with the step.
             let (unreached, answered): (Vec<_>, Vec<_>) =
@@ -392,6 +396,10 @@ impl WriteEngine for StagingWriter {
 
     fn default_redundancy(&self) -> u32 {
         self.default_level
+    }
+
+    fn failed_servers(&self) -> Vec<u32> {
+        self.refused.clone()
     }
 
     fn close(&mut self) -> Result<()> {
