@@ -18,7 +18,7 @@ use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
 use openraft::{AnyError, OptionalSend, RaftNetwork, RaftNetworkFactory};
 use serde::de::DeserializeOwned;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -78,7 +78,7 @@ pub fn start(state: Arc<State>) {
         let members = members(&view, state.meta_options.servers);
         let incarnation = if founding { 0 } else { u64::from(rand_u32().max(1)) };
         let id = (u64::from(state.id) << 32) | incarnation;
-        let net = PeerNet { state: Arc::downgrade(&state) };
+        let net = PeerNet { state: Arc::downgrade(&state), idle: Arc::default() };
         let log = match RaftLog::start(id, state.meta_options.timing, net).await {
             Ok(l) => l,
             Err(e) => return eprintln!("cairn server {}: control plane did not start: {e}", state.id),
@@ -139,8 +139,19 @@ async fn on_leadership(state: Arc<State>, log: RaftLog) {
             }
         }
         resumed &= leading;
+        // Wake when this replica gains or loses the lead (or each second while leading): not at
+        // every change of the metrics, which the confirmation above changes itself (quorum ack
+        // times), so waking on those made this loop confirm its lead thousands of times a second.
+        let role_change = async {
+            loop {
+                metrics.changed().await?;
+                if (metrics.borrow().state == openraft::ServerState::Leader) != leading {
+                    return Ok::<(), tokio::sync::watch::error::RecvError>(());
+                }
+            }
+        };
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = role_change => if changed.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)), if leading => {}
             _ = shutdown.recv() => return,
         }
@@ -174,7 +185,14 @@ fn rand_u32() -> u32 {
 #[derive(Debug, Clone)]
 pub struct PeerNet {
     state: Weak<State>,
+    /// Idle connections by peer address. openraft makes a client for every leadership check
+    /// (each linearized read), and a fresh authenticated connection per check costs more than
+    /// the check itself.
+    idle: Arc<std::sync::Mutex<HashMap<String, Vec<TcpStream>>>>,
 }
+
+/// Idle connections kept per peer.
+const IDLE_PER_PEER: usize = 4;
 
 /// One meta server as a Raft peer, over one kept, authenticated connection.
 #[derive(Debug)]
@@ -183,13 +201,28 @@ pub struct PeerRaft {
     target: NodeId,
     node: MetaNode,
     conn: Option<TcpStream>,
+    idle: Arc<std::sync::Mutex<HashMap<String, Vec<TcpStream>>>>,
+}
+
+impl Drop for PeerRaft {
+    /// A connection that completed its last exchange goes back to the idle ones.
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let kept = idle.entry(self.node.addr.clone()).or_default();
+            if kept.len() < IDLE_PER_PEER {
+                kept.push(c);
+            }
+        }
+    }
 }
 
 impl RaftNetworkFactory<MetaTypes> for PeerNet {
     type Network = PeerRaft;
 
     async fn new_client(&mut self, target: NodeId, node: &MetaNode) -> PeerRaft {
-        PeerRaft { state: self.state.clone(), target, node: node.clone(), conn: None }
+        let conn = self.idle.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&node.addr).and_then(Vec::pop);
+        PeerRaft { state: self.state.clone(), target, node: node.clone(), conn, idle: self.idle.clone() }
     }
 }
 

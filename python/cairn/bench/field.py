@@ -47,7 +47,15 @@ def run_writers(fn: Callable[..., None], where: Any, shape, steps: int, nw: int)
     ps = [ctx.Process(target=fn, args=(where, shape, steps, r, nw, barrier, q)) for r in range(nw)]
     for p in ps:
         p.start()
-    times = [q.get() for _ in ps]
+    times = []
+    while len(times) < nw:  # a writer that died puts nothing: fail instead of waiting for ever
+        try:
+            times.append(q.get(timeout=5))
+        except Exception:  # queue.Empty
+            if any(p.exitcode not in (None, 0) for p in ps):
+                for p in ps:
+                    p.kill()  # the others may wait for it at the barrier
+                break
     for p in ps:
         p.join()
         if p.exitcode:

@@ -272,11 +272,11 @@ def main(argv: list[str]) -> None:
     transports = args.transports.split(",")
     rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="cairn-bench-")
-    mem = f"{(3 * args.mib + 64)}MiB"  # keep_last=2 plus the step being written, per server at worst
 
     def cairn_run(nw: int, transport: str, redundancy: int) -> dict[str, float]:
         # Two servers; one copy measures the transport against the raw socket and memcpy.
-        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=mem, redundancy=redundancy)
+        per_server = f"{(redundancy + 1) * (3 * args.mib + 64)}MiB"  # every copy of keep_last=2 and the step being written
+        c = cluster.start(os.path.join(tmp, "cluster.json"), servers=2, memory=per_server, redundancy=redundancy)
         try:
             cl = str(c.file)
             res = {"put": run_writers(_cairn_writer, (cl, transport), shape, args.steps, nw) / args.steps}
