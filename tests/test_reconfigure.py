@@ -150,3 +150,41 @@ def test_writers_and_readers_carry_on_through_add_retire_and_replace(tmp_path):
         r.close()
     finally:
         c.stop()
+
+
+def test_retiring_control_plane_servers_keeps_the_control_plane_and_clients_follow(tmp_path):
+    """Retire a meta follower, then the leader: the next server of the ring takes each meta slot
+    (the control plane keeps 3 members and a leader), and a writer and a reader that knew the
+    retired leader find the new one; every step reads back."""
+    c = cluster.start(tmp_path / "cluster.json", servers=5, memory="128MiB", meta=3, redundancy=1,
+                      scheme="replicate", failure_timeout="1s", recovery_deadline="3s")
+    try:
+        opts = dict(engine="staging", cluster=c.file, object_size=2048, timeout=20.0)
+        w = cairn.open("sim", "w", **opts)
+        w.define("u", "f8", (ROWS, COLS))
+        r = cairn.open("sim", "r", **opts)
+        written: list[int] = []
+
+        def steps(n: int) -> None:
+            for _ in range(n):
+                _one(w, len(written), 0)
+                written.append(len(written))
+
+        def members() -> dict[int, str]:
+            return {x["id"]: x["meta"] for x in cluster.status(c.file) if x["meta"] in ("leader", "follower", "learner")}
+
+        steps(3)
+        for role in ("follower", "leader"):
+            victim = next(i for i, m in members().items() if m == role)
+            v = cluster.retire(c.file, victim, wait=60)
+            assert victim not in v["slots"], v
+            wait_for(lambda: len(members()) == 3 and victim not in members() and "leader" in members().values(),
+                     f"a control plane of 3 without server {victim}", 30)
+            steps(3)
+            assert r.steps() == written
+        for s in written:
+            assert np.array_equal(r.get("u", s), _block(s, 0)), f"step {s}"
+        r.close()
+        w.close()
+    finally:
+        c.stop()

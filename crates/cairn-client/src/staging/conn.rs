@@ -399,8 +399,10 @@ impl Cluster {
         // A leader's word that it lost its quorum: the best explanation if no leader answers.
         let mut quorum_lost: Option<String> = None;
         loop {
-            let slots = self.view().slots.clone();
-            let target = next.unwrap_or(slots[tried % slots.len()]);
+            let view = self.view();
+            let slots = view.slots.clone();
+            // A leader found earlier may have left the cluster since (retired): ask the ring.
+            let target = next.filter(|t| view.server(*t).is_ok()).unwrap_or(slots[tried % slots.len()]);
             let reply = self.with(target, |c| {
                 c.waiting(wait, |c| {
                     c.send(req, payload)?;
