@@ -153,9 +153,9 @@ def test_writers_and_readers_carry_on_through_add_retire_and_replace(tmp_path):
 
 
 def test_retiring_control_plane_servers_keeps_the_control_plane_and_clients_follow(tmp_path):
-    """Retire a meta follower, then the leader: the next server of the ring takes each meta slot
-    (the control plane keeps 3 members and a leader), and a writer and a reader that knew the
-    retired leader find the new one; every step reads back."""
+    """Retire a meta follower, then the leader: the control plane goes on with a leader without
+    them, and a writer and a reader that knew the retired leader find the new one; every step
+    reads back."""
     c = cluster.start(tmp_path / "cluster.json", servers=5, memory="128MiB", meta=3, redundancy=1,
                       scheme="replicate", failure_timeout="1s", recovery_deadline="3s")
     try:
@@ -178,8 +178,8 @@ def test_retiring_control_plane_servers_keeps_the_control_plane_and_clients_foll
             victim = next(i for i, m in members().items() if m == role)
             v = cluster.retire(c.file, victim, wait=60)
             assert victim not in v["slots"], v
-            wait_for(lambda: len(members()) == 3 and victim not in members() and "leader" in members().values(),
-                     f"a control plane of 3 without server {victim}", 30)
+            wait_for(lambda: victim not in members() and "leader" in members().values(),
+                     f"a control plane with a leader, without server {victim}", 30)
             steps(3)
             assert r.steps() == written
         for s in written:
