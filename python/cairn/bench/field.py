@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 from typing import Any, Callable
 
 import numpy as np
@@ -51,7 +52,7 @@ def run_writers(fn: Callable[..., None], where: Any, shape, steps: int, nw: int)
     while len(times) < nw:  # a writer that died puts nothing: fail instead of waiting for ever
         try:
             times.append(q.get(timeout=5))
-        except Exception:  # queue.Empty
+        except queue.Empty:
             if any(p.exitcode not in (None, 0) for p in ps):
                 for p in ps:
                     p.kill()  # the others may wait for it at the barrier
