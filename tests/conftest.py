@@ -41,17 +41,21 @@ def file_cfg(tmp_path: Path) -> Path:
     return file_config(tmp_path)
 
 
-@pytest.fixture(params=["file", "staging", "staging-socket", "staging-tcp"])
-def cfg(request: pytest.FixtureRequest, tmp_path: Path):
-    """A cairn.toml for each engine and transport: the same tests run on all (file engine under
-    tmp_path; a real 2-server staging cluster, separate processes, with small objects so blocks
-    split, reached by same-node copies (the default), its Unix socket, or TCP)."""
-    if request.param == "file":
+#: Every engine and staging transport; `cfg` runs the API tests on each engine, and modules whose
+#: tests move data between processes (MPI ranks) redefine `cfg` over all of these.
+ALL_TRANSPORTS = ["file", "staging", "staging-socket", "staging-tcp"]
+
+
+def engine_config(param: str, tmp_path: Path):
+    """A cairn.toml for `param` (one of ALL_TRANSPORTS): the file engine under tmp_path, or a real
+    2-server staging cluster (separate processes) with small objects so blocks split, reached by
+    same-node copies (the default), its Unix socket, or TCP."""
+    if param == "file":
         yield file_config(tmp_path)
         return
     from cairn import cluster
 
-    transport = request.param.partition("-")[2] or "auto"
+    transport = param.partition("-")[2] or "auto"
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     conf = tmp_path / "cairn.toml"
     conf.write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\ntransport = "{transport}"\n')
@@ -59,6 +63,12 @@ def cfg(request: pytest.FixtureRequest, tmp_path: Path):
         yield conf
     finally:
         c.stop()
+
+
+@pytest.fixture(params=["file", "staging"])
+def cfg(request: pytest.FixtureRequest, tmp_path: Path):
+    """A cairn.toml for each engine (see engine_config); the same tests run on both."""
+    yield from engine_config(request.param, tmp_path)
 
 
 PY = sys.executable

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from . import _native, metadata
+from ._mpi import Exchange, node_ids
 from .exceptions import CapacityError, ConfigError, InvalidArgumentError, NotFoundError, UnavailableError, step_error
 from .variable import Variable
 
@@ -123,7 +124,20 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
         return Reader(_native.Reader(name, cfg, ov), name, where)
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
-    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session), comm, where)
+    exchange = _collective(comm, cfg, ov) if nranks > 1 else None
+    nodes = node_ids(comm) if exchange is not None else None
+    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session, exchange, nodes), comm, where, exchange)
+
+
+def _collective(comm: Any, cfg: str | None, ov: list[tuple[str, str]]) -> Exchange | None:
+    """The MPI exchange of a collective ``file`` writer (N→M aggregation and gathered metadata),
+    or None when there is no communicator or the engine does not aggregate."""
+    if comm is None:
+        return None
+    resolved = json.loads(_native.config_json(cfg, ov))
+    if resolved["engine"] != "file" or resolved["file"]["aggregation"] == "none":
+        return None
+    return Exchange(comm)
 
 
 def _where(cfg: str | None, ov: list[tuple[str, str]]) -> tuple[str, str | None]:
@@ -171,9 +185,11 @@ _shared_cluster: str | None = None
 class Writer:
     """One rank's handle for writing steps. Use as a context manager; see :func:`open`."""
 
-    def __init__(self, inner: _native.Writer, comm: Any = None, where: tuple[str, str | None] = ("file", None)) -> None:
+    def __init__(self, inner: _native.Writer, comm: Any = None, where: tuple[str, str | None] = ("file", None),
+                 exchange: Exchange | None = None) -> None:
         self._inner = inner
         self._comm = comm
+        self._exchange = exchange
         self._where = where
         self._local: dict[str, bool] = {}
         self._open = 0  # the step last begun
@@ -258,7 +274,11 @@ class Writer:
         """End the open step; returns whether this call committed it (this rank was the last).
         If some of its puts could not be stored, raises :class:`StepError` naming them and keeps
         the step open and hidden with the puts that were: put those boxes again and call
-        ``end_step()`` again, or :meth:`abort_step`."""
+        ``end_step()`` again, or :meth:`abort_step`.
+
+        Writers opened with an MPI ``comm`` on the ``file`` engine end steps collectively (N→M
+        aggregation, ``[file] aggregation``): every rank calls ``end_step`` (or every rank
+        ``abort_step``), each returns once the step is committed, and rank 0's call returns True."""
         failed = self._inner.failed_puts()
         if failed:
             raise step_error(self._open, failed)
@@ -330,6 +350,9 @@ class Writer:
             # Every rank reaches the barrier, so one rank's error never leaves the others waiting.
             if self._comm is not None:
                 self._comm.Barrier()
+            if self._exchange is not None:
+                self._exchange.free()
+                self._exchange = None
 
     def __enter__(self) -> Writer:
         return self

@@ -31,11 +31,26 @@ pub struct FileConfig {
     /// each variable's element type), `zstd[:LEVEL]` or `gzip[:LEVEL]`. Reads decompress
     /// transparently; a box read decodes the blocks it touches whole.
     pub compression: String,
+    /// With an MPI communicator, how a step's blocks reach the data files: `send` (members send
+    /// them to their group's aggregator, which writes one file per group), `offsets` (the
+    /// aggregator assigns offsets and members write into the group's file themselves) or `none`
+    /// (every rank its own file, as without a communicator). Metadata is gathered over MPI
+    /// unless `none`.
+    pub aggregation: String,
+    /// Number of aggregator groups; 0 = one per node (ranks sharing memory).
+    pub aggregators: u32,
 }
 
 impl Default for FileConfig {
     fn default() -> Self {
-        FileConfig { path: PathBuf::from("."), fsync: false, chunk_size: cairn_core::checksum::DEFAULT_CHUNK, compression: "none".into() }
+        FileConfig {
+            path: PathBuf::from("."),
+            fsync: false,
+            chunk_size: cairn_core::checksum::DEFAULT_CHUNK,
+            compression: "none".into(),
+            aggregation: "send".into(),
+            aggregators: 0,
+        }
     }
 }
 
@@ -215,7 +230,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, cluster, object_size, keep_last, keep, servers, memory, transport, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -277,6 +292,9 @@ impl Config {
                 cairn_core::checksum::DEFAULT_CHUNK
             )));
         }
+        if !["send", "offsets", "none"].contains(&self.file.aggregation.as_str()) {
+            return Err(Error::Config(format!("[file] aggregation = {:?}: use send, offsets or none", self.file.aggregation)));
+        }
         self.staging.policy(cairn_core::corec::Policy { redundancy: 0, ..Default::default() })?;
         if self.staging.object_size == 0 {
             return Err(Error::Config(format!(
@@ -309,6 +327,13 @@ impl Config {
                 self.file.compression = value.to_string();
                 self.file.compression()?;
             }
+            "aggregation" => {
+                if !["send", "offsets", "none"].contains(&value) {
+                    return Err(bad("use send, offsets or none"));
+                }
+                self.file.aggregation = value.to_string();
+            }
+            "aggregators" => self.file.aggregators = value.parse().map_err(|_| bad("expected a group count (0: one per node)"))?,
             "cluster" => self.staging.cluster = Some(PathBuf::from(value)),
             "object_size" => {
                 self.staging.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?

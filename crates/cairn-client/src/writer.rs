@@ -3,7 +3,7 @@
 
 use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, StepPart, WriteEngine};
-use crate::file::{FileWriter, Layout};
+use crate::file::{AggWriter, Collective, FileWriter, Layout};
 use crate::staging::StagingWriter;
 use crate::subtx::{FailedPut, Failures};
 use crate::trace::TraceBuffer;
@@ -53,6 +53,26 @@ impl Writer {
     /// Without `append` a dataset with committed steps opens too (claimers share a
     /// destination); its committed steps are immutable either way.
     pub fn open(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str) -> Result<Writer> {
+        Self::open_in(name, cfg, rank, nranks, append, session, None)
+    }
+
+    /// [`Writer::open`] for ranks that share an MPI communicator: with the file engine (and
+    /// `[file] aggregation` not `none`) groups of ranks write one data file each and rank 0
+    /// commits the fragments gathered over `group`; steps are then ended collectively. Other
+    /// engines ignore `group`.
+    pub fn open_collective(
+        name: &str,
+        cfg: &Config,
+        rank: u32,
+        nranks: u32,
+        append: bool,
+        session: &str,
+        group: Collective,
+    ) -> Result<Writer> {
+        Self::open_in(name, cfg, rank, nranks, append, session, Some(group))
+    }
+
+    fn open_in(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str, group: Option<Collective>) -> Result<Writer> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::InvalidArgument(format!(
                 "rank {rank} of {nranks} writers: rank must be in 0..nranks and nranks at least 1"
@@ -61,7 +81,13 @@ impl Writer {
         check_name(name)?;
         let engine: Box<dyn WriteEngine> = match cfg.engine {
             EngineKind::File => {
-                Box::new(FileWriter::open(Layout::new(&cfg.file.path, name), rank, nranks, append, &cfg.file, session.to_string())?)
+                let layout = Layout::new(&cfg.file.path, name);
+                match group {
+                    Some(g) if cfg.file.aggregation != "none" => {
+                        Box::new(AggWriter::open(layout, rank, nranks, &cfg.file, session.to_string(), g)?)
+                    }
+                    _ => Box::new(FileWriter::open(layout, rank, nranks, append, &cfg.file, session.to_string())?),
+                }
             }
             EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, session.to_string())?),
         };

@@ -17,6 +17,7 @@ mod buffer;
 mod codec;
 mod erasure;
 mod errors;
+mod exchange;
 mod kv;
 mod reader;
 mod staging;

@@ -2,6 +2,8 @@
 
 use crate::buffer::bytes_of;
 use crate::errors::to_py;
+use crate::exchange::PyExchange;
+use cairn_client::file::Collective;
 use cairn_client::{DType, Writer};
 use numpy::PyUntypedArray;
 use pyo3::exceptions::PyRuntimeError;
@@ -28,8 +30,12 @@ impl PyWriter {
 #[pymethods]
 impl PyWriter {
     #[new]
-    #[pyo3(signature = (name, config, overrides, rank, nranks, append, session))]
+    /// With `exchange` (a `cairn._mpi.Exchange`) and `nodes` (each rank's node id), the ranks
+    /// write collectively (the file engine aggregates, see `[file] aggregation`).
+    #[pyo3(signature = (name, config, overrides, rank, nranks, append, session, exchange=None, nodes=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         name: &str,
         config: Option<String>,
         overrides: Vec<(String, String)>,
@@ -37,13 +43,23 @@ impl PyWriter {
         nranks: u32,
         append: bool,
         session: Option<String>,
+        exchange: Option<Py<PyAny>>,
+        nodes: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let cfg = crate::config(config, overrides)?;
         let session = match session {
             Some(s) => s,
             None => cairn_client::session::default_session(rank, nranks).map_err(to_py)?,
         };
-        let w = Writer::open(name, &cfg, rank, nranks, append, &session).map_err(to_py)?;
+        let w = match (exchange, nodes) {
+            (Some(ex), Some(nodes)) => {
+                let group = Collective { exchange: Box::new(PyExchange(ex)), nodes };
+                // Collective opens may wait on other ranks: without the GIL.
+                py.detach(|| Writer::open_collective(name, &cfg, rank, nranks, append, &session, group))
+            }
+            _ => Writer::open(name, &cfg, rank, nranks, append, &session),
+        }
+        .map_err(to_py)?;
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 

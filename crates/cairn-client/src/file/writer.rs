@@ -136,18 +136,8 @@ impl FileWriter {
         };
         let consume: Vec<String> = frags.iter().flat_map(|f| f.consume.iter().cloned()).collect();
         let index = StepIndex::merge(step, frags)?;
-        if !consume.is_empty() {
-            return consume::commit(&self.layout, index, &session, consume, self.fsync, self.rank);
-        }
-        let bytes = to_json(&index);
-        // Two ranks of one session may both merge (the same bytes); another session's index is
-        // never replaced.
-        if !publish_new(&dest, &bytes, self.fsync, self.rank)? && std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
-            return Err(Error::AlreadyExists(format!(
-                "step {step} of {} was committed meanwhile by another writer session; a step commits once, so this \
-                 writer's part is dropped: write a new step number",
-                self.layout.root.display()
-            )));
+        if !commit_index(&self.layout, index, &session, consume, self.fsync, self.rank)? {
+            return Ok(false);
         }
         // Fragments of every session are done with: the step is committed and immutable.
         for p in names {
@@ -167,16 +157,8 @@ impl WriteEngine for FileWriter {
     }
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
-        let mut coded = Vec::with_capacity(blocks.len());
-        for (_, b) in &blocks {
-            let c = match self.compression {
-                Some(policy) => Some(codec::compress(b.bytes, Some(Element { dtype: b.def.dtype, big_endian: false }), policy)?),
-                None => None,
-            };
-            // Blocks nothing shrank are stored raw, without a codec entry.
-            coded.push(c.filter(|(pipe, _)| !pipe.is_raw()));
-        }
-        let stored: Vec<&[u8]> = blocks.iter().zip(&coded).map(|((_, b), c)| c.as_ref().map_or(b.bytes, |(_, c)| &**c)).collect();
+        let encoded = blocks.iter().map(|(_, b)| encode(b, self.rank, self.chunk, self.compression)).collect::<Result<Vec<_>>>()?;
+        let stored: Vec<&[u8]> = blocks.iter().zip(&encoded).map(|((_, b), (_, c))| c.as_deref().unwrap_or(b.bytes)).collect();
         if let Err(e) = write_all_vectored(&mut self.data, &stored) {
             let total: usize = stored.iter().map(|s| s.len()).sum();
             let names: Vec<&str> = blocks.iter().map(|(_, b)| b.def.name.as_str()).collect();
@@ -189,26 +171,11 @@ impl WriteEngine for FileWriter {
             self.end = self.data.metadata().map_or(self.end, |m| m.len());
             return Err(Error::io(what, e));
         }
-        let sizes: Vec<u64> = stored.iter().map(|s| s.len() as u64).collect();
-        drop(stored);
-        for (((step, b), c), s) in blocks.into_iter().zip(coded).zip(sizes) {
-            let (crcs, checksum) = chunk_crcs(b.bytes, self.chunk);
-            self.blocks.entry(step).or_default().push(BlockRecord {
-                var: b.def.name.clone(),
-                writer: self.rank,
-                region: b.region,
-                file: self.data_rel.clone(),
-                pos: self.end,
-                len: b.bytes.len() as u64,
-                chunk: self.chunk,
-                crcs,
-                checksum,
-                stats: stats::compute(b.def.dtype, b.bytes),
-                objects: Vec::new(),
-                codec: c.as_ref().map(|(pipe, _)| pipe.to_string()),
-                stored: if c.is_some() { s } else { 0 },
-            });
-            self.end += s;
+        for ((step, _), (mut record, _)) in blocks.iter().zip(encoded) {
+            record.file.clone_from(&self.data_rel);
+            record.pos = self.end;
+            self.end += stored_len(&record);
+            self.blocks.entry(*step).or_default().push(record);
         }
         Ok(())
     }
@@ -241,8 +208,64 @@ impl WriteEngine for FileWriter {
     }
 }
 
+/// Commits a merged step index (releasing the step in the datasets of `consume` with it, as one
+/// transaction); returns whether it is committed. Two ranks of one session may both commit (the
+/// same bytes); a step another session committed is never replaced.
+pub(super) fn commit_index(layout: &Layout, index: StepIndex, session: &str, consume: Vec<String>, fsync: bool, tag: u32) -> Result<bool> {
+    if !consume.is_empty() {
+        return consume::commit(layout, index, session, consume, fsync, tag);
+    }
+    let (step, dest) = (index.step, layout.step_path(index.step));
+    let bytes = to_json(&index);
+    if !publish_new(&dest, &bytes, fsync, tag)? && std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
+        return Err(Error::AlreadyExists(format!(
+            "step {step} of {} was committed meanwhile by another writer session; a step commits once, so this \
+             writer's part is dropped: write a new step number",
+            layout.root.display()
+        )));
+    }
+    Ok(true)
+}
+
+/// A block's record (its `file` and `pos` still to be set) and, when compression shrank it, the
+/// bytes to store instead of the block's own.
+pub(super) fn encode(b: &BlockData<'_>, writer: u32, chunk: u32, compression: Option<Policy>) -> Result<(BlockRecord, Option<Vec<u8>>)> {
+    let coded = match compression {
+        Some(policy) => Some(codec::compress(b.bytes, Some(Element { dtype: b.def.dtype, big_endian: false }), policy)?),
+        None => None,
+    };
+    // Blocks nothing shrank are stored raw, without a codec entry.
+    let coded = coded.filter(|(pipe, _)| !pipe.is_raw()).map(|(pipe, c)| (pipe.to_string(), c.into_owned()));
+    let (crcs, checksum) = chunk_crcs(b.bytes, chunk);
+    let record = BlockRecord {
+        var: b.def.name.clone(),
+        writer,
+        region: b.region.clone(),
+        file: String::new(),
+        pos: 0,
+        len: b.bytes.len() as u64,
+        chunk,
+        crcs,
+        checksum,
+        stats: stats::compute(b.def.dtype, b.bytes),
+        objects: Vec::new(),
+        stored: coded.as_ref().map_or(0, |(_, c)| c.len() as u64),
+        codec: coded.as_ref().map(|(pipe, _)| pipe.clone()),
+    };
+    Ok((record, coded.map(|(_, c)| c)))
+}
+
+/// Bytes a block takes in its data file.
+pub(super) fn stored_len(b: &BlockRecord) -> u64 {
+    if b.codec.is_some() {
+        b.stored
+    } else {
+        b.len
+    }
+}
+
 /// Writes all of `parts` with as few system calls as the kernel allows (one for a trace flush).
-fn write_all_vectored(f: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
+pub(super) fn write_all_vectored(f: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {

@@ -1,0 +1,511 @@
+//! The file engine's N→M path, for writers that share an MPI communicator: ranks form groups
+//! (one per node by default), and each group's aggregator writes the group's blocks into one data
+//! file per session; fragments travel up a binomial tree of aggregators to rank 0, which merges
+//! them and commits the step index with one no-replace link. A step then costs O(M) file-system
+//! operations instead of O(N): mcrEngine's N→M aggregation and ADIOS2 BP5's aggregators with
+//! gathered metadata. Messages go through an [`Exchange`] the caller supplies (mpi4py in Python);
+//! `end_step` is collective: every rank of the communicator calls it, and it returns once the
+//! step is committed (or with the same error on every rank).
+
+use super::layout::Layout;
+use super::writer::{commit_index, encode, stored_len};
+use super::{claim, consume};
+use crate::config::FileConfig;
+use crate::engine::{BlockData, StepPart, WriteEngine};
+use cairn_core::codec::Policy;
+use cairn_core::error::IoContext;
+use cairn_core::index::{BlockRecord, Fragment, StepIndex};
+use cairn_core::{Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+
+/// Point-to-point messages between the ranks of one job (an MPI communicator). Messages from
+/// one rank to another arrive in the order they were sent.
+pub trait Exchange: Send {
+    /// Sends `data` to rank `dest`; returns once `data` may be reused.
+    fn send(&self, dest: u32, data: &[u8]) -> Result<()>;
+    /// Receives the next message rank `src` sent to this rank.
+    fn recv(&self, src: u32) -> Result<Received>;
+}
+
+/// A received message (held without copying where the exchange allows).
+pub type Received = Box<dyn AsRef<[u8]> + Send>;
+
+/// What a writer needs to aggregate: the exchange, and the node of every rank.
+pub struct Collective {
+    /// Messages between ranks.
+    pub exchange: Box<dyn Exchange>,
+    /// An id of each rank's node (ranks sharing memory share it), indexed by rank.
+    pub nodes: Vec<u32>,
+}
+
+impl std::fmt::Debug for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collective").field("nodes", &self.nodes.len()).finish()
+    }
+}
+
+/// How a group's blocks reach its data file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Members send their blocks to the aggregator, which writes them.
+    Send,
+    /// The aggregator assigns each member an offset; members write into the group's file.
+    Offsets,
+}
+
+/// Which rank aggregates for which, and the tree over the aggregators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Groups {
+    /// The aggregator of each rank (the lowest rank of its group).
+    agg_of: Vec<u32>,
+    /// The aggregators, ascending (rank 0 first: it is the lowest rank of its group).
+    aggs: Vec<u32>,
+}
+
+impl Groups {
+    /// `count` groups of consecutive ranks, or with `count` 0 one group per node of `nodes`.
+    pub fn new(nodes: &[u32], count: u32) -> Groups {
+        let n = nodes.len() as u64;
+        let agg_of: Vec<u32> = if count > 0 {
+            let m = u64::from(count).min(n.max(1));
+            // Rank r is in group r·m/n, which starts at rank ⌈g·n/m⌉.
+            (0..n).map(|r| ((r * m / n) * n).div_ceil(m) as u32).collect()
+        } else {
+            let mut first = HashMap::new();
+            nodes.iter().enumerate().map(|(r, node)| *first.entry(*node).or_insert(r as u32)).collect()
+        };
+        let mut aggs = agg_of.clone();
+        aggs.sort_unstable();
+        aggs.dedup();
+        Groups { agg_of, aggs }
+    }
+
+    /// The aggregator of `rank`.
+    pub fn aggregator(&self, rank: u32) -> u32 {
+        self.agg_of[rank as usize]
+    }
+
+    /// The members of `agg`'s group other than itself, ascending.
+    pub fn members(&self, agg: u32) -> Vec<u32> {
+        (agg + 1..self.agg_of.len() as u32).filter(|&r| self.agg_of[r as usize] == agg).collect()
+    }
+
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.aggs.len()
+    }
+
+    /// Whether there are no groups (no ranks).
+    pub fn is_empty(&self) -> bool {
+        self.aggs.is_empty()
+    }
+
+    /// The aggregator `agg`'s parent in the binomial tree rooted at rank 0, and its children in
+    /// the order to receive from (smallest subtree first). Depth ⌈log₂ M⌉.
+    pub fn tree(&self, agg: u32) -> (Option<u32>, Vec<u32>) {
+        let i = self.aggs.binary_search(&agg).expect("tree() is asked about aggregators");
+        let parent = (i > 0).then(|| self.aggs[i & (i - 1)]);
+        let mut children = Vec::new();
+        let mut k = 1;
+        while i & k == 0 && i + k < self.aggs.len() {
+            children.push(self.aggs[i + k]);
+            k <<= 1;
+        }
+        (parent, children)
+    }
+}
+
+/// What travels up the tree: the fragments gathered so far, or why the step failed.
+#[derive(Serialize, Deserialize)]
+enum Up {
+    Frags(Vec<Fragment>),
+    Failed(Failure),
+}
+
+/// An error that crossed ranks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Failure {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Failure {
+    fn of(e: &Error) -> Failure {
+        Failure { kind: e.kind(), message: e.to_string() }
+    }
+}
+
+fn to_msg<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("aggregation messages serialize")
+}
+
+fn from_msg<'a, T: Deserialize<'a>>(b: &'a [u8], from: u32, what: &str) -> Result<T> {
+    serde_json::from_slice(b)
+        .map_err(|e| Error::Corrupt(format!("{what} from rank {from} does not parse ({e}); are all ranks the same Cairn version?")))
+}
+
+fn u64_msg(b: &[u8], from: u32, what: &str) -> Result<u64> {
+    b.try_into().map(u64::from_le_bytes).map_err(|_| Error::Corrupt(format!("{what} from rank {from}: expected 8 bytes, got {}", b.len())))
+}
+
+/// Sets the file of `frag`'s blocks and moves their positions (relative to the rank's bytes of
+/// the step) to where those bytes start in the group's file.
+fn rebase(frag: &mut Fragment, file: &str, at: u64) {
+    for b in &mut frag.blocks {
+        b.file = file.to_string();
+        b.pos += at;
+    }
+}
+
+/// One rank of a collective file writer; see the module documentation.
+pub struct AggWriter {
+    layout: Layout,
+    rank: u32,
+    nranks: u32,
+    session: String,
+    fsync: bool,
+    chunk: u32,
+    compression: Option<Policy>,
+    mode: Mode,
+    ex: Box<dyn Exchange>,
+    groups: Groups,
+    /// The group's data file: open on its aggregator, and on members in `offsets` mode.
+    data: Option<File>,
+    data_rel: String,
+    /// Bytes in the group's file (the aggregator's count); the next step's bytes start here.
+    end: u64,
+    /// Blocks of each unpublished step (positions relative to the step's bytes) and the bytes.
+    staged: BTreeMap<u64, (Vec<BlockRecord>, Vec<u8>)>,
+    /// Steps committed when opened, and by this writer since: `is_committed` needs no
+    /// file-system lookup per rank (a step another session commits meanwhile is refused at the
+    /// commit).
+    committed: std::collections::BTreeSet<u64>,
+}
+
+impl std::fmt::Debug for AggWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AggWriter").field("rank", &self.rank).field("nranks", &self.nranks).field("mode", &self.mode).finish()
+    }
+}
+
+impl AggWriter {
+    /// Opens rank `rank` of `nranks` (every rank of the communicator calls this).
+    pub fn open(layout: Layout, rank: u32, nranks: u32, cfg: &FileConfig, session: String, group: Collective) -> Result<AggWriter> {
+        let mode = if cfg.aggregation == "offsets" { Mode::Offsets } else { Mode::Send };
+        if group.nodes.len() != nranks as usize {
+            return Err(Error::InvalidArgument(format!("{} node ids for {nranks} ranks: give one per rank", group.nodes.len())));
+        }
+        let groups = Groups::new(&group.nodes, cfg.aggregators);
+        let agg = groups.aggregator(rank);
+        layout.create()?;
+        let data_rel = Layout::data_rel(agg, &session);
+        let path = layout.root.join(&data_rel);
+        let data = if agg == rank || mode == Mode::Offsets {
+            // Written at offsets the aggregator assigns (never truncated: committed steps point
+            // into it).
+            let f = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(&path)
+                .ctx(|| format!("opening data file {}", path.display()))?;
+            if agg == rank {
+                claim::lock_data_file(&f, &path, rank, &session)?;
+            }
+            Some(f)
+        } else {
+            None
+        };
+        let end = match (&data, agg == rank) {
+            (Some(f), true) => f.metadata().ctx(|| format!("reading size of {}", path.display()))?.len(),
+            _ => 0,
+        };
+        if rank == 0 {
+            consume::recover_destination(&layout)?;
+        }
+        layout.reopen_rank(rank)?;
+        let committed = layout.steps()?.into_iter().collect();
+        Ok(AggWriter {
+            layout,
+            rank,
+            nranks,
+            session,
+            fsync: cfg.fsync,
+            chunk: cfg.chunk_size,
+            compression: cfg.compression()?,
+            mode,
+            ex: group.exchange,
+            groups,
+            data,
+            data_rel,
+            end,
+            staged: BTreeMap::new(),
+            committed,
+        })
+    }
+
+    fn data(&self) -> &File {
+        self.data.as_ref().expect("aggregators (and members in offsets mode) hold the group's file")
+    }
+
+    fn write_at(&self, at: u64, pieces: &[&[u8]]) -> Result<()> {
+        let mut pos = at;
+        for p in pieces {
+            self.data().write_all_at(p, pos).map_err(|e| {
+                Error::io(
+                    format!(
+                        "writing {} bytes of step data to {} (is the disk full? earlier steps are intact)",
+                        p.len(),
+                        self.layout.root.join(&self.data_rel).display()
+                    ),
+                    e,
+                )
+            })?;
+            pos += p.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// A member's part of a step: its blocks reach the group's file, its fragment the
+    /// aggregator; then it waits for the outcome.
+    fn member_step(&mut self, mut frag: Fragment, bytes: &[u8]) -> Result<bool> {
+        let agg = self.groups.aggregator(self.rank);
+        match self.mode {
+            Mode::Send => {
+                let head = to_msg(&frag);
+                let mut msg = Vec::with_capacity(8 + head.len() + bytes.len());
+                msg.extend_from_slice(&(head.len() as u64).to_le_bytes());
+                msg.extend_from_slice(&head);
+                msg.extend_from_slice(bytes);
+                self.ex.send(agg, &msg)?;
+            }
+            Mode::Offsets => {
+                self.ex.send(agg, &(bytes.len() as u64).to_le_bytes())?;
+                let at = u64_msg((*self.ex.recv(agg)?).as_ref(), agg, "offset")?;
+                // A failed write still sends a fragment (the aggregator waits for it); the
+                // failure travels in its place.
+                let up = match self.write_at(at, &[bytes]) {
+                    Ok(()) => {
+                        rebase(&mut frag, &self.data_rel, at);
+                        Up::Frags(vec![frag])
+                    }
+                    Err(e) => Up::Failed(Failure::of(&e)),
+                };
+                self.ex.send(agg, &to_msg(&up))?;
+            }
+        }
+        self.outcome(agg).map(|()| false)
+    }
+
+    /// Waits for the outcome of the step from `from`, and passes it on to this rank's children
+    /// in the tree and (aggregators) to its members.
+    fn outcome(&mut self, from: u32) -> Result<()> {
+        let msg = self.ex.recv(from)?;
+        let failed: Option<Failure> = from_msg((*msg).as_ref(), from, "step outcome")?;
+        self.pass_down(&failed)?;
+        failed.map_or(Ok(()), |f| Err(Error::from_kind(f.kind, f.message)))
+    }
+
+    fn pass_down(&self, failed: &Option<Failure>) -> Result<()> {
+        if self.groups.aggregator(self.rank) != self.rank {
+            return Ok(());
+        }
+        let msg = to_msg(failed);
+        for to in self.groups.tree(self.rank).1.into_iter().chain(self.groups.members(self.rank)) {
+            self.ex.send(to, &msg)?;
+        }
+        Ok(())
+    }
+
+    /// An aggregator's part: its group's blocks into the group's file, the group's fragments
+    /// and its subtree's up the tree; rank 0 merges and commits.
+    fn aggregator_step(&mut self, mut frag: Fragment, bytes: &[u8]) -> Result<bool> {
+        let members = self.groups.members(self.rank);
+        let mut frags = Vec::with_capacity(1 + members.len());
+        let mut failed: Option<Failure> = None;
+        let base = self.end;
+        rebase(&mut frag, &self.data_rel, base);
+        frags.push(frag);
+        match self.mode {
+            Mode::Send => {
+                let received = members.iter().map(|&m| self.ex.recv(m)).collect::<Result<Vec<_>>>()?;
+                let mut pieces: Vec<&[u8]> = vec![bytes];
+                let mut at = base + bytes.len() as u64;
+                for (msg, &m) in received.iter().zip(&members) {
+                    let msg = (**msg).as_ref();
+                    let len = msg.get(..8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().unwrap()));
+                    let Some(head_end) = usize::try_from(len).ok().and_then(|l| l.checked_add(8)).filter(|&e| e <= msg.len()) else {
+                        return Err(Error::Corrupt(format!(
+                            "step part from rank {m}: a {} byte message with a header of {len}",
+                            msg.len()
+                        )));
+                    };
+                    let mut f: Fragment = from_msg(&msg[8..head_end], m, "step fragment")?;
+                    rebase(&mut f, &self.data_rel, at);
+                    at += (msg.len() - head_end) as u64;
+                    pieces.push(&msg[head_end..]);
+                    frags.push(f);
+                }
+                if let Err(e) = self.write_at(base, &pieces) {
+                    failed = Some(Failure::of(&e));
+                }
+                // Also after a failed write: its bytes, whole or partial, are dead space.
+                self.end = at;
+            }
+            Mode::Offsets => {
+                let mut at = base + bytes.len() as u64;
+                for &m in &members {
+                    let n = u64_msg((*self.ex.recv(m)?).as_ref(), m, "step size")?;
+                    self.ex.send(m, &at.to_le_bytes())?;
+                    at += n;
+                }
+                if let Err(e) = self.write_at(base, &[bytes]) {
+                    failed = Some(Failure::of(&e));
+                }
+                self.end = at;
+                for &m in &members {
+                    match from_msg::<Up>((*self.ex.recv(m)?).as_ref(), m, "step fragment")? {
+                        Up::Frags(f) => frags.extend(f),
+                        Up::Failed(f) => failed = failed.or(Some(f)),
+                    }
+                }
+            }
+        }
+        if failed.is_none() && self.fsync {
+            // Covers the members' writes too (offsets mode): they went to this file's pages.
+            if let Err(e) = self.data().sync_data().ctx(|| format!("flushing {}", self.data_rel)) {
+                failed = Some(Failure::of(&e));
+            }
+        }
+        let (parent, children) = self.groups.tree(self.rank);
+        for c in children {
+            match from_msg::<Up>((*self.ex.recv(c)?).as_ref(), c, "fragments")? {
+                Up::Frags(f) => frags.extend(f),
+                Up::Failed(f) => failed = failed.or(Some(f)),
+            }
+        }
+        let up = match failed {
+            Some(f) => Up::Failed(f),
+            None => Up::Frags(frags),
+        };
+        if let Some(p) = parent {
+            self.ex.send(p, &to_msg(&up))?;
+            return self.outcome(p).map(|()| false);
+        }
+        // Rank 0: the whole step is here.
+        let committed = match up {
+            Up::Failed(f) => Err(Error::from_kind(f.kind, f.message)),
+            Up::Frags(frags) => self.commit(frags),
+        };
+        self.pass_down(&committed.as_ref().err().map(Failure::of))?;
+        committed.map(|()| true)
+    }
+
+    fn commit(&self, frags: Vec<Fragment>) -> Result<()> {
+        let step = frags[0].step;
+        let consume: Vec<String> = frags.iter().flat_map(|f| f.consume.iter().cloned()).collect();
+        let index = StepIndex::merge(step, frags)?;
+        commit_index(&self.layout, index, &self.session, consume, self.fsync, self.rank).map(|_| ())
+    }
+}
+
+impl WriteEngine for AggWriter {
+    fn last_index(&self) -> Result<Option<StepIndex>> {
+        self.committed.last().map(|&s| self.layout.read_step(s)).transpose()
+    }
+
+    fn is_committed(&self, step: u64) -> Result<bool> {
+        Ok(self.committed.contains(&step))
+    }
+
+    fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
+        let encoded = blocks.iter().map(|(_, b)| encode(b, self.rank, self.chunk, self.compression)).collect::<Result<Vec<_>>>()?;
+        // Held until the step ends (the user's buffer may change after the put): the one copy.
+        for ((step, b), (mut record, coded)) in blocks.iter().zip(encoded) {
+            let (_, bytes) = self.staged.entry(*step).or_default();
+            record.pos = bytes.len() as u64;
+            bytes.extend_from_slice(coded.as_deref().unwrap_or(b.bytes));
+            debug_assert_eq!(bytes.len() as u64, record.pos + stored_len(&record));
+            self.staged.get_mut(step).expect("just inserted").0.push(record);
+        }
+        Ok(())
+    }
+
+    fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
+        let (blocks, bytes) = self.staged.remove(&step).unwrap_or_default();
+        let mut frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), blocks.clone());
+        frag.attrs = part.attrs.clone();
+        frag.consume = part.consume.clone();
+        let done = if self.groups.aggregator(self.rank) == self.rank {
+            self.aggregator_step(frag, &bytes)
+        } else {
+            self.member_step(frag, &bytes)
+        };
+        match &done {
+            Ok(_) => {
+                self.committed.insert(step);
+            }
+            // Kept, so that a retry ends the step with the same blocks.
+            Err(_) => {
+                self.staged.insert(step, (blocks, bytes));
+            }
+        }
+        done
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.layout.close_rank(self.rank, self.nranks, &self.session, self.fsync)
+    }
+
+    fn abort_step(&mut self, step: u64) -> Result<()> {
+        self.staged.remove(&step);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_of_consecutive_ranks() {
+        let g = Groups::new(&[0; 5], 2);
+        assert_eq!(g.agg_of, vec![0, 0, 0, 3, 3]);
+        assert_eq!(g.members(0), vec![1, 2]);
+        assert_eq!(g.members(3), vec![4]);
+        // More groups than ranks: every rank its own.
+        assert_eq!(Groups::new(&[0; 3], 8).aggs, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn groups_by_node_aggregate_on_the_lowest_rank() {
+        let g = Groups::new(&[7, 9, 7, 9, 4], 0);
+        assert_eq!(g.agg_of, vec![0, 1, 0, 1, 4]);
+        assert_eq!(g.aggs, vec![0, 1, 4]);
+    }
+
+    #[test]
+    fn binomial_tree_reaches_every_aggregator_once_in_log_depth() {
+        for m in 1..70u32 {
+            let g = Groups::new(&(0..m).collect::<Vec<_>>(), 0);
+            let mut seen = vec![0; m as usize];
+            let mut depth = vec![0u32; m as usize];
+            for a in 0..m {
+                let (parent, children) = g.tree(a);
+                assert_eq!(parent.is_none(), a == 0);
+                for c in children {
+                    seen[c as usize] += 1;
+                    assert_eq!(g.tree(c).0, Some(a));
+                    assert!(c > a);
+                    depth[c as usize] = depth[a as usize] + 1;
+                }
+            }
+            assert!(seen[1..].iter().all(|&s| s == 1), "m={m}: {seen:?}");
+            let max = depth.iter().copied().max().unwrap();
+            assert!(max <= (m as f64).log2().ceil() as u32, "m={m}: depth {max}");
+        }
+    }
+}
