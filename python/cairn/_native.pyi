@@ -2,7 +2,7 @@
 built module by ``mypy.stubtest`` in ``make check``."""
 
 from os import PathLike
-from typing import final
+from typing import Any, final
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class DataLossError(CairnError, OSError): ...
 @final
 class Writer:
     def __new__(cls, name: str, config: str | None, overrides: _Overrides, rank: int, nranks: int, append: bool,
-                session: str | None) -> Writer: ...
+                session: str | None, exchange: Any | None = None, nodes: list[int] | None = None) -> Writer: ...
     def define(self, name: str, dtype: str, shape: list[int] | None, redundancy: int | None = None,
                dims: list[str] | None = None, attrs: str | None = None) -> None: ...
     def set_attrs(self, attrs: str) -> None: ...
