@@ -187,12 +187,39 @@ pub(super) fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Resul
 /// [`publish`], but only if `dest` does not exist: returns false if it does.
 pub(super) fn publish_new(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<bool> {
     let (tmp, _) = staged(dest, bytes, fsync, tag)?;
-    let linked = link_new(&tmp, dest);
-    let _ = std::fs::remove_file(&tmp);
-    let linked = linked?;
-    if linked {
+    let placed = rename_new(&tmp, dest);
+    if !matches!(placed, Ok(true)) {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let placed = placed?;
+    if placed {
         flush_dir(dest, fsync)?;
     }
+    Ok(placed)
+}
+
+/// Renames `src` to `dest` unless `dest` exists; returns whether it did. One operation where the
+/// file system has `renameat2(RENAME_NOREPLACE)` (a step's commit is then a create and a rename);
+/// elsewhere a hard link and an unlink.
+fn rename_new(src: &Path, dest: &Path) -> Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("dataset paths have no NUL bytes");
+        let (s, d) = (c(src), c(dest));
+        // SAFETY: two NUL-terminated paths that live across the call.
+        if unsafe { libc::renameat2(libc::AT_FDCWD, s.as_ptr(), libc::AT_FDCWD, d.as_ptr(), libc::RENAME_NOREPLACE) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EEXIST) => return Ok(false),
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
+            _ => return Err(Error::io(format!("publishing {}", dest.display()), e)),
+        }
+    }
+    let linked = link_new(src, dest)?;
+    let _ = std::fs::remove_file(src);
     Ok(linked)
 }
 
@@ -209,12 +236,19 @@ pub(super) fn link_new(src: &Path, dest: &Path) -> Result<bool> {
 /// A uniquely named temporary file beside `dest` holding `bytes`, and the file, open.
 pub(super) fn staged(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<(PathBuf, std::fs::File)> {
     let dir = dest.parent().expect("published files live in a dataset directory");
-    std::fs::create_dir_all(dir).ctx(|| format!("creating directory {}", dir.display()))?;
     // Unique also among threads (a claimer's heartbeat renews while it claims).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".tmp-{}-{tag}-{n}-{}", std::process::id(), dest.file_name().unwrap().to_string_lossy()));
-    let mut f = std::fs::File::create(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
+    // The directory is made on first use only: a lookup less per publish.
+    let mut f = match std::fs::File::create(&tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).ctx(|| format!("creating directory {}", dir.display()))?;
+            std::fs::File::create(&tmp)
+        }
+        other => other,
+    }
+    .ctx(|| format!("creating {}", tmp.display()))?;
     f.write_all(bytes).ctx(|| format!("writing {}", tmp.display()))?;
     if fsync {
         f.sync_all().ctx(|| format!("flushing {}", tmp.display()))?;
