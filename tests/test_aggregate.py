@@ -5,6 +5,7 @@ step intact, and a restart goes on from it."""
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,12 @@ def test_six_ranks_two_aggregators_write_and_read_back(tmp_path, aggregation):
     # Two groups (ranks 0-2 and 3-5): one data file each, and no per-rank fragment files ever.
     assert data_files(tmp_path) == ["rank-000000", "rank-000003"]
     assert not list((tmp_path / "sim" / "pending").iterdir())
+    # One close mark stands for all ranks, and it ends streams at once.
+    assert [p.name for p in (tmp_path / "sim" / "closed").iterdir()] == ["rank-000000.json"]
     with cairn.open("sim", "r", engine="file", path=str(tmp_path)) as f:
-        assert {b.writer: b for b in f.blocks("rho", 3)}.keys() == set(range(6))
+        t = time.monotonic()
+        assert list(f.stream(timeout=60)) == [0, 1, 2, 3]
+        assert time.monotonic() - t < 30
 
 
 def test_default_groups_are_one_per_node(tmp_path):

@@ -226,7 +226,10 @@ impl AggWriter {
         if rank == 0 {
             consume::recover_destination(&layout)?;
         }
-        layout.reopen_rank(rank)?;
+        // Rank 0's mark is the collective one; removing it also breaks any earlier session's set.
+        if rank == 0 {
+            layout.reopen_rank(0)?;
+        }
         let committed = layout.steps()?.into_iter().collect();
         Ok(AggWriter {
             layout,
@@ -457,7 +460,11 @@ impl WriteEngine for AggWriter {
     }
 
     fn close(&mut self) -> Result<()> {
-        self.layout.close_rank(self.rank, self.nranks, &self.session, self.fsync)
+        // One mark for all ranks: every step is collective, so none commits after rank 0 closed.
+        if self.rank == 0 {
+            self.layout.close_all(self.nranks, &self.session, self.fsync)?;
+        }
+        Ok(())
     }
 
     fn abort_step(&mut self, step: u64) -> Result<()> {

@@ -124,8 +124,15 @@ impl Layout {
 
     /// Records that rank `rank` of `nranks` of `session` closed the dataset.
     pub(super) fn close_rank(&self, rank: u32, nranks: u32, session: &str, fsync: bool) -> Result<()> {
-        let mark = Closed { session: session.to_string(), nranks };
+        let mark = Closed { session: session.to_string(), nranks, ranks: 1 };
         publish(&self.closed_path(rank), &serde_json::to_vec(&mark).expect("marks serialize"), fsync, rank)
+    }
+
+    /// Records, as rank 0's mark, that every rank of `session` closed the dataset (collective
+    /// writers: no step can commit without rank 0 once it closed).
+    pub(super) fn close_all(&self, nranks: u32, session: &str, fsync: bool) -> Result<()> {
+        let mark = Closed { session: session.to_string(), nranks, ranks: nranks };
+        publish(&self.closed_path(0), &serde_json::to_vec(&mark).expect("marks serialize"), fsync, 0)
     }
 
     /// A writer of rank `rank` opened the dataset: it is being written again.
@@ -147,7 +154,7 @@ impl Layout {
                 continue;
             };
             let n = ranks.entry(mark.session).or_insert((0, mark.nranks));
-            n.0 += 1;
+            n.0 += mark.ranks;
         }
         Ok(ranks.values().any(|(closed, of)| closed >= of))
     }
@@ -174,6 +181,17 @@ impl Layout {
 struct Closed {
     session: String,
     nranks: u32,
+    /// How many ranks the mark stands for (all, for collective writers).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    ranks: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Writes `bytes` to `dest` atomically: a uniquely named temporary file in the same directory,
