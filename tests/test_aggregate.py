@@ -103,10 +103,10 @@ def test_default_groups_are_one_per_node(tmp_path):
 
 
 @pytest.mark.parametrize("aggregation,victim,phase,nth", [
-    ("send", 3, "recv", 2),      # an aggregator, once its members' blocks arrived, before writing them
+    ("send", 3, "recv", 4),      # an aggregator, once its 2 members' fragments and blocks arrived, before writing
     ("send", 3, "send", 1),      # an aggregator, after writing, as its fragments go up the tree
     ("offsets", 3, "send", 1),   # an aggregator, handing out offsets
-    ("send", 0, "recv", 3),      # rank 0, holding every fragment, before the commit
+    ("send", 0, "recv", 5),      # rank 0, holding every fragment (2 members, 1 child), before the commit
     ("send", 4, "send", 1),      # a member, once its blocks are sent
 ], ids=["aggregator-received", "aggregator-sent-up", "aggregator-offsets", "rank0-before-commit", "member"])
 def test_sigkill_mid_step_keeps_last_committed_step_and_restart_goes_on(tmp_path, aggregation, victim, phase, nth):

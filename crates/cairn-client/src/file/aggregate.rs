@@ -278,12 +278,9 @@ impl AggWriter {
         let agg = self.groups.aggregator(self.rank);
         match self.mode {
             Mode::Send => {
-                let head = to_msg(&frag);
-                let mut msg = Vec::with_capacity(8 + head.len() + bytes.len());
-                msg.extend_from_slice(&(head.len() as u64).to_le_bytes());
-                msg.extend_from_slice(&head);
-                msg.extend_from_slice(bytes);
-                self.ex.send(agg, &msg)?;
+                // Two messages, so the blocks go from where the puts left them, uncopied.
+                self.ex.send(agg, &to_msg(&frag))?;
+                self.ex.send(agg, bytes)?;
             }
             Mode::Offsets => {
                 self.ex.send(agg, &(bytes.len() as u64).to_le_bytes())?;
@@ -334,24 +331,17 @@ impl AggWriter {
         frags.push(frag);
         match self.mode {
             Mode::Send => {
-                let received = members.iter().map(|&m| self.ex.recv(m)).collect::<Result<Vec<_>>>()?;
-                let mut pieces: Vec<&[u8]> = vec![bytes];
+                let mut received = Vec::with_capacity(members.len());
                 let mut at = base + bytes.len() as u64;
-                for (msg, &m) in received.iter().zip(&members) {
-                    let msg = (**msg).as_ref();
-                    let len = msg.get(..8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().unwrap()));
-                    let Some(head_end) = usize::try_from(len).ok().and_then(|l| l.checked_add(8)).filter(|&e| e <= msg.len()) else {
-                        return Err(Error::Corrupt(format!(
-                            "step part from rank {m}: a {} byte message with a header of {len}",
-                            msg.len()
-                        )));
-                    };
-                    let mut f: Fragment = from_msg(&msg[8..head_end], m, "step fragment")?;
+                for &m in &members {
+                    let mut f: Fragment = from_msg((*self.ex.recv(m)?).as_ref(), m, "step fragment")?;
+                    let data = self.ex.recv(m)?;
                     rebase(&mut f, &self.data_rel, at);
-                    at += (msg.len() - head_end) as u64;
-                    pieces.push(&msg[head_end..]);
+                    at += (*data).as_ref().len() as u64;
+                    received.push(data);
                     frags.push(f);
                 }
+                let pieces: Vec<&[u8]> = std::iter::once(bytes).chain(received.iter().map(|d| (**d).as_ref())).collect();
                 if let Err(e) = self.write_at(base, &pieces) {
                     failed = Some(Failure::of(&e));
                 }
