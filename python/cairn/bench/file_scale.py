@@ -144,11 +144,13 @@ def count_ops(prefix: str, steps: int) -> tuple[float, float, Counter[str]]:
     return sum(meta.values()) / per, sum(look.values()) / per, meta
 
 
-def fit(xs: list[float], ys: list[float], f) -> tuple[float, float]:
-    """Least squares y = a + b·f(x)."""
-    fx = np.array([f(x) for x in xs])
-    b, a = np.polyfit(fx, np.array(ys), 1)
-    return float(a), float(b)
+def fit(xs: list[float], ys: list[float], *terms) -> list[float]:
+    """Least squares y = c0 + c1·terms[0](x) + … with every c ≥ 0 (costs add up; a negative
+    term would be noise extrapolated 100-fold); the coefficients."""
+    from scipy.optimize import nnls
+
+    m = np.array([[1.0, *(t(x) for t in terms)] for x in xs])
+    return [float(c) for c in nnls(m, np.array(ys, dtype=float))[0]]
 
 
 def main(argv: list[str]) -> None:
@@ -201,16 +203,22 @@ def main(argv: list[str]) -> None:
     for path in ["N→N", "N→M send", "N→M offsets"]:
         rs = [r for r in rows if r["path"] == path]
         xs = [float(r["ranks"]) for r in rs]
-        groups = (lambda x: x) if path == "N→N" else (lambda x: max(1.0, x / args.ranks_per_node))
-        a_ops, b_ops = fit(xs, [r["meta_ops"] for r in rs], groups)
-        a_idx, b_idx = fit(xs, [r["index_bytes"] for r in rs], lambda x: x)
-        a_c, b_c = fit(xs, [r["commit_ms"] for r in rs], lambda x: math.log2(x) if path != "N→N" else x)
         x = float(args.project)
-        projection.append({"path": path, "ranks": args.project, "meta_ops": a_ops + b_ops * groups(x), "index_MB": (a_idx + b_idx * x) / 1e6,
-                           "commit_ms": a_c + b_c * (math.log2(x) if path != "N→N" else x),
-                           "model": (f"ops = {a_ops:.1f} + {b_ops:.2f}·{'R' if path == 'N→N' else 'R/' + str(args.ranks_per_node)}; "
-                                     f"index = {a_idx:.0f} + {b_idx:.0f}·R B; commit = {a_c:.1f} + {b_c:.2f}·{'R' if path == 'N→N' else 'log2 R'} ms")})
-    print(f"\nprojection to {args.project} ranks ({args.ranks_per_node} per node), least squares over the measured rank counts:")
+        if path == "N→N":
+            ops = fit(xs, [r["meta_ops"] for r in rs], lambda r: r, lambda r: r * r)
+            ops_at, ops_model = ops[0] + ops[1] * x + ops[2] * x * x, f"{ops[0]:.0f} + {ops[1]:.1f}·R + {ops[2]:.2f}·R²"
+        else:
+            per = args.ranks_per_node
+            ops = fit(xs, [r["meta_ops"] for r in rs], lambda r: r / per)
+            ops_at, ops_model = ops[0] + ops[1] * x / per, f"{ops[0]:.1f} + {ops[1]:.2f}·R/{per}"
+        idx = fit(xs, [r["index_bytes"] for r in rs], lambda r: r)
+        # Commit: messages up and down a tree (log R) and rank 0's merge and index write (R).
+        c = fit(xs, [r["commit_ms"] for r in rs], math.log2, lambda r: r)
+        projection.append({"path": path, "ranks": args.project, "meta_ops": ops_at, "index_MB": (idx[0] + idx[1] * x) / 1e6,
+                           "commit_ms": c[0] + c[1] * math.log2(x) + c[2] * x,
+                           "model": f"ops = {ops_model}; index = {idx[0]:.0f} + {idx[1]:.0f}·R B; "
+                                    f"commit = {c[0]:.2f} + {c[1]:.2f}·log2 R + {c[2] * 1e3:.2f}e-3·R ms"})
+    print(f"\nprojection to {args.project} ranks ({args.ranks_per_node} per node), non-negative least squares over the measured rank counts:")
     print(table(projection, ["path", "ranks", "meta_ops", "index_MB", "commit_ms", "model"]))
     out = save("file-scale", rows, {"mib_per_step": args.mib, "steps": args.steps, "ranks_per_node": args.ranks_per_node,
                                     "baseline": "the file engine's N→N path (aggregation = none), same run", "projection": projection})
