@@ -8,6 +8,7 @@ use cairn_core::checksum::chunk_crcs;
 use cairn_core::codec::{self, Element, Policy};
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex};
+use cairn_core::index_file;
 use cairn_core::{stats, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -139,7 +140,7 @@ impl FileWriter {
         if !consume.is_empty() {
             return consume::commit(&self.layout, index, &session, consume, self.fsync, self.rank);
         }
-        let bytes = to_json(&index);
+        let bytes = index_file::encode(&index);
         // Two ranks of one session may both merge (the same bytes); another session's index is
         // never replaced.
         if !publish_new(&dest, &bytes, self.fsync, self.rank)? && std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
