@@ -15,6 +15,7 @@
 //! - [`checksum`]: crc32c per fixed-size chunk, so partial reads verify exactly what they return.
 //! - [`attrs`]: dimension names and attributes of variables and datasets, checked and merged.
 //! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
+//! - [`index_file`]: the bytes of a committed step index: format 2 (binary, crcs apart) written, format 1 (JSON) read.
 //! - [`error`]: the crate's error type and the small public set of error kinds.
 
 pub mod assemble;
@@ -26,6 +27,7 @@ pub mod dtype;
 pub mod erasure;
 pub mod error;
 pub mod index;
+pub mod index_file;
 pub mod partition;
 pub mod placement;
 pub mod region;

@@ -18,10 +18,11 @@
 //! backwards (renaming them back). Every state in between reads as before or as after.
 
 use super::claim::digest;
-use super::layout::{link_new, publish, staged, Layout};
+use super::layout::{link_new, parse_index, publish, staged, Layout};
 use super::lease;
 use cairn_core::error::IoContext;
-use cairn_core::index::{from_json, to_json, Consumed, Fragment, StepIndex};
+use cairn_core::index::{from_json, Consumed, Fragment, StepIndex};
+use cairn_core::index_file;
 use cairn_core::{Error, Result};
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -53,7 +54,7 @@ pub(super) fn commit(dst: &Layout, mut index: StepIndex, session: &str, mut sour
     }
     index.consumed = Some(Consumed { txn: txn.clone(), datasets: sources.clone() });
     let journal = journal_path(dst, step, &txn);
-    let (tmp, file) = staged(&journal, &to_json(&index), fsync, tag)?;
+    let (tmp, file) = staged(&journal, &index_file::encode(&index), fsync, tag)?;
     // Locked before it appears, so no one mistakes it for a dead transaction's (file systems
     // without `flock` cannot tell: their dead transactions stay until completed by hand).
     try_lock(&file);
@@ -78,7 +79,7 @@ pub(super) fn commit(dst: &Layout, mut index: StepIndex, session: &str, mut sour
 /// Whether `dst` holds step `step` committed by transaction `txn`.
 fn committed(dst: &Layout, step: u64, txn: &str) -> bool {
     let Ok(bytes) = std::fs::read(dst.step_path(step)) else { return false };
-    from_json::<StepIndex>(&bytes, "step index").is_ok_and(|i| i.consumed.is_some_and(|c| c.txn == txn))
+    index_file::decode_meta(&bytes, "step index").is_ok_and(|i| i.consumed.is_some_and(|c| c.txn == txn))
 }
 
 fn journal_path(dst: &Layout, step: u64, txn: &str) -> PathBuf {
@@ -191,7 +192,7 @@ pub(super) fn complete(dst: &Layout, journal: &Path) -> Result<()> {
         return Ok(());
     }
     let bytes = std::fs::read(journal).ctx(|| format!("reading {}", journal.display()))?;
-    let index: StepIndex = from_json(&bytes, &format!("transaction journal {}", journal.display()))?;
+    let index = index_file::decode_meta(&bytes, &format!("transaction journal {}", journal.display()))?;
     let Some(c) = index.consumed else {
         return Err(Error::Corrupt(format!("transaction journal {} names no transaction", journal.display())));
     };
@@ -266,17 +267,16 @@ pub(super) fn visible_steps(layout: &Layout) -> Result<Vec<u64>> {
     Ok(steps)
 }
 
-/// The index of a committed step, also of one in flight.
-pub(super) fn read_visible(layout: &Layout, step: u64) -> Result<StepIndex> {
-    match layout.read_step(step) {
+/// The index of a committed step, also of one in flight; without its blocks if `meta_only`.
+pub(super) fn read_visible(layout: &Layout, step: u64, meta_only: bool) -> Result<StepIndex> {
+    let committed = if meta_only { layout.read_step_meta(step) } else { layout.read_step(step) };
+    match committed {
         Err(Error::NotFound(msg)) => {
             let Some((_, taken)) = in_flight(layout)?.into_iter().find(|(s, _)| *s == step) else {
                 return Err(Error::NotFound(msg));
             };
             let bytes = std::fs::read(&taken).map_err(|_| Error::NotFound(msg))?;
-            let idx: StepIndex = from_json(&bytes, &format!("index of step {step} ({})", taken.display()))?;
-            idx.validate()?;
-            Ok(idx)
+            parse_index(&bytes, &format!("index of step {step} ({})", taken.display()), meta_only)
         }
         r => r,
     }
@@ -285,11 +285,15 @@ pub(super) fn read_visible(layout: &Layout, step: u64) -> Result<StepIndex> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_core::index::to_json;
+
+    fn step_index(step: u64, txn: Option<&str>) -> StepIndex {
+        let consumed = txn.map(|t| Consumed { txn: t.into(), datasets: vec!["src".into()] });
+        StepIndex { format: 1, step, nranks: 1, vars: Default::default(), blocks: vec![], attrs: Default::default(), consumed }
+    }
 
     fn index(step: u64, txn: Option<&str>) -> Vec<u8> {
-        let consumed = txn.map(|t| Consumed { txn: t.into(), datasets: vec!["src".into()] });
-        let i = StepIndex { format: 1, step, nranks: 1, vars: Default::default(), blocks: vec![], attrs: Default::default(), consumed };
-        to_json(&i)
+        index_file::encode(&step_index(step, txn))
     }
 
     #[test]
@@ -298,12 +302,13 @@ mod tests {
         let (src, dst) = (Layout::new(dir.path(), "src"), Layout::new(dir.path(), "dst"));
         src.create().unwrap();
         dst.create().unwrap();
-        std::fs::write(src.step_path(5), index(5, None)).unwrap();
+        // A source written before format 2 (JSON) is taken the same way.
+        std::fs::write(src.step_path(5), to_json(&step_index(5, None))).unwrap();
         publish(&taken_path(&src, 5, "t1", "txn"), b"dst", false, 0).unwrap();
         std::fs::rename(src.step_path(5), taken_path(&src, 5, "t1", "json")).unwrap();
         assert_eq!(visible_steps(&src).unwrap(), vec![5], "taken, not committed: still there");
-        assert_eq!(read_visible(&src, 5).unwrap().step, 5);
-        std::fs::write(dst.step_path(5), index(5, Some("other"))).unwrap();
+        assert_eq!(read_visible(&src, 5, false).unwrap().step, 5);
+        std::fs::write(dst.step_path(5), to_json(&step_index(5, Some("other")))).unwrap();
         assert_eq!(visible_steps(&src).unwrap(), vec![5], "another transaction's commit does not count");
         std::fs::write(dst.step_path(5), index(5, Some("t1"))).unwrap();
         assert_eq!(visible_steps(&src).unwrap(), Vec::<u64>::new(), "committed: released");

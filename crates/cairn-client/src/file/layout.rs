@@ -2,6 +2,7 @@
 
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, Fragment, StepIndex};
+use cairn_core::index_file;
 use cairn_core::{Error, Result};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -163,17 +164,33 @@ impl Layout {
         self.dir("closed").join(format!("rank-{rank:06}.json"))
     }
 
-    /// Reads and validates a committed step index.
+    /// Reads and validates a committed step index (format 1 or 2).
     pub fn read_step(&self, step: u64) -> Result<StepIndex> {
+        self.read_step_part(step, false)
+    }
+
+    /// A committed step index without its blocks (variables, attributes, the consume
+    /// transaction): what listings need, read without the blocks and crcs of a format 2 index.
+    pub fn read_step_meta(&self, step: u64) -> Result<StepIndex> {
+        self.read_step_part(step, true)
+    }
+
+    fn read_step_part(&self, step: u64, meta_only: bool) -> Result<StepIndex> {
         let p = self.step_path(step);
         let bytes = std::fs::read(&p).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(format!("step {step} is not committed in {}", self.root.display())),
             _ => Error::io(format!("reading {}", p.display()), e),
         })?;
-        let idx: StepIndex = from_json(&bytes, &format!("index of step {step} ({})", p.display()))?;
-        idx.validate()?;
-        Ok(idx)
+        parse_index(&bytes, &format!("index of step {step} ({})", p.display()), meta_only)
     }
+}
+
+/// Decodes and validates the bytes of a step index (format 1 or 2; the blocks left out if
+/// `meta_only`), naming `what` in errors.
+pub(super) fn parse_index(bytes: &[u8], what: &str, meta_only: bool) -> Result<StepIndex> {
+    let idx = if meta_only { index_file::decode_meta(bytes, what)? } else { index_file::decode(bytes, what)? };
+    idx.validate()?;
+    Ok(idx)
 }
 
 /// A rank's mark in `closed/`.

@@ -21,6 +21,8 @@ use std::time::Duration;
 pub struct FileReader {
     layout: Layout,
     indexes: Mutex<HashMap<u64, Arc<StepIndex>>>,
+    /// Indexes read without their blocks, for listings (steps whose blocks were not read).
+    metas: Mutex<HashMap<u64, Arc<StepIndex>>>,
     files: Mutex<HashMap<String, Arc<File>>>,
 }
 
@@ -28,16 +30,30 @@ impl FileReader {
     /// Opens an existing dataset.
     pub fn open(layout: Layout) -> Result<FileReader> {
         layout.require()?;
-        Ok(FileReader { layout, indexes: Mutex::default(), files: Mutex::default() })
+        Ok(FileReader { layout, indexes: Mutex::default(), metas: Mutex::default(), files: Mutex::default() })
     }
 
     fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
         if let Some(i) = self.indexes.lock().unwrap().get(&step) {
             return Ok(i.clone());
         }
-        let idx = Arc::new(consume::read_visible(&self.layout, step)?);
+        let idx = Arc::new(consume::read_visible(&self.layout, step, false)?);
         self.indexes.lock().unwrap().insert(step, idx.clone());
+        self.metas.lock().unwrap().remove(&step);
         Ok(idx)
+    }
+
+    /// The index of `step` for listings: `blocks` may be empty (read without them).
+    fn meta(&self, step: u64) -> Result<Arc<StepIndex>> {
+        if let Some(i) = self.indexes.lock().unwrap().get(&step) {
+            return Ok(i.clone());
+        }
+        if let Some(i) = self.metas.lock().unwrap().get(&step) {
+            return Ok(i.clone());
+        }
+        let meta = Arc::new(consume::read_visible(&self.layout, step, true)?);
+        self.metas.lock().unwrap().insert(step, meta.clone());
+        Ok(meta)
     }
 
     fn file(&self, rel: &str) -> Result<Arc<File>> {
@@ -168,7 +184,7 @@ impl ReadEngine for FileReader {
     }
 
     fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
-        Ok(self.index(step)?.vars.clone())
+        Ok(self.meta(step)?.vars.clone())
     }
 
     fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
@@ -179,6 +195,7 @@ impl ReadEngine for FileReader {
         // Only the index goes: data files are append-only, so the step's bytes stay as dead space.
         let p = self.layout.step_path(step);
         self.indexes.lock().unwrap().remove(&step);
+        self.metas.lock().unwrap().remove(&step);
         std::fs::remove_file(&p).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
                 Error::NotFound(format!("step {step} is not committed in {}; nothing to release", self.layout.root.display()))
@@ -188,7 +205,7 @@ impl ReadEngine for FileReader {
     }
 
     fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
-        Ok(self.index(step)?.attrs.clone())
+        Ok(self.meta(step)?.attrs.clone())
     }
 
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {

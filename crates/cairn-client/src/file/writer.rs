@@ -8,6 +8,7 @@ use cairn_core::checksum::chunk_crcs;
 use cairn_core::codec::{self, Element, Policy};
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex};
+use cairn_core::index_file;
 use cairn_core::{stats, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -216,7 +217,7 @@ pub(super) fn commit_index(layout: &Layout, index: StepIndex, session: &str, con
         return consume::commit(layout, index, session, consume, fsync, tag);
     }
     let (step, dest) = (index.step, layout.step_path(index.step));
-    let bytes = to_json(&index);
+    let bytes = index_file::encode(&index);
     if !publish_new(&dest, &bytes, fsync, tag)? && std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
         return Err(Error::AlreadyExists(format!(
             "step {step} of {} was committed meanwhile by another writer session; a step commits once, so this \
