@@ -41,8 +41,7 @@ def file_cfg(tmp_path: Path) -> Path:
     return file_config(tmp_path)
 
 
-#: Every engine and staging transport; `cfg` runs the API tests on each engine, and modules whose
-#: tests move data between processes (MPI ranks) redefine `cfg` over all of these.
+#: Every engine and staging transport: the conformance suite (every test taking `cfg`) runs on each.
 ALL_TRANSPORTS = ["file", "staging", "staging-socket", "staging-tcp"]
 
 
@@ -65,9 +64,9 @@ def engine_config(param: str, tmp_path: Path):
         c.stop()
 
 
-@pytest.fixture(params=["file", "staging"])
+@pytest.fixture(params=ALL_TRANSPORTS)
 def cfg(request: pytest.FixtureRequest, tmp_path: Path):
-    """A cairn.toml for each engine (see engine_config); the same tests run on both."""
+    """A cairn.toml for each engine and transport (see engine_config); the same tests run on all."""
     yield from engine_config(request.param, tmp_path)
 
 

@@ -12,15 +12,9 @@ import pytest
 
 import cairn
 
-from .conftest import ALL_TRANSPORTS, PY, ROOT, check, engine_config, mpirun
+from .conftest import PY, ROOT, check, mpirun
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(params=ALL_TRANSPORTS)
-def cfg(request: pytest.FixtureRequest, tmp_path):
-    """Every engine and staging transport: these tests move data between real processes."""
-    yield from engine_config(request.param, tmp_path)
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np, cairn
