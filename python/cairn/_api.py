@@ -124,20 +124,20 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
         return Reader(_native.Reader(name, cfg, ov), name, where)
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
-    exchange = _collective(comm, cfg, ov) if nranks > 1 else None
-    nodes = node_ids(comm) if exchange is not None else None
+    exchange, nodes = _collective(comm, cfg, ov) if nranks > 1 else (None, None)
     return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session, exchange, nodes), comm, where, exchange)
 
 
-def _collective(comm: Any, cfg: str | None, ov: list[tuple[str, str]]) -> Exchange | None:
-    """The MPI exchange of a collective ``file`` writer (N→M aggregation and gathered metadata),
-    or None when there is no communicator or the engine does not aggregate."""
+def _collective(comm: Any, cfg: str | None, ov: list[tuple[str, str]]) -> tuple[Exchange | None, list[int] | None]:
+    """The MPI exchange of a collective ``file`` writer (N→M aggregation and gathered metadata)
+    and each rank's node, or Nones when there is no communicator or the engine does not aggregate."""
     if comm is None:
-        return None
+        return None, None
     resolved = json.loads(_native.config_json(cfg, ov))
     if resolved["engine"] != "file" or resolved["file"]["aggregation"] == "none":
-        return None
-    return Exchange(comm)
+        return None, None
+    nodes, oversubscribed = node_ids(comm)
+    return Exchange(comm, oversubscribed), nodes
 
 
 def _where(cfg: str | None, ov: list[tuple[str, str]]) -> tuple[str, str | None]:

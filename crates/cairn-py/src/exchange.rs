@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 /// CPython's `PyBUF_READ` (memoryview flags; not exported by pyo3's ffi).
 const PYBUF_READ: std::os::raw::c_int = 0x100;
 
-/// A Python object with `send(dest, memoryview)` and `recv(src) -> numpy uint8 array`.
+/// A Python object with `send(dest, memoryview)`, `recv(src) -> numpy uint8 array`,
+/// `start(at)` and `reserve(owner, len) -> int` (see `cairn._mpi.Exchange`).
 pub(crate) struct PyExchange(pub(crate) Py<PyAny>);
 
 /// A received array, borrowed as bytes for as long as it is held.
@@ -51,6 +52,22 @@ impl Exchange for PyExchange {
                 .call_method1(py, "send", (dest, view))
                 .map(|_| ())
                 .map_err(|e| failed(format!("sending {} bytes to rank {dest}", data.len()), e))
+        })
+    }
+
+    fn start(&self, at: u64) -> Result<()> {
+        Python::attach(|py| {
+            self.0.call_method1(py, "start", (at,)).map(|_| ()).map_err(|e| failed("starting the group's offsets".into(), e))
+        })
+    }
+
+    fn reserve(&self, owner: u32, len: u64) -> Result<u64> {
+        Python::attach(|py| {
+            let at = self
+                .0
+                .call_method1(py, "reserve", (owner, len))
+                .map_err(|e| failed(format!("reserving {len} bytes at rank {owner}"), e))?;
+            at.extract::<u64>(py).map_err(|e| failed(format!("reserving {len} bytes at rank {owner}"), e))
         })
     }
 

@@ -28,6 +28,11 @@ pub trait Exchange: Send {
     fn send(&self, dest: u32, data: &[u8]) -> Result<()>;
     /// Receives the next message rank `src` sent to this rank.
     fn recv(&self, src: u32) -> Result<Received>;
+    /// Sets this rank's offset counter to `at`, then waits until every rank did (collective).
+    fn start(&self, at: u64) -> Result<()>;
+    /// Atomically adds `len` to rank `owner`'s offset counter and returns its value before,
+    /// without `owner` taking part (MPI one-sided fetch-and-add).
+    fn reserve(&self, owner: u32, len: u64) -> Result<u64>;
 }
 
 /// A received message (held without copying where the exchange allows).
@@ -52,7 +57,8 @@ impl std::fmt::Debug for Collective {
 pub(super) enum Mode {
     /// Members send their blocks to the aggregator, which writes them.
     Send,
-    /// The aggregator assigns each member an offset; members write into the group's file.
+    /// Each rank reserves room in the group's file at every put (a fetch-and-add on the
+    /// aggregator's counter) and writes its blocks there at once: no copy, no data messages.
     Offsets,
 }
 
@@ -147,10 +153,6 @@ fn from_msg<'a, T: Deserialize<'a>>(b: &'a [u8], from: u32, what: &str) -> Resul
         .map_err(|e| Error::Corrupt(format!("{what} from rank {from} does not parse ({e}); are all ranks the same Cairn version?")))
 }
 
-fn u64_msg(b: &[u8], from: u32, what: &str) -> Result<u64> {
-    b.try_into().map(u64::from_le_bytes).map_err(|_| Error::Corrupt(format!("{what} from rank {from}: expected 8 bytes, got {}", b.len())))
-}
-
 /// Sets the file of `frag`'s blocks and moves their positions (relative to the rank's bytes of
 /// the step) to where those bytes start in the group's file.
 fn rebase(frag: &mut Fragment, file: &str, at: u64) {
@@ -175,9 +177,11 @@ pub struct AggWriter {
     /// The group's data file: open on its aggregator, and on members in `offsets` mode.
     data: Option<File>,
     data_rel: String,
-    /// Bytes in the group's file (the aggregator's count); the next step's bytes start here.
+    /// Bytes in the group's file (the aggregator's count, `send` mode); the next step's bytes
+    /// start here.
     end: u64,
-    /// Blocks of each unpublished step (positions relative to the step's bytes) and the bytes.
+    /// Blocks of each unpublished step and, in `send` mode, their bytes (positions relative to
+    /// them until the aggregator places them).
     staged: BTreeMap<u64, (Vec<BlockRecord>, Vec<u8>)>,
     /// Steps committed when opened, and by this writer since: `is_committed` needs no
     /// file-system lookup per rank (a step another session commits meanwhile is refused at the
@@ -223,6 +227,8 @@ impl AggWriter {
             (Some(f), true) => f.metadata().ctx(|| format!("reading size of {}", path.display()))?.len(),
             _ => 0,
         };
+        // Offsets mode reserves from the aggregator's counter: it starts at the file's end.
+        group.exchange.start(end)?;
         if rank == 0 {
             consume::recover_destination(&layout)?;
         }
@@ -274,7 +280,7 @@ impl AggWriter {
 
     /// A member's part of a step: its blocks reach the group's file, its fragment the
     /// aggregator; then it waits for the outcome.
-    fn member_step(&mut self, mut frag: Fragment, bytes: &[u8]) -> Result<bool> {
+    fn member_step(&mut self, frag: Fragment, bytes: &[u8]) -> Result<bool> {
         let agg = self.groups.aggregator(self.rank);
         match self.mode {
             Mode::Send => {
@@ -282,20 +288,8 @@ impl AggWriter {
                 self.ex.send(agg, &to_msg(&frag))?;
                 self.ex.send(agg, bytes)?;
             }
-            Mode::Offsets => {
-                self.ex.send(agg, &(bytes.len() as u64).to_le_bytes())?;
-                let at = u64_msg((*self.ex.recv(agg)?).as_ref(), agg, "offset")?;
-                // A failed write still sends a fragment (the aggregator waits for it); the
-                // failure travels in its place.
-                let up = match self.write_at(at, &[bytes]) {
-                    Ok(()) => {
-                        rebase(&mut frag, &self.data_rel, at);
-                        Up::Frags(vec![frag])
-                    }
-                    Err(e) => Up::Failed(Failure::of(&e)),
-                };
-                self.ex.send(agg, &to_msg(&up))?;
-            }
+            // The blocks are in the group's file since their puts.
+            Mode::Offsets => self.ex.send(agg, &to_msg(&Up::Frags(vec![frag])))?,
         }
         self.outcome(agg).map(|()| false)
     }
@@ -326,11 +320,11 @@ impl AggWriter {
         let members = self.groups.members(self.rank);
         let mut frags = Vec::with_capacity(1 + members.len());
         let mut failed: Option<Failure> = None;
-        let base = self.end;
-        rebase(&mut frag, &self.data_rel, base);
-        frags.push(frag);
         match self.mode {
             Mode::Send => {
+                let base = self.end;
+                rebase(&mut frag, &self.data_rel, base);
+                frags.push(frag);
                 let mut received = Vec::with_capacity(members.len());
                 let mut at = base + bytes.len() as u64;
                 for &m in &members {
@@ -349,16 +343,7 @@ impl AggWriter {
                 self.end = at;
             }
             Mode::Offsets => {
-                let mut at = base + bytes.len() as u64;
-                for &m in &members {
-                    let n = u64_msg((*self.ex.recv(m)?).as_ref(), m, "step size")?;
-                    self.ex.send(m, &at.to_le_bytes())?;
-                    at += n;
-                }
-                if let Err(e) = self.write_at(base, &[bytes]) {
-                    failed = Some(Failure::of(&e));
-                }
-                self.end = at;
+                frags.push(frag);
                 for &m in &members {
                     match from_msg::<Up>((*self.ex.recv(m)?).as_ref(), m, "step fragment")? {
                         Up::Frags(f) => frags.extend(f),
@@ -416,6 +401,20 @@ impl WriteEngine for AggWriter {
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let encoded = blocks.iter().map(|(_, b)| encode(b, self.rank, self.chunk, self.compression)).collect::<Result<Vec<_>>>()?;
+        if self.mode == Mode::Offsets {
+            let stored: Vec<&[u8]> = blocks.iter().zip(&encoded).map(|((_, b), (_, c))| c.as_deref().unwrap_or(b.bytes)).collect();
+            let total = stored.iter().map(|s| s.len() as u64).sum();
+            let mut at = self.ex.reserve(self.groups.aggregator(self.rank), total)?;
+            // A failed write leaves its reservation as dead space; nothing is recorded.
+            self.write_at(at, &stored)?;
+            for ((step, _), (mut record, _)) in blocks.iter().zip(encoded) {
+                record.file.clone_from(&self.data_rel);
+                record.pos = at;
+                at += stored_len(&record);
+                self.staged.entry(*step).or_default().0.push(record);
+            }
+            return Ok(());
+        }
         // Held until the step ends (the user's buffer may change after the put): the one copy.
         for ((step, b), (mut record, coded)) in blocks.iter().zip(encoded) {
             let (_, bytes) = self.staged.entry(*step).or_default();
