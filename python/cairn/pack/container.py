@@ -285,6 +285,8 @@ class Container(Reader):
     def _parse_head(self, read: object) -> dict:
         """The head, read with ``read(n, offset)`` (the file, or the bytes parity rebuilt)."""
         fixed = read(_HEAD.size, 0)  # type: ignore[operator]
+        if len(fixed) < _HEAD.size and MAGIC.startswith(fixed[:8]) and fixed:
+            raise self.bad(f"cut short within its head ({self.size} bytes): its members are unknown, none can be restored")
         if len(fixed) < _HEAD.size or fixed[:8] != MAGIC:
             if fixed[:7] == b"CAIRNPK" and fixed[7:8] != b"2":
                 raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; open it with open_container(), "
@@ -292,7 +294,8 @@ class Container(Reader):
             raise self.bad("not a Cairn pack container (no CAIRNPK2 signature); was it written by `cairn pack`?")
         _, n, raw, crc = _HEAD.unpack(fixed)
         if n > self.size - _HEAD.size:
-            raise self.bad(f"head length field = {n} exceeds the {self.size - _HEAD.size} bytes available")
+            raise self.bad(f"head length field = {n} exceeds the {self.size - _HEAD.size} bytes available "
+                           "(the container was cut short within its head, or the field is damaged)")
         body = read(n, _HEAD.size)  # type: ignore[operator]
         if rec.crc(fixed[8:20] + body) != crc:
             raise self.bad(f"head (bytes 0..{_HEAD.size + n}: head length, raw length and member list) fails its checksum")
