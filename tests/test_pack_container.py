@@ -607,3 +607,25 @@ def test_one_file_container_repairs_a_run_across_two_slices(tmp_path_factory, at
         f.write(raw)
     pack.unpack(str(work / "p"), str(work / "r"))
     assert (work / "r" / "a.bin").read_bytes() == data
+
+
+def test_a_run_of_nearly_region_over_16_is_repaired_in_a_large_container(tmp_path) -> None:
+    """Above 1 MiB (8 groups), a run of damage of up to groups × slice bytes (P/16 of the region)
+    is repaired: the group whose two neighbouring slices it reaches is split at the run's ends."""
+    rng = np.random.default_rng(1)
+    os.makedirs(tmp_path / "set")
+    data = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    (tmp_path / "set" / "a.bin").write_bytes(data)
+    path = _packed(str(tmp_path / "set"), str(tmp_path / "p"), frame=65536)
+    with Container(path) as c:
+        geo = parity._geometry(c)[0]
+        start = c.data_start
+    assert geo.groups == 8
+    n = int((geo.groups - 0.05) * geo.slice)
+    off = int(rng.integers(start, geo.region - n))
+    raw = bytearray(_bytes(path))
+    raw[off : off + n] = bytes(n)
+    with open(path, "wb") as f:
+        f.write(raw)
+    pack.unpack(str(tmp_path / "p"), str(tmp_path / "r"))
+    assert (tmp_path / "r" / "a.bin").read_bytes() == data

@@ -111,9 +111,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                                    "e.g. '/patch_(\\d+)/.*' makes every patch's variables similar")
     p.add_argument("--parity", type=int, default=1,
                    help="Reed-Solomon parity records per group of slices of the frames: repairs that many damaged slices "
-                        "per group, and any run of damage (a lost frame) up to about 7/8 of PARITY/PARITY_GROUP of the container "
-                        "(default 1; 0 disables)")
-    p.add_argument("--parity-group", type=int, default=16, help="slices per parity group (default 16: parity costs 1/16)")
+                        "per group, and with 1 any run of damage (a lost frame) up to about 1/PARITY_GROUP of a container "
+                        "of 1 MiB or more, one slice of a smaller one (default 1; 0 disables)")
+    p.add_argument("--parity-group", type=int, default=16,
+                   help="slices per parity group (default 16: parity costs 1/16; containers under 1 MiB: one group of "
+                        "16 to 64 slices)")
     p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")
     p.add_argument("--sample", type=int, help="members to sample with --compare (default: one group)")
     p.add_argument("--json", help="with --compare: also save the table as JSON")

@@ -132,8 +132,9 @@ def pack(
     worse than plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``);
     `match` is a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
     of a compressed frame (the unit of partial reads). `parity` Reed–Solomon records per group of
-    `parity_group` slices of the frames repair that many damaged slices per group, and runs of
-    damage up to about 7/8 of parity/parity_group of the container (0: no parity; see ``parity``). On
+    `parity_group` slices of the frames repair that many damaged slices per group, and with
+    parity 1 one run of damage up to about 1/parity_group of a container of 1 MiB or more, one
+    slice of a smaller one (0: no parity; see ``parity``). On
     failure nothing is left in `out`."""
     check_options(scheme, block, group_size, codec, frame, parity, parity_group)
     pattern = re.compile(match) if match else None

@@ -2,7 +2,7 @@
 
     "CAIRNPK2" | u32 head length | u64 head raw length | u32 crc32c(both lengths and the head) | head
     records: frames, then parity records (``records``)
-    tail (zstd JSON: every record's position)
+    tail (zstd JSON: every record's position; none in containers of at most 16 records)
     trailer: u64 tail length | u64 tail raw length | u32 crc32c(tail) | u32 version
              | u32 crc32c(the trailer so far) | "CAIRNPKE"
 

@@ -2,15 +2,14 @@
 (``cairn-core``'s ``erasure``, through ``cairn._native``) over interleaved slices of the region.
 
 The region (the head, then every frame record, one after another) is cut in slices (see
-:func:`geometry`). Slice ``j`` belongs to group ``j mod groups``, so each group holds about
-``parity_group`` slices spread evenly over the region, and gets ``parity`` parity records, each
-carrying the CRC-32 of every slice of its group. A slice is an erasure when its check fails (or
-its bytes are missing), so each group repairs any ``parity`` damaged slices: any ``parity``
-damaged bytes per group, and any run of damaged or cut-out bytes up to (groups − 1) · slice ·
-parity (a run touches consecutive slices, which lie in different groups): about 7/8 of
-parity / parity_group of the region above 1 MiB, half of it below.
-The cost is ``parity / parity_group`` of the region, whatever the frame sizes, so frames can stay
-large (better compression).
+:func:`geometry`). Slice ``j`` belongs to group ``j mod groups`` and each group gets ``parity``
+parity records, each carrying the CRC-32 of every slice of its group. A slice is an erasure when
+its check fails (or its bytes are missing), so each group repairs any ``parity`` damaged slices,
+and one more when two are neighbours in the group holding one run of damage (``_split``): with
+parity 1, any run of damaged or cut-out bytes up to groups · slice, about 1/16 of the region
+above 1 MiB (8 groups of 16 slices) and one slice below (one group). The cost is parity / slices
+per group of the region plus a record header per group and shard, whatever the frame sizes, so
+frames can stay large (better compression).
 """
 
 from __future__ import annotations
