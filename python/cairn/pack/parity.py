@@ -167,7 +167,8 @@ def _split(c: Container, geo: Geometry, js: list[int], crcs: list[int], stored: 
         ends = np.concatenate((cols, [geo.slice]))
         cuts = [int(edges[x]) for x in np.argsort(edges - ends, kind="stable")[:16]]
         if geo.slice <= 8192:
-            cuts += [x for x in range(geo.slice + 1) if x not in set(cuts)]
+            tried = set(cuts)
+            cuts += [x for x in range(geo.slice + 1) if x not in tried]
         for cut in cuts:
             def part(i: int, cut: int = cut) -> bytes:
                 lo = stored[a] if i == a else dec[b][i * geo.slice : (i + 1) * geo.slice]
