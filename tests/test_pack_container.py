@@ -76,6 +76,23 @@ def _rewrite_head(path: str, mutate: Callable[[dict], None]) -> None:
         f.write(C._head_bytes(head) + raw[start:])
 
 
+def test_a_head_with_every_field_written_out_reads_the_same(small_set, tmp_path) -> None:
+    """Heads leave fields at their defaults out; one written in full (as before) reads the same."""
+    path = _packed(small_set, str(tmp_path / "p"), parity=0)
+    raw = _bytes(path)
+    with Container(path) as c:
+        head, start = c.head, c.data_start
+    body, n = C._pack_json(head)
+    full = struct.pack("<IQ", len(body), n)
+    with open(path, "wb") as f:
+        f.write(C.MAGIC + full + struct.pack("<I", R.crc(full + body)) + body + raw[start:])
+    assert len(body) > start - C._HEAD.size
+    with Container(path) as c:
+        assert c.head == head
+    pack.unpack(str(tmp_path / "p"), str(tmp_path / "r"))
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 6
+
+
 def _set(path: list, value: object) -> Callable[[dict], None]:
     def mutate(head: dict) -> None:
         node = head
