@@ -8,6 +8,7 @@ import json
 import os
 
 from . import pack as P
+from .pack import parity
 from .exceptions import InvalidArgumentError
 
 
@@ -60,8 +61,16 @@ def is_packed(path: str) -> bool:
     return path.endswith(".cpk") or bool(glob.glob(os.path.join(path, "*.cpk")))
 
 
-def _parity(head: dict) -> str:
-    return f"parity {head['parity']} per {head['parity_group']} slices" if head["parity"] else "no parity"
+def _parity(c: P.Reader) -> str:
+    """The parity as written: its records' slicing (containers under 1 MiB have one group of
+    16 to 64 slices whatever `parity_group`), else the head's."""
+    if not c.head["parity"]:
+        return "no parity"
+    found = parity._geometry(c) if isinstance(c, P.Container) else None
+    if found:
+        geo = found[0]
+        return f"parity {geo.parity} per {len(geo.members(0))} slices of {geo.slice} B"
+    return f"parity {c.head['parity']} per {c.head['parity_group']} slices"
 
 
 def ls(path: str, verify: bool = False) -> None:
@@ -82,7 +91,7 @@ def ls(path: str, verify: bool = False) -> None:
             r, k = c.raw_size(), c.size
             raw, packed = raw + r, packed + k
             print(f"{os.path.basename(p):<22} {len(c.members):>7} {_mb(r):>14} {_mb(k):>14} {r / k:>7.3f}  "
-                  f"{c.head['scheme']}/{c.head['codec']}, {_parity(c.head)}")
+                  f"{c.head['scheme']}/{c.head['codec']}, {_parity(c)}")
             lines = [f"{m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}" for m in c.members]
             lines += [f"damaged: {d}" for d in c.damage]
             if verify:
