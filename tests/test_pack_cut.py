@@ -90,3 +90,18 @@ def test_a_cut_keeps_the_members_before_it_whatever_the_scheme(cut_set, tmp_path
     with pytest.raises(cairn.CorruptError) as e:
         pack.unpack(out, str(tmp_path / "r"))
     assert sorted(e.value.report.restored) == NAMES[:3]
+
+
+def test_cli_unpack_of_a_cut_container_names_the_lost_files(cut_set, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "p")
+    pack.pack(cut_set, out, group_size=6, scheme="agnostic", frame=4096, fsync=False)
+    path = os.path.join(out, "group-00000.cpk")
+    _, ends = _ends(path)
+    os.truncate(path, ends["rank-3.h5"] + 10)
+    r = subprocess.run([sys.executable, "-m", "cairn.cli", "unpack", out, "-o", str(tmp_path / "r")], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "restored 4 files" in r.stderr and "rank-4.h5" in r.stderr and "rank-5.h5" in r.stderr and "cut short" in r.stderr
+    assert sorted(os.listdir(tmp_path / "r")) == NAMES[:4]
