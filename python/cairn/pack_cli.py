@@ -8,8 +8,8 @@ import json
 import os
 
 from . import pack as P
-from .pack import parity
 from .exceptions import InvalidArgumentError
+from .pack import parity
 
 
 def _mb(n: int) -> str:
@@ -63,7 +63,7 @@ def is_packed(path: str) -> bool:
 
 def _parity(c: P.Reader) -> str:
     """The parity as written: its records' slicing (containers under 1 MiB have one group of
-    16 to 64 slices whatever `parity_group`), else the head's."""
+    `parity_group` to 4 × `parity_group` slices), else the head's."""
     if not c.head["parity"]:
         return "no parity"
     found = parity._geometry(c) if isinstance(c, P.Container) else None
@@ -124,7 +124,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                         "of 1 MiB or more, one slice of a smaller one (default 1; 0 disables)")
     p.add_argument("--parity-group", type=int, default=16,
                    help="slices per parity group (default 16: parity costs 1/16; containers under 1 MiB: one group of "
-                        "16 to 64 slices)")
+                        "PARITY_GROUP to 4 x PARITY_GROUP slices)")
     p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")
     p.add_argument("--sample", type=int, help="members to sample with --compare (default: one group)")
     p.add_argument("--json", help="with --compare: also save the table as JSON")

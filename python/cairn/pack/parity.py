@@ -17,10 +17,10 @@ from __future__ import annotations
 import bisect
 import math
 import zlib
-
-import numpy as np
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .. import _native
 from . import records as rec
