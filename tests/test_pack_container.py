@@ -76,6 +76,23 @@ def _rewrite_head(path: str, mutate: Callable[[dict], None]) -> None:
         f.write(C._head_bytes(head) + raw[start:])
 
 
+def test_a_head_with_every_field_written_out_reads_the_same(small_set, tmp_path) -> None:
+    """Heads leave fields at their defaults out; one written in full (as before) reads the same."""
+    path = _packed(small_set, str(tmp_path / "p"), parity=0)
+    raw = _bytes(path)
+    with Container(path) as c:
+        head, start = c.head, c.data_start
+    body, n = C._pack_json(head)
+    full = struct.pack("<IQ", len(body), n)
+    with open(path, "wb") as f:
+        f.write(C.MAGIC + full + struct.pack("<I", R.crc(full + body)) + body + raw[start:])
+    assert len(body) > start - C._HEAD.size
+    with Container(path) as c:
+        assert c.head == head
+    pack.unpack(str(tmp_path / "p"), str(tmp_path / "r"))
+    assert len(_check_restored(small_set, str(tmp_path / "r"))) == 6
+
+
 def _set(path: list, value: object) -> Callable[[dict], None]:
     def mutate(head: dict) -> None:
         node = head
@@ -346,6 +363,15 @@ def _groups(path: str) -> list[list[tuple[int, int]]]:
     return out
 
 
+def _data_slices(path: str) -> list[tuple[int, int]]:
+    """Container byte ranges of every other slice wholly after the head (no two neighbours: a run
+    of damage across two neighbouring slices is repaired as one)."""
+    with Container(path) as c:
+        geo = parity._geometry(c)[0]
+        start = c.data_start
+    return [(j * geo.slice, min(geo.slice, geo.region - j * geo.slice)) for j in range(geo.slices) if j * geo.slice >= start][::2]
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(p=st.integers(1, 2), k=st.sampled_from([4, 8, 16]), scheme=st.sampled_from(pack.SCHEMES), data=st.data())
 def test_parity_repairs_up_to_p_damaged_bytes_per_group(small_set, p: int, k: int, scheme: str, data: st.DataObject) -> None:
@@ -381,17 +407,19 @@ def test_one_bad_byte_anywhere_costs_nothing(small_set, at: float, x: int, schem
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(which=st.floats(0, 1, exclude_max=True), how=st.sampled_from(["cut out", "zeroed", "header"]), scheme=st.sampled_from(pack.SCHEMES))
-def test_parity_repairs_a_frame_cut_out_or_wiped(small_set, which: float, how: str, scheme: str) -> None:
+@given(which=st.floats(0, 1, exclude_max=True), how=st.sampled_from(["cut out", "zeroed", "header"]), scheme=st.sampled_from(pack.SCHEMES),
+       group=st.sampled_from([8, 16]))
+def test_parity_repairs_a_frame_cut_out_or_wiped(small_set, which: float, how: str, scheme: str, group: int) -> None:
     """A whole frame record lost (removed from the file, zeroed, or its header damaged) is
-    rebuilt: frames of 4 KiB are shorter than the longest run of damage parity repairs here."""
+    rebuilt: in a container under 1 MiB whose frames are each at most 1/parity_group of it
+    (here ~45 frames of 4 KiB), the slices are sized to hold a whole frame."""
     with tempfile.TemporaryDirectory() as work:
-        path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme, frame=4096, parity=1, parity_group=8)
+        path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme, frame=4096, parity=1, parity_group=group)
         with Container(path) as c:
             frames = sorted((r.offset, r.length) for r in c.records.values() if isinstance(r, R.Frame))
             geo = parity._geometry(c)[0]
         off, n = frames[int(which * len(frames))]
-        assert n <= (geo.groups - 1) * geo.slice  # the longest run parity 1 repairs
+        assert n <= (geo.slice if geo.groups == 1 else (geo.groups - 1) * geo.slice)  # the longest run parity 1 repairs
         raw = bytearray(_bytes(path))
         if how == "cut out":
             del raw[off : off + n]
@@ -418,9 +446,11 @@ def test_damage_beyond_parity_is_named_and_the_rest_restored(small_set, p: int, 
     with tempfile.TemporaryDirectory() as work:
         path = _packed(small_set, os.path.join(work, "packed"), scheme=scheme, parity=p, parity_group=8)
         groups = _groups(path)
-        group = groups[data.draw(st.integers(1, len(groups) - 1))]  # not group 0: it holds the head
+        # Not the head's slices (a head damaged beyond repair loses the container): in a
+        # container of one group, its slices after the head; else any group but the head's.
+        group = _data_slices(path) if len(groups) == 1 else groups[data.draw(st.integers(1, len(groups) - 1))][:-p]
         raw = bytearray(_bytes(path))
-        for off, n in group[: min(p + extra, len(group) - p)]:  # data slices only
+        for off, n in group[: p + extra]:
             raw[off + n // 2] ^= 0x55
         with open(path, "wb") as f:
             f.write(raw)
@@ -453,10 +483,8 @@ def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_pa
     pack_cli.ls(str(tmp_path / "packed"), verify=True)
     out = capsys.readouterr().out
     assert "1 damaged" in out and "damaged, repairable: frame" in out and ": repairable" in out
-    off, n = _groups(path)[1][0]  # a second damaged slice in group 1 (which has parity for one)
-    raw[off + n // 2] ^= 1
-    off, n = _groups(path)[1][1]
-    raw[off + n // 2] ^= 1
+    for off, n in _data_slices(path)[1:3]:  # two more damaged slices in the group (which has parity for one)
+        raw[off + n // 2] ^= 1
     with open(path, "wb") as f:
         f.write(raw)
     r = subprocess.run([sys.executable, "-m", "cairn.cli", "ls", str(tmp_path / "packed"), "--verify"], capture_output=True, text=True)
@@ -524,7 +552,7 @@ def test_version_1_containers_still_unpack(small_set, tmp_path) -> None:
 
 def test_cli_unpack_reports_what_parity_repaired(small_set, tmp_path) -> None:
     path = _packed(small_set, str(tmp_path / "packed"))
-    off, n = _groups(path)[1][2]
+    off, n = _data_slices(path)[1]
     raw = bytearray(_bytes(path))
     raw[off + n // 2] ^= 0x80
     with open(path, "wb") as f:
@@ -572,3 +600,51 @@ def test_any_damage_gives_exact_files_or_corrupt_error(small_set, kind, at, n, p
                 pack.verify(c)
         except cairn.CorruptError:
             pass
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(at=st.floats(0, 1, exclude_max=True), frac=st.floats(0.05, 1.0), seed=st.integers(0, 2**32 - 1))
+def test_one_file_container_repairs_a_run_across_two_slices(tmp_path_factory, at: float, frac: float, seed: int) -> None:
+    """A container of one small file has one parity group; a run of damage of up to one slice,
+    wherever it falls (across the boundary of two slices too), is repaired."""
+    work = tmp_path_factory.mktemp("one")
+    rng = np.random.default_rng(seed)
+    os.makedirs(work / "set")
+    data = np.cumsum(rng.integers(0, 3, 20000)).astype("<i4").tobytes()
+    (work / "set" / "a.bin").write_bytes(data)
+    pack.pack(str(work / "set"), str(work / "p"), group_size=1, fsync=False)
+    path = str(work / "p" / "group-00000.cpk")
+    with Container(path) as c:
+        geo = parity._geometry(c)[0]
+        start = c.data_start
+    assert geo.groups == 1
+    n = max(1, int(frac * geo.slice))
+    off = start + int(at * (geo.region - start - n))
+    raw = bytearray(_bytes(path))
+    raw[off : off + n] = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+    with open(path, "wb") as f:
+        f.write(raw)
+    pack.unpack(str(work / "p"), str(work / "r"))
+    assert (work / "r" / "a.bin").read_bytes() == data
+
+
+def test_a_run_of_nearly_region_over_16_is_repaired_in_a_large_container(tmp_path) -> None:
+    """Above 1 MiB (8 groups), a run of damage of up to groups × slice bytes (P/16 of the region)
+    is repaired: the group whose two neighbouring slices it reaches is split at the run's ends."""
+    rng = np.random.default_rng(1)
+    os.makedirs(tmp_path / "set")
+    data = rng.integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    (tmp_path / "set" / "a.bin").write_bytes(data)
+    path = _packed(str(tmp_path / "set"), str(tmp_path / "p"), frame=65536)
+    with Container(path) as c:
+        geo = parity._geometry(c)[0]
+        start = c.data_start
+    assert geo.groups == 8
+    n = int((geo.groups - 0.05) * geo.slice)
+    off = int(rng.integers(start, geo.region - n))
+    raw = bytearray(_bytes(path))
+    raw[off : off + n] = bytes(n)
+    with open(path, "wb") as f:
+        f.write(raw)
+    pack.unpack(str(tmp_path / "p"), str(tmp_path / "r"))
+    assert (tmp_path / "r" / "a.bin").read_bytes() == data

@@ -9,6 +9,7 @@ import os
 
 from . import pack as P
 from .exceptions import InvalidArgumentError
+from .pack import parity
 
 
 def _mb(n: int) -> str:
@@ -60,8 +61,16 @@ def is_packed(path: str) -> bool:
     return path.endswith(".cpk") or bool(glob.glob(os.path.join(path, "*.cpk")))
 
 
-def _parity(head: dict) -> str:
-    return f"parity {head['parity']} per {head['parity_group']} slices" if head["parity"] else "no parity"
+def _parity(c: P.Reader) -> str:
+    """The parity as written: its records' slicing (containers under 1 MiB have one group of
+    `parity_group` to 4 × `parity_group` slices), else the head's."""
+    if not c.head["parity"]:
+        return "no parity"
+    found = parity._geometry(c) if isinstance(c, P.Container) else None
+    if found:
+        geo = found[0]
+        return f"parity {geo.parity} per {len(geo.members(0))} slices of {geo.slice} B"
+    return f"parity {c.head['parity']} per {c.head['parity_group']} slices"
 
 
 def ls(path: str, verify: bool = False) -> None:
@@ -82,7 +91,7 @@ def ls(path: str, verify: bool = False) -> None:
             r, k = c.raw_size(), c.size
             raw, packed = raw + r, packed + k
             print(f"{os.path.basename(p):<22} {len(c.members):>7} {_mb(r):>14} {_mb(k):>14} {r / k:>7.3f}  "
-                  f"{c.head['scheme']}/{c.head['codec']}, {_parity(c.head)}")
+                  f"{c.head['scheme']}/{c.head['codec']}, {_parity(c)}")
             lines = [f"{m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}" for m in c.members]
             lines += [f"damaged: {d}" for d in c.damage]
             if verify:
@@ -111,9 +120,11 @@ def add(sub: argparse._SubParsersAction) -> None:
                                    "e.g. '/patch_(\\d+)/.*' makes every patch's variables similar")
     p.add_argument("--parity", type=int, default=1,
                    help="Reed-Solomon parity records per group of slices of the frames: repairs that many damaged slices "
-                        "per group, and any run of damage (a lost frame) up to about 7/8 of PARITY/PARITY_GROUP of the container "
-                        "(default 1; 0 disables)")
-    p.add_argument("--parity-group", type=int, default=16, help="slices per parity group (default 16: parity costs 1/16)")
+                        "per group, and with 1 any run of damage (a lost frame) up to about 1/PARITY_GROUP of a container "
+                        "of 1 MiB or more, one slice of a smaller one (default 1; 0 disables)")
+    p.add_argument("--parity-group", type=int, default=16,
+                   help="slices per parity group (default 16: parity costs 1/16; containers under 1 MiB: one group of "
+                        "PARITY_GROUP to 4 x PARITY_GROUP slices)")
     p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")
     p.add_argument("--sample", type=int, help="members to sample with --compare (default: one group)")
     p.add_argument("--json", help="with --compare: also save the table as JSON")

@@ -132,8 +132,9 @@ def pack(
     worse than plain zstd) or one byte codec for everything (``zstd[:L]``, ``gzip[:L]``, ``raw``);
     `match` is a regex whose capture groups are ignored when matching variable names. `frame` is the raw size
     of a compressed frame (the unit of partial reads). `parity` Reed–Solomon records per group of
-    `parity_group` slices of the frames repair that many damaged slices per group, and runs of
-    damage up to about 7/8 of parity/parity_group of the container (0: no parity; see ``parity``). On
+    `parity_group` slices of the frames repair that many damaged slices per group, and with
+    parity 1 one run of damage up to about 1/parity_group of a container of 1 MiB or more, one
+    slice of a smaller one (0: no parity; see ``parity``). On
     failure nothing is left in `out`."""
     check_options(scheme, block, group_size, codec, frame, parity, parity_group)
     pattern = re.compile(match) if match else None
@@ -175,6 +176,22 @@ def pack(
         if bar is not None:
             bar.close()  # type: ignore[attr-defined]
     return report
+
+
+def _frame_order(streams: list[layout.Stream], frame: int) -> list[tuple[int, int, int, int, int, layout.Runs]]:
+    """(first member, stream, index, stream start, stream end, runs) of every frame, in the order
+    they are written: by the first member they hold bytes of, so that every member's frames come
+    before those of the members after it hold (a container cut short keeps the members before
+    the cut whole, whatever the scheme), then by stream and index."""
+    out = []
+    for si, s in enumerate(streams):
+        r = layout.runs(s)
+        for i, a in enumerate(range(0, s.length, frame)):
+            b = min(a + frame, s.length)
+            ks = r.between(a, b)
+            out.append((int(r.member[ks.start : ks.stop].min()), si, i, a, b, r))
+    out.sort(key=lambda x: x[:3])
+    return out
 
 
 def check_options(scheme: str, block: int, group_size: int, codec: str, frame: int, parity: int, parity_group: int) -> None:
@@ -283,18 +300,15 @@ def pack_group(
                 bar.update(raw)  # type: ignore[attr-defined]
 
     try:
-        for si, s in enumerate(streams):
-            r = layout.runs(s)
-            for i, a in enumerate(range(0, s.length, frame)):
-                b = min(a + frame, s.length)
-                buf = np.empty(b - a, np.uint8)
-                for k in r.between(a, b):
-                    st, n = int(r.start[k]), int(r.length[k])
-                    lo, hi = max(st, a), min(st + n, b)
-                    off = int(r.offset[k]) + lo - st
-                    buf[lo - a : hi - a] = maps[r.member[k]][off : off + hi - lo]
-                inflight.append((si, i, b - a, pool.submit(_compress, buf, s.elem, codec, plain)))
-                drain(depth)
+        for _first, si, i, a, b, r in _frame_order(streams, frame):
+            buf = np.empty(b - a, np.uint8)
+            for k in r.between(a, b):
+                st, n = int(r.start[k]), int(r.length[k])
+                lo, hi = max(st, a), min(st + n, b)
+                off = int(r.offset[k]) + lo - st
+                buf[lo - a : hi - a] = maps[r.member[k]][off : off + hi - lo]
+            inflight.append((si, i, b - a, pool.submit(_compress, buf, streams[si].elem, codec, plain)))
+            drain(depth)
         drain(0)
         return writer.close(fsync)
     except BaseException:

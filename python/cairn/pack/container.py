@@ -2,7 +2,7 @@
 
     "CAIRNPK2" | u32 head length | u64 head raw length | u32 crc32c(both lengths and the head) | head
     records: frames, then parity records (``records``)
-    tail (zstd JSON: every record's position)
+    tail (zstd JSON: every record's position; none in containers of at most 16 records)
     trailer: u64 tail length | u64 tail raw length | u32 crc32c(tail) | u32 version
              | u32 crc32c(the trailer so far) | "CAIRNPKE"
 
@@ -36,6 +36,8 @@ _TRAILER = struct.Struct("<QQIII8s")
 _META_CODEC = "zstd:3"  # head and tail; fixed, so they need no spec of their own
 #: Largest decoded head or tail accepted, and the largest ratio of decoded to coded size.
 _MAX_META, _MAX_META_RATIO = 1 << 30, 4096
+#: Containers of at most this many records have no tail (length 0): readers walk the records.
+WALKED = 16
 #: Longest record header (a parity record over 255 frames).
 _HEADER_MAX = rec.PARITY.size + 4 * 255 + 4
 
@@ -58,8 +60,42 @@ def _unpack_json(coded: bytes, raw_len: int, what: str) -> object:
         raise CorruptError(f"{what} does not decode ({e})") from None
 
 
+#: Head fields left out when they hold these values (most containers' heads are then a third
+#: shorter: one container per small file pays its head per file), filled in on reading.
+_HEAD_DEFAULTS = {"block": 8192, "codec": "aware", "match": None, "frame": 4 << 20, "parity": 1, "parity_group": 16}
+_MEMBER_DEFAULTS = {"format": "opaque", "variables": []}
+_STREAM_DEFAULTS = {"elem": None, "layout": "concat"}  # and "block": the head's
+
+
+def _compact(head: dict) -> dict:
+    """`head` without the fields that hold their defaults."""
+    def strip(d: object, defaults: dict) -> object:
+        return {k: v for k, v in d.items() if k not in defaults or defaults[k] != v} if isinstance(d, dict) else d
+
+    out = strip(head, _HEAD_DEFAULTS)
+    for lst, defaults in (("members", _MEMBER_DEFAULTS), ("streams", {**_STREAM_DEFAULTS, "block": head.get("block")})):
+        if isinstance(head.get(lst), list):
+            out[lst] = [strip(d, defaults) for d in head[lst]]  # type: ignore[index]
+    return out  # type: ignore[return-value]
+
+
+def _expand(head: object) -> object:
+    """A decoded head with its left-out fields filled in (anything malformed is left for
+    ``check_head`` to name)."""
+    if not isinstance(head, dict):
+        return head
+    for k, v in _HEAD_DEFAULTS.items():
+        head.setdefault(k, v)
+    for lst, defaults in (("members", _MEMBER_DEFAULTS), ("streams", {**_STREAM_DEFAULTS, "block": head.get("block")})):
+        for d in head.get(lst) if isinstance(head.get(lst), list) else []:
+            if isinstance(d, dict):
+                for k, v in defaults.items():
+                    d.setdefault(k, list(v) if isinstance(v, list) else v)
+    return head
+
+
 def _head_bytes(head: dict) -> bytes:
-    body, raw = _pack_json(head)
+    body, raw = _pack_json(_compact(head))
     fixed = struct.pack("<IQ", len(body), raw)
     return MAGIC + fixed + struct.pack("<I", rec.crc(fixed + body)) + body
 
@@ -88,14 +124,16 @@ class ContainerWriter:
         self.f.flush()
         region = self.f.tell()  # the head and the frames
         if self.parity:
-            geo = par.geometry(region, self.group)
+            geo = par.geometry(region, self.group, self.parity, max((r[2] for r in self.rows), default=0))
             for g, crcs, shards in par.encode(lambda off, n: os.pread(self.f.fileno(), n, off), geo, self.parity):
                 for j, data in enumerate(shards):
                     seq = len(self.rows)
                     b = rec.parity_bytes(seq, g, j, self.parity, geo.groups, region, crcs, data)
                     self.rows.append([seq, self.f.tell(), len(b)])
                     self.f.write(b)
-        tail, raw = _pack_json({"records": self.rows})
+        # A few records are found as fast by walking them: their tail would cost a small
+        # container (one small file) more than its index saves.
+        tail, raw = _pack_json({"records": self.rows}) if len(self.rows) > WALKED else (b"", 0)
         self.f.write(tail)
         t = struct.pack("<QQII", len(tail), raw, rec.crc(tail), VERSION)
         self.f.write(_TRAILER.pack(len(tail), raw, rec.crc(tail), VERSION, rec.crc(t), END))
@@ -247,6 +285,8 @@ class Container(Reader):
     def _parse_head(self, read: object) -> dict:
         """The head, read with ``read(n, offset)`` (the file, or the bytes parity rebuilt)."""
         fixed = read(_HEAD.size, 0)  # type: ignore[operator]
+        if len(fixed) < _HEAD.size and MAGIC.startswith(fixed[:8]) and fixed:
+            raise self.bad(f"cut short within its head ({self.size} bytes): its members are unknown, none can be restored")
         if len(fixed) < _HEAD.size or fixed[:8] != MAGIC:
             if fixed[:7] == b"CAIRNPK" and fixed[7:8] != b"2":
                 raise self.bad(f"container format {fixed[7:8].decode(errors='replace')}; open it with open_container(), "
@@ -254,12 +294,13 @@ class Container(Reader):
             raise self.bad("not a Cairn pack container (no CAIRNPK2 signature); was it written by `cairn pack`?")
         _, n, raw, crc = _HEAD.unpack(fixed)
         if n > self.size - _HEAD.size:
-            raise self.bad(f"head length field = {n} exceeds the {self.size - _HEAD.size} bytes available")
+            raise self.bad(f"head length field = {n} exceeds the {self.size - _HEAD.size} bytes available "
+                           "(the container was cut short within its head, or the field is damaged)")
         body = read(n, _HEAD.size)  # type: ignore[operator]
         if rec.crc(fixed[8:20] + body) != crc:
             raise self.bad(f"head (bytes 0..{_HEAD.size + n}: head length, raw length and member list) fails its checksum")
         self.data_start = _HEAD.size + n
-        return check_head(_unpack_json(body, raw, f"{self.path}: head"), self.path, self.size)
+        return check_head(_expand(_unpack_json(body, raw, f"{self.path}: head")), self.path, self.size)
 
     def _head_from_parity(self, trailer: tuple | None, err: CorruptError) -> dict:
         """The head rebuilt from parity, if the container has enough; else `err`."""
@@ -284,6 +325,8 @@ class Container(Reader):
     def _tail_rows(self, trailer: tuple) -> list[tuple[int, int, int]] | None:
         """(seq, offset, length) of every record, from the tail, checked; None if unusable."""
         tail_at, n, raw, crc = trailer
+        if n == 0:
+            return None  # none written: few records
         body = self.pread(n, tail_at)
         if rec.crc(body) != crc:
             self.damage.append(f"tail (record index, bytes {tail_at}..{tail_at + n}) fails its checksum; reading it by walking its records")

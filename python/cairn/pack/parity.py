@@ -2,23 +2,25 @@
 (``cairn-core``'s ``erasure``, through ``cairn._native``) over interleaved slices of the region.
 
 The region (the head, then every frame record, one after another) is cut in slices (see
-:func:`geometry`). Slice ``j`` belongs to group ``j mod groups``, so each group holds about
-``parity_group`` slices spread evenly over the region, and gets ``parity`` parity records, each
-carrying the CRC-32 of every slice of its group. A slice is an erasure when its check fails (or
-its bytes are missing), so each group repairs any ``parity`` damaged slices: any ``parity``
-damaged bytes per group, and any run of damaged or cut-out bytes up to (groups − 1) · slice ·
-parity (a run touches consecutive slices, which lie in different groups): about 7/8 of
-parity / parity_group of the region above 1 MiB, half of it below.
-The cost is ``parity / parity_group`` of the region, whatever the frame sizes, so frames can stay
-large (better compression).
+:func:`geometry`). Slice ``j`` belongs to group ``j mod groups`` and each group gets ``parity``
+parity records, each carrying the CRC-32 of every slice of its group. A slice is an erasure when
+its check fails (or its bytes are missing), so each group repairs any ``parity`` damaged slices,
+and one more when two are neighbours in the group holding one run of damage (``_split``): with
+parity 1, any run of damaged or cut-out bytes up to groups · slice, about 1/16 of the region
+above 1 MiB (8 groups of 16 slices) and one slice below (one group). The cost is parity / slices
+per group of the region plus a record header per group and shard, whatever the frame sizes, so
+frames can stay large (better compression).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .. import _native
 from . import records as rec
@@ -47,13 +49,23 @@ class Geometry:
         return range(g, self.slices, self.groups)
 
 
-def geometry(region: int, parity_group: int) -> Geometry:
-    """Slices of about region / (groups · parity_group) bytes: 2 groups for regions under 1 MiB
-    (each parity record costs ~100 bytes of header), 8 above (a run of damage of L bytes touches
-    at most ceil(L / slice) + 1 consecutive slices, one per group while that is ≤ groups, so the
-    longest run repaired is (groups − 1) · slice · parity)."""
-    target = 2 if region < 1 << 20 else 8
-    s = max(MIN_SLICE, min(MAX_SLICE, -(-region // (target * parity_group))))
+def geometry(region: int, parity_group: int, parity: int = 1, largest: int = 0) -> Geometry:
+    """How a region is sliced. From 1 MiB: slices of about region / (8 · parity_group) bytes in 8
+    groups (a run of damage of L bytes touches at most ceil(L / slice) + 1 consecutive slices,
+    one per group while that is ≤ groups). Below: one group of k slices, k between
+    `parity_group` and 4 · `parity_group` (so parity costs parity / k of the region plus one
+    header of 42 + 4k bytes per record). A run of damage of at most one slice is repaired
+    (``_split``), so k is the largest that keeps the `largest` frame record within one slice, if
+    one of at least `parity_group` does; else (frames too long for any) √(region / 4), which
+    minimises the record (its 4-byte check per slice plus its slice): a container of one small
+    file then pays little for its parity."""
+    if region < 1 << 20:
+        cheapest = math.isqrt(region // 4)
+        fits = region // largest if largest else 0
+        k = min(fits, cheapest) if fits >= parity_group else cheapest
+        k = min(max(parity_group, k), 4 * parity_group, 255 - parity, max(1, region))
+        return Geometry(region, -(-region // k), 1)
+    s = max(MIN_SLICE, min(MAX_SLICE, -(-region // (8 * parity_group))))
     n = -(-region // s)
     return Geometry(region, s, -(-n // parity_group))
 
@@ -115,10 +127,8 @@ def _decode(c: Container, geo: Geometry, g: int, shard_of: dict[int, rec.Parity]
     """Rebuilds the damaged slices of group `g` if it can; returns (sound shards, needed)."""
     js = list(geo.members(g))
     crcs = next(iter(shard_of.values())).crcs
-    shards: list[bytes | None] = []
-    for j, want in zip(js, crcs):
-        x = _slice(c, geo, j)
-        shards.append(x if slice_check(x) == want else None)
+    stored = [_slice(c, geo, j) for j in js]
+    shards: list[bytes | None] = [x if slice_check(x) == want else None for x, want in zip(stored, crcs)]
     for p in range(geo.parity):
         r = shard_of.get(p)
         body = c.pread(r.length, r.offset)[r.header :] if r is not None else b""
@@ -129,7 +139,47 @@ def _decode(c: Container, geo: Geometry, g: int, shard_of: dict[int, rec.Parity]
         data = _native.erasure_decode(shards, len(js))
         for i in lost:
             c.slices[js[i]] = data[i * geo.slice : (i + 1) * geo.slice]
+    elif sound == len(js) - 1 and _split(c, geo, js, crcs, stored, shards):
+        return len(js), len(js)
     return sound, len(js)
+
+
+def _split(c: Container, geo: Geometry, js: list[int], crcs: list[int], stored: list[bytes], shards: list[bytes | None]) -> bool:
+    """Repairs a group one erasure short, if two of its damaged slices are neighbours in the group
+    and the damage is one run across their boundary (the end of the first, the start of the
+    second, overlapping in no column): each column then has one erasure. Each slice is rebuilt
+    as if the other were sound; the boundary `cut` is found by trying the slices made of the
+    stored bytes before it and the rebuilt ones after it (and the other way round for the second)
+    against their CRC-32: first in the gaps between the columns where the two differ (where a
+    run shorter than a slice leaves untouched columns), then, for slices of at most 8 KiB,
+    everywhere."""
+    k = len(js)
+    lost = [i for i in range(k) if shards[i] is None]
+    for a in (i for i in lost if i + 1 in lost):
+        b = a + 1
+        dec = {}
+        for gone, kept in ((a, b), (b, a)):
+            trial = list(shards)
+            trial[kept] = stored[kept]
+            dec[gone] = _native.erasure_decode(trial, k)  # every lost slice but `kept` rebuilt
+        cols = np.flatnonzero(np.frombuffer(dec[a][a * geo.slice : b * geo.slice], np.uint8) != np.frombuffer(stored[a], np.uint8))
+        edges = np.concatenate(([0], cols + 1))
+        ends = np.concatenate((cols, [geo.slice]))
+        cuts = [int(edges[x]) for x in np.argsort(edges - ends, kind="stable")[:16]]
+        if geo.slice <= 8192:
+            tried = set(cuts)
+            cuts += [x for x in range(geo.slice + 1) if x not in tried]
+        for cut in cuts:
+            def part(i: int, cut: int = cut) -> bytes:
+                lo = stored[a] if i == a else dec[b][i * geo.slice : (i + 1) * geo.slice]
+                hi = stored[b] if i == b else dec[a][i * geo.slice : (i + 1) * geo.slice]
+                return lo[:cut] + hi[cut:]
+
+            if slice_check(part(a)) == crcs[a] and all(slice_check(part(i)) == crcs[i] for i in lost):
+                for i in lost:
+                    c.slices[js[i]] = part(i)
+                return True
+    return False
 
 
 def _rebuild(c: Container, a: int, b: int) -> list[str]:
