@@ -31,12 +31,11 @@ pub struct FileConfig {
     /// each variable's element type), `zstd[:LEVEL]` or `gzip[:LEVEL]`. Reads decompress
     /// transparently; a box read decodes the blocks it touches whole.
     pub compression: String,
-    /// With an MPI communicator, how a step's blocks reach the data files: `offsets` (the
-    /// aggregator assigns offsets and members write into the group's file themselves; 1.0–2.4×
-    /// `send`'s write rate in bench file-scale), `send` (members send them to their group's
-    /// aggregator, which writes them) or `none`
-    /// (every rank its own file, as without a communicator). Metadata is gathered over MPI
-    /// unless `none`.
+    /// With an MPI communicator, how a step's blocks reach the data files: `offsets` (each put
+    /// reserves room in its group's file by a one-sided fetch-and-add and writes there; 1.3–3.3×
+    /// `send`'s write rate at 4–128 ranks in bench file-scale), `send` (members send them to
+    /// their group's aggregator at the step's end, which writes them) or `none` (every rank its
+    /// own file, as without a communicator). Metadata is gathered over MPI unless `none`.
     pub aggregation: String,
     /// Number of aggregator groups; 0 = one per node (ranks sharing memory).
     pub aggregators: u32,
