@@ -32,7 +32,7 @@ pub struct FileConfig {
     /// transparently; a box read decodes the blocks it touches whole.
     pub compression: String,
     /// With an MPI communicator, how a step's blocks reach the data files: `offsets` (each put
-    /// reserves room in its group's file by a one-sided fetch-and-add and writes there; 1.3–3.3×
+    /// reserves room in its group's file by a one-sided fetch-and-add and writes there; 1.3–2.7×
     /// `send`'s write rate at 4–128 ranks in bench file-scale), `send` (members send them to
     /// their group's aggregator at the step's end, which writes them) or `none` (every rank its
     /// own file, as without a communicator). Metadata is gathered over MPI unless `none`.
