@@ -231,6 +231,7 @@ impl AggWriter {
         group.exchange.start(end)?;
         if rank == 0 {
             consume::recover_destination(&layout)?;
+            layout.sweep_temporaries(super::writer::ORPHANED);
         }
         // Rank 0's mark is the collective one; removing it also breaks any earlier session's set.
         if rank == 0 {

@@ -78,6 +78,22 @@ impl Layout {
         Ok(())
     }
 
+    /// Removes temporary files (`.tmp-*`) older than `age`: what processes killed between writing
+    /// and publishing a file left behind. A live writer's temporary file lives for one write and
+    /// one rename, so an hour-old one is an orphan on any file system; the age, not a pid, tells,
+    /// because writers on other hosts share the directory. Best effort.
+    pub(super) fn sweep_temporaries(&self, age: std::time::Duration) {
+        for d in ["pending", "steps", "claims", "closed", "taken"] {
+            for name in self.list(d).unwrap_or_default().into_iter().filter(|n| n.starts_with(".tmp-")) {
+                let p = self.dir(d).join(name);
+                let old = std::fs::metadata(&p).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|e| e > age);
+                if old {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+        }
+    }
+
     /// Fails with a clear error unless the dataset exists.
     pub fn require(&self) -> Result<()> {
         if self.root.join("steps").is_dir() {
@@ -297,4 +313,31 @@ fn flush_dir(dest: &Path, fsync: bool) -> Result<()> {
         std::fs::File::open(dir).and_then(|d| d.sync_all()).ctx(|| format!("flushing directory {}", dir.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn only_old_temporaries_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), "d");
+        layout.create().unwrap();
+        let old = layout.dir("steps").join(".tmp-1-0-0-000000000003.json");
+        let fresh = layout.dir("pending").join(".tmp-2-0-0-step-000000000004.rank-000000.json");
+        let step = layout.dir("steps").join("000000000001.json");
+        for p in [&old, &fresh, &step] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+        for p in [&old, &step] {
+            std::fs::File::options().write(true).open(p).unwrap().set_modified(two_hours_ago).unwrap();
+        }
+        layout.sweep_temporaries(Duration::from_secs(3600));
+        assert!(!old.exists(), "an hour-old temporary is a crashed writer's leftover");
+        assert!(fresh.exists(), "a fresh temporary may be a live writer's");
+        assert!(step.exists(), "only temporaries are swept");
+    }
 }

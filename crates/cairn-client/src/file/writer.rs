@@ -14,6 +14,9 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Write};
 
+/// Age after which a temporary file in a dataset is taken for a crashed writer's leftover.
+pub(super) const ORPHANED: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Appends one rank's blocks to `data/rank-<r>.bin` and publishes its step fragments.
 #[derive(Debug)]
 pub struct FileWriter {
@@ -69,6 +72,9 @@ impl FileWriter {
     /// present, and drops this rank's fragments of other sessions for steps that never committed.
     fn recover(&self) -> Result<()> {
         consume::recover_destination(&self.layout)?;
+        if self.rank == 0 {
+            self.layout.sweep_temporaries(ORPHANED);
+        }
         let dir = self.layout.root.join("pending");
         let mine = format!(".rank-{:06}.json", self.rank);
         let entries: Vec<_> = std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))?.flatten().collect();
