@@ -158,3 +158,65 @@ def test_errors_reach_every_rank(tmp_path):
     with cairn.open("sim", "r", engine="file", path=str(tmp_path)) as f:
         assert f.steps() == [1]
         assert np.array_equal(f.get("u", 1), np.repeat(np.arange(4.0), 2))
+
+
+def test_a_put_one_rank_cannot_store_fails_the_step_on_every_rank(tmp_path):
+    # Rank 1 may not grow files past 64 KiB (RLIMIT_FSIZE): its put into the group's file fails.
+    # That must not leave it out of the collective end of the step: every rank raises, aborts,
+    # and the next step (the limit lifted) commits everywhere.
+    script = textwrap.dedent("""
+        import resource, signal, sys, numpy as np, cairn
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG
+        with cairn.open("sim", "w", engine="file", path=sys.argv[1], comm=comm, aggregators=1) as f:
+            f.define("u", dtype="f8", shape=(4, 65536))
+            if comm.rank == 1:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+            f.begin_step(0)
+            f.put("u", np.full((1, 65536), float(comm.rank)), offset=(comm.rank, 0))
+            try:
+                f.end_step()
+                said = "committed"
+            except cairn.CairnError as e:
+                said = f"{type(e).__name__}"
+                f.abort_step()
+            if comm.rank == 1:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            said = comm.gather(said)
+            f.begin_step(1)
+            f.put("u", np.full((1, 65536), float(comm.rank)), offset=(comm.rank, 0))
+            f.end_step()
+            if comm.rank == 0:
+                print(";".join(said))
+    """)
+    out = check(mpirun(4, PY, "-c", script, str(tmp_path))).strip()
+    assert len(set(out.split(";"))) == 1 and "committed" not in out, out
+    with cairn.open("sim", "r", engine="file", path=str(tmp_path)) as f:
+        assert f.steps() == [1]
+        assert np.array_equal(f.get("u", 1), np.repeat(np.arange(4.0), 65536).reshape(4, 65536))
+
+
+def test_a_rank_that_cannot_open_makes_every_rank_fail_not_wait(tmp_path):
+    # Rank 2 reports a failed open at the ranks' agreement (as a rank whose data file is locked
+    # by another writer, or whose disk is full, does): every rank raises instead of waiting in
+    # MPI for a rank that left.
+    script = textwrap.dedent("""
+        import sys, cairn
+        from cairn import _mpi
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 2:
+            real = _mpi.Exchange.start
+            _mpi.Exchange.start = lambda self, at, ok: real(self, at, False)
+        try:
+            cairn.open("sim", "w", engine="file", path=sys.argv[1], comm=comm, aggregators=2)
+            said = "opened"
+        except cairn.UnavailableError as e:
+            said = "could not open" in str(e) and "unavailable"
+        said = comm.gather(said)
+        if comm.rank == 0:
+            print(";".join(map(str, said)))
+    """)
+    out = check(mpirun(4, PY, "-c", script, str(tmp_path), timeout=60)).strip()
+    assert out == ";".join(["unavailable"] * 4), out

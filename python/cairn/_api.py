@@ -125,7 +125,15 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     if rank < 0 or nranks < 1 or rank >= nranks:
         raise InvalidArgumentError(f"rank {rank} of {nranks}: need 0 <= rank < nranks")
     exchange, nodes = _collective(comm, cfg, ov) if nranks > 1 else (None, None)
-    return Writer(_native.Writer(name, cfg, ov, rank, nranks, mode == "a", session, exchange, nodes), comm, where, exchange)
+    try:
+        inner = _native.Writer(name, cfg, ov, rank, nranks, mode == "a", session, exchange, nodes)
+    except BaseException:
+        # A collective open fails on every rank alike (the ranks agree before returning), so
+        # every rank frees its share of the communicator here.
+        if exchange is not None:
+            exchange.free()
+        raise
+    return Writer(inner, comm, where, exchange)
 
 
 def _collective(comm: Any, cfg: str | None, ov: list[tuple[str, str]]) -> tuple[Exchange | None, list[int] | None]:

@@ -23,7 +23,11 @@ class Exchange:
         self._comm = comm.Dup()
         # One 8-byte offset counter per rank (aggregators' are used): members reserve room in
         # their group's file with a one-sided fetch-and-add, the aggregator taking no part.
-        self._win = MPI.Win.Allocate(8, 8, comm=self._comm)
+        try:
+            self._win = MPI.Win.Allocate(8, 8, comm=self._comm)
+        except BaseException:
+            self._comm.Free()
+            raise
         self._one = np.zeros(1, np.int64)
         self._out = np.zeros(1, np.int64)
         # With more ranks than cores, a rank waiting in MPI's busy-polling receive takes the core
@@ -46,13 +50,14 @@ class Exchange:
         self._comm.Recv([buf, self._mpi.BYTE], source=src, tag=_TAG)
         return buf
 
-    def start(self, at: int) -> None:
-        """Sets this rank's counter to ``at``; collective, so no rank reserves before it is set."""
+    def start(self, at: int, ok: bool) -> bool:
+        """Sets this rank's counter to ``at``; collective, so no rank reserves before it is set.
+        Returns whether every rank passed ``ok`` (opened)."""
         me = self._comm.Get_rank()
         self._win.Lock(me, self._mpi.LOCK_EXCLUSIVE)
         self._win.Put(np.array([at], np.int64), me, 0)
         self._win.Unlock(me)
-        self._comm.Barrier()
+        return bool(self._comm.allreduce(bool(ok), op=self._mpi.LAND))
 
     def reserve(self, owner: int, n: int) -> int:
         """Adds ``n`` to rank ``owner``'s counter; its value before."""

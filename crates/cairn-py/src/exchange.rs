@@ -48,16 +48,17 @@ impl Exchange for PyExchange {
                 Bound::from_owned_ptr_or_err(py, p)
             }
             .map_err(|e| failed(format!("sending {} bytes to rank {dest}", data.len()), e))?;
-            self.0
-                .call_method1(py, "send", (dest, view))
-                .map(|_| ())
-                .map_err(|e| failed(format!("sending {} bytes to rank {dest}", data.len()), e))
+            let sent = self.0.call_method1(py, "send", (dest, &view));
+            // The view must not outlive `data`: released here, whatever the exchange kept of it.
+            let released = view.call_method0("release");
+            sent.and(released).map(|_| ()).map_err(|e| failed(format!("sending {} bytes to rank {dest}", data.len()), e))
         })
     }
 
-    fn start(&self, at: u64) -> Result<()> {
+    fn start(&self, at: u64, ok: bool) -> Result<bool> {
         Python::attach(|py| {
-            self.0.call_method1(py, "start", (at,)).map(|_| ()).map_err(|e| failed("starting the group's offsets".into(), e))
+            let all = self.0.call_method1(py, "start", (at, ok)).map_err(|e| failed("starting the group's offsets".into(), e))?;
+            all.extract::<bool>(py).map_err(|e| failed("starting the group's offsets".into(), e))
         })
     }
 

@@ -28,8 +28,9 @@ pub trait Exchange: Send {
     fn send(&self, dest: u32, data: &[u8]) -> Result<()>;
     /// Receives the next message rank `src` sent to this rank.
     fn recv(&self, src: u32) -> Result<Received>;
-    /// Sets this rank's offset counter to `at`, then waits until every rank did (collective).
-    fn start(&self, at: u64) -> Result<()>;
+    /// Sets this rank's offset counter to `at`, then waits until every rank did (collective);
+    /// returns whether every rank passed `ok`.
+    fn start(&self, at: u64, ok: bool) -> Result<bool>;
     /// Atomically adds `len` to rank `owner`'s offset counter and returns its value before,
     /// without `owner` taking part (MPI one-sided fetch-and-add).
     fn reserve(&self, owner: u32, len: u64) -> Result<u64>;
@@ -183,6 +184,12 @@ pub struct AggWriter {
     /// Blocks of each unpublished step and, in `send` mode, their bytes (positions relative to
     /// them until the aggregator places them).
     staged: BTreeMap<u64, (Vec<BlockRecord>, Vec<u8>)>,
+    /// Members flush their own writes (`offsets` mode, `fsync`) when their aggregator runs on
+    /// another node: its flush does not reach their pages there.
+    member_fsync: bool,
+    /// Puts of each unpublished step that could not be stored (`offsets` mode): the step fails
+    /// on every rank (it travels up as the rank's part) until it is aborted.
+    failed: BTreeMap<u64, Failure>,
     /// Steps committed when opened, and by this writer since: `is_committed` needs no
     /// file-system lookup per rank (a step another session commits meanwhile is refused at the
     /// commit).
@@ -198,18 +205,64 @@ impl std::fmt::Debug for AggWriter {
 impl AggWriter {
     /// Opens rank `rank` of `nranks` (every rank of the communicator calls this).
     pub fn open(layout: Layout, rank: u32, nranks: u32, cfg: &FileConfig, session: String, group: Collective) -> Result<AggWriter> {
-        let mode = if cfg.aggregation == "offsets" { Mode::Offsets } else { Mode::Send };
         if group.nodes.len() != nranks as usize {
             return Err(Error::InvalidArgument(format!("{} node ids for {nranks} ranks: give one per rank", group.nodes.len())));
         }
         let groups = Groups::new(&group.nodes, cfg.aggregators);
+        let prepared = Self::prepare(&layout, rank, &groups, cfg, &session);
+        // Every rank learns whether all opened, so that one rank's failure (a locked data file,
+        // a full disk) is an error everywhere, not a wait in MPI for a rank that left.
+        let all = group.exchange.start(prepared.as_ref().map_or(0, |p| p.3), prepared.is_ok())?;
+        let (data, data_rel, committed, end) = match (prepared, all) {
+            (Err(e), _) => return Err(e),
+            (Ok(_), false) => {
+                return Err(Error::Unavailable(format!(
+                    "another writer rank of {} could not open it (its error says why); this rank opened but gives up with it",
+                    layout.root.display()
+                )))
+            }
+            (Ok(p), true) => p,
+        };
+        let agg = groups.aggregator(rank);
+        let member_fsync = cfg.fsync && group.nodes[rank as usize] != group.nodes[agg as usize];
+        Ok(AggWriter {
+            layout,
+            rank,
+            nranks,
+            session,
+            fsync: cfg.fsync,
+            member_fsync,
+            chunk: cfg.chunk_size,
+            compression: cfg.compression()?,
+            mode: if cfg.aggregation == "offsets" { Mode::Offsets } else { Mode::Send },
+            ex: group.exchange,
+            groups,
+            data,
+            data_rel,
+            end,
+            staged: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            committed,
+        })
+    }
+
+    /// What this rank opens alone: the group's data file, rank 0's recovery; the steps
+    /// committed so far, and (aggregators) the file's end.
+    #[allow(clippy::type_complexity)]
+    fn prepare(
+        layout: &Layout,
+        rank: u32,
+        groups: &Groups,
+        cfg: &FileConfig,
+        session: &str,
+    ) -> Result<(Option<File>, String, std::collections::BTreeSet<u64>, u64)> {
+        cfg.compression()?;
         let agg = groups.aggregator(rank);
         layout.create()?;
-        let data_rel = Layout::data_rel(agg, &session);
+        let data_rel = Layout::data_rel(agg, session);
         let path = layout.root.join(&data_rel);
-        let data = if agg == rank || mode == Mode::Offsets {
-            // Written at offsets the aggregator assigns (never truncated: committed steps point
-            // into it).
+        let data = if agg == rank || cfg.aggregation == "offsets" {
+            // Written at reserved offsets (never truncated: committed steps point into it).
             let f = OpenOptions::new()
                 .create(true)
                 .write(true)
@@ -217,7 +270,7 @@ impl AggWriter {
                 .open(&path)
                 .ctx(|| format!("opening data file {}", path.display()))?;
             if agg == rank {
-                claim::lock_data_file(&f, &path, rank, &session)?;
+                claim::lock_data_file(&f, &path, rank, session)?;
             }
             Some(f)
         } else {
@@ -227,34 +280,13 @@ impl AggWriter {
             (Some(f), true) => f.metadata().ctx(|| format!("reading size of {}", path.display()))?.len(),
             _ => 0,
         };
-        // Offsets mode reserves from the aggregator's counter: it starts at the file's end.
-        group.exchange.start(end)?;
         if rank == 0 {
-            consume::recover_destination(&layout)?;
+            consume::recover_destination(layout)?;
             layout.sweep_temporaries(super::writer::ORPHANED);
-        }
-        // Rank 0's mark is the collective one; removing it also breaks any earlier session's set.
-        if rank == 0 {
+            // Rank 0's mark is the collective one; removing it also breaks any earlier set.
             layout.reopen_rank(0)?;
         }
-        let committed = layout.steps()?.into_iter().collect();
-        Ok(AggWriter {
-            layout,
-            rank,
-            nranks,
-            session,
-            fsync: cfg.fsync,
-            chunk: cfg.chunk_size,
-            compression: cfg.compression()?,
-            mode,
-            ex: group.exchange,
-            groups,
-            data,
-            data_rel,
-            end,
-            staged: BTreeMap::new(),
-            committed,
-        })
+        Ok((data, data_rel, layout.steps()?.into_iter().collect(), end))
     }
 
     fn data(&self) -> &File {
@@ -290,7 +322,17 @@ impl AggWriter {
                 self.ex.send(agg, bytes)?;
             }
             // The blocks are in the group's file since their puts.
-            Mode::Offsets => self.ex.send(agg, &to_msg(&Up::Frags(vec![frag])))?,
+            Mode::Offsets => {
+                let step = frag.step;
+                let flushed =
+                    if self.member_fsync { self.data().sync_data().ctx(|| format!("flushing {}", self.data_rel)) } else { Ok(()) };
+                let up = match (self.failed.get(&step), flushed) {
+                    (Some(f), _) => Up::Failed(f.clone()),
+                    (None, Err(e)) => Up::Failed(Failure::of(&e)),
+                    (None, Ok(())) => Up::Frags(vec![frag]),
+                };
+                self.ex.send(agg, &to_msg(&up))?
+            }
         }
         self.outcome(agg).map(|()| false)
     }
@@ -344,6 +386,7 @@ impl AggWriter {
                 self.end = at;
             }
             Mode::Offsets => {
+                failed = self.failed.get(&frag.step).cloned();
                 frags.push(frag);
                 for &m in &members {
                     match from_msg::<Up>((*self.ex.recv(m)?).as_ref(), m, "step fragment")? {
@@ -405,9 +448,19 @@ impl WriteEngine for AggWriter {
         if self.mode == Mode::Offsets {
             let stored: Vec<&[u8]> = blocks.iter().zip(&encoded).map(|((_, b), (_, c))| c.as_deref().unwrap_or(b.bytes)).collect();
             let total = stored.iter().map(|s| s.len() as u64).sum();
-            let mut at = self.ex.reserve(self.groups.aggregator(self.rank), total)?;
-            // A failed write leaves its reservation as dead space; nothing is recorded.
-            self.write_at(at, &stored)?;
+            // A put that cannot be stored fails its step on every rank at end_step (a failed put
+            // raised here would leave this rank out of the collective step end); a failed write
+            // leaves its reservation as dead space.
+            let written = self.ex.reserve(self.groups.aggregator(self.rank), total).and_then(|at| self.write_at(at, &stored).map(|()| at));
+            let mut at = match written {
+                Ok(at) => at,
+                Err(e) => {
+                    for (step, _) in &blocks {
+                        self.failed.entry(*step).or_insert_with(|| Failure::of(&e));
+                    }
+                    return Ok(());
+                }
+            };
             for ((step, _), (mut record, _)) in blocks.iter().zip(encoded) {
                 record.file.clone_from(&self.data_rel);
                 record.pos = at;
@@ -459,6 +512,7 @@ impl WriteEngine for AggWriter {
 
     fn abort_step(&mut self, step: u64) -> Result<()> {
         self.staged.remove(&step);
+        self.failed.remove(&step);
         Ok(())
     }
 }
