@@ -320,6 +320,9 @@ def test_cluster_start_reads_failure_settings_from_a_config_file(tmp_path):
     try:
         policy = json.loads(file.read_text())["redundancy"]
         assert (policy["redundancy"], policy["scheme"]) == (2, "replicate"), policy
+        # Servers answer before the control plane has formed (a meta server not yet a member shows
+        # as "none"): wait for a leader and its two followers, then pick a server outside it.
+        wait_for(lambda: sorted(r["meta"] for r in cluster.status(file)).count("follower") == 2, "the control plane formed", 30)
         victim = next(r["id"] for r in cluster.status(file) if r["meta"] == "none" and r["state"] == "up")
         os_pid = next(s["pid"] for s in cluster.servers_of(file) if s["id"] == victim)
         t0 = time.monotonic()
