@@ -471,11 +471,11 @@ impl WriteEngine for AggWriter {
         }
         // Held until the step ends (the user's buffer may change after the put): the one copy.
         for ((step, b), (mut record, coded)) in blocks.iter().zip(encoded) {
-            let (_, bytes) = self.staged.entry(*step).or_default();
+            let (records, bytes) = self.staged.entry(*step).or_default();
             record.pos = bytes.len() as u64;
             bytes.extend_from_slice(coded.as_deref().unwrap_or(b.bytes));
             debug_assert_eq!(bytes.len() as u64, record.pos + stored_len(&record));
-            self.staged.get_mut(step).expect("just inserted").0.push(record);
+            records.push(record);
         }
         Ok(())
     }
