@@ -135,7 +135,28 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     file = Path(file).absolute()
     pids = _native.cluster_start(str(file), servers, spares, None if topology is None else os.fspath(topology),
                                  parse_size(memory), bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)
-    return LocalCluster(file, [Server(p) for p in pids])
+    c = LocalCluster(file, [Server(p) for p in pids])
+    try:
+        _await_control_plane(file, min(meta, servers), timeout)
+    except BaseException:
+        c.stop()
+        raise
+    return c
+
+
+def _await_control_plane(file: Path, voters: int, timeout: float) -> None:
+    """Waits until the control plane has a leader and all ``voters`` members vote. Servers answer
+    before that; a meta server lost in that window (its peers still learners) would leave no
+    majority to declare it down, so the cluster is ready only once the control plane formed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        roles = [r["meta"] for r in status(file, timeout=1.0)]
+        if roles.count("leader") == 1 and roles.count("leader") + roles.count("follower") >= voters:
+            return
+        if time.monotonic() > deadline:
+            raise UnavailableError(f"the control plane of {file} did not form within {timeout} s (roles: {roles}); "
+                                   f"see the server logs in {file}.d/")
+        time.sleep(0.05)
 
 
 def request(file: str | os.PathLike[str], server: int, op: str, timeout: float = 10.0) -> dict[str, Any]:

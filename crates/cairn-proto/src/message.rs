@@ -208,8 +208,10 @@ pub enum Request {
         step: u64,
         /// Committing session.
         session: String,
-        /// Objects expected.
-        objects: u64,
+        /// The (object id, shard) keys the step's index places on this server. Objects of the
+        /// session it holds beyond them are leftovers of puts that failed and were placed again;
+        /// the seal drops them.
+        keys: Vec<(u64, u32)>,
         /// Bytes expected.
         bytes: u64,
     },

@@ -211,39 +211,48 @@ impl Store {
         Ok(f(o))
     }
 
-    /// Checks that exactly `objects` objects of `bytes` bytes of `session` are held for the step,
-    /// seals them, and frees objects other sessions left in it.
-    pub fn seal(&self, dataset: &str, step: u64, session: &str, objects: u64, bytes: u64) -> Result<()> {
+    /// Checks that the objects `keys` of `session` (`bytes` in all) are held for the step and
+    /// seals them; frees objects other sessions left in it, and this session's objects the index
+    /// does not name here (a put that failed, say across a view change, may still have landed
+    /// here before its objects were placed again elsewhere).
+    pub fn seal(&self, dataset: &str, step: u64, session: &str, keys: &[ObjKey], bytes: u64) -> Result<()> {
+        let want: std::collections::HashSet<ObjKey> = keys.iter().copied().collect();
         let mut steps = lock(&self.steps);
         let held = steps.entry((dataset.to_string(), step)).or_default();
-        let (n, b) = held.values().filter(|o| o.session == session).fold((0u64, 0u64), |(n, b), o| (n + 1, b + o.data.len() as u64));
-        if n == 0 && objects > 0 {
+        let (n, b) = held
+            .iter()
+            .filter(|(k, o)| o.session == session && want.contains(k))
+            .fold((0u64, 0u64), |(n, b), (_, o)| (n + 1, b + o.data.len() as u64));
+        if n == 0 && !want.is_empty() {
             // It lost them all (it restarted, or was declared down and rejoined empty): to the
             // commit, like a server that is gone; the step commits if the other copies suffice.
             steps.retain(|_, h| !h.is_empty());
             return Err(Error::Unavailable(format!(
-                "server {} holds none of the {objects} objects the writers put for dataset '{dataset}' step {step} \
+                "server {} holds none of the {} objects the writers put for dataset '{dataset}' step {step} \
                  (it restarted or rejoined empty since)",
-                self.server
+                self.server,
+                want.len()
             )));
         }
-        if (n, b) != (objects, bytes) {
+        if (n, b) != (want.len() as u64, bytes) {
+            let missing: Vec<String> =
+                want.iter().filter(|k| !held.contains_key(k)).take(5).map(|(id, sh)| format!("{id:#x}/{sh}")).collect();
             return Err(Error::Conflict(format!(
                 "server {} holds {n} objects ({b} bytes) of dataset '{dataset}' step {step}, but the writers put \
-                 {objects} ({bytes} bytes); the step was not committed, write it again",
-                self.server
+                 {} ({bytes} bytes) there (missing: [{}]); the step was not committed, write it again",
+                self.server,
+                want.len(),
+                missing.join(", ")
             )));
         }
-        let mut freed = 0;
-        held.retain(|_, o| {
-            let keep = o.session == session;
-            if !keep {
-                freed += o.data.len() as u64;
-            }
-            keep
-        });
+        let mut gone = Vec::new();
+        for k in held.iter().filter(|(k, o)| o.session != session || !want.contains(k)).map(|(k, _)| *k).collect::<Vec<_>>() {
+            gone.extend(held.remove(&k));
+        }
         held.values_mut().for_each(|o| o.sealed = true);
-        self.used.fetch_sub(freed, Ordering::AcqRel);
+        drop(steps);
+        self.used.fetch_sub(gone.iter().map(|o| o.data.len() as u64).sum(), Ordering::AcqRel);
+        self.recycle(gone);
         Ok(())
     }
 
@@ -368,9 +377,13 @@ mod tests {
         let s = Store::new(0, 1000);
         s.insert("d", 1, (1, 0), obj("old", 10), s.reserve(10).unwrap()).unwrap();
         s.insert("d", 1, (2, 0), obj("new", 20), s.reserve(20).unwrap()).unwrap();
-        assert!(s.seal("d", 1, "new", 2, 40).unwrap_err().to_string().contains("holds 1 objects"));
-        s.seal("d", 1, "new", 1, 20).unwrap();
-        let lost = s.seal("d", 9, "new", 3, 60).unwrap_err();
+        // A leftover of a put that failed here and was placed again elsewhere: not in the index.
+        s.insert("d", 1, (3, 0), obj("new", 7), s.reserve(7).unwrap()).unwrap();
+        let short = s.seal("d", 1, "new", &[(2, 0), (4, 0)], 40).unwrap_err().to_string();
+        assert!(short.contains("holds 1 objects") && short.contains("0x4/0"), "names what is missing: {short}");
+        s.seal("d", 1, "new", &[(2, 0)], 20).unwrap();
+        assert_eq!(s.list().iter().map(|o| o.id).collect::<Vec<_>>(), vec![2], "the leftover and the old session's go");
+        let lost = s.seal("d", 9, "new", &[(1, 0), (2, 0), (3, 0)], 60).unwrap_err();
         assert_eq!(lost.kind(), cairn_core::ErrorKind::Unavailable, "holding none of them is a lost server: {lost}");
         assert_eq!(s.used(), 20);
         assert!(s.list().iter().all(|o| o.sealed));

@@ -9,14 +9,14 @@ use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, ErrorKind, Result};
 use cairn_proto::message::{Request, Response, Share};
 use cairn_proto::ClusterView;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Applies a seal or drop to this server's store, whether it came from a peer or from itself.
 pub fn seal_or_drop(state: &State, req: Request) -> Result<()> {
     match req {
-        Request::Seal { dataset, step, session, objects, bytes } => state.store.seal(&dataset, step, &session, objects, bytes),
+        Request::Seal { dataset, step, session, keys, bytes } => state.store.seal(&dataset, step, &session, &keys, bytes),
         Request::Drop { dataset, step, session, writer, ids, except, shard } => {
             let which = Which { session: session.as_deref(), writer, ids: &ids, except: except.as_deref(), shard };
             state.store.drop_objects(&dataset, step, &which);
@@ -91,6 +91,22 @@ fn enough_left(index: &StepIndex, failed: &BTreeSet<u32>) -> Result<()> {
     )))
 }
 
+/// The (object id, shard) keys the index places on each server: what its seal expects.
+fn keys_by_server(index: &StepIndex) -> BTreeMap<u32, Vec<(u64, u32)>> {
+    let mut out: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+    for o in index.blocks.iter().flat_map(|b| &b.objects) {
+        match &o.redundancy {
+            Redundancy::Encoded { shards, .. } => {
+                for (i, s) in shards.iter().enumerate() {
+                    out.entry(*s).or_default().push((o.id, i as u32 + 1));
+                }
+            }
+            _ => o.holders().into_iter().for_each(|s| out.entry(s).or_default().push((o.id, 0))),
+        }
+    }
+    out
+}
+
 /// Records a writer's fragment; the last one commits the step. Only the control plane's leader
 /// takes fragments (others answer `not_leader`).
 pub async fn end_step(state: &Arc<State>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
@@ -128,9 +144,10 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
     let view = state.view()?;
     let (step, session) = (ready.index.step, ready.session.clone());
     let started = std::time::Instant::now();
+    let keys = keys_by_server(&ready.index);
     let results = on_each(state, ready.shares.keys().copied(), |s| {
-        let (objects, bytes) = ready.shares[&s];
-        Request::Seal { dataset: dataset.into(), step, session: session.clone(), objects, bytes }
+        let keys = keys.get(&s).cloned().unwrap_or_default();
+        Request::Seal { dataset: dataset.into(), step, session: session.clone(), keys, bytes: ready.shares[&s].1 }
     })
     .await;
     // Servers that could not be reached (dead or hung) are tolerated when every object still
