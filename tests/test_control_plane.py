@@ -194,14 +194,15 @@ def test_a_lost_majority_fails_commits_with_a_clear_error_and_reports_nothing_lo
         wait_leader(c.file, 3)
         opts = dict(engine="staging", cluster=c.file, timeout=2.0)
         with cairn.open("d", "w", **opts) as w:
-            w.define("x", "f8", (8,))
+            # 128 KiB: larger than the writer coalesces, so the put is stored before the kills.
+            w.define("x", "f8", (1 << 14,))
             with w.step(0):
-                w.put("x", np.arange(8.0))
+                w.put("x", np.arange(float(1 << 14)))
             r = cairn.open("d", "r", **opts)
             assert r.steps() == [0]
             with pytest.raises(cairn.UnavailableError) as e:
                 with w.step(1):
-                    w.put("x", np.ones(8))
+                    w.put("x", np.ones(1 << 14))
                     for s in (1, 2):
                         c.procs[s].send_signal(signal.SIGKILL)
                         c.procs[s].wait(timeout=10)

@@ -21,7 +21,7 @@ from .conftest import ROOT, check, file_config
 
 @pytest.fixture
 def small(tmp_path):
-    # 2 servers of 4 MiB, one copy of everything: a 3 MiB variable cannot fit beside 5 MiB.
+    # 2 servers of 4 MiB, one copy of everything: a 3 MiB variable cannot fit beside 6 MiB.
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="4MiB", redundancy=0)
     try:
         yield dict(engine="staging", cluster=str(c.file), object_size=1 << 20)
@@ -30,7 +30,7 @@ def small(tmp_path):
 
 
 def _vars(w):
-    w.define("fill", "u1", (5 << 20,))
+    w.define("fill", "u1", (6 << 20,))
     w.define("a", "f8", (128,))
     w.define("b", "u1", (3 << 20,))
     w.define("c", "f8", (128,))
@@ -40,7 +40,7 @@ def test_full_servers_fail_one_variable_which_is_retried_alone(small):
     w = cairn.open("sub", "w", **small)
     _vars(w)
     with w.step(0):
-        w.put("fill", np.ones(5 << 20, "u1"))
+        w.put("fill", np.ones(6 << 20, "u1"))
     r = cairn.open("sub", "r", **small)
     w.begin_step(1)
     w.put("a", np.arange(128.0))
@@ -68,12 +68,12 @@ def test_a_with_block_reports_every_failed_variable_and_aborts_the_step(small):
     w = cairn.open("sub", "w", **small)
     _vars(w)
     with w.step(0):
-        w.put("fill", np.ones(5 << 20, "u1"))
+        w.put("fill", np.ones(6 << 20, "u1"))
     with pytest.raises(cairn.StepError) as e:
         with w.step(1):
             w.put("a", np.arange(128.0))
             w.put("b", np.full(3 << 20, 7, "u1"))
-            w.put("fill", np.ones(5 << 20, "u1"))
+            w.put("fill", np.ones(6 << 20, "u1"))
     assert sorted(e.value.failed) == ["b", "fill"]
     r = cairn.open("sub", "r", **small)
     assert r.steps() == [0]
@@ -173,3 +173,42 @@ def test_c_end_step_refuses_a_step_with_a_failed_put_until_it_is_put_again(tmp_p
     with cairn.open("sub", "r", config=str(cfg)) as r:
         assert r.steps() == [0], "step 1 was aborted"
         assert np.array_equal(r.get("a", 0), np.arange(128.0)) and (r.get("b", 0) == 7).all()
+
+
+def test_small_puts_are_coalesced_and_a_batch_that_does_not_fit_fails_its_puts(small):
+    # Blocks up to 64 KiB are copied and sent together (at the step's end, or every 1024
+    # blocks): the caller may reuse its buffer at once, and a batch the servers cannot hold
+    # fails each of its puts, which end_step reports like any other failed put.
+    w = cairn.open("coal", "w", **small)
+    w.define("fill", "u1", (5 << 20,))
+    w.define("s", "f8", (1500, 64))
+    buf = np.empty(64)
+    held = lambda: sum(s["objects"] for s in cluster.status(small["cluster"]))  # noqa: E731
+    with w.step(0):
+        for i in range(1500):
+            buf[:] = i
+            w.put("s", buf.reshape(1, 64), offset=(i, 0))
+        assert held() == 1024, "one batch went out at the 1024th block; the rest wait for the step's end"
+    assert held() == 1500
+    r = cairn.open("coal", "r", **small)
+    assert np.array_equal(r.get("s", 0), np.repeat(np.arange(1500.0), 64).reshape(1500, 64))
+    blocks = r.blocks("s", 0)
+    assert len(blocks) == 1500 and {b.count for b in blocks} == {(1, 64)} and {b.max for b in blocks} == set(range(1500))
+    with w.step(1):
+        w.put("fill", np.ones(5 << 20, "u1"))
+    w.begin_step(2)
+    for i in range(60):  # 60 x 64 KiB = 3.75 MiB, more than the ~2.2 MiB left, as one batch
+        w.put("fill", np.full(1 << 16, 3, "u1"), offset=(i << 16,))
+    with pytest.raises(cairn.StepError) as e:
+        w.end_step()
+    assert list(e.value.failed) == ["fill"] and isinstance(e.value, cairn.CapacityError), e.value
+    assert r.steps() == [0, 1]
+    r.release(0)
+    r.release(1)
+    with pytest.raises(cairn.StepError):
+        w.end_step()  # the failed puts stand until they are put again
+    for i in range(60):
+        w.put("fill", np.full(1 << 16, 3, "u1"), offset=(i << 16,))
+    assert w.end_step() is True
+    assert r.steps() == [2] and (r.get("fill", 2, (0,), (60 << 16,)) == 3).all()
+    w.close()

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _native, metadata
 from ._mpi import Exchange, node_ids
-from .exceptions import CapacityError, ConfigError, InvalidArgumentError, NotFoundError, UnavailableError, step_error
+from .exceptions import CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, UnavailableError, step_error
 from .variable import Variable
 
 
@@ -290,7 +290,15 @@ class Writer:
         failed = self._inner.failed_puts()
         if failed:
             raise step_error(self._open, failed)
-        return self._inner.end_step()
+        try:
+            return self._inner.end_step()
+        except CairnError:
+            # Small puts go out together at the step's end (see ``put``); a batch that could not
+            # be stored fails its puts there.
+            failed = self._inner.failed_puts()
+            if failed:
+                raise step_error(self._open, failed) from None
+            raise
 
     def abort_step(self) -> None:
         """Drop the open step and everything put in it; nothing of it becomes visible."""
@@ -313,9 +321,12 @@ class Writer:
     def put(self, name: str, data: Any, offset: Sequence[int] | None = None) -> None:
         """Put ``data`` (its shape is the block's count) at ``offset`` of a global variable, or as
         this rank's block of a local variable (no offset). C- and Fortran-ordered arrays both work;
-        C-contiguous native-endian arrays cross into Rust without a copy. A put that cannot be
-        stored (full or failed servers, a disk error) is reported by :meth:`end_step` as a
-        :class:`StepError`, together with the step's other failed puts."""
+        C-contiguous native-endian arrays cross into Rust without a copy. With the staging engine,
+        blocks of at most 64 KiB are copied and sent together, at the step's end or once 4 MiB
+        or 1,024 of them have gathered (one round trip for many); ``data`` may be reused at once
+        either way. A put that cannot be stored (full or failed servers, a disk error) is
+        reported by :meth:`end_step` as a :class:`StepError`, together with the step's other
+        failed puts."""
         arr = _little_endian_c(data)
         off = None if offset is None else [int(o) for o in offset]
         try:

@@ -44,6 +44,15 @@ pub trait WriteEngine: Send {
     fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
         self.put_batch(vec![(step, block)])
     }
+    /// Whether small blocks are better sent together (see [`crate::small`]) than one by one.
+    fn coalesces_small_puts(&self) -> bool {
+        false
+    }
+    /// Refuses at once a block this engine could never store (a redundancy level the cluster
+    /// cannot give), so that a coalesced put still fails at the put.
+    fn admits(&self, _def: &VarDef) -> Result<()> {
+        Ok(())
+    }
     /// Stores blocks of one or more unpublished steps as one write (the file engine appends them
     /// with one call, the staging engine pipelines them to each server); a buffered trace flush
     /// uses this. On error none of them is recorded.

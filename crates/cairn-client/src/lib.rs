@@ -17,6 +17,7 @@ pub mod engine;
 pub mod file;
 pub mod reader;
 pub mod session;
+pub mod small;
 pub mod staging;
 pub mod subtx;
 mod trace;

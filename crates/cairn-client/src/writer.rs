@@ -4,11 +4,13 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::{BlockData, StepPart, WriteEngine};
 use crate::file::{AggWriter, Collective, FileWriter, Layout};
+use crate::small::{Coalesced, SMALL};
 use crate::staging::StagingWriter;
 use crate::subtx::{FailedPut, Failures};
 use crate::trace::TraceBuffer;
 use cairn_core::attrs::{check_attrs, Attrs};
 use cairn_core::index::VarDef;
+use cairn_core::region::BoxSet;
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;
 
@@ -24,13 +26,15 @@ pub struct Writer {
     nranks: u32,
     step: Option<u64>,
     /// Boxes this rank put in the open step, per variable (to refuse overlaps early).
-    put: BTreeMap<String, Vec<Region>>,
+    put: BTreeMap<String, BoxSet>,
     /// Trace records not yet written.
     traces: TraceBuffer,
     /// Datasets whose same step the open step's commit releases (D²T consume-and-produce).
     consume: Vec<String>,
     /// Puts of the open step that could not be stored (failed sub-transactions).
     failures: Failures,
+    /// Small blocks of the open step not yet sent.
+    small: Coalesced,
     /// Steps this rank ended that wait for the trace flush, with what they publish.
     held: Vec<(u64, StepPart)>,
     /// Flush traces every this many ended steps.
@@ -107,6 +111,7 @@ impl Writer {
             traces: TraceBuffer::default(),
             consume: Vec::new(),
             failures: Failures::default(),
+            small: Coalesced::default(),
             held: Vec::new(),
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
@@ -196,6 +201,7 @@ impl Writer {
         self.put.clear();
         self.consume.clear();
         self.failures.clear();
+        self.small.clear();
         Ok(())
     }
 
@@ -263,20 +269,29 @@ impl Writer {
                 bytes.len()
             )));
         }
-        let mine = self.put.get(var).map(Vec::as_slice).unwrap_or_default();
-        if def.is_local() && (!mine.is_empty() || self.traces.has(var, step)) {
+        let mine = self.put.get(var);
+        if def.is_local() && (mine.is_some_and(|m| !m.is_empty()) || self.traces.has(var, step)) {
             return Err(Error::Conflict(format!("local variable '{var}' was already put in step {step} by this writer")));
         }
-        if let Some(prev) = mine.iter().find(|p| p.intersect(&region).is_some()) {
+        if let Some(prev) = mine.and_then(|m| m.meeting(&region)) {
             return Err(Error::Conflict(format!(
                 "block of '{var}' at offset {:?} count {:?} overlaps one this writer already put in step {step} \
                  (offset {:?} count {:?})",
                 region.offset, region.count, prev.offset, prev.count
             )));
         }
+        let local = def.is_local();
+        if bytes.len() <= SMALL && self.engine.coalesces_small_puts() {
+            self.engine.admits(def)?;
+            self.failures.stored(var, &region, local);
+            self.put.entry(var.to_string()).or_default().insert(region.clone());
+            if self.small.push(var, region, bytes) {
+                self.send_small()?;
+            }
+            return Ok(());
+        }
         // Recorded only once stored, so a put refused for lack of space can be retried; until
         // then the step does not end (a failed sub-transaction).
-        let local = def.is_local();
         if let Err(e) = self.engine.put(step, BlockData { def, region: region.clone(), bytes }) {
             if Failures::is_storage(e.kind()) {
                 let servers = self.engine.failed_servers();
@@ -286,8 +301,37 @@ impl Writer {
             return Err(e);
         }
         self.failures.stored(var, &region, local);
-        self.put.entry(var.to_string()).or_default().push(region);
+        self.put.entry(var.to_string()).or_default().insert(region);
         Ok(())
+    }
+
+    /// Sends the coalesced small blocks of the open step as one batch. If it cannot be stored
+    /// (full or failed servers), each of its blocks becomes a failed put of the step (and may be
+    /// put again); any other refusal (the step was committed by another writer meanwhile) keeps
+    /// them for the next try, which meets it again: a step never ends without them.
+    fn send_small(&mut self) -> Result<()> {
+        let Some(step) = self.step else { return Ok(()) };
+        if self.small.is_empty() {
+            return Ok(());
+        }
+        let pending = self.small.take();
+        let blocks =
+            pending.iter().map(|(var, region, bytes)| (step, BlockData { def: &self.vars[var], region: region.clone(), bytes })).collect();
+        let Err(e) = self.engine.put_batch(blocks) else { return Ok(()) };
+        if !Failures::is_storage(e.kind()) {
+            self.small.put_back(pending);
+            return Err(e);
+        }
+        let servers = self.engine.failed_servers();
+        for (var, region, _) in pending {
+            let local = self.vars[&var].is_local();
+            if let Some(boxes) = self.put.get_mut(&var) {
+                boxes.remove(&region);
+            }
+            let (error, kind) = (e.to_string(), e.kind());
+            self.failures.failed(FailedPut { var, region, servers: servers.clone(), error, kind }, local);
+        }
+        Err(e)
     }
 
     /// Puts of the open step that could not be stored and were not put again since: the step
@@ -350,6 +394,12 @@ impl Writer {
     /// step held for the trace flush is not committed yet.
     pub fn end_step(&mut self) -> Result<bool> {
         let step = self.step.ok_or_else(|| Error::Conflict("end_step without an open step; call begin_step first".into()))?;
+        // A batch that cannot be stored becomes failed puts, reported just below.
+        if let Err(e) = self.send_small() {
+            if !Failures::is_storage(e.kind()) {
+                return Err(e);
+            }
+        }
         if let Some(e) = self.failures.refusal(step) {
             return Err(e);
         }
@@ -385,7 +435,7 @@ impl Writer {
                 blocks.iter().filter(|(s, _)| Some(*s) == self.step).map(|(_, b)| (b.def.name.clone(), b.region.clone())).collect();
             self.engine.put_batch(blocks)?;
             for (var, r) in open {
-                self.put.entry(var).or_default().push(r);
+                self.put.entry(var).or_default().insert(r);
             }
             self.traces.clear();
         }
@@ -401,6 +451,7 @@ impl Writer {
     /// without one. Steps already ended stay held for the next flush.
     pub fn abort_step(&mut self) -> Result<()> {
         self.failures.clear();
+        self.small.clear();
         match self.step.take() {
             Some(step) => {
                 self.traces.drop_step(step);

@@ -185,20 +185,23 @@ fn a_step_commits_with_a_server_down_only_if_every_object_keeps_its_level_elsewh
     let cfg = cfg(&c);
     let leader = c.leader(Duration::from_secs(10)).unwrap();
     let victim = (0..4).find(|s| *s != leader).unwrap();
+    // Blocks larger than the writer coalesces (those go at the step's end), so that they are
+    // on the servers before one dies.
+    const LEN: u64 = 16 * N;
     // Two writers, each of its own dataset: `x` survives one failure, `y` keeps one copy.
     let open = |name: &str, var: &str, level: u32| {
         let mut w = Writer::open(name, &cfg, 0, 1, false, "s").unwrap();
-        w.define_var(cairn_core::index::VarDef::new(var, DType::U8, Some(vec![2 * N])).unwrap().with_redundancy(level)).unwrap();
+        w.define_var(cairn_core::index::VarDef::new(var, DType::U8, Some(vec![LEN])).unwrap().with_redundancy(level)).unwrap();
         w.begin_step(0).unwrap();
-        w.put(var, DType::U8, &vec![7u8; 2 * N as usize], Some(&[0]), &[2 * N]).unwrap();
+        w.put(var, DType::U8, &vec![7u8; LEN as usize], Some(&[0]), &[LEN]).unwrap();
         w
     };
     let (mut wx, mut wy) = (open("dx", "x", 1), open("dy", "y", 0));
     // A server dies after the puts, before the steps are sealed.
     c.kill(victim);
     assert!(wx.end_step().unwrap(), "every object of x still has a copy");
-    let mut out = vec![0u8; 2 * N as usize];
-    Reader::open("dx", &cfg).unwrap().get("x", 0, &[0], &[2 * N], &mut out).unwrap();
+    let mut out = vec![0u8; LEN as usize];
+    Reader::open("dx", &cfg).unwrap().get("x", 0, &[0], &[LEN], &mut out).unwrap();
     assert!(out.iter().all(|v| *v == 7));
     let e = wy.end_step().unwrap_err();
     assert!(e.to_string().contains("cannot commit") && e.to_string().contains("'y'"), "{e}");

@@ -170,9 +170,9 @@ fn a_crashed_sessions_objects_are_dropped_everywhere_at_the_next_commit() {
     let c = &cl.c;
     let cfg = cfg(c, 4096);
     let mut w = Writer::open("run", &cfg, 0, 1, false, "crashed").unwrap();
-    w.define("x", DType::U8, Some(vec![64 << 10])).unwrap();
+    w.define("x", DType::U8, Some(vec![128 << 10])).unwrap();
     w.begin_step(0).unwrap();
-    w.put("x", DType::U8, &vec![1; 64 << 10], None, &[64 << 10]).unwrap();
+    w.put("x", DType::U8, &vec![1; 128 << 10], None, &[128 << 10]).unwrap();
     std::mem::forget(w); // killed mid-step: nothing ends or aborts it
     assert!((0..4).all(|s| used(c, s) > 0), "the crashed session's objects are on every server");
     // The restart writes step 0 again, smaller: its objects reach one server only.

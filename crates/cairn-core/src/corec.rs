@@ -12,6 +12,7 @@
 //! only does the latter, by least recent use.
 
 use crate::erasure::MAX_SHARDS;
+use crate::region::BoxSet;
 use crate::{Error, Region, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -246,6 +247,21 @@ impl Classifier {
         self.tick += 1;
         let latest = self.latest.entry(dataset.to_string()).or_insert(step);
         *latest = (*latest).max(step);
+        // Older objects of each variable that a box of this step meets are superseded.
+        let mut by_var: BTreeMap<&str, Vec<Region>> = BTreeMap::new();
+        for e in entries {
+            by_var.entry(&e.var).or_default().push(e.region.clone());
+        }
+        for (var, regions) in by_var {
+            let boxes: BoxSet = regions.into_iter().collect();
+            let Some(newest) = self.newest.get_mut(&(dataset.to_string(), var.to_string())) else { continue };
+            newest.retain(|old| {
+                let Some(o) = self.objs.get_mut(old) else { return false };
+                let over = old.step < step && boxes.meeting(&o.region).is_some();
+                o.superseded |= over;
+                !over
+            });
+        }
         for e in entries {
             let key = Key { dataset: dataset.to_string(), step, id: e.id };
             let form = if e.encoded { Form::Encoded } else { Form::Replicated };
@@ -260,14 +276,7 @@ impl Classifier {
                 reads: 0,
                 used: self.tick,
             };
-            let newest = self.newest.entry((dataset.to_string(), e.var.clone())).or_default();
-            newest.retain(|old| {
-                let Some(o) = self.objs.get_mut(old) else { return false };
-                let over = old.step < step && o.region.intersect(&e.region).is_some();
-                o.superseded |= over;
-                !over
-            });
-            newest.push(key.clone());
+            self.newest.entry((dataset.to_string(), e.var.clone())).or_default().push(key.clone());
             self.data += t.bytes;
             self.stored += t.stored();
             if let Some(old) = self.objs.insert(key, t) {
@@ -282,13 +291,18 @@ impl Classifier {
         let lo = Key { dataset: dataset.to_string(), step, id: 0 };
         let hi = Key { dataset: dataset.to_string(), step, id: u64::MAX };
         let gone: Vec<Key> = self.objs.range(lo..=hi).map(|(k, _)| k.clone()).collect();
+        let mut vars = std::collections::BTreeSet::new();
         for k in gone {
             if let Some(t) = self.objs.remove(&k) {
                 self.data -= t.bytes;
                 self.stored -= t.stored();
-                if let Some(n) = self.newest.get_mut(&(dataset.to_string(), t.var)) {
-                    n.retain(|x| x != &k);
-                }
+                vars.insert(t.var);
+            }
+        }
+        // Once per variable (not per object: a step of many small objects made this quadratic).
+        for var in vars {
+            if let Some(n) = self.newest.get_mut(&(dataset.to_string(), var)) {
+                n.retain(|x| !(x.dataset == dataset && x.step == step));
             }
         }
     }

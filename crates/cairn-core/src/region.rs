@@ -132,6 +132,57 @@ pub fn c_strides(count: &[u64]) -> Vec<u64> {
     strides
 }
 
+/// Boxes kept sorted along dimension 0, so that which of them a box meets is found among its
+/// neighbours instead of trying them all (a step of 1,000 small blocks was checked against
+/// every box before it, twice: by the writer at each put and by the classifier at commit).
+#[derive(Debug, Default, Clone)]
+pub struct BoxSet {
+    sorted: Vec<Region>,
+    /// Longest extent along dimension 0: no box starting farther back reaches a point.
+    longest: u64,
+}
+
+impl BoxSet {
+    fn start(r: &Region) -> u64 {
+        r.offset.first().copied().unwrap_or(0)
+    }
+
+    /// Adds a box.
+    pub fn insert(&mut self, r: Region) {
+        self.longest = self.longest.max(r.count.first().copied().unwrap_or(0));
+        let at = self.sorted.partition_point(|b| Self::start(b) <= Self::start(&r));
+        self.sorted.insert(at, r);
+    }
+
+    /// Removes every box equal to `r`.
+    pub fn remove(&mut self, r: &Region) {
+        self.sorted.retain(|b| b != r);
+    }
+
+    /// Whether it holds no box.
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    /// A box that `r` meets, if any.
+    pub fn meeting(&self, r: &Region) -> Option<&Region> {
+        let (Some(&start), Some(&len)) = (r.offset.first(), r.count.first()) else {
+            return self.sorted.iter().find(|b| b.intersect(r).is_some());
+        };
+        let first = self.sorted.partition_point(|b| Self::start(b).saturating_add(self.longest) <= start);
+        self.sorted[first..].iter().take_while(|b| Self::start(b) < start.saturating_add(len)).find(|b| b.intersect(r).is_some())
+    }
+}
+
+impl FromIterator<Region> for BoxSet {
+    fn from_iter<I: IntoIterator<Item = Region>>(iter: I) -> BoxSet {
+        let mut sorted: Vec<Region> = iter.into_iter().collect();
+        sorted.sort_by_key(Self::start);
+        let longest = sorted.iter().map(|b| b.count.first().copied().unwrap_or(0)).max().unwrap_or(0);
+        BoxSet { sorted, longest }
+    }
+}
+
 /// Finds a pair of overlapping boxes, if any, by a sweep along dimension 0
 /// (O(n log n + overlaps checked) rather than all pairs).
 pub fn find_overlap(boxes: &[&Region]) -> Option<(usize, usize)> {
@@ -214,6 +265,23 @@ mod tests {
             let refs: Vec<&Region> = bs.iter().collect();
             let brute = (0..bs.len()).any(|i| (i + 1..bs.len()).any(|j| bs[i].intersect(&bs[j]).is_some()));
             prop_assert_eq!(find_overlap(&refs).is_some(), brute);
+        }
+
+        #[test]
+        fn a_box_set_meets_what_trying_each_meets(bs in boxes(2), probe in boxes(2)) {
+            let built: BoxSet = bs.iter().cloned().collect();
+            let mut grown = BoxSet::default();
+            bs.iter().cloned().for_each(|b| grown.insert(b));
+            for p in &probe {
+                let brute = bs.iter().any(|b| b.intersect(p).is_some());
+                prop_assert_eq!(built.meeting(p).is_some(), brute, "{:?}", p);
+                prop_assert_eq!(grown.meeting(p).is_some(), brute, "{:?}", p);
+                prop_assert!(grown.meeting(p).is_none_or(|m| m.intersect(p).is_some()));
+            }
+            if let Some(first) = bs.first() {
+                grown.remove(first);
+                prop_assert!(grown.meeting(first).is_none_or(|m| m != first));
+            }
         }
     }
 }

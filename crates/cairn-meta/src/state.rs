@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// A command of the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Cmd {
     /// A writer's part of a step: its fragment and where its objects went.
     AddFragment {

@@ -7,9 +7,9 @@ use super::{index_of, steps_of};
 use crate::config::StagingConfig;
 use crate::engine::{BlockData, StepPart, WriteEngine};
 use cairn_core::assemble::for_each_run;
-use cairn_core::corec::Scheme;
+use cairn_core::corec::{Policy, Scheme};
 use cairn_core::erasure::Code;
-use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, StepIndex};
+use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, StepIndex, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::{stats, Error, ErrorKind, Region, Result};
@@ -136,24 +136,9 @@ impl StagingWriter {
             let elem = block.def.dtype.size();
             let level = block.def.redundancy;
             let copies = level as usize + 1;
-            if level > 0 && policy.scheme == Scheme::None {
-                return Err(Error::InvalidArgument(format!(
-                    "'{}' asks to survive {level} server failures, but the cluster keeps one copy of everything (scheme \
-                     \"none\"); define it with redundancy=0 or start the cluster with another --scheme",
-                    block.def.name
-                )));
-            }
+            check_level(block.def, &policy, view)?;
             // The erasure scheme encodes on the write path (when the cluster has room for a stripe).
             let stripe = if policy.scheme == Scheme::Erasure { policy.stripe(level, view.slots.len()) } else { None };
-            if copies > view.slots.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "'{}' asks to survive {} server failures, which takes {copies} servers; the cluster has {} active: \
-                     lower its redundancy or add servers",
-                    block.def.name,
-                    block.def.redundancy,
-                    view.slots.len()
-                )));
-            }
             let pieces = split(&block.region, elem, self.object_size);
             let seq = seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
             let mut mine = Vec::with_capacity(pieces.len());
@@ -294,6 +279,28 @@ impl StagingWriter {
     }
 }
 
+/// Refuses a variable whose level the cluster cannot give.
+fn check_level(def: &VarDef, policy: &Policy, view: &ClusterView) -> Result<()> {
+    let level = def.redundancy;
+    if level > 0 && policy.scheme == Scheme::None {
+        return Err(Error::InvalidArgument(format!(
+            "'{}' asks to survive {level} server failures, but the cluster keeps one copy of everything (scheme \
+             \"none\"); define it with redundancy=0 or start the cluster with another --scheme",
+            def.name
+        )));
+    }
+    let copies = level as usize + 1;
+    if copies > view.slots.len() {
+        return Err(Error::InvalidArgument(format!(
+            "'{}' asks to survive {level} server failures, which takes {copies} servers; the cluster has {} active: \
+             lower its redundancy or add servers",
+            def.name,
+            view.slots.len()
+        )));
+    }
+    Ok(())
+}
+
 /// The ring position of a writer's `seq`-th object of `step`: a writer's objects take consecutive
 /// positions (so one block's objects spread over the servers and move in parallel), each writer
 /// starting one position after the previous rank, and the whole pattern moving by one position
@@ -396,6 +403,14 @@ impl WriteEngine for StagingWriter {
 
     fn default_redundancy(&self) -> u32 {
         self.default_level
+    }
+
+    fn coalesces_small_puts(&self) -> bool {
+        true
+    }
+
+    fn admits(&self, def: &VarDef) -> Result<()> {
+        check_level(def, self.cluster.policy(), &self.cluster.view())
     }
 
     fn failed_servers(&self) -> Vec<u32> {
