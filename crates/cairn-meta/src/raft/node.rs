@@ -80,7 +80,20 @@ impl RaftLog {
     /// is already part of a cluster ignores it.
     pub async fn bootstrap(&self, members: BTreeMap<NodeId, MetaNode>) -> Result<()> {
         match self.raft.initialize(members).await {
-            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Ok(()) => {
+                // The founding replica stands at once instead of after an election timeout, and
+                // again every two heartbeats while its peers are still starting (a vote they
+                // could not answer): a new cluster has its leader ~0.5–1 s sooner.
+                for _ in 0..10 {
+                    self.raft.trigger().elect().await.map_err(|e| unavailable("bootstrap", e))?;
+                    let wait = self.raft.wait(Some(2 * self.timing.heartbeat));
+                    if wait.metrics(|m| m.current_leader.is_some(), "a leader").await.is_ok() {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
             Err(e) => Err(unavailable("bootstrap", e)),
         }
     }
