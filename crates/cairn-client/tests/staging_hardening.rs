@@ -330,3 +330,31 @@ fn a_replayed_hello_is_refused() {
     let (reply, _) = cairn_proto::sync_io::read_head::<Response>(&mut s, 0).unwrap();
     assert!(matches!(reply, Response::Welcome { .. }), "{reply:?}");
 }
+
+#[test]
+fn a_leftover_of_a_put_placed_again_elsewhere_is_freed_at_commit_not_counted() {
+    let cl = start(2, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 4096);
+    // What a put that failed towards server 0 (say across a view change) and was placed again
+    // elsewhere may have left there: an object of the writing session that no index names.
+    let st = c.state(0).unwrap();
+    let leftover = cairn_server::store::Object {
+        var: "x".into(),
+        region: cairn_core::Region::new(vec![0], vec![100]).unwrap(),
+        elem: 1,
+        session: "s".into(),
+        writer: 0,
+        checksum: 0,
+        data: std::sync::Arc::new(vec![9; 100]),
+        sealed: false,
+        copy: 0,
+    };
+    st.store.insert("run", 0, (u64::MAX, 0), leftover, st.store.reserve(100).unwrap()).unwrap();
+    let data: Vec<u8> = (0..128u32 << 10).map(|i| i as u8).collect();
+    assert!(write_step(&cfg, "run", 0, "s", &data, false), "the commit does not count the leftover against the writers");
+    assert_eq!(used(c, 0) + used(c, 1), data.len() as u64, "the leftover is freed");
+    let mut out = vec![0u8; data.len()];
+    Reader::open("run", &cfg).unwrap().get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap();
+    assert_eq!(out, data);
+}
