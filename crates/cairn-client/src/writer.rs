@@ -35,6 +35,8 @@ pub struct Writer {
     failures: Failures,
     /// Small blocks of the open step not yet sent.
     small: Coalesced,
+    /// Whether small blocks are coalesced (see [`Writer::coalesce_small_puts`]).
+    coalesce: bool,
     /// Steps this rank ended that wait for the trace flush, with what they publish.
     held: Vec<(u64, StepPart)>,
     /// Flush traces every this many ended steps.
@@ -112,10 +114,19 @@ impl Writer {
             consume: Vec::new(),
             failures: Failures::default(),
             small: Coalesced::default(),
+            coalesce: false,
             held: Vec::new(),
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
         })
+    }
+
+    /// Sends small blocks together (see [`crate::small`]) when the engine gains by it. Their
+    /// puts then return before they are stored, and one that cannot be stored shows at the
+    /// step's end in [`Writer::failed_puts`] (with the other puts of its batch): for callers that
+    /// read those there (the Python API), not for those that retry the put whose call failed.
+    pub fn coalesce_small_puts(&mut self) {
+        self.coalesce = self.engine.coalesces_small_puts();
     }
 
     /// This writer's rank.
@@ -281,12 +292,17 @@ impl Writer {
             )));
         }
         let local = def.is_local();
-        if bytes.len() <= SMALL && self.engine.coalesces_small_puts() {
+        if self.coalesce && bytes.len() <= SMALL {
             self.engine.admits(def)?;
             self.failures.stored(var, &region, local);
             self.put.entry(var.to_string()).or_default().insert(region.clone());
             if self.small.push(var, region, bytes) {
-                self.send_small()?;
+                // A batch that cannot be stored fails its puts, this one among them; any other
+                // refusal keeps them for the step's end, which reports it.
+                match self.send_small() {
+                    Err(e) if Failures::is_storage(e.kind()) => return Err(e),
+                    _ => {}
+                }
             }
             return Ok(());
         }
@@ -327,6 +343,9 @@ impl Writer {
             let local = self.vars[&var].is_local();
             if let Some(boxes) = self.put.get_mut(&var) {
                 boxes.remove(&region);
+                if boxes.is_empty() {
+                    self.put.remove(&var);
+                }
             }
             let (error, kind) = (e.to_string(), e.kind());
             self.failures.failed(FailedPut { var, region, servers: servers.clone(), error, kind }, local);

@@ -164,13 +164,15 @@ impl BoxSet {
         self.sorted.is_empty()
     }
 
-    /// A box that `r` meets, if any.
+    /// A box that `r` meets, if any (boxes of another number of dimensions never meet it: a
+    /// local variable's blocks may change rank between steps).
     pub fn meeting(&self, r: &Region) -> Option<&Region> {
+        let meets = |b: &&Region| b.ndim() == r.ndim() && b.intersect(r).is_some();
         let (Some(&start), Some(&len)) = (r.offset.first(), r.count.first()) else {
-            return self.sorted.iter().find(|b| b.intersect(r).is_some());
+            return self.sorted.iter().find(meets);
         };
         let first = self.sorted.partition_point(|b| Self::start(b).saturating_add(self.longest) <= start);
-        self.sorted[first..].iter().take_while(|b| Self::start(b) < start.saturating_add(len)).find(|b| b.intersect(r).is_some())
+        self.sorted[first..].iter().take_while(|b| Self::start(b) < start.saturating_add(len)).find(meets)
     }
 }
 
@@ -265,6 +267,14 @@ mod tests {
             let refs: Vec<&Region> = bs.iter().collect();
             let brute = (0..bs.len()).any(|i| (i + 1..bs.len()).any(|j| bs[i].intersect(&bs[j]).is_some()));
             prop_assert_eq!(find_overlap(&refs).is_some(), brute);
+        }
+
+        #[test]
+        fn a_box_set_never_meets_a_box_of_another_rank(o in 0u64..8, c in 1u64..8) {
+            let set: BoxSet = [r(&[o], &[c])].into_iter().collect();
+            prop_assert!(set.meeting(&r(&[o, 0], &[c, 4])).is_none());
+            prop_assert!(set.meeting(&r(&[], &[])).is_none());
+            prop_assert!(set.meeting(&r(&[o], &[c])).is_some());
         }
 
         #[test]

@@ -51,7 +51,7 @@ impl PyWriter {
             Some(s) => s,
             None => cairn_client::session::default_session(rank, nranks).map_err(to_py)?,
         };
-        let w = match (exchange, nodes) {
+        let mut w = match (exchange, nodes) {
             (Some(ex), Some(nodes)) => {
                 let group = Collective { exchange: Box::new(PyExchange(ex)), nodes };
                 // Collective opens may wait on other ranks: without the GIL.
@@ -60,6 +60,8 @@ impl PyWriter {
             _ => Writer::open(name, &cfg, rank, nranks, append, &session),
         }
         .map_err(to_py)?;
+        // Python reads a step's failed puts at its end (`StepError`), so small puts may go later.
+        w.coalesce_small_puts();
         Ok(PyWriter { inner: Mutex::new(Some(w)) })
     }
 

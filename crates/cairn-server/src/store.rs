@@ -246,7 +246,10 @@ impl Store {
             )));
         }
         let mut gone = Vec::new();
-        for k in held.iter().filter(|(k, o)| o.session != session || !want.contains(k)).map(|(k, _)| *k).collect::<Vec<_>>() {
+        // Sealed objects not named stay: shards and copies that encoding or recovery stored
+        // after an earlier seal of this step (a seal repeated by a new leader must not undo them).
+        let stale = |k: &ObjKey, o: &Object| o.session != session || (!want.contains(k) && !o.sealed);
+        for k in held.iter().filter(|(k, o)| stale(k, o)).map(|(k, _)| *k).collect::<Vec<_>>() {
             gone.extend(held.remove(&k));
         }
         held.values_mut().for_each(|o| o.sealed = true);
@@ -383,6 +386,13 @@ mod tests {
         assert!(short.contains("holds 1 objects") && short.contains("0x4/0"), "names what is missing: {short}");
         s.seal("d", 1, "new", &[(2, 0)], 20).unwrap();
         assert_eq!(s.list().iter().map(|o| o.id).collect::<Vec<_>>(), vec![2], "the leftover and the old session's go");
+        // A shard stored sealed after the commit (encoding) survives a repeated seal.
+        let mut shard = obj("new", 4);
+        shard.sealed = true;
+        s.insert("d", 1, (2, 1), shard, s.reserve(4).unwrap()).unwrap();
+        s.seal("d", 1, "new", &[(2, 0)], 20).unwrap();
+        assert_eq!(s.list().len(), 2, "sealed objects the seal does not name stay");
+        s.drop_objects("d", 1, &Which { shard: Some(1), ids: &[2], ..Which::default() });
         let lost = s.seal("d", 9, "new", &[(1, 0), (2, 0), (3, 0)], 60).unwrap_err();
         assert_eq!(lost.kind(), cairn_core::ErrorKind::Unavailable, "holding none of them is a lost server: {lost}");
         assert_eq!(s.used(), 20);
