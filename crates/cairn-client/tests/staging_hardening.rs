@@ -358,3 +358,28 @@ fn a_leftover_of_a_put_placed_again_elsewhere_is_freed_at_commit_not_counted() {
     Reader::open("run", &cfg).unwrap().get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap();
     assert_eq!(out, data);
 }
+
+#[test]
+fn leftovers_on_a_server_the_commit_does_not_seal_are_swept() {
+    let cl = start(3, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 1 << 20);
+    // One small object: it lands on one server; the other two take no part in the commit.
+    for s in 0..3 {
+        let st = c.state(s).unwrap();
+        let leftover = cairn_server::store::Object {
+            var: "x".into(),
+            region: cairn_core::Region::new(vec![0], vec![100]).unwrap(),
+            elem: 1,
+            session: "s".into(),
+            writer: 0,
+            checksum: 0,
+            data: std::sync::Arc::new(vec![9; 100]),
+            sealed: false,
+            copy: 0,
+        };
+        st.store.insert("run", 0, (u64::MAX, 0), leftover, st.store.reserve(100).unwrap()).unwrap();
+    }
+    assert!(write_step(&cfg, "run", 0, "s", &[1; 1000], false));
+    eventually(Duration::from_secs(5), "only the step's 1000 bytes stay", || (0..3).map(|s| used(c, s)).sum::<u64>() == 1000);
+}

@@ -228,7 +228,8 @@ pub enum Request {
         /// Only these objects (when not empty).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         ids: Vec<u64>,
-        /// Keep this session's objects: drop what every other session left (a crashed run).
+        /// Keep this session's sealed objects: drop what every other session left (a crashed
+        /// run) and this session's unsealed leftovers (puts placed again elsewhere).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         except: Option<String>,
         /// Only this shard (0: the whole copy) of each of `ids`, sealed or not: the leader

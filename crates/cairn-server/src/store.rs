@@ -46,7 +46,8 @@ pub struct Which<'a> {
     pub writer: Option<u32>,
     /// Only these objects (when not empty).
     pub ids: &'a [u64],
-    /// Every session's but this one's.
+    /// Every session's but this one's sealed objects (after its step committed, its unsealed
+    /// ones are leftovers of puts placed again elsewhere).
     pub except: Option<&'a str>,
     /// Only this shard of each of `ids`, sealed or not.
     pub shard: Option<u32>,
@@ -273,7 +274,7 @@ impl Store {
             .filter(|((id, sh), o)| {
                 !(o.sealed && shard.is_none() && (writer.is_some() || !ids.is_empty()))
                     && session.is_none_or(|s| o.session == s)
-                    && except.is_none_or(|s| o.session != s)
+                    && except.is_none_or(|s| o.session != s || !o.sealed)
                     && writer.is_none_or(|w| o.writer == w)
                     && (ids.is_empty() || ids.contains(id))
                     && shard.is_none_or(|s| *sh == s)
@@ -408,11 +409,15 @@ mod tests {
         s.insert("d", 2, (2, 0), obj("new", 5), s.reserve(5).unwrap()).unwrap();
         assert_eq!(s.used(), 25);
         assert_eq!(
-            s.drop_objects("d", 2, &Which { writer: Some(0), except: Some("new"), ..Which::default() }),
+            s.drop_objects("d", 1, &Which { except: Some("new"), ..Which::default() }),
             0,
-            "except keeps that session's"
+            "except keeps that session's sealed objects"
         );
-        assert_eq!(s.drop_objects("d", 2, &Which { writer: Some(0), ..Which::default() }), 5);
+        assert_eq!(
+            s.drop_objects("d", 2, &Which { writer: Some(0), except: Some("new"), ..Which::default() }),
+            5,
+            "and drops its unsealed ones: leftovers once its step committed"
+        );
         // The coordinator (an abort, a release) frees sealed objects.
         assert_eq!(s.drop_objects("d", 1, &Which { session: Some("new"), ..Which::default() }), 20);
     }

@@ -219,8 +219,10 @@ pub async fn finish_in_flight(state: &Arc<State>) {
 }
 
 /// After a commit, servers that took no part in it drop what other sessions left of the step
-/// (a crashed run's objects placed where the restart put none; participants did so when
-/// sealing). In the background: the commit does not wait, and a server that is down is skipped.
+/// (a crashed run's objects placed where the restart put none) and the committing session's
+/// unsealed leftovers (a put that timed out there and was placed again around it); participants
+/// did so when sealing. In the background: the commit does not wait, and a server that is down
+/// is skipped.
 fn sweep(state: &Arc<State>, dataset: &str, step: u64, session: &str, view: &ClusterView, sealed: BTreeSet<u32>) {
     let others: Vec<u32> = view.live().into_iter().filter(|s| !sealed.contains(s)).collect();
     if others.is_empty() {
