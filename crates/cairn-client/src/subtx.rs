@@ -20,6 +20,13 @@ pub struct FailedPut {
     pub kind: ErrorKind,
 }
 
+impl FailedPut {
+    /// The failure `e` of a put of `region` of `var` on `servers`.
+    pub(crate) fn new(var: String, region: Region, servers: Vec<u32>, e: &Error) -> FailedPut {
+        FailedPut { var, region, servers, error: e.to_string(), kind: e.kind() }
+    }
+}
+
 /// The failed puts of the open step.
 #[derive(Debug, Default)]
 pub(crate) struct Failures(Vec<FailedPut>);

@@ -310,9 +310,7 @@ impl Writer {
         // then the step does not end (a failed sub-transaction).
         if let Err(e) = self.engine.put(step, BlockData { def, region: region.clone(), bytes }) {
             if Failures::is_storage(e.kind()) {
-                let servers = self.engine.failed_servers();
-                let (error, kind) = (e.to_string(), e.kind());
-                self.failures.failed(FailedPut { var: var.to_string(), region, servers, error, kind }, local);
+                self.failures.failed(FailedPut::new(var.to_string(), region, self.engine.failed_servers(), &e), local);
             }
             return Err(e);
         }
@@ -347,8 +345,7 @@ impl Writer {
                     self.put.remove(&var);
                 }
             }
-            let (error, kind) = (e.to_string(), e.kind());
-            self.failures.failed(FailedPut { var, region, servers: servers.clone(), error, kind }, local);
+            self.failures.failed(FailedPut::new(var, region, servers.clone(), &e), local);
         }
         Err(e)
     }

@@ -331,14 +331,10 @@ fn a_replayed_hello_is_refused() {
     assert!(matches!(reply, Response::Welcome { .. }), "{reply:?}");
 }
 
-#[test]
-fn a_leftover_of_a_put_placed_again_elsewhere_is_freed_at_commit_not_counted() {
-    let cl = start(2, 0, 64 << 20, Limits::default());
-    let c = &cl.c;
-    let cfg = cfg(c, 4096);
-    // What a put that failed towards server 0 (say across a view change) and was placed again
-    // elsewhere may have left there: an object of the writing session that no index names.
-    let st = c.state(0).unwrap();
+/// Stores on `server` 100 unsealed bytes of session "s", step 0 of dataset "run", under an id no
+/// writer uses: what a put that failed there and was placed again elsewhere may leave.
+fn plant_leftover(c: &TestCluster, server: u32) {
+    let st = c.state(server).unwrap();
     let leftover = cairn_server::store::Object {
         var: "x".into(),
         region: cairn_core::Region::new(vec![0], vec![100]).unwrap(),
@@ -351,6 +347,16 @@ fn a_leftover_of_a_put_placed_again_elsewhere_is_freed_at_commit_not_counted() {
         copy: 0,
     };
     st.store.insert("run", 0, (u64::MAX, 0), leftover, st.store.reserve(100).unwrap()).unwrap();
+}
+
+#[test]
+fn a_leftover_of_a_put_placed_again_elsewhere_is_freed_at_commit_not_counted() {
+    let cl = start(2, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let cfg = cfg(c, 4096);
+    // What a put that failed towards server 0 (say across a view change) and was placed again
+    // elsewhere may have left there: an object of the writing session that no index names.
+    plant_leftover(c, 0);
     let data: Vec<u8> = (0..128u32 << 10).map(|i| i as u8).collect();
     assert!(write_step(&cfg, "run", 0, "s", &data, false), "the commit does not count the leftover against the writers");
     assert_eq!(used(c, 0) + used(c, 1), data.len() as u64, "the leftover is freed");
@@ -365,21 +371,7 @@ fn leftovers_on_a_server_the_commit_does_not_seal_are_swept() {
     let c = &cl.c;
     let cfg = cfg(c, 1 << 20);
     // One small object: it lands on one server; the other two take no part in the commit.
-    for s in 0..3 {
-        let st = c.state(s).unwrap();
-        let leftover = cairn_server::store::Object {
-            var: "x".into(),
-            region: cairn_core::Region::new(vec![0], vec![100]).unwrap(),
-            elem: 1,
-            session: "s".into(),
-            writer: 0,
-            checksum: 0,
-            data: std::sync::Arc::new(vec![9; 100]),
-            sealed: false,
-            copy: 0,
-        };
-        st.store.insert("run", 0, (u64::MAX, 0), leftover, st.store.reserve(100).unwrap()).unwrap();
-    }
+    (0..3).for_each(|s| plant_leftover(c, s));
     assert!(write_step(&cfg, "run", 0, "s", &[1; 1000], false));
     eventually(Duration::from_secs(5), "only the step's 1000 bytes stay", || (0..3).map(|s| used(c, s)).sum::<u64>() == 1000);
 }
