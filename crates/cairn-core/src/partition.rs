@@ -1,13 +1,31 @@
 //! Splitting a block into staging objects: CoREC Algorithm 1. A block larger than the target object
 //! size is halved along its longest dimension until every piece fits, so objects stay within
 //! `[max/2, max]` (blocks already smaller are kept whole) and keep a compact n-D shape, which keeps
-//! box reads touching few objects. One change: a slower-varying dimension at least half as long
-//! as the longest is halved instead, so pieces stay made of long contiguous runs. Cutting the
-//! fastest dimension of a (128, 256, 256) f64 block gave 16 MiB cubes of 16,384 runs of 1 KiB:
-//! gathering, checksumming and sending those cost the writer 4× the CPU of 64 runs of 256 KiB,
-//! and were too many runs for one same-node copy.
+//! box reads touching few objects. One change: a cut may not leave the piece made of contiguous
+//! runs shorter than [`MIN_RUN`] (unless the block's own rows are), so the longest dimension whose
+//! cut keeps runs that long is halved, the slower one on ties. Cutting the fastest dimension of a
+//! (128, 256, 256) f64 block gave 16 MiB cubes of 16,384 runs of 1 KiB: gathering, checksumming
+//! and sending those cost the writer 4× the CPU of 64 runs of 256 KiB, and a (128, 512, 512)
+//! block's 8,192 runs of 2 KiB were too many for one same-node copy (it fell back to the socket,
+//! at half the speed).
 
 use crate::region::Region;
+
+/// Shortest contiguous run a cut may leave in a piece: 64 KiB.
+pub const MIN_RUN: u64 = 64 << 10;
+
+/// Bytes of the contiguous runs that a piece of `block` with extents `count` is made of (in the
+/// block's C-order buffer): the fastest dimensions it spans whole, and the first it does not.
+fn run_bytes(block: &Region, count: &[u64], elem: usize) -> u64 {
+    let mut run = elem as u64;
+    for d in (0..count.len()).rev() {
+        run = run.saturating_mul(count[d]);
+        if count[d] != block.count[d] {
+            break;
+        }
+    }
+    run
+}
 
 /// Splits `block` (elements of `elem` bytes) into pieces of at most `max_bytes` each, in C order
 /// of their offsets. A single element larger than `max_bytes` stays one piece.
@@ -17,11 +35,22 @@ pub fn split(block: &Region, elem: usize, max_bytes: u64) -> Vec<Region> {
     let mut todo = vec![block.clone()];
     while let Some(r) = todo.pop() {
         let bytes = r.volume().saturating_mul(elem as u64);
-        // The slowest-varying dimension at least half as long as the longest.
-        let most = r.count.iter().copied().max().unwrap_or(0);
-        let longest = (0..r.ndim()).find(|&d| r.count[d] > 1 && r.count[d] * 2 >= most);
-        match longest {
-            Some(d) if bytes > max_bytes && r.count[d] > 1 => {
+        let now = run_bytes(block, &r.count, elem);
+        // The lower half is the shorter one.
+        let after = |d: usize| {
+            let mut c = r.count.clone();
+            c[d] /= 2;
+            run_bytes(block, &c, elem)
+        };
+        // Cuts that keep runs long enough, the longest (then slowest) dimension first; failing
+        // those, the cut that keeps the longest runs.
+        let cut = (0..r.ndim()).filter(|&d| r.count[d] > 1).max_by_key(|&d| {
+            let a = after(d);
+            let keeps = a == now || a >= MIN_RUN;
+            (keeps, if keeps { r.count[d] } else { a }, std::cmp::Reverse(d))
+        });
+        match cut {
+            Some(d) if bytes > max_bytes => {
                 let half = r.count[d] / 2;
                 let mut lo = r.clone();
                 lo.count[d] = half;
@@ -53,13 +82,19 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn halves_along_the_longest_dimension_or_a_slower_one_half_as_long() {
+    fn halves_the_longest_dimension_whose_cut_keeps_long_runs() {
+        // Rows of 256 B are shorter than MIN_RUN already: the fastest dimension is not cut.
         let b = Region::new(vec![0, 0], vec![4, 32]).unwrap();
         let p = split(&b, 8, 8 * 32);
-        assert!(p.len() == 4 && p.iter().all(|r| r.count == vec![4, 8]), "{p:?}");
-        let b = Region::new(vec![0, 0], vec![8, 32]).unwrap();
-        let p = split(&b, 8, 8 * 64);
-        assert!(p.len() == 4 && p.iter().all(|r| r.count == vec![4, 16]), "{p:?}");
+        assert!(p.len() == 4 && p.iter().all(|r| r.count == vec![1, 32]), "{p:?}");
+        // Long rows: the longest dimension is cut while the runs stay at least MIN_RUN.
+        let b = Region::new(vec![0, 0], vec![8, 1 << 16]).unwrap();
+        let p = split(&b, 8, 8 << 16);
+        assert!(p.len() == 8 && p.iter().all(|r| r.count == vec![8, 1 << 13]), "{p:?}");
+        // A cube-ish block: 16 MiB objects of 64 runs of 256 KiB, not 8,192 runs of 2 KiB.
+        let b = Region::new(vec![0, 0, 0], vec![128, 512, 512]).unwrap();
+        let p = split(&b, 8, 16 << 20);
+        assert!(p.len() == 16 && p.iter().all(|r| r.count == vec![64, 64, 512]), "{:?}", &p[..2]);
         // A 256 MiB f64 slab into 16 MiB objects: runs of 256 KiB, not 1 KiB.
         let b = Region::new(vec![0, 0, 0], vec![512, 256, 256]).unwrap();
         let p = split(&b, 8, 16 << 20);
