@@ -75,8 +75,9 @@ type Sums = Arc<OnceLock<(u32, Acc)>>;
 const PASS: usize = 64 << 10;
 
 /// The crc32c of `parts` and the statistics of their `dtype` values, in one pass: each 64 KiB is
-/// checksummed and then reduced while it is in the cache. Measured on a 256 MiB f64 put (this
-/// 2-core VM): two passes, 25 ms + 31 ms; fused, ...
+/// checksummed and then reduced while it is in the cache. Measured on 256 MiB of f64 (this
+/// 2-core VM): two passes 52–58 ms, fused 45 ms; spread over the senders and overlapped with
+/// the servers' copies, a same-node put of 256 MiB went from ~85 ms to ~68 ms.
 fn sums(dtype: DType, parts: &[Cow<'_, [u8]>]) -> (u32, Acc) {
     let (mut crc, mut acc) = (0u32, Acc::new(dtype));
     for part in parts {
