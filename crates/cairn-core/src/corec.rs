@@ -15,7 +15,7 @@ use crate::erasure::MAX_SHARDS;
 use crate::region::BoxSet;
 use crate::{Error, Region, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// How a cluster keeps objects of variables with a redundancy level above 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,6 +202,9 @@ impl Tracked {
 pub struct Classifier {
     policy: Policy,
     objs: BTreeMap<Key, Tracked>,
+    /// The objects that could be encoded ([`Tracked::encodable`]): what [`Classifier::plan`]
+    /// looks at, instead of every object (most are often at level 0, or encoded already).
+    candidates: BTreeSet<Key>,
     /// Newest versions per (dataset, variable).
     newest: HashMap<(String, String), Vec<Key>>,
     /// Newest committed step per dataset.
@@ -214,7 +217,16 @@ pub struct Classifier {
 impl Classifier {
     /// An empty classifier under `policy`.
     pub fn new(policy: Policy) -> Classifier {
-        Classifier { policy, objs: BTreeMap::new(), newest: HashMap::new(), latest: HashMap::new(), data: 0, stored: 0, tick: 0 }
+        Classifier {
+            policy,
+            objs: BTreeMap::new(),
+            candidates: BTreeSet::new(),
+            newest: HashMap::new(),
+            latest: HashMap::new(),
+            data: 0,
+            stored: 0,
+            tick: 0,
+        }
     }
 
     /// Data bytes ÷ stored bytes of the objects it knows (objects chosen for encoding count as
@@ -279,6 +291,11 @@ impl Classifier {
             self.newest.entry((dataset.to_string(), e.var.clone())).or_default().push(key.clone());
             self.data += t.bytes;
             self.stored += t.stored();
+            if t.encodable() {
+                self.candidates.insert(key.clone());
+            } else {
+                self.candidates.remove(&key);
+            }
             if let Some(old) = self.objs.insert(key, t) {
                 self.data -= old.bytes;
                 self.stored -= old.stored();
@@ -291,8 +308,9 @@ impl Classifier {
         let lo = Key { dataset: dataset.to_string(), step, id: 0 };
         let hi = Key { dataset: dataset.to_string(), step, id: u64::MAX };
         let gone: Vec<Key> = self.objs.range(lo..=hi).map(|(k, _)| k.clone()).collect();
-        let mut vars = std::collections::BTreeSet::new();
+        let mut vars = BTreeSet::new();
         for k in gone {
+            self.candidates.remove(&k);
             if let Some(t) = self.objs.remove(&k) {
                 self.data -= t.bytes;
                 self.stored -= t.stored();
@@ -341,7 +359,7 @@ impl Classifier {
             return out;
         }
         if self.policy.scheme == Scheme::Corec {
-            let cold: Vec<Key> = self.objs.iter().filter(|(k, t)| t.encodable() && self.is_cold(k, t)).map(|(k, _)| k.clone()).collect();
+            let cold: Vec<Key> = self.candidates.iter().filter(|k| self.is_cold(k, &self.objs[*k])).cloned().collect();
             for k in cold {
                 self.mark(&k);
                 out.push(k);
@@ -350,9 +368,9 @@ impl Classifier {
         if self.efficiency() < self.policy.min_efficiency {
             let lru = self.policy.scheme == Scheme::Hybrid;
             let mut order: Vec<(u64, u64, &Key)> = self
-                .objs
+                .candidates
                 .iter()
-                .filter(|(_, t)| t.encodable())
+                .map(|k| (k, &self.objs[k]))
                 .map(|(k, t)| if lru { (t.used, 0, k) } else { (t.reads, k.step, k) })
                 .collect();
             order.sort();
@@ -373,6 +391,7 @@ impl Classifier {
         self.stored -= t.stored();
         t.form = Form::Pending;
         self.stored += t.stored();
+        self.candidates.remove(key);
     }
 
     /// Records how the encoding of `key` ended: encoded, or (failed) replicated again, to be
@@ -383,6 +402,9 @@ impl Classifier {
             t.form = if encoded { Form::Encoded } else { Form::Replicated };
             t.reads = 0;
             self.stored += t.stored();
+            if t.encodable() {
+                self.candidates.insert(key.clone());
+            }
         }
     }
 
@@ -503,6 +525,8 @@ mod tests {
                 }
                 pending.extend(c.plan());
                 prop_assert!(c.efficiency() >= min - 1e-12);
+                let encodable: BTreeSet<Key> = c.objs.iter().filter(|(_, t)| t.encodable()).map(|(k, _)| k.clone()).collect();
+                prop_assert_eq!(&c.candidates, &encodable, "the candidates are exactly the encodable objects");
             }
         }
     }

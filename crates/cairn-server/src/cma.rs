@@ -13,7 +13,7 @@ const IOV_MAX: usize = 1024;
 
 /// Bytes per system call at most: each piece is still in the cache when [`read`]'s caller looks
 /// at it (the put's checksum), which then costs almost nothing next to the copy.
-const CHUNK: usize = 256 << 10;
+pub(crate) const CHUNK: usize = 256 << 10;
 
 /// Copies above this size leave the async worker thread to the others while they run.
 const BLOCKING: usize = 1 << 20;

@@ -52,8 +52,14 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         }
     };
     let mut data = state.store.buffer(len as usize);
-    stream.read_exact(&mut data).await.map_err(|e| Error::io("reading an object payload", e))?;
-    store(state, h, data, reservation)?;
+    // Checksummed a piece at a time as it arrives, while the piece is in the cache (as
+    // `cma::read` does), instead of in a second pass over the whole object's memory.
+    let mut crc = 0u32;
+    for piece in data.chunks_mut(crate::cma::CHUNK) {
+        stream.read_exact(piece).await.map_err(|e| Error::io("reading an object payload", e))?;
+        crc = crc32c::crc32c_append(crc, piece);
+    }
+    store_checked(state, h, data, crc, reservation)?;
     Ok(Response::Ok)
 }
 
