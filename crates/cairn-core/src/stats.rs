@@ -23,36 +23,46 @@ pub struct Stats {
 /// min, max and sum, so the loop vectorizes.
 const LANES: usize = 8;
 
-/// Min, max, sum and count of the non-NaN values in `bytes` (whole elements of `$t`). With
-/// `$skip_nan` false the sum takes every value and the count is the length: twice as fast, and
-/// exact unless a NaN is there, which then shows in the sum (see `reduce_float`).
+/// Elements summed in `$sum` lanes before the lanes are added to the `f64` total: integers of
+/// up to 32 bits sum exactly in `i64` lanes that cannot overflow within this many (measured on
+/// 64 MiB of i32: 31 ms summing in `f64` lanes, 19 ms in `i64` ones).
+const SPAN: usize = 1 << 16;
+
+/// Min, max, sum and count of the non-NaN values in `bytes` (whole elements of `$t`), the sum
+/// kept in lanes of `$sum`. With `$skip_nan` false the sum takes every value and the count is
+/// the length: twice as fast, and exact unless a NaN is there, which then shows in the sum (see
+/// `reduce_float`).
 macro_rules! reduce {
-    ($bytes:expr, $t:ty, $lo:expr, $hi:expr, $skip_nan:expr) => {{
+    ($bytes:expr, $t:ty, $sum:ty, $lo:expr, $hi:expr, $skip_nan:expr) => {{
         const N: usize = std::mem::size_of::<$t>();
         let (mut min, mut max) = ([$hi; LANES], [$lo; LANES]);
-        let (mut sum, mut n) = ([0f64; LANES], [0u64; LANES]);
-        let lanes = $bytes.chunks_exact(N * LANES);
-        let rest = lanes.remainder();
-        let mut add = |i: usize, v: $t| {
-            // A NaN never wins a comparison, so min and max skip it on their own.
-            min[i] = if v < min[i] { v } else { min[i] };
-            max[i] = if v > max[i] { v } else { max[i] };
-            #[allow(clippy::float_cmp, clippy::eq_op)]
-            let ok = !$skip_nan || v == v;
-            sum[i] += if ok { v as f64 } else { 0.0 };
-            n[i] += u64::from(ok);
-        };
-        for c in lanes {
-            for i in 0..LANES {
-                add(i, <$t>::from_le_bytes(c[i * N..(i + 1) * N].try_into().unwrap()));
+        let (mut total, mut n) = (0f64, [0u64; LANES]);
+        for span in $bytes.chunks(N * SPAN) {
+            let mut sum = [<$sum>::default(); LANES];
+            let lanes = span.chunks_exact(N * LANES);
+            let rest = lanes.remainder();
+            let mut add = |i: usize, v: $t| {
+                // A NaN never wins a comparison, so min and max skip it on their own.
+                min[i] = if v < min[i] { v } else { min[i] };
+                max[i] = if v > max[i] { v } else { max[i] };
+                #[allow(clippy::float_cmp, clippy::eq_op)]
+                let ok = !$skip_nan || v == v;
+                sum[i] += if ok { v as $sum } else { <$sum>::default() };
+                n[i] += u64::from(ok);
+            };
+            for c in lanes {
+                for i in 0..LANES {
+                    add(i, <$t>::from_le_bytes(c[i * N..(i + 1) * N].try_into().unwrap()));
+                }
             }
-        }
-        for (i, c) in rest.chunks_exact(N).enumerate() {
-            add(i, <$t>::from_le_bytes(c.try_into().unwrap()));
+            for (i, c) in rest.chunks_exact(N).enumerate() {
+                add(i, <$t>::from_le_bytes(c.try_into().unwrap()));
+            }
+            total += sum.iter().map(|s| *s as f64).sum::<f64>();
         }
         let lo = min.into_iter().fold($hi, |a, b| if b < a { b } else { a });
         let hi = max.into_iter().fold($lo, |a, b| if b > a { b } else { a });
-        (lo as f64, hi as f64, sum.iter().sum::<f64>(), n.iter().sum::<u64>())
+        (lo as f64, hi as f64, total, n.iter().sum::<u64>())
     }};
 }
 
@@ -72,9 +82,9 @@ pub struct Acc {
 /// one accumulator 38 ms, 8 NaN-skipping lanes 26 ms, 8 plain lanes 17 ms (crc32c: 13 ms).
 macro_rules! reduce_float {
     ($bytes:expr, $t:ty) => {{
-        let fast = reduce!($bytes, $t, <$t>::NEG_INFINITY, <$t>::INFINITY, false);
+        let fast = reduce!($bytes, $t, f64, <$t>::NEG_INFINITY, <$t>::INFINITY, false);
         if fast.2.is_nan() {
-            reduce!($bytes, $t, <$t>::NEG_INFINITY, <$t>::INFINITY, true)
+            reduce!($bytes, $t, f64, <$t>::NEG_INFINITY, <$t>::INFINITY, true)
         } else {
             fast
         }
@@ -90,14 +100,14 @@ impl Acc {
     /// Takes in `bytes`: whole little-endian elements.
     pub fn add(&mut self, bytes: &[u8]) {
         let (min, max, sum, n) = match self.dtype {
-            DType::U8 => reduce!(bytes, u8, u8::MIN, u8::MAX, false),
-            DType::U16 => reduce!(bytes, u16, u16::MIN, u16::MAX, false),
-            DType::U32 => reduce!(bytes, u32, u32::MIN, u32::MAX, false),
-            DType::U64 => reduce!(bytes, u64, u64::MIN, u64::MAX, false),
-            DType::I8 => reduce!(bytes, i8, i8::MIN, i8::MAX, false),
-            DType::I16 => reduce!(bytes, i16, i16::MIN, i16::MAX, false),
-            DType::I32 => reduce!(bytes, i32, i32::MIN, i32::MAX, false),
-            DType::I64 => reduce!(bytes, i64, i64::MIN, i64::MAX, false),
+            DType::U8 => reduce!(bytes, u8, i64, u8::MIN, u8::MAX, false),
+            DType::U16 => reduce!(bytes, u16, i64, u16::MIN, u16::MAX, false),
+            DType::U32 => reduce!(bytes, u32, i64, u32::MIN, u32::MAX, false),
+            DType::U64 => reduce!(bytes, u64, f64, u64::MIN, u64::MAX, false),
+            DType::I8 => reduce!(bytes, i8, i64, i8::MIN, i8::MAX, false),
+            DType::I16 => reduce!(bytes, i16, i64, i16::MIN, i16::MAX, false),
+            DType::I32 => reduce!(bytes, i32, i64, i32::MIN, i32::MAX, false),
+            DType::I64 => reduce!(bytes, i64, f64, i64::MIN, i64::MAX, false),
             DType::F32 => reduce_float!(bytes, f32),
             DType::F64 => reduce_float!(bytes, f64),
             DType::C64 | DType::C128 | DType::Bytes => return,
@@ -168,6 +178,15 @@ mod tests {
         let s = compute(DType::F64, &f64s(&v));
         assert_eq!((s.min, s.max), (Some(f64::NEG_INFINITY), Some(f64::INFINITY)));
         assert!(s.mean.unwrap().is_nan());
+    }
+
+    #[test]
+    fn integer_sums_do_not_overflow_their_lanes() {
+        let n = 3 * SPAN + 5;
+        let b: Vec<u8> = std::iter::repeat_n(u32::MAX.to_le_bytes(), n).flatten().collect();
+        assert_eq!(compute(DType::U32, &b).mean, Some(f64::from(u32::MAX)));
+        let b: Vec<u8> = std::iter::repeat_n(i32::MIN.to_le_bytes(), n).flatten().collect();
+        assert_eq!(compute(DType::I32, &b).mean, Some(f64::from(i32::MIN)));
     }
 
     /// One value at a time, as numpy's nanmin/nanmax/nanmean define them.
