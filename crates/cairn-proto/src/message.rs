@@ -675,7 +675,26 @@ impl Response {
 impl Request {
     /// The request's name as it appears on the wire (`put`, `end_step`, ...), for messages.
     pub fn op_name(&self) -> String {
-        serde_json::to_value(self).ok().and_then(|v| v.get("op")?.as_str().map(str::to_string)).unwrap_or_default()
+        // The tag is the first thing serialized: write until it is out, then stop. (Serializing
+        // the whole request, a fragment of every block of a step included, took 2% of the CPU
+        // of a run of 4 KiB puts.)
+        struct Head(Vec<u8>);
+        impl std::io::Write for Head {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                if self.0.len() >= 64 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+                self.0.extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut head = Head(Vec::with_capacity(80));
+        let _ = serde_json::to_writer(&mut head, self);
+        let text = String::from_utf8_lossy(&head.0);
+        text.strip_prefix("{\"op\":\"").and_then(|rest| rest.split('"').next()).unwrap_or_default().to_string()
     }
 }
 
@@ -695,4 +714,21 @@ pub fn refused(what: &str, got: Response) -> Error {
 /// The error for a response of the wrong kind (a protocol bug or a version mismatch).
 pub fn unexpected(what: &str, got: &Response) -> Error {
     Error::Corrupt(format!("unexpected reply to {what}: {got:?}; are client and server the same Cairn version?"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_are_the_wire_tags() {
+        assert_eq!(Request::Status.op_name(), "status");
+        let wait = Request::WaitStep { dataset: "d".repeat(500), step: 3, timeout_ms: 10 };
+        assert_eq!(wait.op_name(), "wait_step");
+        let fragment = Fragment::new(1, 0, 1, "s".into(), Vec::new(), Vec::new());
+        let end = Request::EndStep { dataset: "d".into(), fragment, shares: Vec::new(), keep_last: None };
+        assert_eq!(end.op_name(), "end_step");
+        let kv = Request::KvPut { keys: vec!["k".repeat(1000)], sizes: vec![1], member: false };
+        assert_eq!(kv.op_name(), "kv_put");
+    }
 }
