@@ -375,3 +375,36 @@ fn leftovers_on_a_server_the_commit_does_not_seal_are_swept() {
     assert!(write_step(&cfg, "run", 0, "s", &[1; 1000], false));
     eventually(Duration::from_secs(5), "only the step's 1000 bytes stay", || (0..3).map(|s| used(c, s)).sum::<u64>() == 1000);
 }
+
+#[test]
+fn a_put_many_that_does_not_add_up_or_arrives_damaged_is_refused_and_the_connection_kept() {
+    use cairn_proto::message::{PutItem, MAX_PUT_MANY};
+    let cl = start(1, 0, 8 << 20, Limits::default());
+    let c = &cl.c;
+    let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let item = |id: u64, bytes: &[u8]| PutItem {
+        var: "x".into(),
+        id,
+        region: cairn_core::Region::new(vec![id * 4], vec![4]).unwrap(),
+        elem: 1,
+        checksum: crc32c::crc32c(bytes),
+        copy: 0,
+    };
+    let many =
+        |objects: Vec<PutItem>| Request::PutMany { dataset: "d".into(), step: 0, session: "s".into(), writer: 0, objects, from: None };
+    let (a, b, d) = ([1u8; 4], [2u8; 4], [3u8; 4]);
+    // Three objects' boxes, the bytes of two.
+    let e = raw.call(Some(1), &many(vec![item(0, &a), item(1, &b), item(2, &d)]), &[&a, &b]).unwrap().into_result().unwrap_err();
+    assert!(e.kind() == ErrorKind::InvalidArgument && e.to_string().contains("add up to"), "{e}");
+    let e = raw.call(Some(1), &many((0..=MAX_PUT_MANY as u64).map(|i| item(i, &a)).collect()), &[]).unwrap().into_result().unwrap_err();
+    assert!(e.to_string().contains("send 1 to 1024"), "{e}");
+    // The second object's checksum is wrong: refused by name, the rest of the payload skipped,
+    // and the connection still reads frames where they start.
+    let mut bad = item(1, &b);
+    bad.checksum ^= 1;
+    let e = raw.call(Some(1), &many(vec![item(0, &a), bad, item(2, &d)]), &[&a, &b, &d]).unwrap().into_result().unwrap_err();
+    assert!(e.kind() == ErrorKind::Corrupt && e.to_string().contains("object 0x1"), "{e}");
+    assert!(used(c, 0) <= 4, "only the first object may be stored: {} bytes held", used(c, 0));
+    assert_eq!(raw.call(Some(1), &many(vec![item(3, &a), item(4, &b)]), &[&a, &b]).unwrap().into_result().unwrap(), Response::Ok);
+    assert!(used(c, 0) >= 8);
+}

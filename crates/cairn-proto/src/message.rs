@@ -6,6 +6,27 @@ use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, ErrorKind, Region};
 use serde::{Deserialize, Serialize};
 
+/// Most objects one `put_many` may carry.
+pub const MAX_PUT_MANY: usize = 1024;
+
+/// One object of a [`Request::PutMany`]: what a `put` says of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PutItem {
+    /// Variable.
+    pub var: String,
+    /// Object id (writer rank in the high 32 bits).
+    pub id: u64,
+    /// The object's box.
+    pub region: Region,
+    /// Element size in bytes.
+    pub elem: u32,
+    /// crc32c of its bytes.
+    pub checksum: u32,
+    /// Which copy of the object this is.
+    #[serde(default)]
+    pub copy: u32,
+}
+
 /// Longest key a keyed value may have, in bytes.
 pub const MAX_KEY: usize = 1024;
 
@@ -89,6 +110,25 @@ pub enum Request {
         /// A same-node put: no payload; the bytes are these runs (address, length) of the memory
         /// of the client at the other end of the Unix socket, which the server copies once
         /// (cross-memory attach). At most [`MAX_RUNS`] runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<Vec<(u64, u64)>>,
+    },
+    /// Stores several whole objects of one writer's step in one frame (a writer's coalesced small
+    /// puts), each as a `put` of its own would: their bytes back to back in the payload, or, on
+    /// the same node, in the runs `from` names (in the objects' order). At most
+    /// [`MAX_PUT_MANY`] objects.
+    PutMany {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Writer session.
+        session: String,
+        /// Rank of the writer.
+        writer: u32,
+        /// The objects, in the order of their bytes.
+        objects: Vec<PutItem>,
+        /// A same-node put: no payload; the bytes are these runs of the client's memory.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<Vec<(u64, u64)>>,
     },

@@ -143,6 +143,7 @@ impl Conn {
         let placed = matches!(
             req,
             Request::Put { .. }
+                | Request::PutMany { .. }
                 | Request::EndStep { .. }
                 | Request::Steps { .. }
                 | Request::Index { .. }

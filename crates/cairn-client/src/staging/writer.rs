@@ -15,7 +15,7 @@ use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::stats::Acc;
 use cairn_core::{Error, ErrorKind, Region, Result};
-use cairn_proto::message::{unexpected, Request, Response, Share};
+use cairn_proto::message::{unexpected, PutItem, Request, Response, Share, MAX_PUT_MANY};
 use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -127,17 +127,25 @@ impl StagingWriter {
                 }
                 Ok(())
             };
-            for (i, o) in objects.iter().enumerate() {
-                let parts: Vec<&[u8]> = o.parts.iter().map(|p| p.as_ref()).collect();
-                let mut req = o.req.clone();
-                if let (Some(s), Request::Put { checksum, .. }) = (&o.sums, &mut req) {
-                    *checksum = s.get_or_init(|| sums(o.dtype, &o.parts)).0;
-                }
+            let frames = frames(objects);
+            for (i, frame) in frames.iter().enumerate() {
+                let (req, parts) = match frame.as_slice() {
+                    [one] => {
+                        let o = &objects[*one];
+                        let mut req = o.req.clone();
+                        if let (Some(s), Request::Put { checksum, .. }) = (&o.sums, &mut req) {
+                            *checksum = s.get_or_init(|| sums(o.dtype, &o.parts)).0;
+                        }
+                        (req, o.parts.iter().map(|p| p.as_ref()).collect::<Vec<&[u8]>>())
+                    }
+                    many => put_many(objects, many),
+                };
                 // On the same node the server copies the bytes from this process's memory
                 // (they stay borrowed until the replies are read, below).
                 match c.runs_of(&parts) {
                     Some(runs) => {
-                        if let Request::Put { from, .. } = &mut req {
+                        let mut req = req;
+                        if let Request::Put { from, .. } | Request::PutMany { from, .. } = &mut req {
                             *from = Some(runs);
                         }
                         c.send(&req, &[])?
@@ -149,7 +157,7 @@ impl StagingWriter {
                     acked += 1;
                 }
             }
-            while acked < objects.len() {
+            while acked < frames.len() {
                 ack(c)?;
                 acked += 1;
             }
@@ -322,6 +330,57 @@ impl StagingWriter {
         }
         Ok(())
     }
+}
+
+/// Whole-copy objects up to this size go to a server together, up to [`MAX_PUT_MANY`] per
+/// frame (a step's coalesced small puts): one header and one acknowledgement for all of them.
+const BATCHED: usize = 64 << 10;
+
+/// The frames that carry `objects`: runs of consecutive small whole copies of one step (a batch
+/// may hold several steps' blocks: buffered traces), each one `put_many`, and every other object
+/// alone (indices into `objects`).
+fn frames(objects: &[Outgoing<'_>]) -> Vec<Vec<usize>> {
+    let step = |i: usize| match objects[i].req {
+        Request::Put { step, .. } => step,
+        _ => u64::MAX,
+    };
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut group: Vec<usize> = Vec::new();
+    for (i, o) in objects.iter().enumerate() {
+        let bytes: usize = o.parts.iter().map(|p| p.len()).sum();
+        let small = o.sums.is_some() && bytes <= BATCHED && matches!(o.req, Request::Put { shard: 0, .. });
+        if !small || group.len() == MAX_PUT_MANY || group.first().is_some_and(|&g| step(g) != step(i)) {
+            out.extend((!group.is_empty()).then(|| std::mem::take(&mut group)));
+        }
+        if small {
+            group.push(i);
+        } else {
+            out.push(vec![i]);
+        }
+    }
+    out.extend((!group.is_empty()).then_some(group));
+    out
+}
+
+/// One `put_many` of the small objects `which` (at least two, all whole-copy puts of one step
+/// by one writer), with their checksums, and their bytes in order.
+fn put_many<'a>(objects: &'a [Outgoing<'_>], which: &[usize]) -> (Request, Vec<&'a [u8]>) {
+    let mut items = Vec::with_capacity(which.len());
+    let mut parts = Vec::new();
+    let mut head = None;
+    for &i in which {
+        let o = &objects[i];
+        let Request::Put { dataset, step, session, writer, var, id, region, elem, copy, .. } = &o.req else {
+            unreachable!("only puts are batched")
+        };
+        let checksum = o.sums.as_ref().map_or(0, |s| s.get_or_init(|| sums(o.dtype, &o.parts)).0);
+        items.push(PutItem { var: var.clone(), id: *id, region: region.clone(), elem: *elem, checksum, copy: *copy });
+        parts.extend(o.parts.iter().map(|p| p.as_ref()));
+        head.get_or_insert((dataset, *step, session, *writer));
+    }
+    let (dataset, step, session, writer) = head.expect("at least one object");
+    let req = Request::PutMany { dataset: dataset.clone(), step, session: session.clone(), writer, objects: items, from: None };
+    (req, parts)
 }
 
 /// Refuses a variable whose level the cluster cannot give.
@@ -503,4 +562,48 @@ fn gather<'a>(bytes: &'a [u8], block: &Region, piece: &Region, elem: usize) -> V
     let mut parts = Vec::new();
     for_each_run(block, piece, piece, elem, |src, _, len| parts.push(&bytes[src as usize..src as usize + len]));
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(step: u64, id: u64, bytes: &[u8], shard: u32) -> Outgoing<'_> {
+        let req = Request::Put {
+            dataset: "d".into(),
+            step,
+            session: "s".into(),
+            var: "v".into(),
+            id,
+            region: Region::new(vec![0], vec![bytes.len() as u64]).unwrap(),
+            elem: 1,
+            checksum: 0,
+            copy: 0,
+            writer: 0,
+            shard,
+            sealed: false,
+            from: None,
+        };
+        Outgoing { req, parts: vec![Cow::Borrowed(bytes)], sums: (shard == 0).then(Sums::default), dtype: DType::U8 }
+    }
+
+    #[test]
+    fn small_whole_copies_of_one_step_share_a_frame_and_carry_their_own_checksums() {
+        let (small, big) = (vec![1u8; 100], vec![2u8; BATCHED + 1]);
+        let objs = vec![
+            out(0, 0, &small, 0),
+            out(0, 1, &small, 0),
+            out(1, 2, &small, 0), // another step (buffered traces): another frame
+            out(1, 3, &big, 0),
+            out(1, 4, &small, 1), // an erasure-code shard goes alone
+            out(1, 5, &small, 0),
+        ];
+        assert_eq!(frames(&objs), vec![vec![0, 1], vec![2], vec![3], vec![4], vec![5]]);
+        let (req, parts) = put_many(&objs, &[0, 1]);
+        let Request::PutMany { step, objects, .. } = req else { panic!("{req:?}") };
+        assert_eq!((step, objects.len(), parts.len()), (0, 2, 2));
+        assert!(objects.iter().all(|o| o.checksum == crc32c::crc32c(&small)));
+        let many: Vec<Outgoing<'_>> = (0..MAX_PUT_MANY as u64 + 1).map(|i| out(0, i, &small, 0)).collect();
+        assert_eq!(frames(&many).iter().map(Vec::len).collect::<Vec<_>>(), vec![MAX_PUT_MANY, 1]);
+    }
 }

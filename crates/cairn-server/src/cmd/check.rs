@@ -4,7 +4,8 @@
 
 use cairn_core::{Error, Result};
 use cairn_proto::message::{
-    Request, MAX_ATTACH_PROBE, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_RAFT_PAYLOAD, MAX_RUNS,
+    Request, MAX_ATTACH_PROBE, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_PUT_MANY, MAX_RAFT_PAYLOAD,
+    MAX_RUNS,
 };
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
@@ -12,7 +13,12 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
     if matches!(req, Request::Raft { .. }) && payload_len > MAX_RAFT_PAYLOAD {
         return Err(Error::InvalidArgument(format!("a raft message of {payload_len} bytes exceeds {MAX_RAFT_PAYLOAD}")));
     }
-    if payload_len > 0 && !matches!(req, Request::Put { .. } | Request::KvPut { .. } | Request::Raft { .. } | Request::MetaCas { .. }) {
+    if payload_len > 0
+        && !matches!(
+            req,
+            Request::Put { .. } | Request::PutMany { .. } | Request::KvPut { .. } | Request::Raft { .. } | Request::MetaCas { .. }
+        )
+    {
         return Err(Error::InvalidArgument(format!("a {} request carries no payload, got {payload_len} bytes", req.op_name())));
     }
     match req {
@@ -31,6 +37,25 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
                     region.count
                 ))
             })
+        }
+        Request::PutMany { objects, from, .. } => {
+            if objects.is_empty() || objects.len() > MAX_PUT_MANY {
+                return Err(Error::InvalidArgument(format!("a put_many of {} objects: send 1 to {MAX_PUT_MANY}", objects.len())));
+            }
+            let total = objects.iter().try_fold(0u64, |total, o| {
+                o.region.volume().checked_mul(u64::from(o.elem)).filter(|_| o.elem > 0).and_then(|n| total.checked_add(n))
+            });
+            let len = match from {
+                Some(runs) if payload_len == 0 => runs_len(runs)?,
+                Some(_) => return Err(Error::InvalidArgument("a same-node put_many names client memory and carries no payload".into())),
+                None => payload_len,
+            };
+            if total != Some(len) {
+                return Err(Error::InvalidArgument(format!(
+                    "a put_many whose objects' boxes add up to {total:?} bytes carries {len}: each object's bytes must follow in order"
+                )));
+            }
+            Ok(())
         }
         Request::Get { into: Some(runs), .. } => runs_len(runs).map(|_| ()),
         Request::Attach { len, .. } if *len == 0 || *len > MAX_ATTACH_PROBE => {

@@ -76,6 +76,64 @@ pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutH
     Ok(Response::Ok)
 }
 
+/// The bytes of one object of a put_many (its box and element size were checked).
+fn item_len(h: &PutHeader) -> u64 {
+    h.region.volume() * u64::from(h.elem)
+}
+
+/// Stores the objects of a put_many from its payload (`len` bytes, checked to be theirs back
+/// to back), one after another as [`put`] would, read through one buffer. On a failure the rest
+/// of the payload is read and discarded; the objects stored before it stay (the writer drops
+/// what it put when a put fails).
+pub async fn put_many<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, headers: Vec<PutHeader>) -> Result<Response> {
+    let mut payload = tokio::io::BufReader::with_capacity(256 << 10, (&mut *stream).take(len));
+    for h in headers {
+        let n = item_len(&h);
+        if let Err(e) = put(state, &mut payload, n, h).await {
+            tokio::io::copy(&mut payload, &mut tokio::io::sink()).await.map_err(|e| Error::io("discarding a refused payload", e))?;
+            return Err(e);
+        }
+    }
+    Ok(Response::Ok)
+}
+
+/// Stores the objects of a same-node put_many, each copied from its share of `runs` (which were
+/// checked to add up to their bytes).
+pub fn put_many_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], headers: Vec<PutHeader>) -> Result<Response> {
+    let shares = cut_runs(runs, headers.iter().map(item_len));
+    for (h, mine) in headers.into_iter().zip(shares) {
+        if mine.is_empty() {
+            // An empty object: nothing to copy.
+            let reservation = state.store.reserve(0)?;
+            store(state, h, Vec::new(), reservation)?;
+        } else {
+            put_local(state, local, &mine, h)?;
+        }
+    }
+    Ok(Response::Ok)
+}
+
+/// Cuts `runs` (address, length) into consecutive shares of `lens` bytes each, splitting a run
+/// where a share ends inside it.
+fn cut_runs(runs: &[(u64, u64)], lens: impl Iterator<Item = u64>) -> Vec<Vec<(u64, u64)>> {
+    let mut runs = runs.iter().copied();
+    let mut carry: Option<(u64, u64)> = None;
+    lens.map(|mut want| {
+        let mut mine = Vec::new();
+        while want > 0 {
+            let Some((addr, n)) = carry.take().or_else(|| runs.next()) else { break };
+            let take = n.min(want);
+            mine.push((addr, take));
+            if take < n {
+                carry = Some((addr + take, n - take));
+            }
+            want -= take;
+        }
+        mine
+    })
+    .collect()
+}
+
 /// Writes a get's reply bytes into runs of the local client's memory, which answers without a payload.
 pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], reply: Reply) -> Result<Reply> {
     let pid = local.ok_or_else(crate::cma::not_local)?;
@@ -177,4 +235,18 @@ pub fn get(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, w
     copy_box(&data, Layout { layout: &region, base: 0 }, &mut out, Layout { layout: want, base: 0 }, want, elem as usize);
     let checksum = crc32c::crc32c(&out);
     Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Owned(out)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_runs;
+
+    #[test]
+    fn runs_are_cut_into_each_objects_share() {
+        let runs = [(100, 10), (200, 4), (300, 6)];
+        let shares = cut_runs(&runs, [4, 0, 10, 6].into_iter());
+        assert_eq!(shares, vec![vec![(100, 4)], vec![], vec![(104, 6), (200, 4)], vec![(300, 6)]]);
+        // Runs that fall short leave the last share short (the checks refuse that before).
+        assert_eq!(cut_runs(&[(0, 3)], [2, 2].into_iter()), vec![vec![(0, 2)], vec![(2, 1)]]);
+    }
 }

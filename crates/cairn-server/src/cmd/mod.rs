@@ -61,6 +61,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
     let data = matches!(
         req,
         Request::Put { .. }
+            | Request::PutMany { .. }
             | Request::Get { .. }
             | Request::Encode { .. }
             | Request::Cut { .. }
@@ -83,6 +84,29 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
             match from {
                 Some(runs) => plain(data::put_local(state, local, &runs, h)),
                 None => plain(data::put(state, stream, p.payload_len, h).await),
+            }
+        }
+        Request::PutMany { dataset, step, session, writer, objects, from } => {
+            let headers = objects
+                .into_iter()
+                .map(|o| data::PutHeader {
+                    dataset: dataset.clone(),
+                    step,
+                    session: session.clone(),
+                    var: o.var,
+                    id: o.id,
+                    region: o.region,
+                    elem: o.elem,
+                    checksum: o.checksum,
+                    copy: o.copy,
+                    writer,
+                    shard: 0,
+                    sealed: false,
+                })
+                .collect();
+            match from {
+                Some(runs) => plain(data::put_many_local(state, local, &runs, headers)),
+                None => plain(data::put_many(state, stream, p.payload_len, headers).await),
             }
         }
         Request::Get { dataset, step, id, want, shard, into } => {
