@@ -157,6 +157,14 @@ impl BoxSet {
     /// Removes every box equal to `r`.
     pub fn remove(&mut self, r: &Region) {
         self.sorted.retain(|b| b != r);
+        // Without the longest box, lookups need not reach back as far.
+        if r.count.first().copied().unwrap_or(0) >= self.longest {
+            self.longest = Self::longest_of(&self.sorted);
+        }
+    }
+
+    fn longest_of(boxes: &[Region]) -> u64 {
+        boxes.iter().map(|b| b.count.first().copied().unwrap_or(0)).max().unwrap_or(0)
     }
 
     /// Whether it holds no box.
@@ -180,7 +188,7 @@ impl FromIterator<Region> for BoxSet {
     fn from_iter<I: IntoIterator<Item = Region>>(iter: I) -> BoxSet {
         let mut sorted: Vec<Region> = iter.into_iter().collect();
         sorted.sort_by_key(Self::start);
-        let longest = sorted.iter().map(|b| b.count.first().copied().unwrap_or(0)).max().unwrap_or(0);
+        let longest = Self::longest_of(&sorted);
         BoxSet { sorted, longest }
     }
 }
@@ -291,6 +299,12 @@ mod tests {
             if let Some(first) = bs.first() {
                 grown.remove(first);
                 prop_assert!(grown.meeting(first).is_none_or(|m| m != first));
+                // What is left is searched as if it had been built without it.
+                let left: Vec<&Region> = bs.iter().filter(|b| *b != first).collect();
+                prop_assert_eq!(grown.longest, BoxSet::longest_of(&grown.sorted));
+                for p in &probe {
+                    prop_assert_eq!(grown.meeting(p).is_some(), left.iter().any(|b| b.intersect(p).is_some()), "{:?}", p);
+                }
             }
         }
     }
