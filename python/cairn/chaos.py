@@ -130,7 +130,10 @@ class Workload:
                     if any(b.state == "degraded" for b in r.blocks("u", s)):
                         self._count("degraded_reads")
                     got = r.get("u", s)
-                    self._time("read", time.perf_counter() - t)
+                    took = time.perf_counter() - t
+                    self._time("read", took)
+                    if took > 0.05:
+                        _debug(f"slow read: step {s} took {took:.3f} s")
                     if not np.array_equal(got, self.expected(s)):
                         self._count("wrong_reads")
                 except DataLossError:
@@ -285,6 +288,15 @@ def _ms(xs: list[float]) -> float | None:
     return round(1000 * float(np.mean(xs)), 2) if xs else None
 
 
+def _tail(xs: list[float]) -> dict[str, float | None]:
+    """Median, 99th percentile and worst of response times, in ms (a mean hides whether a few
+    stalls or a slower common case cost the time)."""
+    if not xs:
+        return {"p50": None, "p99": None, "max": None}
+    p50, p99, top = np.percentile(xs, [50, 99, 100])
+    return {"p50": round(1000 * float(p50), 2), "p99": round(1000 * float(p99), 2), "max": round(1000 * float(top), 2)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     file = Path(args.cluster).absolute()
     mtbf, duration = seconds(args.mtbf), seconds(args.duration)
@@ -339,9 +351,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "writers": args.writers, "readers": args.readers, "steps": args.steps, "run_s": round(run_s, 2), **wl.counts,
             "errors": wl.errors,
             "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "all": _ms(b["write"] + c["write"]),
-                         "overhead_%": over("write")},
+                         "overhead_%": over("write"), **_tail(b["write"] + c["write"])},
             "read_ms": {"baseline": _ms(b["read"]), "chaos": _ms(c["read"]), "all": _ms(b["read"] + c["read"]),
-                        "overhead_%": over("read")},
+                        "overhead_%": over("read"), **_tail(b["read"] + c["read"])},
         }
     return report
 
