@@ -5,6 +5,25 @@
 //! Unix socket is ever read or written (its pid comes from `SO_PEERCRED`, which the kernel
 //! vouches for, not from the request), and the kernel's ptrace check applies on top: where it
 //! refuses, the client's probe ([`probe`]) fails and it sends payloads as before.
+//!
+//! Why cross-memory attach and not a shared-memory segment (`memfd` + `mmap`) that the writer
+//! copies into and the server adopts as the object's storage: measured by
+//! `cargo run --release -p cairn-server --example same_node_copy` (this 2-core VM, best of 7,
+//! GB/s, the client a forked process; `bench/results/same_node_copy.json`):
+//!
+//! | object | memcpy | CMA put | CMA put + crc32c | memfd, a fresh segment | memfd, a pooled segment | CMA get | memfd get |
+//! |---|---|---|---|---|---|---|---|
+//! | 1 MiB | 32.7 | 8.7 | 7.0 | 1.17 | 41.4 | 9.2 | 33.6 |
+//! | 16 MiB | 14.6 | 4.9 | 4.7 | 1.10 | 12.5 | 5.5 | 12.2 |
+//! | 256 MiB | 10.6 | 5.2 | 4.2 | 1.25 | 12.4 | 5.5 | 15.8 |
+//!
+//! A segment per object is 4–8× slower than this copy: its pages are faulted in and zeroed on
+//! first touch (in this VM each fault also exits to the host). Only segments kept and reused
+//! (a pool per client, already faulted in) copy at memcpy speed, 2.5–4× this path; that needs the
+//! server's object memory to be such segments shared with the writer, who could then still
+//! change an object after the server checked it (readers would catch it by its checksum, not
+//! prevent it). Cross-memory attach needs no shared state and gives the server the only copy;
+//! the pooled ring is the way past 0.5× memcpy (issue 19).
 
 use cairn_core::{Error, Result};
 

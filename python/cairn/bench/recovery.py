@@ -101,25 +101,56 @@ def sweep_one(tmp: Path, mode: str, mtbf: str, a: argparse.Namespace) -> dict[st
         return {"mode": mode, "mtbf_s": None if mode == "baseline" else chaos.seconds(mtbf), "kills": rep["kills"],
                 "skipped": rep["skipped"], "lost_objects": rep["lost_objects"], "wrong_reads": wl["wrong_reads"],
                 "degraded_reads": wl["degraded_reads"], "run_s": wl["run_s"], "read_ms": wl["read_ms"]["all"],
-                "write_ms": wl["write_ms"]["all"], "recovery_s": [x for x in rep["recovery_s"] if x is not None],
+                "write_ms": wl["write_ms"]["all"], "read_p50_ms": wl["read_ms"]["p50"], "read_p99_ms": wl["read_ms"]["p99"],
+                "write_p50_ms": wl["write_ms"]["p50"], "recovery_s": [x for x in rep["recovery_s"] if x is not None],
                 "errors": wl["errors"][:3]}
     finally:
         c.stop()
 
 
+#: What a sweep row averages over its repeats (the rest are summed or listed).
+MEANS = ("run_s", "read_ms", "write_ms", "read_p50_ms", "read_p99_ms", "write_p50_ms")
+
+
+def _mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for the repeats of a point: means of the times, sums of kills and losses."""
+    row: dict[str, Any] = {"mode": runs[0]["mode"], "mtbf_s": runs[0]["mtbf_s"], "repeats": len(runs)}
+    for k in MEANS:
+        xs = [r[k] for r in runs if r[k] is not None]
+        row[k] = round(float(np.mean(xs)), 3) if xs else None
+    for k in ("kills", "skipped", "lost_objects", "wrong_reads", "degraded_reads"):
+        row[k] = sum(r[k] for r in runs)
+    row["recovery_s"] = [x for r in runs for x in r["recovery_s"]]
+    row["errors"] = [e for r in runs for e in r["errors"]][:3]
+    row["runs"] = runs
+    return row
+
+
 def sweep(tmp: Path, a: argparse.Namespace) -> list[dict[str, Any]]:
-    """CoREC Fig. 14-16 at this machine's scale: overheads against a fault-free run."""
-    base = sweep_one(tmp, "baseline", "0s", a)
-    print(f"  baseline: run {base['run_s']:.1f} s, read {base['read_ms']} ms, write {base['write_ms']} ms", flush=True)
-    rows = [base]
-    for mtbf in a.mtbf.split(","):
-        for mode in ("degraded", "lazy"):
+    """CoREC Fig. 14-16 at this machine's scale: overheads against a fault-free run. Each point
+    runs ``--repeat`` times, interleaved with fault-free runs (this VM's response times move by
+    ~10% from run to run), and the means over the repeats are compared."""
+    modes = a.sweep_modes.split(",")
+    points = [(mtbf, mode) for mtbf in a.mtbf.split(",") for mode in modes]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {("0s", "baseline"): [], **{p: [] for p in points}}
+    for rep in range(a.repeat):
+        for mtbf, mode in [("0s", "baseline"), *points]:
             row = sweep_one(tmp, mode, mtbf, a)
-            pct = lambda k: round(100 * (row[k] / base[k] - 1), 2) if row[k] and base[k] else None  # noqa: E731
-            row.update({"run_%": pct("run_s"), "read_%": pct("read_ms"), "write_%": pct("write_ms")})
-            rows.append(row)
-            print(f"  MTBF {mtbf:>5} {mode:>8}: kills {row['kills']} (not made {row['skipped']}), lost {row['lost_objects']}, "
-                  f"run {row['run_%']}%, read {row['read_%']}%, write {row['write_%']}%", flush=True)
+            runs[(mtbf, mode)].append(row)
+            print(f"  [{rep + 1}/{a.repeat}] MTBF {mtbf:>5} {mode:>8}: run {row['run_s']:.1f} s, read {row['read_ms']} ms "
+                  f"(p50 {row['read_p50_ms']}), write {row['write_ms']} ms, kills {row['kills']} (not made {row['skipped']}), "
+                  f"lost {row['lost_objects']}", flush=True)
+    base = _mean_of(runs[("0s", "baseline")])
+    rows = [base]
+    for p in points:
+        row = _mean_of(runs[p])
+        pct = lambda k: round(100 * (row[k] / base[k] - 1), 2) if row[k] and base[k] else None  # noqa: E731
+        row.update({"run_%": pct("run_s"), "read_%": pct("read_ms"), "write_%": pct("write_ms"),
+                    "read_p50_%": pct("read_p50_ms"), "write_p50_%": pct("write_p50_ms")})
+        rows.append(row)
+        print(f"  MTBF {p[0]:>5} {p[1]:>8}: kills {row['kills']} (not made {row['skipped']}), lost {row['lost_objects']}, "
+              f"run {row['run_%']}%, read {row['read_%']}% (p50 {row['read_p50_%']}%), write {row['write_%']}% "
+              f"(p50 {row['write_p50_%']}%)", flush=True)
     return rows
 
 
@@ -155,6 +186,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--sweep-steps", type=int, default=300, help="steps of the sweep's workload (default 300)")
     ap.add_argument("--sweep-n", type=int, default=128, help="the sweep's field edge (default 128)")
     ap.add_argument("--sweep-interval", default="0.25s", help="the sweep workload's compute time per step")
+    ap.add_argument("--sweep-modes", default="degraded,lazy", help="modes of the sweep (default degraded,lazy)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each sweep point, and of the fault-free one, averaged (default 1)")
     a = ap.parse_args(argv)
     parts = a.parts.split(",")
     rows: list[dict[str, Any]] = []
@@ -184,11 +217,12 @@ def main(argv: list[str]) -> None:
         print(f"saved {png}")
     if swept:
         print()
-        print(table(swept[1:], ["mtbf_s", "mode", "kills", "skipped", "lost_objects", "run_%", "read_%", "write_%"]))
+        print(table(swept[1:], ["mtbf_s", "mode", "repeats", "kills", "skipped", "lost_objects", "run_%", "read_%", "read_p50_%",
+                                "write_%", "write_p50_%"]))
         print(f"CoREC at MTBF 18 s: read +{PAPER_18S['read_%']['degraded']}% degraded / +{PAPER_18S['read_%']['lazy']}% lazy; "
               f"total +{PAPER_18S['total_%']['degraded']}% / +{PAPER_18S['total_%']['lazy']}%")
     name = "recovery" if "fig11" in parts else "recovery_mtbf"
     path = save(name, rows + [{"summary": s} for s in summary] + [{"mtbf_sweep": r} for r in swept],
                 {"n": a.n, "steps": a.steps, "servers": 6, "spares": 2, "redundancy": 2, "mtbf": a.mtbf,
-                 "sweep_steps": a.sweep_steps, "sweep_n": a.sweep_n, "sweep_interval": a.sweep_interval, "paper_18s": PAPER_18S})
+                 "sweep_steps": a.sweep_steps, "sweep_n": a.sweep_n, "repeat": a.repeat, "sweep_interval": a.sweep_interval, "paper_18s": PAPER_18S})
     print(f"\nsaved {path}")
