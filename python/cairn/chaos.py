@@ -77,9 +77,11 @@ class Workload:
         with self.lock:
             self.counts[key] += n
 
-    def _time(self, kind: str, t: float) -> None:
+    def _time(self, kind: str, t: float, what: str) -> None:
         with self.lock:
             self.times[self.phase][kind].append(t)
+        if t > 0.05:
+            _debug(f"slow {kind}: {what} took {t:.3f} s")
 
     def writer(self, rank: int) -> None:
         import cairn
@@ -95,9 +97,7 @@ class Workload:
                     try:
                         with w.step(s):
                             w.put("u", _field(rank, self.writers, s, self.n), offset=(rank * rows, 0))
-                        self._time("write", time.perf_counter() - t)
-                        if time.perf_counter() - t > 0.05:
-                            _debug(f"slow write: rank {rank} step {s} took {time.perf_counter() - t:.3f} s")
+                        self._time("write", time.perf_counter() - t, f"rank {rank} step {s}")
                         break
                     except CairnError as e:
                         self._count("write_retries")
@@ -130,10 +130,7 @@ class Workload:
                     if any(b.state == "degraded" for b in r.blocks("u", s)):
                         self._count("degraded_reads")
                     got = r.get("u", s)
-                    took = time.perf_counter() - t
-                    self._time("read", took)
-                    if took > 0.05:
-                        _debug(f"slow read: step {s} took {took:.3f} s")
+                    self._time("read", time.perf_counter() - t, f"step {s}")
                     if not np.array_equal(got, self.expected(s)):
                         self._count("wrong_reads")
                 except DataLossError:
@@ -346,14 +343,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if wl:
         b, c = wl.times["baseline"], wl.times["chaos"]
+        both = {k: b[k] + c[k] for k in ("write", "read")}
         over = lambda k: round(float(100 * (np.mean(c[k]) / np.mean(b[k]) - 1)), 1) if b[k] and c[k] else None  # noqa: E731
         report["workload"] = {
             "writers": args.writers, "readers": args.readers, "steps": args.steps, "run_s": round(run_s, 2), **wl.counts,
             "errors": wl.errors,
-            "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "all": _ms(b["write"] + c["write"]),
-                         "overhead_%": over("write"), **_tail(b["write"] + c["write"])},
-            "read_ms": {"baseline": _ms(b["read"]), "chaos": _ms(c["read"]), "all": _ms(b["read"] + c["read"]),
-                        "overhead_%": over("read"), **_tail(b["read"] + c["read"])},
+            "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "all": _ms(both["write"]),
+                         "overhead_%": over("write"), **_tail(both["write"])},
+            "read_ms": {"baseline": _ms(b["read"]), "chaos": _ms(c["read"]), "all": _ms(both["read"]),
+                        "overhead_%": over("read"), **_tail(both["read"])},
         }
     return report
 
