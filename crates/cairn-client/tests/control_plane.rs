@@ -186,3 +186,56 @@ fn a_partitioned_leader_commits_nothing_and_catches_up_when_healed() {
     }
     assert_eq!(kv.cas_get("cut").unwrap(), None);
 }
+
+#[test]
+fn committed_steps_stay_readable_while_no_leader_is_confirmed_then_fail_when_alone_too_long() {
+    use cairn_client::Reader;
+    use cairn_core::ErrorKind;
+    use cairn_proto::{Request, Response};
+    let dir = tempfile::tempdir().unwrap();
+    let c = TestCluster::start(dir.path(), 3, 0, 16 << 20, Limits::default()).unwrap();
+    let cfg = cfg(&c);
+    assert!(step_of_four(&cfg, 0, 4, || {}).into_iter().any(|r| r.unwrap()));
+    let old = c.leader(Duration::from_secs(10)).unwrap();
+    let follower = (0..3).find(|s| *s != old).unwrap();
+    // Asked for a follower read, a follower answers from its own state and says so; the leader
+    // answers as the leader; a plain read is sent on to the leader.
+    let ask = |at: u32, follower: bool| {
+        let mut conn = cairn_server::testing::RawConn::open(&c.addr(at).to_string(), c.secret()).unwrap();
+        conn.call(None, &Request::Index { dataset: "f".into(), step: 0, follower }, &[]).unwrap()
+    };
+    assert!(matches!(ask(follower, true), Response::Index { follower: true, .. }));
+    assert!(matches!(ask(old, true), Response::Index { follower: false, .. }));
+    assert!(matches!(ask(follower, false), Response::Error { kind: ErrorKind::NotLeader, .. }));
+    // Every meta server cut off from the others: no leader can be elected. A reader that has
+    // not read step 0 yet still lists it, reads its index from a follower, and gets every byte
+    // (the data servers are up), without waiting for an election that cannot come.
+    for s in 0..3 {
+        c.partition(s, true);
+    }
+    let cut = Instant::now();
+    let r = Reader::open("f", &cfg).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![0]);
+    let mut out = vec![0u8; 4 * 4096];
+    r.get("x", 0, &[0], &[4 * 4096], &mut out).unwrap();
+    assert!(out.chunks(4096).enumerate().all(|(rank, c)| c.iter().all(|v| *v == rank as u8)));
+    assert!(cut.elapsed() < Duration::from_secs(2), "read within the follower window, took {:?}", cut.elapsed());
+    // Alone longer than the window (2 s), the replicas stop answering: stale state is not
+    // served for ever, and the error says why.
+    let e = loop {
+        match Reader::open("f", &cfg).unwrap().steps() {
+            Ok(steps) => assert_eq!(steps, vec![0]),
+            Err(e) => break e,
+        }
+        assert!(cut.elapsed() < Duration::from_secs(20), "follower reads went on for {:?}", cut.elapsed());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(cut.elapsed() >= Duration::from_millis(1500), "refused after {:?}", cut.elapsed());
+    assert!(e.to_string().contains("lost quorum"), "{e}");
+    // Healed, a leader is elected and reads are the leader's again.
+    for s in 0..3 {
+        c.partition(s, false);
+    }
+    let r = Reader::open("f", &cfg).unwrap();
+    assert_eq!(r.steps().unwrap(), vec![0]);
+}

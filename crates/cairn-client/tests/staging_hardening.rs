@@ -101,7 +101,7 @@ fn a_malformed_fragment_costs_its_sender_an_error_and_nobody_else_anything() {
     let req = Request::EndStep { dataset: "d".into(), fragment: f, shares: vec![], keep_last: None };
     let e = raw.call(Some(1), &req, &[]).unwrap().into_result().unwrap_err();
     assert!(e.to_string().contains("without defining it"), "{e}");
-    assert!(matches!(raw.call(Some(1), &Request::Steps { dataset: "d".into() }, &[]).unwrap(), Response::Steps { .. }));
+    assert!(matches!(raw.call(Some(1), &Request::Steps { dataset: "d".into(), follower: false }, &[]).unwrap(), Response::Steps { .. }));
     // Everyone else is served: the coordinator's lock is intact.
     assert!(write_step(&cfg, "d", 1, "s", &[2; 100], true));
     assert_eq!(r.steps().unwrap(), vec![0, 1]);
@@ -247,7 +247,7 @@ fn a_client_on_an_old_view_is_redirected_and_places_by_the_new_one() {
     c.await_epoch(2, Duration::from_secs(5)).unwrap();
     let mut conn = RawConn::open(&c.addr(c.leader(Duration::from_secs(5)).unwrap()).to_string(), c.secret()).unwrap();
     let mut stale = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
-    match stale.call(Some(1), &Request::Steps { dataset: "v".into() }, &[]).unwrap() {
+    match stale.call(Some(1), &Request::Steps { dataset: "v".into(), follower: false }, &[]).unwrap() {
         Response::Error { kind, view: Some(v), .. } => assert_eq!((kind, v.epoch), (ErrorKind::StaleEpoch, 2)),
         other => panic!("expected stale_epoch, got {other:?}"),
     }

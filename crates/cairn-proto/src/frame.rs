@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn round_trip_and_bounds() {
-        let msg = Request::Steps { dataset: "d".into() };
+        let msg = Request::Steps { dataset: "d".into(), follower: false };
         let mut buf = encode_head(&msg, 3);
         buf.extend_from_slice(b"abc");
         let (back, payload, n): (Request, _, _) = decode(&buf, MAX_HEADER, 10).unwrap();

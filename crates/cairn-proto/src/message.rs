@@ -281,6 +281,10 @@ pub enum Request {
     Steps {
         /// Dataset name.
         dataset: String,
+        /// A follower may answer from its applied state when no leader can be confirmed (see
+        /// `Index`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        follower: bool,
     },
     /// The committed index of a step.
     Index {
@@ -288,6 +292,12 @@ pub enum Request {
         dataset: String,
         /// Step.
         step: u64,
+        /// Read from the leader, linearized, as always when one answers; set, a meta server that
+        /// cannot confirm a leader (an election, a lost majority) answers from its own applied
+        /// state while it heard from a leader lately. Committed steps do not change, but a
+        /// follower's index may still name copies that encoding or recovery moved since.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        follower: bool,
     },
     /// Waits until `step` commits or `timeout_ms` passes.
     WaitStep {
@@ -648,6 +658,11 @@ pub enum Response {
     Index {
         /// The index.
         index: StepIndex,
+        /// Answered by a follower from its applied state, not confirmed by the leader: it may be
+        /// behind (name copies since dropped), so a reader that finds a piece missing asks again
+        /// rather than calling it lost.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        follower: bool,
     },
     /// Keyed values; the payload holds them back to back. `sizes[i]` lists the lengths of key i's
     /// values: none when the key is absent, one for a value, one per member for a set.

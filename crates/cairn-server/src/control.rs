@@ -5,7 +5,7 @@
 //! below) through a membership change on the leader, so it never votes twice in a term.
 
 use crate::state::State;
-use cairn_core::{Error, Result};
+use cairn_core::{Error, ErrorKind, Result};
 use cairn_meta::raft::node::Timing;
 use cairn_meta::raft::types::{MetaTypes, Snapshot, Vote};
 use cairn_meta::raft::{MetaNode, NodeId, RaftLog};
@@ -350,7 +350,7 @@ pub async fn serve_rpc(state: &State, kind: RaftRpc, target: NodeId, head: Optio
     let bad = |e: serde_json::Error| Error::InvalidArgument(format!("raft {kind:?} does not parse: {e}"));
     let raft = log.raft();
     Ok(match kind {
-        RaftRpc::Append => body(&raft.append_entries(serde_json::from_slice(&payload).map_err(bad)?).await),
+        RaftRpc::Append => body(&log.append(serde_json::from_slice(&payload).map_err(bad)?).await),
         RaftRpc::Vote => body(&raft.vote(serde_json::from_slice(&payload).map_err(bad)?).await),
         RaftRpc::Snapshot => {
             #[derive(serde::Deserialize)]
@@ -381,6 +381,30 @@ pub fn leader(state: &State) -> Result<&RaftLog> {
             ),
             leader,
         }),
+    }
+}
+
+/// The replica to read committed state from, and whether it is the leader's: the leader
+/// (confirmed with a majority when `linearize`) when this server leads; else, for a request that
+/// takes a follower's answer, this server's own replica while it heard from a leader within its
+/// follower window, so reads of committed steps go on through an election. Otherwise the
+/// not-leader error, which sends the client on to the leader.
+pub async fn reader(state: &State, linearize: bool, follower: bool) -> Result<(&RaftLog, bool)> {
+    let led = async {
+        let log = leader(state)?;
+        if linearize {
+            log.linearize().await?;
+        }
+        Ok::<_, Error>(log)
+    };
+    match led.await {
+        Ok(log) => Ok((log, true)),
+        Err(e) if follower && matches!(e.kind(), ErrorKind::NotLeader | ErrorKind::Unavailable) => {
+            let log = replica(state)?;
+            log.recently_led()?;
+            Ok((log, false))
+        }
+        Err(e) => Err(e),
     }
 }
 

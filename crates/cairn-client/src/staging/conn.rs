@@ -390,7 +390,28 @@ impl Cluster {
         max_reply: u64,
         wait: Duration,
     ) -> Result<(Response, Vec<u8>)> {
+        self.leader_or_follower(req, payload, max_reply, wait, false)
+    }
+
+    /// A read of committed state (steps, an index) from the leader, or, while none answers (an
+    /// election), from a follower that heard from one lately: readers never wait for an election.
+    /// Callers check a reply's `follower` mark where a stale answer matters.
+    pub(crate) fn read_committed(&self, req: &Request) -> Result<Response> {
+        self.leader_or_follower(req, &[], 0, Duration::ZERO, true).map(|(r, _)| r)
+    }
+
+    fn leader_or_follower(
+        &self,
+        req: &Request,
+        payload: &[&[u8]],
+        max_reply: u64,
+        wait: Duration,
+        followers: bool,
+    ) -> Result<(Response, Vec<u8>)> {
         let op = req.op_name();
+        // With `followers`, once no leader answers, the read is asked of followers too.
+        let mut req = std::borrow::Cow::Borrowed(req);
+        let mut following = false;
         let started = Instant::now();
         let mut next = *self.leader.lock().unwrap_or_else(|p| p.into_inner());
         let mut tried = 0usize;
@@ -406,7 +427,7 @@ impl Cluster {
             let target = next.filter(|t| view.server(*t).is_ok()).unwrap_or(slots[tried % slots.len()]);
             let reply = self.with(target, |c| {
                 c.waiting(wait, |c| {
-                    c.send(req, payload)?;
+                    c.send(&req, payload)?;
                     let (resp, len) = c.recv(max_reply, &op)?;
                     let mut body = vec![0u8; len as usize];
                     c.read_payload(&mut [&mut body], &op)?;
@@ -414,7 +435,27 @@ impl Cluster {
                 })
             });
             alive |= reply.is_ok();
+            let leaderless = match &reply {
+                // Down or hung, or a leader that cannot confirm it still leads.
+                Err(e) => e.kind() == ErrorKind::Unavailable,
+                Ok((Response::Error { kind: ErrorKind::Unavailable, .. }, _)) => true,
+                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, .. }, _)) => {
+                    leader.is_none_or(|l| l == target || unreachable.contains(&l))
+                }
+                _ => false,
+            };
+            let mut switched = false;
+            if leaderless && followers && !following {
+                if let Some(r) = follower_read(&req) {
+                    req = std::borrow::Cow::Owned(r);
+                    (following, switched) = (true, true);
+                }
+            }
             let why = match reply {
+                Ok((Response::Error { kind: ErrorKind::Unavailable, message, .. }, _)) if switched => {
+                    next = Some(target); // it may answer as a follower now
+                    message
+                }
                 Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, .. }, _)) => {
                     next = leader.filter(|l| *l != target);
                     if message.contains("lost quorum") {
@@ -433,7 +474,9 @@ impl Cluster {
                     message
                 }
                 Ok((resp, body)) => {
-                    *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
+                    if !following {
+                        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
+                    }
                     return resp.into_result().map(|r| (r, body));
                 }
                 Err(e) if e.kind() == ErrorKind::Unavailable => {
@@ -494,5 +537,14 @@ impl Cluster {
     /// A request to the leader whose reply may take `wait` beyond the deadline.
     pub(crate) fn coord_waiting(&self, req: &Request, wait: Duration) -> Result<Response> {
         self.leader_call_waiting(req, &[], 0, wait).map(|(r, _)| r)
+    }
+}
+
+/// The follower-read form of a read of committed state (steps, an index), if it has one.
+fn follower_read(req: &Request) -> Option<Request> {
+    match req {
+        Request::Steps { dataset, .. } => Some(Request::Steps { dataset: dataset.clone(), follower: true }),
+        Request::Index { dataset, step, .. } => Some(Request::Index { dataset: dataset.clone(), step: *step, follower: true }),
+        _ => None,
     }
 }

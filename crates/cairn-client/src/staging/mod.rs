@@ -33,32 +33,39 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
     Cluster::open(path, cfg.deadline()?, Transport::parse(&cfg.transport)?)
 }
 
-pub(crate) fn steps_of(c: &Cluster, dataset: &str) -> Result<Vec<u64>> {
-    Ok(listing_of(c, dataset)?.0)
+/// Committed steps of `dataset`; `followers`: see [`listing_of`].
+pub(crate) fn steps_of(c: &Cluster, dataset: &str, followers: bool) -> Result<Vec<u64>> {
+    Ok(listing_of(c, dataset, followers)?.0)
 }
 
 /// Steps of `dataset` some writer ranks ended that are not committed: (step, ranks that ended
 /// it, ranks it waits for).
 pub(crate) fn pending_of(c: &Cluster, dataset: &str) -> Result<Vec<(u64, u32, u32)>> {
-    match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
+    match c.coord(&Request::Steps { dataset: dataset.to_string(), follower: false })? {
         Response::Steps { pending, .. } => Ok(pending),
         other => Err(unexpected("steps", &other)),
     }
 }
 
-/// Committed steps of `dataset`, and whether its writers closed it.
-pub(crate) fn listing_of(c: &Cluster, dataset: &str) -> Result<(Vec<u64>, bool)> {
-    match c.coord(&Request::Steps { dataset: dataset.to_string() })? {
+/// Committed steps of `dataset`, and whether its writers closed it. With `followers` (readers),
+/// a follower answers while no leader does: its list may end a step or two early.
+pub(crate) fn listing_of(c: &Cluster, dataset: &str, followers: bool) -> Result<(Vec<u64>, bool)> {
+    let req = Request::Steps { dataset: dataset.to_string(), follower: false };
+    match if followers { c.read_committed(&req) } else { c.coord(&req) }? {
         Response::Steps { steps, finished, .. } => Ok((steps, finished)),
         other => Err(unexpected("steps", &other)),
     }
 }
 
-pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64) -> Result<StepIndex> {
-    match c.coord(&Request::Index { dataset: dataset.to_string(), step })? {
-        Response::Index { index } => {
+/// A committed step's index, and whether the leader confirmed it. With `followers` (readers), a
+/// follower answers while no leader does (then `false`): its index may name copies that
+/// encoding or recovery moved since.
+pub(crate) fn index_of(c: &Cluster, dataset: &str, step: u64, followers: bool) -> Result<(StepIndex, bool)> {
+    let req = Request::Index { dataset: dataset.to_string(), step, follower: false };
+    match if followers { c.read_committed(&req) } else { c.coord(&req) }? {
+        Response::Index { index, follower } => {
             index.validate()?;
-            Ok(index)
+            Ok((index, !follower))
         }
         other => Err(unexpected("index", &other)),
     }

@@ -14,7 +14,7 @@ use cairn_core::{Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Request, Response};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Gets sent ahead of the replies read, per connection.
 const WINDOW: usize = 16;
@@ -63,12 +63,21 @@ impl StagingReader {
     }
 
     fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
+        Ok(self.index_confirmed(step)?.0)
+    }
+
+    /// A step's index and whether the leader confirmed it. Only a confirmed one is kept: a
+    /// follower's (read during an election) may be behind, and is read again next time.
+    fn index_confirmed(&self, step: u64) -> Result<(Arc<StepIndex>, bool)> {
         if let Some(i) = self.cache.lock().expect("cache lock").get(&step) {
-            return Ok(i.clone());
+            return Ok((i.clone(), true));
         }
-        let i = Arc::new(index_of(&self.cluster, &self.dataset, step)?);
-        self.cache.lock().expect("cache lock").insert(step, i.clone());
-        Ok(i)
+        let (i, confirmed) = index_of(&self.cluster, &self.dataset, step, true)?;
+        let i = Arc::new(i);
+        if confirmed {
+            self.cache.lock().expect("cache lock").insert(step, i.clone());
+        }
+        Ok((i, confirmed))
     }
 
     /// Fetches objects from one server, at most [`WINDOW`] requests ahead of the replies read,
@@ -416,7 +425,7 @@ fn server_gone(e: &Error) -> bool {
 
 impl ReadEngine for StagingReader {
     fn steps(&self) -> Result<Vec<u64>> {
-        steps_of(&self.cluster, &self.dataset)
+        steps_of(&self.cluster, &self.dataset, true)
     }
 
     fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
@@ -435,17 +444,31 @@ impl ReadEngine for StagingReader {
         // Copies are dropped once an object is encoded (and rebuilt pieces move): read the step's
         // index again while it keeps changing under the read; a block's objects are encoded one
         // at a time, so a second object may go between one index read and the next. (Index reads
-        // are linearized, and copies go only once the entry naming the shards is applied.)
+        // are linearized, and copies go only once the entry naming the shards is applied.) An
+        // index a follower gave during an election may be behind: while the leader has not
+        // confirmed one, the read waits for it rather than calling the block lost.
         let mut current = block.clone();
-        for _ in 0..8 {
+        let until = Instant::now() + self.cluster.timeout;
+        let mut moves = 0;
+        loop {
             let e = match self.read_block(step, &current, elem, isect, dst, out) {
                 Err(e) if e.kind() == ErrorKind::NotFound && current.objects.iter().any(|o| !o.servers().is_empty()) => e,
                 r => return r,
             };
             self.forget(step);
-            let fresh = self.index(step)?;
+            let (fresh, confirmed) = self.index_confirmed(step)?;
             match fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region) {
-                Some(b) if b.objects != current.objects => current = b.clone(),
+                Some(b) if b.objects != current.objects => {
+                    if moves == 8 {
+                        return Err(Error::Unavailable(format!(
+                            "block {:?}+{:?} of '{}' step {step} kept moving while it was read (encoding or recovery); read it again",
+                            block.region.offset, block.region.count, block.var
+                        )));
+                    }
+                    moves += 1;
+                    current = b.clone();
+                }
+                _ if !confirmed && Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
                 // The index still names servers that do not hold the pieces (they were lost
                 // and rejoined empty, beyond the variable's level): the block is gone.
                 _ => {
@@ -456,10 +479,6 @@ impl ReadEngine for StagingReader {
                 }
             }
         }
-        Err(Error::Unavailable(format!(
-            "block {:?}+{:?} of '{}' step {step} kept moving while it was read (encoding or recovery); read it again",
-            block.region.offset, block.region.count, block.var
-        )))
     }
 
     fn forget(&self, step: u64) {
@@ -493,7 +512,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn listing(&self) -> Result<(Vec<u64>, bool)> {
-        listing_of(&self.cluster, &self.dataset)
+        listing_of(&self.cluster, &self.dataset, true)
     }
 
     fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)> {

@@ -421,7 +421,7 @@ impl StagingWriter {
     /// Whether committed `step` holds this writer's blocks of `req` (its end of step).
     fn committed_with(&self, step: u64, req: &Request) -> Result<bool> {
         let Request::EndStep { fragment, .. } = req else { return Ok(false) };
-        let index = index_of(&self.cluster, &self.dataset, step)?;
+        let (index, _) = index_of(&self.cluster, &self.dataset, step, false)?;
         Ok(fragment.blocks.iter().all(|b| {
             index.blocks.iter().any(|c| c.writer == b.writer && c.var == b.var && c.region == b.region && c.checksum == b.checksum)
         }))
@@ -430,11 +430,14 @@ impl StagingWriter {
 
 impl WriteEngine for StagingWriter {
     fn last_index(&self) -> Result<Option<StepIndex>> {
-        steps_of(&self.cluster, &self.dataset)?.last().map(|&last| index_of(&self.cluster, &self.dataset, last)).transpose()
+        steps_of(&self.cluster, &self.dataset, false)?
+            .last()
+            .map(|&last| index_of(&self.cluster, &self.dataset, last, false).map(|(i, _)| i))
+            .transpose()
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {
-        Ok(steps_of(&self.cluster, &self.dataset)?.contains(&step))
+        Ok(steps_of(&self.cluster, &self.dataset, false)?.contains(&step))
     }
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {

@@ -47,6 +47,8 @@ pub struct RaftLog {
     machine: Arc<Machine>,
     write: Duration,
     timing: Timing,
+    /// When a leader's append (a heartbeat, entries) last reached this replica as a follower.
+    contact: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl std::fmt::Debug for RaftLog {
@@ -77,7 +79,7 @@ impl RaftLog {
         let machine = Arc::new(Machine::default());
         let raft =
             Raft::new(id, Arc::new(config), network, MemStore::default(), machine.clone()).await.map_err(|e| unavailable("start", e))?;
-        Ok(RaftLog { id, raft, machine, write: timing.write, timing })
+        Ok(RaftLog { id, raft, machine, write: timing.write, timing, contact: Arc::default() })
     }
 
     /// Makes `members` the voters of a new cluster. Call it on one replica, once; a replica that
@@ -170,6 +172,44 @@ impl RaftLog {
     /// The index of the last entry applied here.
     pub fn applied(&self) -> Option<u64> {
         self.machine.last_applied().map(|l| l.index)
+    }
+
+    /// Hands a leader's append to this replica, noting the contact when it came from a current
+    /// leader (anything but a vote newer than the sender's), for [`RaftLog::recently_led`].
+    pub async fn append(
+        &self,
+        req: openraft::raft::AppendEntriesRequest<MetaTypes>,
+    ) -> std::result::Result<openraft::raft::AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        let resp = self.raft.append_entries(req).await;
+        if matches!(&resp, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
+            *self.contact.lock().unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
+        }
+        resp
+    }
+
+    /// How long a replica that cannot confirm a leader still answers reads of committed state
+    /// from its own (follower reads): four of the longest election timeouts, so an election
+    /// (a dead leader is replaced within 0.75–1 s) never stalls them, while a replica cut off
+    /// from the majority stops within 2 s.
+    pub fn follower_window(&self) -> Duration {
+        4 * self.timing.election.1
+    }
+
+    /// Whether this replica's applied state is recent enough for a follower read: it leads and
+    /// a majority answered it, or a leader's append reached it, within [`RaftLog::follower_window`];
+    /// otherwise the lost-quorum error saying how long it has been alone.
+    pub fn recently_led(&self) -> Result<()> {
+        let window = self.follower_window();
+        let m = self.raft.metrics().borrow().clone();
+        let since = match m.state {
+            openraft::ServerState::Leader => m.millis_since_quorum_ack.map(Duration::from_millis),
+            _ => self.contact.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()),
+        };
+        match since {
+            Some(s) if s <= window => Ok(()),
+            Some(s) => Err(no_quorum(format!("meta node {:#x} last heard from a leader {:.1} s ago", self.id, s.as_secs_f64()))),
+            None => Err(no_quorum(format!("meta node {:#x} has not heard from a leader", self.id))),
+        }
     }
 
     /// Confirms with a majority that this replica still leads, so a read of its state that

@@ -134,11 +134,13 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         Request::EndStep { dataset, fragment, shares, keep_last } => {
             plain(commit::end_step(state, &dataset, fragment, shares, keep_last).await)
         }
-        Request::Steps { dataset } => plain(crate::control::leader(state).map(|log| Response::Steps {
-            steps: state.meta.steps(log, &dataset),
-            finished: state.meta.finished(log, &dataset),
-            pending: state.meta.pending(log, &dataset),
-        })),
+        Request::Steps { dataset, follower } => {
+            plain(crate::control::reader(state, false, follower).await.map(|(log, _)| Response::Steps {
+                steps: state.meta.steps(log, &dataset),
+                finished: state.meta.finished(log, &dataset),
+                pending: state.meta.pending(log, &dataset),
+            }))
+        }
         Request::Claim { dataset, claimer, lease_ms } => plain(claims::claim(state, &dataset, &claimer, lease_ms).await),
         Request::Renew { dataset, claimer, lease_ms } => plain(claims::renew(state, &dataset, &claimer, lease_ms).await),
         Request::Unclaim { dataset, claimer } => plain(claims::done(state, cairn_meta::Cmd::Unclaim { dataset, claimer }).await),
@@ -147,11 +149,14 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         }
         // Linearized: a leader just elected may not have applied every committed entry yet
         // (an `encoded` one whose copies are already gone), and its index must not be older.
-        Request::Index { dataset, step } => {
-            let log = crate::control::leader(state)?;
-            log.linearize().await?;
-            plain(state.meta.index(log, &dataset, step).map(|i| Response::Index { index: (*i).clone() }))
-        }
+        // A follower's answer says so, and its reader re-reads what it finds moved.
+        Request::Index { dataset, step, follower } => plain(
+            async {
+                let (log, led) = crate::control::reader(state, true, follower).await?;
+                state.meta.index(log, &dataset, step).map(|i| Response::Index { index: (*i).clone(), follower: !led })
+            }
+            .await,
+        ),
         Request::WaitStep { dataset, step, timeout_ms } => plain(commit::wait_step(state, &dataset, step, timeout_ms).await),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
         Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
