@@ -42,13 +42,14 @@ def file_cfg(tmp_path: Path) -> Path:
 
 
 #: Every engine and staging transport: the conformance suite (every test taking `cfg`) runs on each.
-ALL_TRANSPORTS = ["file", "staging", "staging-socket", "staging-tcp"]
+ALL_TRANSPORTS = ["file", "staging", "staging-attach", "staging-socket", "staging-tcp"]
 
 
 def engine_config(param: str, tmp_path: Path):
     """A cairn.toml for `param` (one of ALL_TRANSPORTS): the file engine under tmp_path, or a real
     2-server staging cluster (separate processes) with small objects so blocks split, reached by
-    same-node copies (the default), its Unix socket, or TCP."""
+    same-node shared segments (the default), the server's same-node copies, its Unix socket, or
+    TCP."""
     if param == "file":
         yield file_config(tmp_path)
         return
@@ -57,7 +58,11 @@ def engine_config(param: str, tmp_path: Path):
     transport = param.partition("-")[2] or "auto"
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     conf = tmp_path / "cairn.toml"
-    conf.write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\ntransport = "{transport}"\n')
+    # shared_min 1: every same-node ("auto") object goes into a leased shared segment, so the
+    # suite covers that path; "attach" covers the server's copies.
+    conf.write_text(
+        f'engine = "staging"\n[staging]\ncluster = "{c.file}"\nobject_size = 65536\ntransport = "{transport}"\nshared_min = 1\n'
+    )
     try:
         yield conf
     finally:

@@ -345,16 +345,21 @@ def _same_node_bytes(c) -> int:
     return sum(row.get("same_node_bytes") or 0 for row in cluster.status(c.file))
 
 
+def _shared_bytes(c) -> int:
+    return sum(row.get("shared_bytes") or 0 for row in cluster.status(c.file))
+
+
 def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(tmp_path):
     """transport "auto" (the default): puts and gets of objects, whole and as boxes, move their
-    bytes by same-node copies (counted by the servers) with the same results as the Unix socket
-    and TCP, which move none that way."""
+    bytes on the same node (counted by the servers): objects of at least shared_min bytes are
+    written into shared segments the servers keep, smaller ones copied by the servers ("attach"
+    copies all), with the same results as the Unix socket and TCP, which move none that way."""
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     try:
         a = np.random.default_rng(0).random((300, 200))
-        for transport in ("auto", "socket", "tcp"):
-            before = _same_node_bytes(c)
-            opts = dict(engine="staging", cluster=c.file, object_size=32 << 10, transport=transport)
+        for transport in ("auto", "attach", "socket", "tcp"):
+            before, shared = _same_node_bytes(c), _shared_bytes(c)
+            opts = dict(engine="staging", cluster=c.file, object_size=32 << 10, transport=transport, shared_min=16 << 10)
             with cairn.open(transport, "w", **opts) as w:
                 w.define("p", "f8", a.shape)
                 with w.step(0):
@@ -363,12 +368,14 @@ def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(
             with cairn.open(transport, "r", **opts) as r:
                 assert np.array_equal(r.get("p", 0), a)
                 assert np.array_equal(r.get("p", 0, offset=(7, 3), count=(250, 101)), a[7:257, 3:104])
-            moved = _same_node_bytes(c) - before
-            if transport == "auto":
+            moved, kept = _same_node_bytes(c) - before, _shared_bytes(c) - shared
+            if transport in ("auto", "attach"):
                 # Two copies of each object put (level 1), the whole array and the box read back.
                 assert moved >= 2 * a.nbytes + a.nbytes + 250 * 101 * 8, moved
             else:
                 assert moved == 0, (transport, moved)
+            # Objects of 16-32 KiB: in shared segments with "auto" (both copies), else none.
+            assert kept == (2 * a.nbytes if transport == "auto" else 0), (transport, kept)
         with pytest.raises(cairn.ConfigError, match='transport = "shm"'):
             cairn.open("x", "w", engine="staging", cluster=c.file, transport="shm")
     finally:
@@ -376,8 +383,8 @@ def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(
 
 
 def test_a_writer_sigkilled_amid_same_node_copies_leaves_only_whole_committed_steps(tmp_path):
-    """A writer putting 48 MiB steps (16 MiB objects, copied by the servers from its memory) is
-    SIGKILLed at a random moment: every committed step reads back exactly, the step it was
+    """A writer putting 48 MiB steps (16 MiB objects, written into shared segments the servers
+    lease) is SIGKILLed at a random moment: every committed step reads back exactly, the step it was
     writing never shows, and the servers go on serving."""
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="1GiB", redundancy=0)
     script = textwrap.dedent(f"""
@@ -395,8 +402,12 @@ def test_a_writer_sigkilled_amid_same_node_copies_leaves_only_whole_committed_st
         time.sleep(np.random.default_rng().uniform(0, 0.2))  # a random moment of its put loop
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
-        assert _same_node_bytes(c) > 0
+        assert _same_node_bytes(c) > 0 and _shared_bytes(c) > 0
         steps = r.steps()
+        # Segments it leased and had not put went back with its connections: the servers hold
+        # the committed steps (at most keep_last + 1) and at most one unfinished step's puts.
+        step_bytes = 3 * 8 << 21
+        wait_for(lambda: sum(row["memory_used"] for row in cluster.status(c.file)) <= 4 * step_bytes, "leases given back")
         for s in steps:
             assert np.array_equal(r.get("p", s), np.full((3, 1 << 21), float(s))), f"step {s}"
         assert not [x for x in r.pending() if x[0] > steps[-1] + 1], r.pending()

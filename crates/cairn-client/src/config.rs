@@ -87,6 +87,10 @@ pub struct StagingConfig {
     /// the socket alone where the kernel forbids them; TCP to other hosts), "socket" (no
     /// same-node copies) or "tcp" (TCP even on this host).
     pub transport: String,
+    /// Same-node puts ("auto"): objects of at least this many bytes are written into shared-memory
+    /// segments the server leases and keeps as their memory (one copy, at memcpy speed); smaller
+    /// ones are copied by the server from this process's memory.
+    pub shared_min: u64,
     /// Seconds every read and write to a server may take to make progress; a server that misses
     /// it (hung, overloaded, gone) is reported by `UnavailableError`. Waits such as `wait_step`
     /// add their own timeout to it.
@@ -181,6 +185,10 @@ impl StagingConfig {
 /// small enough that objects spread over servers and rebuild quickly.
 pub const DEFAULT_OBJECT_SIZE: u64 = 16 << 20;
 
+/// Default [`StagingConfig::shared_min`]: each shared segment costs a descriptor held by the
+/// server and a mapping made and unmade by the writer, which a copy of 1 MiB amortizes.
+pub const DEFAULT_SHARED_MIN: u64 = 1 << 20;
+
 impl Default for StagingConfig {
     fn default() -> Self {
         StagingConfig {
@@ -191,6 +199,7 @@ impl Default for StagingConfig {
             servers: 3,
             memory: "4GiB".into(),
             transport: "auto".into(),
+            shared_min: DEFAULT_SHARED_MIN,
             timeout: DEFAULT_TIMEOUT,
             redundancy: None,
             scheme: None,
@@ -230,7 +239,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -350,6 +359,7 @@ impl Config {
                 crate::staging::Transport::parse(value)?;
                 self.staging.transport = value.to_string();
             }
+            "shared_min" => self.staging.shared_min = value.parse().map_err(|_| bad("expected a byte count"))?,
             "timeout" => {
                 self.staging.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
                 self.staging.deadline()?;

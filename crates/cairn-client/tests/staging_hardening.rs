@@ -342,7 +342,7 @@ fn plant_leftover(c: &TestCluster, server: u32) {
         session: "s".into(),
         writer: 0,
         checksum: 0,
-        data: std::sync::Arc::new(vec![9; 100]),
+        data: std::sync::Arc::new(cairn_server::segment::Memory::Heap(vec![9; 100])),
         sealed: false,
         copy: 0,
     };
@@ -390,8 +390,15 @@ fn a_put_many_that_does_not_add_up_or_arrives_damaged_is_refused_and_the_connect
         checksum: crc32c::crc32c(bytes),
         copy: 0,
     };
-    let many =
-        |objects: Vec<PutItem>| Request::PutMany { dataset: "d".into(), step: 0, session: "s".into(), writer: 0, objects, from: None };
+    let many = |objects: Vec<PutItem>| Request::PutMany {
+        dataset: "d".into(),
+        step: 0,
+        session: "s".into(),
+        writer: 0,
+        objects,
+        from: None,
+        leases: None,
+    };
     let (a, b, d) = ([1u8; 4], [2u8; 4], [3u8; 4]);
     // Three objects' boxes, the bytes of two.
     let e = raw.call(Some(1), &many(vec![item(0, &a), item(1, &b), item(2, &d)]), &[&a, &b]).unwrap().into_result().unwrap_err();

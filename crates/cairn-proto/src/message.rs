@@ -131,6 +131,20 @@ pub enum Request {
         /// A same-node put: no payload; the bytes are these runs of the client's memory.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<Vec<(u64, u64)>>,
+        /// A same-node put into leased segments ([`Request::Lease`]): no payload; object `i`'s
+        /// bytes fill lease `leases[i]`, which becomes its memory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leases: Option<Vec<u64>>,
+    },
+    /// Same-node writers: gives back the leases `release` names, then leases a shared-memory
+    /// segment of each of `sizes` bytes (their space reserved) for the client to fill and put
+    /// (`put_many` with `leases`). Answered with [`Response::Leased`]; only on a Unix socket.
+    Lease {
+        /// Bytes of each segment (each at least 1; at most [`MAX_PUT_MANY`] of them).
+        sizes: Vec<u64>,
+        /// Leases not used (at most [`MAX_PUT_MANY`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        release: Vec<u64>,
     },
     /// Reads the box `want` (inside the object's box) of one object; the reply's payload holds it.
     /// For a shard (`shard` > 0) the whole shard is returned and `want` must be the object's box.
@@ -495,6 +509,9 @@ pub struct ServerStatus {
     /// gets), since start.
     #[serde(default)]
     pub same_node_bytes: u64,
+    /// Bytes of objects held in shared segments that writers on this host filled (leases).
+    #[serde(default)]
+    pub shared_bytes: u64,
     /// Seconds since start.
     pub uptime_s: f64,
     /// Its part in the control plane: `leader`, `follower`, `candidate`, `learner` or `none`.
@@ -579,6 +596,14 @@ pub enum Response {
         server: u32,
         /// Random, fresh per connection.
         nonce: String,
+    },
+    /// Segments leased to a same-node writer: each lease's id and its descriptor in the
+    /// server's process `pid` (the client opens `/proc/<pid>/fd/<fd>`).
+    Leased {
+        /// The server's process id.
+        pid: u32,
+        /// (lease id, descriptor) per size asked for.
+        leases: Vec<(u64, i32)>,
     },
     /// Hello accepted.
     Welcome {

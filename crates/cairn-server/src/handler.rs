@@ -47,6 +47,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         );
         return refuse(&mut stream, &busy).await;
     };
+    let mut peer = local.map(|pid| crate::segment::Local::new(state.clone(), pid));
     let epoch = state.view().map_or(0, |v| v.epoch);
     stream.arm();
     if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch }, &[]).await.is_err() {
@@ -78,7 +79,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         await_view(&state, env.epoch).await;
         let reply = match check_epoch(&state, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
-            None => cmd::dispatch(&state, env.req, prefix, &mut stream, local).await,
+            None => cmd::dispatch(&state, env.req, prefix, &mut stream, &mut peer).await,
         };
         let fatal = matches!(&reply, Err(Error::Io { .. }));
         stream.arm();

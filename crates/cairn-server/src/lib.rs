@@ -34,6 +34,7 @@ pub mod meta;
 pub mod peer;
 pub mod recover;
 pub mod rehome;
+pub mod segment;
 pub mod serve;
 pub mod server;
 pub mod state;

@@ -2,6 +2,7 @@
 //! whole copy; shard `i + 1` is erasure-code shard `i` of an encoded object. Space is reserved
 //! before a payload is read, so a put that would pass the limit is refused without allocating.
 
+use crate::segment::{Memory, Segment};
 use crate::state::lock;
 use cairn_core::{Error, Region, Result};
 use cairn_proto::message::ObjectInfo;
@@ -25,7 +26,7 @@ pub struct Object {
     /// crc32c of `data`.
     pub checksum: u32,
     /// C-order bytes of `region`.
-    pub data: Arc<Vec<u8>>,
+    pub data: Arc<Memory>,
     /// Whether its step committed.
     pub sealed: bool,
     /// Which copy it is (0: the first); for a shard, 0 for data and 1 for parity.
@@ -73,6 +74,8 @@ pub struct Store {
 #[derive(Debug, Default)]
 struct Pool {
     bufs: Mutex<HashMap<usize, Vec<Vec<u8>>>>,
+    /// Shared segments of same-node puts, likewise.
+    segs: Mutex<HashMap<usize, Vec<Segment>>>,
     bytes: AtomicU64,
 }
 
@@ -97,6 +100,12 @@ impl Reservation<'_> {
 }
 
 impl Store {
+    /// The reservation of `bytes` kept earlier with [`Reservation::keep`] (a lease's), to pass
+    /// on to [`Store::insert`] or give back by dropping it.
+    pub fn reserved(&self, bytes: u64) -> Reservation<'_> {
+        Reservation { store: self, bytes }
+    }
+
     /// Gives back bytes kept with [`Reservation::keep`].
     pub fn free(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
@@ -128,7 +137,9 @@ impl Store {
         let mut cur = self.used.load(Ordering::Acquire);
         if cur.saturating_add(bytes).saturating_add(self.pool.bytes.load(Ordering::Acquire)) > self.limit {
             let mut bufs = lock(&self.pool.bufs);
+            let mut segs = lock(&self.pool.segs);
             bufs.clear();
+            segs.clear();
             self.pool.bytes.store(0, Ordering::Release);
         }
         loop {
@@ -159,17 +170,35 @@ impl Store {
         vec![0u8; len]
     }
 
+    /// A pooled or new shared segment of exactly `len` bytes for a same-node writer to fill.
+    pub fn segment(&self, len: usize) -> Result<Segment> {
+        if let Some(s) = lock(&self.pool.segs).get_mut(&len).and_then(Vec::pop) {
+            self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
+            return Ok(s);
+        }
+        Segment::new(len)
+    }
+
     fn recycle(&self, objs: impl IntoIterator<Item = Object>) {
-        let mut bufs = lock(&self.pool.bufs);
         for o in objs {
-            // Only buffers no reader still holds, and only while pool + used stay within the limit.
-            if let Ok(b) = Arc::try_unwrap(o.data) {
-                let n = b.len() as u64;
-                if n >= 64 << 10 && self.used() + self.pool.bytes.load(Ordering::Acquire) + n <= self.limit {
-                    self.pool.bytes.fetch_add(n, Ordering::AcqRel);
-                    bufs.entry(b.len()).or_default().push(b);
-                }
+            // Only memory no reader still holds.
+            if let Ok(m) = Arc::try_unwrap(o.data) {
+                self.recycle_memory(m);
             }
+        }
+    }
+
+    /// Pools the memory of a freed object (or an unused lease) for the next of its size, while
+    /// pool + used stay within the limit; else it goes back to the system.
+    pub fn recycle_memory(&self, m: Memory) {
+        let n = m.len() as u64;
+        if n < 64 << 10 || self.used() + self.pool.bytes.load(Ordering::Acquire) + n > self.limit {
+            return;
+        }
+        self.pool.bytes.fetch_add(n, Ordering::AcqRel);
+        match m {
+            Memory::Heap(b) => lock(&self.pool.bufs).entry(b.len()).or_default().push(b),
+            Memory::Shared(s) => lock(&self.pool.segs).entry(s.bytes().len()).or_default().push(s),
         }
     }
 
@@ -194,7 +223,7 @@ impl Store {
     }
 
     /// The bytes, box, element size and checksum of an object's copy or shard.
-    pub fn get(&self, dataset: &str, step: u64, key: ObjKey) -> Result<(Arc<Vec<u8>>, Region, u32, u32)> {
+    pub fn get(&self, dataset: &str, step: u64, key: ObjKey) -> Result<(Arc<Memory>, Region, u32, u32)> {
         self.with(dataset, step, key, |o| (o.data.clone(), o.region.clone(), o.elem, o.checksum))
     }
 
@@ -320,6 +349,12 @@ impl Store {
         })
     }
 
+    /// Bytes of objects whose memory is a segment a same-node writer filled.
+    pub fn shared_bytes(&self) -> u64 {
+        let steps = lock(&self.steps);
+        steps.values().flat_map(|s| s.values()).filter(|o| matches!(*o.data, Memory::Shared(_))).map(|o| o.data.len() as u64).sum()
+    }
+
     /// Every object, for the placement view.
     pub fn list(&self) -> Vec<ObjectInfo> {
         let steps = lock(&self.steps);
@@ -355,7 +390,7 @@ mod tests {
             session: session.into(),
             writer: 0,
             checksum: 0,
-            data: Arc::new(vec![0; n]),
+            data: Arc::new(Memory::Heap(vec![0; n])),
             sealed: false,
             copy: 0,
         }

@@ -220,7 +220,7 @@ def socket_rtt_4k() -> float:
 # ---- cairn ------------------------------------------------------------------------------------
 
 #: The transports measured: their names in the table, and ``[staging] transport``.
-TRANSPORTS = {"same-node": "auto", "socket": "socket", "tcp": "tcp"}
+TRANSPORTS = {"same-node": "auto", "attach": "attach", "socket": "socket", "tcp": "tcp"}
 
 #: Steps written before the timed ones: keep_last (2) + 1, after which released steps' buffers
 #: are reused.

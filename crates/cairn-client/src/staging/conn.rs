@@ -84,6 +84,10 @@ pub(crate) struct Conn {
     epoch: Option<u64>,
     /// The server copies object bytes straight from and to this process's memory.
     same_node: bool,
+    /// Large objects go into shared segments the server leases (`shm`).
+    pub(crate) leasing: bool,
+    /// The server's segments mapped here.
+    pub(crate) maps: super::shm::Maps,
 }
 
 impl Conn {
@@ -97,7 +101,7 @@ impl Conn {
         .and_then(|s| s.set_timeouts(timeout).map(|()| s));
         let stream = stream.map_err(|e| fail(server, &addr, "connect", timeout, &Error::io("connecting", e)))?;
         let local = matches!(stream, Stream::Unix(_));
-        let mut c = Conn { stream, server, addr, timeout, epoch: None, same_node: false };
+        let mut c = Conn { stream, server, addr, timeout, epoch: None, same_node: false, leasing: false, maps: Default::default() };
         let nonce = match c.recv(0, "hello")?.0 {
             Response::Challenge { nonce, .. } => nonce,
             other => return Err(refused("connect", other)),
@@ -107,8 +111,9 @@ impl Conn {
             Response::Welcome { .. } => {}
             other => return Err(refused("hello", other)),
         }
-        if local && transport == Transport::Auto {
+        if local && matches!(transport, Transport::Auto | Transport::Attach) {
             c.same_node = c.probe_same_node()?;
+            c.leasing = c.same_node && transport == Transport::Auto;
         }
         Ok(c)
     }
@@ -239,6 +244,9 @@ pub enum Transport {
     /// between this process's memory and its own) over a Unix socket, or the Unix socket alone
     /// where the kernel forbids them; TCP for the others.
     Auto,
+    /// Like `Auto`, but the server copies every object (cross-memory attach), none goes into a
+    /// leased shared segment: the same-node path before those, kept for comparison.
+    Attach,
     /// Unix socket for servers on this host, with object bytes in the frames; else TCP.
     Socket,
     /// TCP always.
@@ -250,10 +258,11 @@ impl Transport {
     pub fn parse(text: &str) -> Result<Transport> {
         match text {
             "auto" => Ok(Transport::Auto),
+            "attach" => Ok(Transport::Attach),
             "socket" => Ok(Transport::Socket),
             "tcp" => Ok(Transport::Tcp),
             other => Err(Error::Config(format!(
-                "[staging] transport = \"{other}\": use \"auto\" (same-node copies where possible), \"socket\" or \"tcp\""
+                "[staging] transport = \"{other}\": use \"auto\" (same-node copies where possible), \"attach\", \"socket\" or \"tcp\""
             ))),
         }
     }

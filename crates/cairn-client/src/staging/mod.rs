@@ -6,6 +6,7 @@ mod conn;
 mod kv;
 pub mod local;
 mod reader;
+mod shm;
 mod writer;
 
 pub use conn::Transport;

@@ -34,6 +34,8 @@ pub struct StagingWriter {
     nranks: u32,
     session: String,
     object_size: u64,
+    /// Same-node objects of at least this many bytes go into leased shared segments.
+    shared_min: u64,
     keep_last: Option<u64>,
     /// Level of variables that do not name one.
     default_level: u32,
@@ -90,6 +92,42 @@ fn sums(dtype: DType, parts: &[Cow<'_, [u8]>]) -> (u32, Acc) {
     (crc, acc)
 }
 
+/// Copies `parts` into `dst` (their total length) a [`PASS`] at a time, checksumming and reducing
+/// each piece copied while it is in the cache, unless another sender has computed `sums`: the
+/// copy and [`sums`] in one pass.
+fn fill(dst: &mut [u8], parts: &[Cow<'_, [u8]>], dtype: DType, sums: &Sums) {
+    let fresh = sums.get().is_none();
+    let (mut crc, mut acc) = (0u32, Acc::new(dtype));
+    let mut at = 0;
+    for part in parts {
+        for piece in part.chunks(PASS) {
+            let copied = &mut dst[at..at + piece.len()];
+            copied.copy_from_slice(piece);
+            if fresh {
+                crc = crc32c::crc32c_append(crc, copied);
+                acc.add(copied);
+            }
+            at += piece.len();
+        }
+    }
+    if fresh {
+        let _ = sums.set((crc, acc));
+    }
+}
+
+/// The bytes of an outgoing object.
+fn bytes_of(o: &Outgoing<'_>) -> u64 {
+    o.parts.iter().map(|p| p.len() as u64).sum()
+}
+
+/// The step an outgoing put is for.
+fn step_of(o: &Outgoing<'_>) -> u64 {
+    match o.req {
+        Request::Put { step, .. } => step,
+        _ => u64::MAX,
+    }
+}
+
 impl StagingWriter {
     /// Opens rank `rank` of `nranks`. A dataset that has steps may be opened without appending:
     /// several claimers each commit the steps they claimed into one destination (D²T), and a
@@ -105,6 +143,7 @@ impl StagingWriter {
             nranks,
             session,
             object_size: cfg.object_size,
+            shared_min: cfg.shared_min,
             keep_last: cfg.keep_last,
             open: BTreeMap::new(),
             unreached: BTreeSet::new(),
@@ -112,8 +151,54 @@ impl StagingWriter {
         })
     }
 
+    /// Puts the large whole copies of `objects` into segments the server on this host leases
+    /// (see `shm`), one `lease` and one `put_many` per step and [`MAX_PUT_MANY`] objects; returns
+    /// which objects went. Where the kernel does not let this process open the server's segments,
+    /// the connection stops leasing and the rest go as copies.
+    fn put_leased(&self, c: &mut super::conn::Conn, objects: &[Outgoing<'_>]) -> Result<Vec<bool>> {
+        let mut done = vec![false; objects.len()];
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, o) in objects.iter().enumerate() {
+            if o.sums.is_none() || !matches!(o.req, Request::Put { shard: 0, .. }) || bytes_of(o) < self.shared_min.max(1) {
+                continue;
+            }
+            match groups.last_mut() {
+                Some(g) if g.len() < MAX_PUT_MANY && step_of(&objects[g[0]]) == step_of(o) => g.push(i),
+                _ => groups.push(vec![i]),
+            }
+        }
+        for g in groups {
+            let sizes: Vec<u64> = g.iter().map(|&i| bytes_of(&objects[i])).collect();
+            let (pid, leases) = match self.cluster.settle(c.call(&Request::Lease { sizes, release: Vec::new() })?)? {
+                Response::Leased { pid, leases } if leases.len() == g.len() => (pid, leases),
+                other => return Err(unexpected("lease", &other)),
+            };
+            let ids: Vec<u64> = leases.iter().map(|l| l.0).collect();
+            for (&i, &(_, fd)) in g.iter().zip(&leases) {
+                let o = &objects[i];
+                let Ok(segment) = c.maps.get(pid, fd, bytes_of(o) as usize) else {
+                    c.leasing = false;
+                    c.call(&Request::Lease { sizes: Vec::new(), release: ids })?;
+                    return Ok(done);
+                };
+                fill(segment.bytes_mut(), &o.parts, o.dtype, o.sums.as_ref().expect("whole copies have sums"));
+            }
+            let (mut req, _) = put_many(objects, &g);
+            if let Request::PutMany { leases, .. } = &mut req {
+                *leases = Some(ids);
+            }
+            c.send(&req, &[])?;
+            match self.cluster.settle(c.recv(0, "put")?.0)? {
+                Response::Ok => g.iter().for_each(|&i| done[i] = true),
+                other => return Err(unexpected("put", &other)),
+            }
+        }
+        Ok(done)
+    }
+
     fn send_all(&self, server: u32, objects: &[Outgoing<'_>]) -> Result<()> {
         self.cluster.with(server, |c| {
+            let leased = if c.leasing { self.put_leased(c, objects)? } else { vec![false; objects.len()] };
             let mut first_err = None;
             let mut acked = 0;
             let mut ack = |c: &mut super::conn::Conn| -> Result<()> {
@@ -127,7 +212,11 @@ impl StagingWriter {
                 }
                 Ok(())
             };
-            let frames = frames(objects);
+            let frames: Vec<Vec<usize>> = frames(objects)
+                .into_iter()
+                .map(|f| f.into_iter().filter(|i| !leased[*i]).collect::<Vec<usize>>())
+                .filter(|f| !f.is_empty())
+                .collect();
             for (i, frame) in frames.iter().enumerate() {
                 let (req, parts) = match frame.as_slice() {
                     [one] => {
@@ -340,15 +429,11 @@ const BATCHED: usize = 64 << 10;
 /// may hold several steps' blocks: buffered traces), each one `put_many`, and every other object
 /// alone (indices into `objects`).
 fn frames(objects: &[Outgoing<'_>]) -> Vec<Vec<usize>> {
-    let step = |i: usize| match objects[i].req {
-        Request::Put { step, .. } => step,
-        _ => u64::MAX,
-    };
+    let step = |i: usize| step_of(&objects[i]);
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut group: Vec<usize> = Vec::new();
     for (i, o) in objects.iter().enumerate() {
-        let bytes: usize = o.parts.iter().map(|p| p.len()).sum();
-        let small = o.sums.is_some() && bytes <= BATCHED && matches!(o.req, Request::Put { shard: 0, .. });
+        let small = o.sums.is_some() && bytes_of(o) <= BATCHED as u64 && matches!(o.req, Request::Put { shard: 0, .. });
         if !small || group.len() == MAX_PUT_MANY || group.first().is_some_and(|&g| step(g) != step(i)) {
             out.extend((!group.is_empty()).then(|| std::mem::take(&mut group)));
         }
@@ -362,8 +447,8 @@ fn frames(objects: &[Outgoing<'_>]) -> Vec<Vec<usize>> {
     out
 }
 
-/// One `put_many` of the small objects `which` (at least two, all whole-copy puts of one step
-/// by one writer), with their checksums, and their bytes in order.
+/// One `put_many` of the objects `which` (all whole-copy puts of one step by one writer), with
+/// their checksums, and their bytes in order.
 fn put_many<'a>(objects: &'a [Outgoing<'_>], which: &[usize]) -> (Request, Vec<&'a [u8]>) {
     let mut items = Vec::with_capacity(which.len());
     let mut parts = Vec::new();
@@ -379,7 +464,8 @@ fn put_many<'a>(objects: &'a [Outgoing<'_>], which: &[usize]) -> (Request, Vec<&
         head.get_or_insert((dataset, *step, session, *writer));
     }
     let (dataset, step, session, writer) = head.expect("at least one object");
-    let req = Request::PutMany { dataset: dataset.clone(), step, session: session.clone(), writer, objects: items, from: None };
+    let req =
+        Request::PutMany { dataset: dataset.clone(), step, session: session.clone(), writer, objects: items, from: None, leases: None };
     (req, parts)
 }
 

@@ -38,13 +38,25 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
                 ))
             })
         }
-        Request::PutMany { objects, from, .. } => {
+        Request::PutMany { objects, from, leases, .. } => {
             if objects.is_empty() || objects.len() > MAX_PUT_MANY {
                 return Err(Error::InvalidArgument(format!("a put_many of {} objects: send 1 to {MAX_PUT_MANY}", objects.len())));
             }
             let total = objects.iter().try_fold(0u64, |total, o| {
                 o.region.volume().checked_mul(u64::from(o.elem)).filter(|_| o.elem > 0).and_then(|n| total.checked_add(n))
             });
+            if let Some(leases) = leases {
+                // Each object's size is checked against its lease's when it is taken.
+                return if leases.len() != objects.len() || from.is_some() || payload_len > 0 || total.is_none() {
+                    Err(Error::InvalidArgument(format!(
+                        "a put_many into leases names one lease per object ({} for {}), and neither client memory nor a payload",
+                        leases.len(),
+                        objects.len()
+                    )))
+                } else {
+                    Ok(())
+                };
+            }
             let len = match from {
                 Some(runs) if payload_len == 0 => runs_len(runs)?,
                 Some(_) => return Err(Error::InvalidArgument("a same-node put_many names client memory and carries no payload".into())),
@@ -53,6 +65,16 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             if total != Some(len) {
                 return Err(Error::InvalidArgument(format!(
                     "a put_many whose objects' boxes add up to {total:?} bytes carries {len}: each object's bytes must follow in order"
+                )));
+            }
+            Ok(())
+        }
+        Request::Lease { sizes, release } => {
+            if sizes.len() > MAX_PUT_MANY || release.len() > MAX_PUT_MANY || sizes.contains(&0) {
+                return Err(Error::InvalidArgument(format!(
+                    "a lease of {} segments (giving back {}): ask for 0 to {MAX_PUT_MANY}, each of at least one byte",
+                    sizes.len(),
+                    release.len()
                 )));
             }
             Ok(())

@@ -2,6 +2,7 @@
 //! reserved), get (a whole object shared without copying, or a sub-box cut out of it).
 
 use super::{Payload, Reply};
+use crate::segment::Memory;
 use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
@@ -59,7 +60,7 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         stream.read_exact(piece).await.map_err(|e| Error::io("reading an object payload", e))?;
         crc = crc32c::crc32c_append(crc, piece);
     }
-    store_checked(state, h, data, crc, reservation)?;
+    store_checked(state, h, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
 }
 
@@ -72,7 +73,23 @@ pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutH
     let mut crc = 0u32;
     crate::cma::read(pid, runs, &mut data, &mut |piece| crc = crc32c::crc32c_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-    store_checked(state, h, data, crc, reservation)?;
+    store_checked(state, h, Memory::Heap(data), crc, reservation)?;
+    Ok(Response::Ok)
+}
+
+/// Stores the objects of a same-node put_many from the segments leased to the client
+/// (`ids[i]` holds object `i`), which become their memory: no copy here. The checksums are the
+/// writer's, computed as it filled the segments; readers verify them.
+pub fn put_leased(state: &State, peer: Option<&mut crate::segment::Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
+    let peer = peer.ok_or_else(crate::cma::not_local)?;
+    for (h, id) in headers.into_iter().zip(ids) {
+        let seg = peer.take(*id, item_len(&h))?;
+        state.same_node_bytes.fetch_add(seg.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let crc = h.checksum;
+        // The lease's reservation passes to the object.
+        let reservation = state.store.reserved(seg.bytes().len() as u64);
+        store_checked(state, h, crate::segment::Memory::Shared(seg), crc, reservation)?;
+    }
     Ok(Response::Ok)
 }
 
@@ -151,11 +168,11 @@ pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], rep
 /// the header's crc32c, consuming the reservation of their space.
 pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
     let crc = crc32c::crc32c(&data);
-    store_checked(state, h, data, crc, reservation)
+    store_checked(state, h, Memory::Heap(data), crc, reservation)
 }
 
 /// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
-fn store_checked(state: &State, h: PutHeader, data: Vec<u8>, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
+fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
     if crc != h.checksum {
         return Err(Error::Corrupt(format!(
             "object {:#x} of '{}' arrived damaged (crc32c {crc:#x}, sender computed {:#x}); put it again",

@@ -34,7 +34,7 @@ pub enum Reply {
 #[derive(Debug)]
 pub enum Payload {
     /// A whole stored object.
-    Shared(Arc<Vec<u8>>),
+    Shared(Arc<crate::segment::Memory>),
     /// A sub-box copied out of an object.
     Owned(Vec<u8>),
 }
@@ -50,14 +50,15 @@ impl Payload {
 }
 
 /// Runs one request. `stream` is positioned at its payload (if any), which the request consumes.
-/// `local` is the pid of the client when it runs on this host (for same-node copies).
+/// `local` is the client when it runs on this host (for same-node copies and leases).
 pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
     state: &Arc<State>,
     req: Request,
     p: Prefix,
     stream: &mut S,
-    local: Option<i32>,
+    peer: &mut Option<crate::segment::Local>,
 ) -> Result<Reply> {
+    let local = peer.as_ref().map(|l| l.pid);
     let data = matches!(
         req,
         Request::Put { .. }
@@ -86,7 +87,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
                 None => plain(data::put(state, stream, p.payload_len, h).await),
             }
         }
-        Request::PutMany { dataset, step, session, writer, objects, from } => {
+        Request::PutMany { dataset, step, session, writer, objects, from, leases } => {
             let headers = objects
                 .into_iter()
                 .map(|o| data::PutHeader {
@@ -104,10 +105,15 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
                     sealed: false,
                 })
                 .collect();
-            match from {
-                Some(runs) => plain(data::put_many_local(state, local, &runs, headers)),
-                None => plain(data::put_many(state, stream, p.payload_len, headers).await),
+            match (from, leases) {
+                (_, Some(ids)) => plain(data::put_leased(state, peer.as_mut(), &ids, headers)),
+                (Some(runs), None) => plain(data::put_many_local(state, local, &runs, headers)),
+                (None, None) => plain(data::put_many(state, stream, p.payload_len, headers).await),
             }
+        }
+        Request::Lease { sizes, release } => {
+            let peer = peer.as_mut().ok_or_else(crate::cma::not_local)?;
+            plain(peer.lease(&sizes, &release).map(|leases| Response::Leased { pid: std::process::id(), leases }))
         }
         Request::Get { dataset, step, id, want, shard, into } => {
             let reply = data::get(state, &dataset, step, (id, shard), &want)?;
