@@ -194,6 +194,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn leases_hold_their_space_until_put_or_given_back_and_their_segments_are_reused() {
+        use cairn_core::ErrorKind;
+        let path = std::path::PathBuf::from("/nonexistent/cluster.json");
+        let state = State::new(0, "s".into(), path, 1 << 20, crate::Limits::default(), crate::control::MetaOptions::default());
+        let mut local = Local::new(state.clone(), std::process::id() as i32);
+        let got = local.lease(&[256 << 10, 256 << 10], &[]).unwrap();
+        assert_eq!(state.store.used(), 512 << 10);
+        // More than the memory left: refused whole, nothing kept.
+        assert_eq!(local.lease(&[128 << 10, 600 << 10], &[]).unwrap_err().kind(), ErrorKind::Capacity);
+        assert_eq!(state.store.used(), 512 << 10);
+        // A put of another size than its lease is refused, and the lease goes back.
+        assert_eq!(local.take(got[0].0, 100).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(local.take(got[0].0, 256 << 10).unwrap_err().kind(), ErrorKind::InvalidArgument, "taken once only");
+        assert_eq!(state.store.used(), 256 << 10);
+        local.lease(&[], &[got[1].0]).unwrap();
+        assert_eq!(state.store.used(), 0);
+        // Leased again, a pooled segment comes back (already faulted in), its descriptor with it.
+        let again = local.lease(&[256 << 10], &[]).unwrap();
+        assert!([got[0].1, got[1].1].contains(&again[0].1));
+        // A connection that ends gives back what it did not put.
+        drop(local);
+        assert_eq!(state.store.used(), 0);
+    }
+
+    #[test]
     fn a_segment_is_shared_memory_another_opening_sees() {
         let seg = Segment::new(8192).unwrap();
         assert!(seg.bytes().iter().all(|b| *b == 0));

@@ -82,13 +82,19 @@ pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutH
 /// writer's, computed as it filled the segments; readers verify them.
 pub fn put_leased(state: &State, peer: Option<&mut crate::segment::Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
     let peer = peer.ok_or_else(crate::cma::not_local)?;
-    for (h, id) in headers.into_iter().zip(ids) {
-        let seg = peer.take(*id, item_len(&h))?;
-        state.same_node_bytes.fetch_add(seg.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let crc = h.checksum;
-        // The lease's reservation passes to the object.
-        let reservation = state.store.reserved(seg.bytes().len() as u64);
-        store_checked(state, h, crate::segment::Memory::Shared(seg), crc, reservation)?;
+    for (i, (h, id)) in headers.into_iter().zip(ids).enumerate() {
+        let stored = peer.take(*id, item_len(&h)).and_then(|seg| {
+            state.same_node_bytes.fetch_add(seg.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let crc = h.checksum;
+            // The lease's reservation passes to the object.
+            let reservation = state.store.reserved(seg.bytes().len() as u64);
+            store_checked(state, h, crate::segment::Memory::Shared(seg), crc, reservation)
+        });
+        if let Err(e) = stored {
+            // The objects after it are not stored: their leases go back (the writer puts again).
+            peer.lease(&[], &ids[i + 1..])?;
+            return Err(e);
+        }
     }
     Ok(Response::Ok)
 }
