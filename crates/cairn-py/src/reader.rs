@@ -74,14 +74,16 @@ impl PyReader {
         Ok(crate::attrs::to_json(&py.detach(|| self.inner.attrs()).map_err(to_py)?))
     }
 
-    fn var(&self, var: &str, step: u64) -> PyResult<(String, Option<Vec<u64>>)> {
-        let v = self.inner.var(var, step).map_err(to_py)?;
+    // Calls that may read a step's index from the cluster let go of the GIL (see the writer's).
+    fn var(&self, py: Python<'_>, var: &str, step: u64) -> PyResult<(String, Option<Vec<u64>>)> {
+        let v = py.detach(|| self.inner.var(var, step)).map_err(to_py)?;
         Ok((v.dtype.name().to_string(), v.shape))
     }
 
     fn blocks(&self, py: Python<'_>, var: &str, step: u64) -> PyResult<Vec<BlockTuple>> {
-        let blocks = self.inner.blocks(var, step).map_err(to_py)?;
-        let (level, states) = py.detach(|| self.inner.block_states(var, step)).map_err(to_py)?;
+        let (blocks, (level, states)) = py
+            .detach(|| Ok::<_, cairn_client::Error>((self.inner.blocks(var, step)?, self.inner.block_states(var, step)?)))
+            .map_err(to_py)?;
         Ok(blocks
             .into_iter()
             .zip(states)
@@ -118,12 +120,12 @@ impl PyReader {
         py.detach(|| self.inner.get(var, step, &offset, &count, out)).map_err(to_py)
     }
 
-    fn local_count(&self, var: &str, step: u64, writer: u32) -> PyResult<Vec<u64>> {
-        Ok(self.inner.local_block(var, step, writer).map_err(to_py)?.region.count)
+    fn local_count(&self, py: Python<'_>, var: &str, step: u64, writer: u32) -> PyResult<Vec<u64>> {
+        Ok(py.detach(|| self.inner.local_block(var, step, writer)).map_err(to_py)?.region.count)
     }
 
-    fn trace_count(&self, var: &str, step: u64, writer: u32) -> PyResult<(String, Vec<u64>)> {
-        let (dtype, count) = self.inner.trace_count(var, step, writer).map_err(to_py)?;
+    fn trace_count(&self, py: Python<'_>, var: &str, step: u64, writer: u32) -> PyResult<(String, Vec<u64>)> {
+        let (dtype, count) = py.detach(|| self.inner.trace_count(var, step, writer)).map_err(to_py)?;
         Ok((dtype.name().to_string(), count))
     }
 

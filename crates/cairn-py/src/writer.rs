@@ -102,8 +102,11 @@ impl PyWriter {
         self.with(|w| Ok(w.next_step()))
     }
 
-    fn begin_step(&self, step: u64) -> PyResult<()> {
-        self.with(|w| w.begin_step(step))
+    // Every call that may reach a server lets go of the GIL: held through a control-plane
+    // election, it stalled every other Python thread of the process (a chaos run's readers
+    // waited out the writers' elections).
+    fn begin_step(&self, py: Python<'_>, step: u64) -> PyResult<()> {
+        py.detach(|| self.with(|w| w.begin_step(step)))
     }
 
     #[pyo3(signature = (var, dtype, data, offset))]
@@ -146,12 +149,12 @@ impl PyWriter {
         })
     }
 
-    fn consume(&self, datasets: Vec<String>) -> PyResult<()> {
-        self.with(|w| w.consume(datasets))
+    fn consume(&self, py: Python<'_>, datasets: Vec<String>) -> PyResult<()> {
+        py.detach(|| self.with(|w| w.consume(datasets)))
     }
 
-    fn abort_step(&self) -> PyResult<()> {
-        self.with(|w| w.abort_step())
+    fn abort_step(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.with(|w| w.abort_step()))
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
