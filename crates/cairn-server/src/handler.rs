@@ -55,7 +55,11 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let mut shutdown = state.shutdown.subscribe();
     loop {
-        stream.expect_frame();
+        // A client holding leases must put (or give them back) within the deadline: a hung
+        // writer cannot keep their space reserved, since its connection and leases go.
+        if !peer.as_ref().is_some_and(crate::segment::Local::holds_leases) {
+            stream.expect_frame();
+        }
         let head = tokio::select! {
             h = read_head::<Envelope>(&mut stream, MAX_HEADER, state.store.limit().max(MAX_RAFT_PAYLOAD)) => h,
             _ = shutdown.recv() => return,

@@ -2,15 +2,17 @@
 //! leases segments (`lease`): anonymous shared memory (`memfd`) this server creates, or reuses
 //! from freed objects, and maps. The writer opens each through `/proc/<server pid>/fd/<fd>`
 //! (allowed to the same user, as cross-memory attach is), copies its object into it while it
-//! checksums it, unmaps it, and puts the object naming the lease: the server keeps the segment as
-//! the object's memory, with no copy of its own. Recycled segments are already faulted in, so
+//! checksums it, and puts the object naming the lease: the server keeps the segment as the
+//! object's memory, with no copy of its own. Recycled segments are already faulted in, so
 //! steady-state steps copy at memcpy speed; cross-memory attach reached 0.3–0.5× memcpy
 //! (`cma.rs`, measured by the `same_node_copy` example).
 //!
 //! What it costs: the writer keeps a writable mapping (it reuses it when the same segment is
 //! leased to it again), so it could change an object after its put. Checksums stay end to end
-//! (the writer computes them, every reader verifies), so such a change is detected, not served. A writer that dies while it copies never puts: its connection's
-//! leases go back to the pool, and nothing half-written is stored.
+//! (the writer computes them, every reader verifies), so such a change is detected, not served.
+//! A writer that dies while it copies never puts: its connection's leases go back to the pool,
+//! and nothing half-written is stored. One that hangs loses its connection, and so its leases,
+//! after the connection's deadline: a connection holding leases is never idle.
 
 use crate::state::State;
 use cairn_core::{Error, Result};
@@ -159,6 +161,11 @@ impl Local {
             }
         }
         Ok(out)
+    }
+
+    /// Whether it holds leases it has not put yet.
+    pub fn holds_leases(&self) -> bool {
+        !self.leases.is_empty()
     }
 
     /// Takes lease `id` for a put of `len` bytes: the segment, whose space stays reserved.

@@ -161,22 +161,19 @@ impl Store {
     /// A zeroed-or-recycled buffer of exactly `len` bytes to receive a payload into (its old
     /// contents are overwritten entirely by the payload).
     pub fn buffer(&self, len: usize) -> Vec<u8> {
-        let mut bufs = lock(&self.pool.bufs);
-        if let Some(b) = bufs.get_mut(&len).and_then(Vec::pop) {
-            self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
-            return b;
-        }
-        drop(bufs);
-        vec![0u8; len]
+        self.pooled(&self.pool.bufs, len).unwrap_or_else(|| vec![0u8; len])
+    }
+
+    /// Memory of `len` bytes taken out of `pool`, if it holds some.
+    fn pooled<T>(&self, pool: &Mutex<HashMap<usize, Vec<T>>>, len: usize) -> Option<T> {
+        let m = lock(pool).get_mut(&len).and_then(Vec::pop)?;
+        self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
+        Some(m)
     }
 
     /// A pooled or new shared segment of exactly `len` bytes for a same-node writer to fill.
     pub fn segment(&self, len: usize) -> Result<Segment> {
-        if let Some(s) = lock(&self.pool.segs).get_mut(&len).and_then(Vec::pop) {
-            self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
-            return Ok(s);
-        }
-        Segment::new(len)
+        self.pooled(&self.pool.segs, len).map_or_else(|| Segment::new(len), Ok)
     }
 
     fn recycle(&self, objs: impl IntoIterator<Item = Object>) {

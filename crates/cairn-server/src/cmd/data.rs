@@ -83,12 +83,12 @@ pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutH
 pub fn put_leased(state: &State, peer: Option<&mut crate::segment::Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
     let peer = peer.ok_or_else(crate::cma::not_local)?;
     for (i, (h, id)) in headers.into_iter().zip(ids).enumerate() {
-        let stored = peer.take(*id, item_len(&h)).and_then(|seg| {
-            state.same_node_bytes.fetch_add(seg.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let len = item_len(&h);
+        let stored = peer.take(*id, len).and_then(|seg| {
+            state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             let crc = h.checksum;
             // The lease's reservation passes to the object.
-            let reservation = state.store.reserved(seg.bytes().len() as u64);
-            store_checked(state, h, crate::segment::Memory::Shared(seg), crc, reservation)
+            store_checked(state, h, Memory::Shared(seg), crc, state.store.reserved(len))
         });
         if let Err(e) = stored {
             // The objects after it are not stored: their leases go back (the writer puts again).
