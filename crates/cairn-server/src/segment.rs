@@ -100,6 +100,18 @@ impl std::ops::Deref for Memory {
     }
 }
 
+impl From<Vec<u8>> for Memory {
+    fn from(v: Vec<u8>) -> Memory {
+        Memory::Heap(v)
+    }
+}
+
+impl From<Segment> for Memory {
+    fn from(s: Segment) -> Memory {
+        Memory::Shared(s)
+    }
+}
+
 /// Objects under lease per connection at most, and so segments (and descriptors) a writer can
 /// hold before it puts.
 pub const MAX_LEASES: usize = 1024;
@@ -138,10 +150,9 @@ impl Local {
         }
         let mut out = Vec::with_capacity(sizes.len());
         for &len in sizes {
-            let leased = self.state.store.reserve(len).and_then(|r| {
-                let seg = self.state.store.segment(len as usize)?;
+            let leased = self.state.store.reserve_segment(len as usize).map(|(r, seg)| {
                 r.keep();
-                Ok(seg)
+                seg
             });
             match leased {
                 Ok(seg) => {

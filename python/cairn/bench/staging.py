@@ -223,8 +223,8 @@ def socket_rtt_4k() -> float:
 TRANSPORTS = {"same-node": "auto", "attach": "attach", "socket": "socket", "tcp": "tcp"}
 
 #: Steps written before the timed ones: keep_last (2) + 1, after which released steps' buffers
-#: are reused.
-WARMUP = 3
+#: are reused, and one more for writers that start apart.
+WARMUP = 4
 
 
 def _cairn_writer(where, shape, steps, rank, nw, barrier, q):
@@ -236,8 +236,11 @@ def _cairn_writer(where, shape, steps, rank, nw, barrier, q):
     # Untimed steps until the servers recycle the buffers of released steps: the baselines reuse
     # their buffers too, and a long run pays for fresh pages only at its start.
     for s in range(-WARMUP, steps):
+        # The ranks of a simulation stay within a step of each other (its halo exchanges couple
+        # them); without this a writer runs steps ahead until the servers are full of its
+        # uncommitted objects.
+        barrier.wait()
         if s == 0:
-            barrier.wait()
             t = time.perf_counter()
         with f.step(s + WARMUP):
             f.put("field", a, offset=(x0, 0, 0))

@@ -44,21 +44,19 @@ pub struct PutHeader {
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
 pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: PutHeader) -> Result<Response> {
-    let checked = state.store.reserve(len);
-    let reservation = match checked {
+    let (reservation, mut data) = match state.store.reserve_buffer(len as usize) {
         Ok(r) => r,
         Err(e) => {
             crate::handler::discard(stream, len).await?;
             return Err(e);
         }
     };
-    let mut data = state.store.buffer(len as usize);
     // Checksummed a piece at a time as it arrives, while the piece is in the cache (as
     // `cma::read` does), instead of in a second pass over the whole object's memory.
     let mut crc = 0u32;
     for piece in data.chunks_mut(crate::cma::CHUNK) {
         stream.read_exact(piece).await.map_err(|e| Error::io("reading an object payload", e))?;
-        crc = crc32c::crc32c_append(crc, piece);
+        crc = cairn_core::checksum::crc_append(crc, piece);
     }
     store_checked(state, h, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
@@ -68,10 +66,9 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
 pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutHeader) -> Result<Response> {
     let pid = local.ok_or_else(crate::cma::not_local)?;
     let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
-    let reservation = state.store.reserve(len)?;
-    let mut data = state.store.buffer(len as usize);
+    let (reservation, mut data) = state.store.reserve_buffer(len as usize)?;
     let mut crc = 0u32;
-    crate::cma::read(pid, runs, &mut data, &mut |piece| crc = crc32c::crc32c_append(crc, piece))?;
+    crate::cma::read(pid, runs, &mut data, &mut |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
     store_checked(state, h, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
@@ -173,7 +170,7 @@ pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], rep
 /// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
 /// the header's crc32c, consuming the reservation of their space.
 pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
-    let crc = crc32c::crc32c(&data);
+    let crc = cairn_core::checksum::crc(&data);
     store_checked(state, h, Memory::Heap(data), crc, reservation)
 }
 
@@ -256,7 +253,7 @@ pub fn get(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, w
     }
     let mut out = vec![0u8; (want.volume() * u64::from(elem)) as usize];
     copy_box(&data, Layout { layout: &region, base: 0 }, &mut out, Layout { layout: want, base: 0 }, want, elem as usize);
-    let checksum = crc32c::crc32c(&out);
+    let checksum = cairn_core::checksum::crc(&out);
     Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Owned(out)))
 }
 
