@@ -387,7 +387,7 @@ fn a_put_many_that_does_not_add_up_or_arrives_damaged_is_refused_and_the_connect
         id,
         region: cairn_core::Region::new(vec![id * 4], vec![4]).unwrap(),
         elem: 1,
-        checksum: crc32c::crc32c(bytes),
+        checksum: cairn_core::checksum::crc(bytes),
         copy: 0,
     };
     let many = |objects: Vec<PutItem>| Request::PutMany {

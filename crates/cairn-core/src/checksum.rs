@@ -2,6 +2,27 @@
 //! it touched, so even a partial read never returns damaged bytes unnoticed.
 
 use crate::error::{Error, Result};
+use crc_fast::CrcAlgorithm::Crc32Iscsi;
+
+/// The crc32c (Castagnoli) of `data`. On `crc-fast`, which folds with VPCLMULQDQ/PCLMULQDQ where
+/// the CPU has them: measured 2.2× the `crc32c` crate's SSE4.2 path on 64 KiB pieces (4.7 against
+/// 10.3 ms for 256 MiB on this VM's EPYC), equal on 64-byte ones.
+pub fn crc(data: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(data)
+}
+
+/// The crc32c of the bytes whose crc32c is `crc` followed by `data` (0 for nothing before).
+pub fn crc_append(crc: u32, data: &[u8]) -> u32 {
+    // The digest's state is the checksum before its final inversion.
+    let mut d = crc_fast::Digest::new_with_init_state(Crc32Iscsi, u64::from(!crc));
+    d.update(data);
+    d.finalize() as u32
+}
+
+/// The crc32c of `a`'s bytes followed by `b`'s `b_len` bytes, from their checksums.
+pub fn crc_combine(a: u32, b: u32, b_len: usize) -> u32 {
+    crc_fast::checksum_combine(Crc32Iscsi, u64::from(a), u64::from(b), b_len as u64) as u32
+}
 
 /// Default chunk size: small enough that a box read fetches little beyond the rows it needs,
 /// large enough that the index stays small (a 256 MiB block carries 4096 checksums, 40 KB).
@@ -13,8 +34,8 @@ pub fn chunk_crcs(data: &[u8], chunk: u32) -> (Vec<u32>, u32) {
     let crcs = data
         .chunks(chunk.max(1) as usize)
         .map(|c| {
-            let crc = crc32c::crc32c(c);
-            whole = crc32c::crc32c_combine(whole, crc, c.len());
+            let crc = crc(c);
+            whole = crc_combine(whole, crc, c.len());
             crc
         })
         .collect();
@@ -27,7 +48,7 @@ pub fn verify(data: &[u8], first: usize, chunk: u32, crcs: &[u32], what: &dyn Fn
     for (i, c) in data.chunks(chunk.max(1) as usize).enumerate() {
         let k = first + i;
         let want = crcs.get(k).copied();
-        let got = crc32c::crc32c(c);
+        let got = crc(c);
         if want != Some(got) {
             return Err(Error::Corrupt(format!(
                 "checksum mismatch in {} (chunk {k}, bytes {}..{}): the file was damaged after it was \
@@ -50,9 +71,18 @@ mod tests {
         #[test]
         fn whole_checksum_matches_one_pass(data in prop::collection::vec(any::<u8>(), 0..5000), chunk in 1u32..700) {
             let (crcs, whole) = chunk_crcs(&data, chunk);
-            prop_assert_eq!(whole, crc32c::crc32c(&data));
+            prop_assert_eq!(whole, crc32c::crc32c(&data), "the reference implementation agrees");
             prop_assert_eq!(crcs.len(), data.len().div_ceil(chunk as usize));
             verify(&data, 0, chunk, &crcs, &|| "b".into()).unwrap();
+        }
+
+        #[test]
+        fn appending_in_pieces_matches_the_reference(data in prop::collection::vec(any::<u8>(), 0..5000), cut in any::<prop::sample::Index>()) {
+            let at = if data.is_empty() { 0 } else { cut.index(data.len() + 1) };
+            let want = crc32c::crc32c(&data);
+            prop_assert_eq!(crc(&data), want);
+            prop_assert_eq!(crc_append(crc_append(0, &data[..at]), &data[at..]), want);
+            prop_assert_eq!(crc_append(crc(&data[..at]), &data[at..]), want);
         }
 
         #[test]

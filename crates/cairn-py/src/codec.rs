@@ -67,5 +67,5 @@ pub(crate) fn decompress(py: Python<'_>, spec: &str, data: &Bound<'_, PyUntypedA
 #[pyo3(signature = (data, seed = 0))]
 pub(crate) fn crc32c(py: Python<'_>, data: &Bound<'_, PyUntypedArray>, seed: u32) -> PyResult<u32> {
     let src: &[u8] = bytes_of(data, false)?;
-    Ok(py.detach(|| ::crc32c::crc32c_append(seed, src)))
+    Ok(py.detach(|| ::cairn_core::checksum::crc_append(seed, src)))
 }

@@ -33,7 +33,7 @@ fn main() {
         let cma_put = best(|| cairn_server::cma::read(child.pid, &remote, &mut dst, &mut |_| {}).expect("process_vm_readv"));
         let cma_put_crc = best(|| {
             let mut crc = 0;
-            cairn_server::cma::read(child.pid, &remote, &mut dst, &mut |b| crc = crc32c::crc32c_append(crc, b)).expect("read");
+            cairn_server::cma::read(child.pid, &remote, &mut dst, &mut |b| crc = cairn_core::checksum::crc_append(crc, b)).expect("read");
             std::hint::black_box(crc);
         });
         // A segment per object, as a server adopting the writer's segment as storage gets: its

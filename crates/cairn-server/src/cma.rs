@@ -71,7 +71,7 @@ pub fn probe(pid: Option<i32>, addr: u64, len: u64, checksum: u32) -> Result<()>
     let pid = pid.ok_or_else(not_local)?;
     let mut buf = vec![0u8; len as usize];
     read(pid, &[(addr, len)], &mut buf, &mut |_| {})?;
-    if crc32c::crc32c(&buf) != checksum {
+    if cairn_core::checksum::crc(&buf) != checksum {
         return Err(Error::InvalidArgument(format!(
             "same-node probe: the {len} bytes read from process {pid} do not match their crc32c; the client sends payloads instead"
         )));
@@ -189,11 +189,12 @@ mod tests {
         let src: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         let mut got = vec![0u8; src.len()];
         let mut crc = 0u32;
-        if let Err(e) = read(me, &runs(&src, &[1, 2, 4000, 4000, 9999]), &mut got, &mut |b| crc = crc32c::crc32c_append(crc, b)) {
+        if let Err(e) = read(me, &runs(&src, &[1, 2, 4000, 4000, 9999]), &mut got, &mut |b| crc = cairn_core::checksum::crc_append(crc, b))
+        {
             return eprintln!("cross-memory attach unavailable here, skipped: {e}");
         }
         assert_eq!(got, src);
-        assert_eq!(crc, crc32c::crc32c(&src), "every piece is seen once, in order");
+        assert_eq!(crc, cairn_core::checksum::crc(&src), "every piece is seen once, in order");
         let mut back = vec![0u8; src.len()];
         let r = runs(&back, &[5000]);
         write(me, &r, &src).unwrap();

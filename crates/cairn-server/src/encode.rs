@@ -58,7 +58,12 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
         };
-        let h = PutHeader { checksum: crc32c::crc32c(&bytes), copy: u32::from(i >= k as usize), shard: i as u32 + 1, ..base.clone() };
+        let h = PutHeader {
+            checksum: cairn_core::checksum::crc(&bytes),
+            copy: u32::from(i >= k as usize),
+            shard: i as u32 + 1,
+            ..base.clone()
+        };
         let state = state.clone();
         stored.spawn(async move { store_shard(&state, to, h, bytes).await });
     }
@@ -87,7 +92,7 @@ async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Re
 pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
     let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, shard + 1)))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
-    let h = PutHeader { checksum: crc32c::crc32c(&bytes), ..h };
+    let h = PutHeader { checksum: cairn_core::checksum::crc(&bytes), ..h };
     let r = state.store.reserve(bytes.len() as u64)?;
     crate::cmd::data::store(state, h, bytes, r)
 }

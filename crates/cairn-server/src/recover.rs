@@ -416,7 +416,7 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
         // A retiring server hands over its own shard as it is (its reads verify it later).
         data.to_vec()
     } else if shard == 0 {
-        if crc32c::crc32c(&data) != checksum {
+        if cairn_core::checksum::crc(&data) != checksum {
             return Err(Error::Corrupt(format!("the copy of object {id:#x} on server {} does not match its checksum", state.id)));
         }
         data.to_vec()
@@ -434,14 +434,14 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
             }
             let get = Request::Get { dataset: dataset.to_string(), step, id, want: h.region.clone(), shard: i as u32 + 1, into: None };
             if let Ok((Response::Data { checksum }, bytes)) = crate::peer::fetch(state, stripe[i], &get, state.store.max_reply()).await {
-                if crc32c::crc32c(&bytes) == checksum {
+                if cairn_core::checksum::crc(&bytes) == checksum {
                     shards[i] = Some(bytes);
                 }
             }
         }
         let code = Code::new(k, m)?;
         let whole = code.decode(&mut shards, len)?;
-        if crc32c::crc32c(&whole) != checksum {
+        if cairn_core::checksum::crc(&whole) != checksum {
             return Err(Error::Corrupt(format!("object {id:#x} decoded for recovery does not match its checksum")));
         }
         if lost < k {
@@ -452,7 +452,7 @@ pub async fn rebuild(state: &State, dataset: &str, step: u64, id: u64, piece: &P
     };
     // A whole copy is an extra copy (1); a shard is data (0) or parity (1).
     let copy = if shard == 0 { 1 } else { u32::from(shard > k) };
-    let h = PutHeader { checksum: crc32c::crc32c(&piece), copy, ..h };
+    let h = PutHeader { checksum: cairn_core::checksum::crc(&piece), copy, ..h };
     crate::peer::call_with(state, to, &h.request(), &piece).await.map(|_| ())
 }
 

@@ -123,7 +123,7 @@ impl Conn {
     fn probe_same_node(&mut self) -> Result<bool> {
         let seed = std::process::id() ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let probe: [u8; 64] = std::array::from_fn(|i| (seed >> (i % 4 * 8)) as u8 ^ i as u8);
-        let req = Request::Attach { addr: probe.as_ptr() as u64, len: probe.len() as u64, checksum: crc32c::crc32c(&probe) };
+        let req = Request::Attach { addr: probe.as_ptr() as u64, len: probe.len() as u64, checksum: cairn_core::checksum::crc(&probe) };
         let ok = matches!(self.call(&req)?, Response::Ok);
         std::hint::black_box(&probe); // read by the server during the call
         Ok(ok)

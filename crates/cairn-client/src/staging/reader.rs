@@ -120,7 +120,7 @@ impl StagingReader {
                         if !local {
                             c.read_payload(&mut f.parts, "get")?;
                         }
-                        let got = f.parts.iter().fold(0u32, |c, p| crc32c::crc32c_append(c, p));
+                        let got = f.parts.iter().fold(0u32, |c, p| cairn_core::checksum::crc_append(c, p));
                         if got != checksum {
                             first_err.get_or_insert(Error::Corrupt(format!(
                                 "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
@@ -423,7 +423,7 @@ impl StagingReader {
                     );
                     return Err(if gone { Error::DataLoss(msg) } else { Error::Unavailable(msg) });
                 };
-                let got = crc32c::crc32c(&bytes);
+                let got = cairn_core::checksum::crc(&bytes);
                 if got != o.checksum {
                     return Err(Error::Corrupt(format!(
                         "{} decoded to the wrong bytes (crc32c {got:#x}, expected {:#x}); read it again",

@@ -85,7 +85,7 @@ fn sums(dtype: DType, parts: &[Cow<'_, [u8]>]) -> (u32, Acc) {
     for part in parts {
         // Whole elements per step: PASS is a multiple of every element size.
         for piece in part.chunks(PASS) {
-            crc = crc32c::crc32c_append(crc, piece);
+            crc = cairn_core::checksum::crc_append(crc, piece);
             acc.add(piece);
         }
     }
@@ -104,7 +104,7 @@ fn fill(dst: &mut [u8], parts: &[Cow<'_, [u8]>], dtype: DType, sums: &Sums) {
             let copied = &mut dst[at..at + piece.len()];
             copied.copy_from_slice(piece);
             if fresh {
-                crc = crc32c::crc32c_append(crc, copied);
+                crc = cairn_core::checksum::crc_append(crc, copied);
                 acc.add(copied);
             }
             at += piece.len();
@@ -317,7 +317,7 @@ impl StagingWriter {
                     let mut pieces: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&whole, i)).collect();
                     pieces.extend(code.parity(&whole));
                     for (i, (bytes, s)) in pieces.into_iter().zip(&shards).enumerate() {
-                        let req = put(usize::from(i >= k as usize), i as u32 + 1, crc32c::crc32c(&bytes));
+                        let req = put(usize::from(i >= k as usize), i as u32 + 1, cairn_core::checksum::crc(&bytes));
                         by_server.entry(*s).or_default().push(Outgoing { req, parts: vec![Cow::Owned(bytes)], sums: None, dtype });
                     }
                     Redundancy::Encoded { k, m, shards }
@@ -702,7 +702,7 @@ mod tests {
         let (req, parts) = put_many(&objs, &[0, 1]);
         let Request::PutMany { step, objects, .. } = req else { panic!("{req:?}") };
         assert_eq!((step, objects.len(), parts.len()), (0, 2, 2));
-        assert!(objects.iter().all(|o| o.checksum == crc32c::crc32c(&small)));
+        assert!(objects.iter().all(|o| o.checksum == cairn_core::checksum::crc(&small)));
         let many: Vec<Outgoing<'_>> = (0..MAX_PUT_MANY as u64 + 1).map(|i| out(0, i, &small, 0)).collect();
         assert_eq!(frames(&many).iter().map(Vec::len).collect::<Vec<_>>(), vec![MAX_PUT_MANY, 1]);
     }
