@@ -415,3 +415,22 @@ fn a_put_many_that_does_not_add_up_or_arrives_damaged_is_refused_and_the_connect
     assert_eq!(raw.call(Some(1), &many(vec![item(3, &a), item(4, &b)]), &[&a, &b]).unwrap().into_result().unwrap(), Response::Ok);
     assert!(used(c, 0) >= 8);
 }
+
+#[test]
+fn a_writer_that_leases_segments_and_hangs_gives_them_back_by_the_deadline() {
+    let limits = Limits { io_timeout: Duration::from_millis(300), ..Limits::default() };
+    let cl = start(1, 0, 8 << 20, limits);
+    let c = &cl.c;
+    let mut raw = RawConn::open_unix(c, 0).unwrap();
+    let leased = raw.call(Some(1), &Request::Lease { sizes: vec![3 << 20, 3 << 20], release: vec![] }, &[]).unwrap();
+    let Response::Leased { leases, .. } = leased else { panic!("not leased: {leased:?}") };
+    assert_eq!(leases.len(), 2);
+    assert_eq!(used(c, 0), 6 << 20, "a lease reserves its segment's space");
+    // The writer hangs before its put (as a SIGSTOPped one would): a connection holding leases
+    // is never idle, so the deadline drops it, and the leases and their space come back.
+    let start = Instant::now();
+    eventually(Duration::from_secs(5), "the hung lessee's space is given back", || used(c, 0) == 0);
+    assert!(start.elapsed() >= Duration::from_millis(200), "not before the deadline: {:?}", start.elapsed());
+    let cfg = cfg(c, 8 << 20);
+    assert!(write_step(&cfg, "d", 0, "s", &[7; 6 << 20], false), "the space serves the next writer");
+}

@@ -19,9 +19,9 @@ fn main() {
     let sizes = if sizes.is_empty() { vec![1, 16, 256] } else { sizes };
     let mut rows = Vec::new();
     println!(
-        "| object | memcpy GB/s | CMA put | CMA put + crc32c | memfd put (fresh segment) | memfd put (pooled) | CMA get | memfd get |"
+        "| object | memcpy GB/s | CMA put | CMA put + crc32c | memfd put (fresh segment) | memfd put (pooled) | CMA get | CMA get out of a segment | memfd get |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for mib in sizes {
         let n = mib << 20;
         let child = Child::spawn(n);
@@ -46,12 +46,14 @@ fn main() {
         pooled.bytes().fill(1);
         let memfd_pooled = best(|| pooled.bytes().copy_from_slice(&src));
         let cma_get = best(|| cairn_server::cma::write(child.pid, &remote, &src).expect("process_vm_writev"));
+        // The server's get of an object a same-node writer put into a segment.
+        let cma_get_segment = best(|| cairn_server::cma::write(child.pid, &remote, pooled.bytes()).expect("process_vm_writev"));
         let memfd_get = best(|| dst.copy_from_slice(pooled.bytes()));
         drop(child);
-        let row = [memcpy, cma_put, cma_put_crc, memfd_fresh, memfd_pooled, cma_get, memfd_get].map(gbs);
+        let row = [memcpy, cma_put, cma_put_crc, memfd_fresh, memfd_pooled, cma_get, cma_get_segment, memfd_get].map(gbs);
         let cells: Vec<String> = row[1..].iter().map(|v| format!("{v:.2} ({:.2}×)", v / row[0])).collect();
         println!("| {mib} MiB | {:.2} | {} |", row[0], cells.join(" | "));
-        let names = ["memcpy", "cma_put", "cma_put_crc", "memfd_put_fresh", "memfd_put_pooled", "cma_get", "memfd_get"];
+        let names = ["memcpy", "cma_put", "cma_put_crc", "memfd_put_fresh", "memfd_put_pooled", "cma_get", "cma_get_segment", "memfd_get"];
         let mut obj = serde_json::Map::new();
         obj.insert("object_mib".into(), mib.into());
         for (k, v) in names.iter().zip(row) {

@@ -246,20 +246,63 @@ impl Drop for TestCluster {
 #[derive(Debug)]
 pub struct RawConn {
     /// The socket (reads time out after 10 s).
-    pub stream: std::net::TcpStream,
+    pub stream: RawStream,
+}
+
+/// The socket of a [`RawConn`]: TCP, or the Unix socket a client on the server's host uses (the
+/// server knows its peer's pid, so same-node requests such as `lease` are served).
+#[derive(Debug)]
+pub enum RawStream {
+    /// Over TCP.
+    Tcp(std::net::TcpStream),
+    /// Over the server's Unix socket.
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl std::io::Read for RawStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            RawStream::Tcp(s) => s.read(buf),
+            RawStream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl std::io::Write for RawStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            RawStream::Tcp(s) => s.write(buf),
+            RawStream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl RawConn {
-    /// Connects to `addr` and answers its challenge with `secret`.
+    /// Connects to `addr` over TCP and answers its challenge with `secret`.
     pub fn open(addr: &str, secret: &str) -> Result<RawConn> {
         let stream = std::net::TcpStream::connect(addr).map_err(|e| Error::io("connecting", e))?;
-        stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        let mut c = RawConn { stream };
-        let (challenge, _) = c.recv()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
+        RawConn { stream: RawStream::Tcp(stream) }.hello(secret)
+    }
+
+    /// Connects to server `id`'s Unix socket in `cluster` and answers its challenge.
+    pub fn open_unix(cluster: &TestCluster, id: u32) -> Result<RawConn> {
+        let stream =
+            std::os::unix::net::UnixStream::connect(TestCluster::sock(&cluster.dir, id)).map_err(|e| Error::io("connecting", e))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
+        RawConn { stream: RawStream::Unix(stream) }.hello(cluster.secret())
+    }
+
+    fn hello(mut self, secret: &str) -> Result<RawConn> {
+        let (challenge, _) = self.recv()?;
         let Response::Challenge { nonce, .. } = challenge else { return Err(refused("connect", challenge)) };
         let mac = cairn_proto::auth::answer(secret, &nonce);
-        c.call(None, &Request::Hello { client: "test".into(), mac }, &[])?.into_result()?;
-        Ok(c)
+        self.call(None, &Request::Hello { client: "test".into(), mac }, &[])?.into_result()?;
+        Ok(self)
     }
 
     /// Sends one request and reads its reply and the reply's payload.
