@@ -162,23 +162,22 @@ impl StagingWriter {
     /// the connection stops leasing and the rest go as copies.
     fn put_leased(&self, c: &mut super::conn::Conn, objects: &[Outgoing<'_>]) -> Result<Vec<bool>> {
         let mut done = vec![false; objects.len()];
-        let mut groups: Vec<Vec<usize>> = Vec::new();
+        // Each group with its bytes so far.
+        let mut groups: Vec<(Vec<usize>, u64)> = Vec::new();
         for (i, o) in objects.iter().enumerate() {
-            if o.sums.is_none() || !matches!(o.req, Request::Put { shard: 0, .. }) || bytes_of(o) < self.shared_min.max(1) {
+            let len = bytes_of(o);
+            if o.sums.is_none() || !matches!(o.req, Request::Put { shard: 0, .. }) || len < self.shared_min.max(1) {
                 continue;
             }
             match groups.last_mut() {
-                Some(g)
-                    if g.len() < MAX_PUT_MANY
-                        && step_of(&objects[g[0]]) == step_of(o)
-                        && g.iter().map(|&j| bytes_of(&objects[j])).sum::<u64>() + bytes_of(o) <= LEASED_AT_ONCE =>
-                {
-                    g.push(i)
+                Some((g, bytes)) if g.len() < MAX_PUT_MANY && step_of(&objects[g[0]]) == step_of(o) && *bytes + len <= LEASED_AT_ONCE => {
+                    g.push(i);
+                    *bytes += len;
                 }
-                _ => groups.push(vec![i]),
+                _ => groups.push((vec![i], len)),
             }
         }
-        for g in groups {
+        for (g, _) in groups {
             let sizes: Vec<u64> = g.iter().map(|&i| bytes_of(&objects[i])).collect();
             let (pid, leases) = match self.cluster.settle(c.call(&Request::Lease { sizes, release: Vec::new() })?)? {
                 Response::Leased { pid, leases } if leases.len() == g.len() => (pid, leases),
