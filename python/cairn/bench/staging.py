@@ -1,13 +1,17 @@
 """The ``staging`` engine against a raw loopback socket, memcpy and Redis, on the same bytes, in one run.
 
 W writer processes (1 and 2) each put their slab of a float64 field (default 256 MiB per step in
-all) into a local 2-server cluster for S steps; then one reader gets every step whole and a 1/8
-box (half along each dimension). Each transport is a row: ``same-node`` (the default: servers copy
-the bytes straight from and to the clients' arrays), ``socket`` (the Unix socket) and ``tcp``.
-Baselines: the same bytes sent once over a plain loopback TCP socket into a reused buffer (the
-ceiling for any staging over TCP), the same bytes copied by numpy into a reused buffer in as many
-processes (the ceiling of any same-node transfer), and Redis SET/GET of the same bytes in 64 MiB
-values on a real ``redis-server``. Also puts with ``redundancy = 1`` (two copies) against one copy,
+all) into a local 2-server cluster for S steps; then as many readers get their slabs of every kept
+step (the whole field, in the baselines' process count), and one reader a 1/8 box (half along each
+dimension). Every output buffer is reused and touched beforehand, as the baselines' are. Each
+transport is a row: ``same-node`` (the default: writers copy into shared segments the servers keep,
+servers copy straight into readers' arrays), ``attach`` (servers copy both ways, by cross-memory
+attach), ``socket`` (the Unix socket) and ``tcp``. Baselines: the same bytes sent once over a plain loopback TCP socket into a reused buffer of the
+slab's size (the ceiling for any staging over TCP, which stores what it receives; ``raw_cached``:
+into a 16 MiB buffer that stays in the 32 MiB L3 cache, the baseline before, which flatters the
+socket by a third), the same bytes copied by numpy into a reused buffer in as many processes (the
+ceiling of any same-node transfer), and Redis SET/GET of the same bytes in 64 MiB values on a real
+``redis-server``. Also puts with ``redundancy = 1`` (two copies) against one copy,
 and the latency of 4 KiB puts (one object each) per transport vs a 4 KiB socket round trip and a
 Redis SET. Prints MB/s and the ratios.
 """
@@ -37,20 +41,24 @@ CHUNK = 64 << 20
 
 # ---- baselines --------------------------------------------------------------------------------
 
-def _sock_sink(port_q, nconn, nbytes):
+def _sock_sink(port_q, nconn, nbytes, steps, cap):
     srv = socket.create_server(("127.0.0.1", 0))
     port_q.put(srv.getsockname()[1])
     conns = [srv.accept()[0] for _ in range(nconn)]
-    buf = bytearray(16 << 20)
-    view = memoryview(buf)
 
     def drain(c):
-        left = nbytes
-        while left:
-            n = c.recv_into(view[: min(left, len(buf))])
-            if not n:
-                return
-            left -= n
+        # Into a buffer of the sender's slab (at most `cap` bytes, filled round), reused step after
+        # step and touched beforehand, as a get's output array is.
+        buf = bytearray(min(nbytes, cap))
+        view = memoryview(buf)
+        for _ in range(steps):
+            got = 0
+            while got < nbytes:
+                at = got % len(buf)
+                n = c.recv_into(view[at:at + min(len(buf) - at, nbytes - got)])
+                if not n:
+                    return
+                got += n
         c.sendall(b"k")
 
     import threading
@@ -73,12 +81,13 @@ def _sock_sender(port, a, steps, barrier, q):
     q.put(time.perf_counter() - t)
 
 
-def raw_socket(shape, steps, nw) -> float:
-    """Seconds for nw senders to push their slabs, steps times, through loopback TCP."""
+def raw_socket(shape, steps, nw, cap=1 << 62) -> float:
+    """Seconds for nw senders to push their slabs, steps times, through loopback TCP into a buffer
+    of the slab's size, or of ``cap`` bytes when smaller."""
     ctx = mp.get_context("fork")
     port_q, q, barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(nw)
     per = [data_for(shape, r, nw) for r in range(nw)]
-    sink = ctx.Process(target=_sock_sink, args=(port_q, nw, per[0].nbytes * steps))
+    sink = ctx.Process(target=_sock_sink, args=(port_q, nw, per[0].nbytes, steps, cap))
     sink.start()
     port = port_q.get()
     ps = [ctx.Process(target=_sock_sender, args=(port, per[r], steps, barrier, q)) for r in range(nw)]
@@ -126,6 +135,19 @@ def _redis_writer(port, a, steps, rank, barrier, q):
     q.put(time.perf_counter() - t)
 
 
+def _redis_reader(port, steps, rank, barrier, q):
+    import redis
+
+    r = redis.Redis(port=port)
+    keys = [list(r.scan_iter(f"f:{s}:{rank}:*")) for s in range(steps)]
+    barrier.wait()
+    t = time.perf_counter()
+    for ks in keys:
+        for k in ks:
+            r.get(k)
+    q.put(time.perf_counter() - t)
+
+
 def start_redis(tmp) -> tuple[subprocess.Popen, int]:
     exe = shutil.which("redis-server")
     if exe is None:
@@ -161,15 +183,15 @@ def redis_put_get(tmp, shape, steps, nw) -> dict[str, float]:
         put = max(q.get() for _ in ps)
         for x in ps:
             x.join()
+        # As many readers as writers, each reading its rank's values: a whole-step GET fetches every
+        # value, and a box read must too (values are opaque bytes).
+        ps = [ctx.Process(target=_redis_reader, args=(port, steps, r, barrier, q)) for r in range(nw)]
+        for x in ps:
+            x.start()
+        out = {"put": put, "get": max(q.get() for _ in ps)}
+        for x in ps:
+            x.join()
         r = redis.Redis(port=port)
-        out = {"put": put}
-        # A whole-step GET fetches every value; a box read must too (values are opaque bytes).
-        t = time.perf_counter()
-        for s in range(steps):
-            for w in range(nw):
-                for k in r.scan_iter(f"f:{s}:{w}:*"):
-                    r.get(k)
-        out["get"] = time.perf_counter() - t
         small = os.urandom(4096)
         t = time.perf_counter()
         for i in range(2000):
@@ -222,6 +244,9 @@ def socket_rtt_4k() -> float:
 #: The transports measured: their names in the table, and ``[staging] transport``.
 TRANSPORTS = {"same-node": "auto", "attach": "attach", "socket": "socket", "tcp": "tcp"}
 
+#: Steps the servers keep (the writers' ``keep_last``): the steps a reader gets.
+KEEP_LAST = 2
+
 #: Steps written before the timed ones: keep_last (2) + 1, after which released steps' buffers
 #: are reused, and one more for writers that start apart.
 WARMUP = 4
@@ -231,7 +256,7 @@ def _cairn_writer(where, shape, steps, rank, nw, barrier, q):
     cl, transport = where
     a = data_for(shape, rank, nw)
     x0, _ = slab(shape, rank, nw)
-    f = cairn.open("bench", "w", engine="staging", cluster=cl, rank=rank, nranks=nw, session="b", keep_last=2, transport=transport)
+    f = cairn.open("bench", "w", engine="staging", cluster=cl, rank=rank, nranks=nw, session="b", keep_last=KEEP_LAST, transport=transport)
     f.define("field", "f8", shape)
     # Untimed steps until the servers recycle the buffers of released steps: the baselines reuse
     # their buffers too, and a long run pays for fresh pages only at its start.
@@ -248,15 +273,30 @@ def _cairn_writer(where, shape, steps, rank, nw, barrier, q):
     f.close()
 
 
-def cairn_get(cl, box, transport) -> tuple[float, int]:
+def _cairn_reader(where, shape, steps, rank, nw, barrier, q):
+    """Reads this rank's slab of every kept step, as many readers as writers (the N of M×N, and
+    the baselines' process count)."""
+    cl, transport = where
+    x0, x1 = slab(shape, rank, nw)
+    q.put(cairn_get(cl, ([x0, 0, 0], [x1 - x0, *shape[1:]]), transport, barrier))
+
+
+def cairn_get(cl, box, transport, barrier=None) -> float:
+    """Seconds to get ``box`` of each of the KEEP_LAST kept steps, into a reused buffer touched
+    beforehand, over connections opened beforehand (as the baselines' are)."""
     off, cnt = box
     out = np.empty(cnt)
+    out.fill(0.0)  # np.zeros would leave the pages untouched
     f = cairn.open("bench", "r", engine="staging", cluster=cl, transport=transport)
     steps = f.steps()
+    assert len(steps) == KEEP_LAST, steps
+    f.get("field", steps[0], off, [1] * len(cnt))
+    if barrier is not None:
+        barrier.wait()
     t = time.perf_counter()
     for s in steps:
         f.get("field", s, off, cnt, out=out)
-    return time.perf_counter() - t, len(steps)
+    return time.perf_counter() - t
 
 
 def cairn_small(cl, transport) -> float:
@@ -278,7 +318,7 @@ def main(argv: list[str]) -> None:
     add_field_args(p, steps=5)
     p.add_argument("--transports", default=",".join(TRANSPORTS), help=f"transports measured (default {','.join(TRANSPORTS)})")
     args = p.parse_args(argv)
-    shape, nbytes, whole, eighth = boxes(args.mib)
+    shape, nbytes, _, eighth = boxes(args.mib)
     transports = args.transports.split(",")
     rows: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="cairn-bench-")
@@ -292,9 +332,8 @@ def main(argv: list[str]) -> None:
             res = {"put": run_writers(_cairn_writer, (cl, transport), shape, args.steps, nw) / args.steps}
             if redundancy:
                 return res
-            get, kept = cairn_get(cl, whole, transport)
-            box, _ = cairn_get(cl, eighth, transport)
-            return {**res, "get": get / kept, "get_box": box / kept}
+            get = run_writers(_cairn_reader, (cl, transport), shape, KEEP_LAST, nw)
+            return {**res, "get": get / KEEP_LAST, "get_box": cairn_get(cl, eighth, transport) / KEEP_LAST}
         finally:
             c.stop()
 
@@ -302,7 +341,9 @@ def main(argv: list[str]) -> None:
         for nw in args.writers:
             best: dict[str, float] = {}
             for _ in range(args.repeat):
-                res = {"raw": raw_socket(shape, args.steps, nw) / args.steps, "memcpy": memcpy(shape, args.steps, nw) / args.steps}
+                res = {"raw": raw_socket(shape, args.steps, nw) / args.steps,
+                       "raw_cached": raw_socket(shape, args.steps, nw, cap=16 << 20) / args.steps,
+                       "memcpy": memcpy(shape, args.steps, nw) / args.steps}
                 for name in transports:
                     res.update({f"{name}:{k}": v for k, v in cairn_run(nw, TRANSPORTS[name], 0).items()})
                 res.update({f"r1:{k}": v for k, v in cairn_run(nw, "auto", 1).items()})
@@ -316,8 +357,9 @@ def main(argv: list[str]) -> None:
                 rows.append({
                     "writers": nw, "transport": name,
                     "put_MBps": mb / put, "get_MBps": mb / get, "box_MBps": mb / 8 / best[f"{name}:get_box"],
-                    "raw_MBps": mb / best["raw"], "memcpy_MBps": mb / best["memcpy"],
+                    "raw_MBps": mb / best["raw"], "raw_cached_MBps": mb / best["raw_cached"], "memcpy_MBps": mb / best["memcpy"],
                     "put_vs_raw": best["raw"] / put, "get_vs_raw": best["raw"] / get,
+                    "put_vs_raw_cached": best["raw_cached"] / put, "get_vs_raw_cached": best["raw_cached"] / get,
                     "put_vs_memcpy": best["memcpy"] / put, "get_vs_memcpy": best["memcpy"] / get,
                     "redis_set_MBps": mb / best["redis_put"], "redis_get_MBps": mb / best["redis_get"],
                     "put_vs_redis": best["redis_put"] / put, "get_vs_redis": best["redis_get"] / get,
@@ -335,8 +377,9 @@ def main(argv: list[str]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"staging: {args.mib} MiB per step, {args.steps} steps, 2 servers on loopback, best of {args.repeat}")
     print(table([r for r in rows if "put_MBps" in r],
-                ["writers", "transport", "put_MBps", "get_MBps", "box_MBps", "raw_MBps", "memcpy_MBps", "put_vs_raw",
-                 "get_vs_raw", "put_vs_memcpy", "get_vs_memcpy", "put_vs_redis", "get_vs_redis"]))
+                ["writers", "transport", "put_MBps", "get_MBps", "box_MBps", "raw_MBps", "raw_cached_MBps", "memcpy_MBps",
+                 "put_vs_raw", "get_vs_raw", "put_vs_raw_cached", "get_vs_raw_cached", "put_vs_memcpy", "get_vs_memcpy",
+                 "put_vs_redis", "get_vs_redis"]))
     print(table([r for r in rows if "put_r1_MBps" in r], ["writers", "transport", "redundancy", "put_r1_MBps", "put_r1_vs_r0"]))
     lat = {"socket_rtt_4k_us": rtt * 1e6, "redis_set_4k_us": rd_small * 1e6,
            **{f"cairn_put_4k_us_{name}": t * 1e6 for name, t in small.items()},
