@@ -29,11 +29,15 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: u64) -> Cluster {
+        Cluster::start_timed(n, timing()).await
+    }
+
+    async fn start_timed(n: u64, timing: Timing) -> Cluster {
         let net = LocalNet::default();
         let mut logs = BTreeMap::new();
         for id in 1..=n {
-            let log = RaftLog::start(id, timing(), net.endpoint(id)).await.unwrap();
-            net.add(id, log.raft().clone());
+            let log = RaftLog::start(id, timing, net.endpoint(id)).await.unwrap();
+            net.add(id, log.clone());
             logs.insert(id, log);
         }
         let members = (1..=n).map(|id| (id, MetaNode { server: id as u32 - 1, addr: String::new() })).collect();
@@ -191,5 +195,48 @@ async fn a_lost_majority_is_a_clear_error_within_the_deadline_and_loses_nothing(
     assert!(t.elapsed() < timing().write + Duration::from_secs(1), "{:?}", t.elapsed());
     assert!((e.kind() == ErrorKind::Unavailable && e.to_string().contains("lost quorum")) || e.kind() == ErrorKind::NotLeader, "{e}");
     assert_eq!(query(&c.logs[&leader], |s| s.steps("d")), vec![0], "what was committed stays");
+    c.stop().await;
+}
+
+/// Long elections, so that standing early is told apart from openraft's own timer: the voters'
+/// lease on a leader is 800 ms, and a follower would stand 400–800 ms after it.
+fn slow_elections() -> Timing {
+    Timing { heartbeat: Duration::from_millis(50), election: (Duration::from_millis(400), Duration::from_millis(800)), ..timing() }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn followers_that_saw_a_killed_leader_hang_up_elect_the_next_once_its_lease_runs_out() {
+    let mut c = Cluster::start_timed(3, slow_elections()).await;
+    let old = c.leader(&[1, 2, 3]).await;
+    write_step(&c.logs[&old], 0).await;
+    let rest: Vec<NodeId> = (1..=3).filter(|i| *i != old).collect();
+    c.kill(old).await;
+    let killed = tokio::time::Instant::now();
+    for id in &rest {
+        c.logs[id].leader_hung_up();
+    }
+    let next = c.leader(&rest).await;
+    let took = killed.elapsed();
+    // The last append came at most a heartbeat before the kill: openraft alone elects no
+    // sooner than 800 + 400 - 50 ms after it; standing early, within 800 + 30 + 100 ms.
+    assert!(took <= Duration::from_millis(930), "the next leader took {took:?}");
+    // Nothing committed is lost, and the new leader commits.
+    assert_eq!(query(&c.logs[&next], |s| s.steps("d")), vec![0]);
+    write_step(&c.logs[&next], 1).await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_leader_that_appends_on_after_a_connection_closed_is_not_challenged() {
+    let c = Cluster::start_timed(3, slow_elections()).await;
+    let leader = c.leader(&[1, 2, 3]).await;
+    let term = c.logs[&leader].raft().metrics().borrow().current_term;
+    for id in (1..=3).filter(|i| *i != leader) {
+        c.logs[&id].leader_hung_up();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(c.leader(&[1, 2, 3]).await, leader);
+    assert_eq!(c.logs[&leader].raft().metrics().borrow().current_term, term, "an election was held");
+    write_step(&c.logs[&leader], 0).await;
     c.stop().await;
 }

@@ -8,7 +8,7 @@ use crate::server::Place;
 use crate::state::State;
 use cairn_core::{Error, Result};
 use cairn_proto::async_io::{read_head, write_frame};
-use cairn_proto::message::{Envelope, Request, Response, MAX_RAFT_PAYLOAD};
+use cairn_proto::message::{Envelope, RaftRpc, Request, Response, MAX_RAFT_PAYLOAD};
 use cairn_proto::{MAX_HEADER, MAX_HELLO};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -54,6 +54,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         return;
     }
     let mut shutdown = state.shutdown.subscribe();
+    let mut appends = Appends { state: state.clone(), carried: false };
     loop {
         // A client holding leases must put (or give them back) within the deadline: a hung
         // writer cannot keep their space reserved, since its connection and leases go.
@@ -79,6 +80,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return refuse(&mut stream, &Response::error(&e)).await;
         }
         state.requests.fetch_add(1, Ordering::Relaxed);
+        appends.carried |= matches!(env.req, Request::Raft { kind: RaftRpc::Append, .. });
         let stop_after = matches!(env.req, Request::Shutdown);
         await_view(&state, env.epoch).await;
         let reply = match check_epoch(&state, env.epoch) {
@@ -97,6 +99,22 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         }
         if fatal || sent.is_err() {
             return;
+        }
+    }
+}
+
+/// Tells this server's control-plane replica when a connection that carried a leader's appends
+/// ends, however it ends: a killed leader's connections close at once, and its followers can
+/// stand for election as soon as its lease runs out (`RaftLog::leader_hung_up`).
+struct Appends {
+    state: Arc<State>,
+    carried: bool,
+}
+
+impl Drop for Appends {
+    fn drop(&mut self) {
+        if let (true, Some(log)) = (self.carried, self.state.control.get()) {
+            log.leader_hung_up();
         }
     }
 }

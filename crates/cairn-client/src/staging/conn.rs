@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// Attempts of one request while the cluster redirects it (newer view, busy server).
 const REDIRECTS: usize = 4;
 /// Time allowed beyond the deadline to find the control plane's leader: Raft elects a new one
-/// within about 1.5 s of the last heartbeat (election timeouts of 0.5–1 s).
+/// within about 1 s of the last heartbeat (a 0.5 s lease, then 0.25–0.5 s elections).
 const ELECTION: Duration = Duration::from_secs(3);
 
 /// A byte stream to one server.

@@ -2,7 +2,8 @@
 //! handle. A node can be cut off (both directions, as a partition or a hung host would) and
 //! healed, so tests exercise elections, lost quorums and catching up with no sockets.
 
-use super::types::{MetaNode, MetaTypes, NodeId, Raft, Snapshot, Vote};
+use super::node::RaftLog;
+use super::types::{MetaNode, MetaTypes, NodeId, Snapshot, Vote};
 use openraft::error::{Fatal, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
@@ -15,7 +16,7 @@ type RpcError = RPCError<NodeId, MetaNode, RaftError<NodeId>>;
 /// The nodes of one process and which of them are cut off.
 #[derive(Clone, Default)]
 pub struct LocalNet {
-    nodes: Arc<Mutex<BTreeMap<NodeId, Raft>>>,
+    nodes: Arc<Mutex<BTreeMap<NodeId, RaftLog>>>,
     cut: Arc<Mutex<BTreeSet<NodeId>>>,
 }
 
@@ -27,13 +28,14 @@ impl std::fmt::Debug for LocalNet {
 }
 
 impl LocalNet {
-    /// Makes `raft` reachable as node `id`.
-    pub fn add(&self, id: NodeId, raft: Raft) {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, raft);
+    /// Makes `log` reachable as node `id`; appends reach it as a server's do
+    /// ([`RaftLog::append`], which notes the leader's contact).
+    pub fn add(&self, id: NodeId, log: RaftLog) {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, log);
     }
 
     /// Removes node `id` (it crashed).
-    pub fn remove(&self, id: NodeId) -> Option<Raft> {
+    pub fn remove(&self, id: NodeId) -> Option<RaftLog> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id)
     }
 
@@ -52,7 +54,7 @@ impl LocalNet {
         LocalEndpoint { net: self.clone(), from }
     }
 
-    fn reach(&self, from: NodeId, to: NodeId) -> Result<Raft, Unreachable> {
+    fn reach(&self, from: NodeId, to: NodeId) -> Result<RaftLog, Unreachable> {
         let cut = self.cut.lock().unwrap_or_else(|p| p.into_inner());
         if cut.contains(&from) || cut.contains(&to) {
             return Err(Unreachable::new(&AnyError::error(format!("node {from} cannot reach node {to}: cut off"))));
@@ -97,12 +99,12 @@ impl RaftNetwork<MetaTypes> for LocalConn {
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
         let peer = self.net.reach(self.from, self.to)?;
-        peer.append_entries(rpc).await.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+        peer.append(rpc).await.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
     }
 
     async fn vote(&mut self, rpc: VoteRequest<NodeId>, _option: RPCOption) -> Result<VoteResponse<NodeId>, RpcError> {
         let peer = self.net.reach(self.from, self.to)?;
-        peer.vote(rpc).await.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
+        peer.raft().vote(rpc).await.map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))
     }
 
     async fn full_snapshot(
@@ -113,6 +115,6 @@ impl RaftNetwork<MetaTypes> for LocalConn {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<NodeId>, StreamingError<MetaTypes, Fatal<NodeId>>> {
         let peer = self.net.reach(self.from, self.to)?;
-        peer.install_full_snapshot(vote, snapshot).await.map_err(|e| StreamingError::RemoteError(RemoteError::new(self.to, e)))
+        peer.raft().install_full_snapshot(vote, snapshot).await.map_err(|e| StreamingError::RemoteError(RemoteError::new(self.to, e)))
     }
 }
