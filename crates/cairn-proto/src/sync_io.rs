@@ -13,6 +13,59 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |e| Error::io(what, e)
 }
 
+/// A blocking byte stream to one server: TCP, or its Unix socket on the same host (where the
+/// server knows the client's pid, so same-node requests are served).
+#[derive(Debug)]
+pub enum Stream {
+    /// Over TCP.
+    Tcp(std::net::TcpStream),
+    /// Over the server's Unix socket.
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Stream {
+    /// Sets both the read and the write deadline to `t`.
+    pub fn set_timeouts(&self, t: std::time::Duration) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
+            Stream::Unix(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(b),
+            Stream::Unix(s) => s.read(b),
+        }
+    }
+    fn read_vectored(&mut self, b: &mut [IoSliceMut<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read_vectored(b),
+            Stream::Unix(s) => s.read_vectored(b),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(b),
+            Stream::Unix(s) => s.write(b),
+        }
+    }
+    fn write_vectored(&mut self, b: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(b),
+            Stream::Unix(s) => s.write_vectored(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Writes a frame whose payload is the concatenation of `payload`.
 pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T, payload: &[&[u8]]) -> Result<()> {
     let len: u64 = payload.iter().map(|p| p.len() as u64).sum();

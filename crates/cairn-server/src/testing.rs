@@ -8,6 +8,7 @@ use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::sync_io::Stream;
 use cairn_proto::ClusterView;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -246,39 +247,7 @@ impl Drop for TestCluster {
 #[derive(Debug)]
 pub struct RawConn {
     /// The socket (reads time out after 10 s).
-    pub stream: RawStream,
-}
-
-/// The socket of a [`RawConn`]: TCP, or the Unix socket a client on the server's host uses (the
-/// server knows its peer's pid, so same-node requests such as `lease` are served).
-#[derive(Debug)]
-pub enum RawStream {
-    /// Over TCP.
-    Tcp(std::net::TcpStream),
-    /// Over the server's Unix socket.
-    Unix(std::os::unix::net::UnixStream),
-}
-
-impl std::io::Read for RawStream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            RawStream::Tcp(s) => s.read(buf),
-            RawStream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl std::io::Write for RawStream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            RawStream::Tcp(s) => s.write(buf),
-            RawStream::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    pub stream: Stream,
 }
 
 impl RawConn {
@@ -286,7 +255,7 @@ impl RawConn {
     pub fn open(addr: &str, secret: &str) -> Result<RawConn> {
         let stream = std::net::TcpStream::connect(addr).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: RawStream::Tcp(stream) }.hello(secret)
+        RawConn { stream: Stream::Tcp(stream) }.hello(secret)
     }
 
     /// Connects to server `id`'s Unix socket in `cluster` and answers its challenge.
@@ -294,7 +263,7 @@ impl RawConn {
         let stream =
             std::os::unix::net::UnixStream::connect(TestCluster::sock(&cluster.dir, id)).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: RawStream::Unix(stream) }.hello(cluster.secret())
+        RawConn { stream: Stream::Unix(stream) }.hello(cluster.secret())
     }
 
     fn hello(mut self, secret: &str) -> Result<RawConn> {

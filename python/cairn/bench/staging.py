@@ -47,9 +47,9 @@ def _sock_sink(port_q, nconn, nbytes, steps, cap):
     conns = [srv.accept()[0] for _ in range(nconn)]
 
     def drain(c):
-        # Into a buffer of the sender's slab (at most `cap` bytes, filled round), reused step after
+        # Into a buffer of the sender's slab (or of `cap` bytes, filled round), reused step after
         # step and touched beforehand, as a get's output array is.
-        buf = bytearray(min(nbytes, cap))
+        buf = bytearray(nbytes if cap is None else min(nbytes, cap))
         view = memoryview(buf)
         for _ in range(steps):
             got = 0
@@ -81,7 +81,7 @@ def _sock_sender(port, a, steps, barrier, q):
     q.put(time.perf_counter() - t)
 
 
-def raw_socket(shape, steps, nw, cap=1 << 62) -> float:
+def raw_socket(shape, steps, nw, cap: int | None = None) -> float:
     """Seconds for nw senders to push their slabs, steps times, through loopback TCP into a buffer
     of the slab's size, or of ``cap`` bytes when smaller."""
     ctx = mp.get_context("fork")

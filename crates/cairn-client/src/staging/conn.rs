@@ -7,10 +7,9 @@
 use cairn_core::{Error, ErrorKind, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, Request, Response, MAX_RUNS};
-use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame};
+use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame, Stream};
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -22,55 +21,6 @@ const REDIRECTS: usize = 4;
 /// Time allowed beyond the deadline to find the control plane's leader: Raft elects a new one
 /// within about 1 s of the last heartbeat (a 0.5 s lease, then 0.25–0.5 s elections).
 const ELECTION: Duration = Duration::from_secs(3);
-
-/// A byte stream to one server.
-#[derive(Debug)]
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn set_timeouts(&self, t: Duration) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
-            Stream::Unix(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(b),
-            Stream::Unix(s) => s.read(b),
-        }
-    }
-    fn read_vectored(&mut self, b: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read_vectored(b),
-            Stream::Unix(s) => s.read_vectored(b),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(b),
-            Stream::Unix(s) => s.write(b),
-        }
-    }
-    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write_vectored(b),
-            Stream::Unix(s) => s.write_vectored(b),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// An authenticated connection to one server. Every failure to send or receive comes out as one
 /// `Unavailable` error naming the server, its address and the operation.
