@@ -27,6 +27,66 @@ pub struct PutItem {
     pub copy: u32,
 }
 
+/// Pieces one `rebuild` or `pieces` request may name at most.
+pub const MAX_REBUILD: usize = 1024;
+
+/// One piece of a committed object to rebuild ([`Request::Rebuild`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildPiece {
+    /// Step.
+    pub step: u64,
+    /// Object id.
+    pub id: u64,
+    /// 0: a whole copy; `i + 1`: shard `i` of the `k + m` stripe on `stripe`.
+    pub shard: u32,
+    /// Data shards (0 for a copy).
+    #[serde(default)]
+    pub k: u32,
+    /// Parity shards (0 for a copy).
+    #[serde(default)]
+    pub m: u32,
+    /// Server of each shard (empty for a copy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stripe: Vec<u32>,
+    /// crc32c of the whole object (from its index entry): what is rebuilt is checked against it.
+    pub checksum: u32,
+    /// Surviving holders to fetch from, in order of preference: of a copy, any one; of a shard,
+    /// the piece itself if its first holder still has it (a retiring server), else `k` shards.
+    pub sources: Vec<u32>,
+}
+
+/// A piece a holder sends ([`Response::Pieces`]): what storing it needs, and its length.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PieceHead {
+    /// Variable.
+    pub var: String,
+    /// The whole object's box.
+    pub region: Region,
+    /// Element size in bytes.
+    pub elem: u32,
+    /// Writer session.
+    pub session: String,
+    /// Rank of the writer.
+    pub writer: u32,
+    /// Bytes of the piece in the payload.
+    pub len: u64,
+    /// Their crc32c.
+    pub checksum: u32,
+}
+
+/// A piece a rebuild could not store ([`Response::Rebuilt`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PieceFailure {
+    /// Step.
+    pub step: u64,
+    /// Object id.
+    pub id: u64,
+    /// Why, as an error kind (`data_loss`: no surviving piece is enough).
+    pub kind: ErrorKind,
+    /// What was wrong.
+    pub message: String,
+}
+
 /// Longest key a keyed value may have, in bytes.
 pub const MAX_KEY: usize = 1024;
 
@@ -210,28 +270,25 @@ pub enum Request {
         /// Which data shard (`< k`).
         shard: u32,
     },
-    /// Leader → a surviving holder of a committed object: store piece `shard` (0: a whole copy;
-    /// `i + 1`: shard `i` of the `k + m` stripe on `stripe`) on server `to`, which took a lost
-    /// server's slot. Answered with [`Response::Ok`].
+    /// Leader → the server that takes a lost server's pieces (the live heir of its slot, or the
+    /// server itself back in its own slot): rebuild these pieces of committed objects of
+    /// `dataset` here, fetching what each needs from surviving holders (a copy, or `k` shards
+    /// to decode) with one [`Request::Pieces`] per holder. At most [`MAX_REBUILD`] pieces.
+    /// Answered with [`Response::Rebuilt`].
     Rebuild {
         /// Dataset name.
         dataset: String,
-        /// Step.
-        step: u64,
-        /// Object id.
-        id: u64,
-        /// The piece to rebuild.
-        shard: u32,
-        /// Data shards (0 for a copy).
-        k: u32,
-        /// Parity shards (0 for a copy).
-        m: u32,
-        /// Server of each shard (empty for a copy).
-        stripe: Vec<u32>,
-        /// crc32c of the whole object (from its index entry): what is rebuilt is checked against it.
-        checksum: u32,
-        /// Where the piece goes.
-        to: u32,
+        /// The pieces to rebuild.
+        pieces: Vec<RebuildPiece>,
+    },
+    /// A server rebuilding pieces → a surviving holder: the pieces it holds of these committed
+    /// objects, back to back in the reply's payload (at most [`MAX_REBUILD`]). Answered with
+    /// [`Response::Pieces`].
+    Pieces {
+        /// Dataset name.
+        dataset: String,
+        /// (step, object id, piece: 0 a whole copy, `i + 1` shard `i`) of each.
+        want: Vec<(u64, u64, u32)>,
     },
     /// Reader → the control plane's leader: objects of a committed step were just read degraded
     /// (a piece on a lost server); lazy recovery rebuilds them next. Answered with [`Response::Ok`].
@@ -647,6 +704,17 @@ pub enum Response {
     Data {
         /// crc32c of the payload.
         checksum: u32,
+    },
+    /// What a rebuild could not do, piece by piece (the rest are stored).
+    Rebuilt {
+        /// The pieces not rebuilt, and why.
+        failed: Vec<PieceFailure>,
+    },
+    /// Pieces a holder has, in the order asked for (`None`: not here); their bytes follow back
+    /// to back as the payload.
+    Pieces {
+        /// Per piece asked for.
+        found: Vec<Option<PieceHead>>,
     },
     /// An object was encoded; the encoder's request rate rides along (the leader gives the next
     /// encoding of the group to its least loaded member).

@@ -4,8 +4,8 @@
 
 use cairn_core::{Error, Result};
 use cairn_proto::message::{
-    Request, MAX_ATTACH_PROBE, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_PUT_MANY, MAX_RAFT_PAYLOAD,
-    MAX_RUNS,
+    RebuildPiece, Request, MAX_ATTACH_PROBE, MAX_CAS_VALUE, MAX_CLAIMER, MAX_CONSUME, MAX_KEY, MAX_KEYS, MAX_LEASE_MS, MAX_PUT_MANY,
+    MAX_RAFT_PAYLOAD, MAX_REBUILD, MAX_RUNS,
 };
 
 /// Checks `req`, whose frame announced `payload_len` payload bytes.
@@ -99,18 +99,14 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             }
             Ok(())
         }
-        Request::Rebuild { shard, k, m, stripe, .. } => {
-            let n = (*k as usize).saturating_add(*m as usize);
-            let copy = *shard == 0 && *k == 0 && *m == 0 && stripe.is_empty();
-            let piece =
-                *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
-            if !(copy || piece) {
-                return Err(Error::InvalidArgument(format!(
-                    "rebuild piece {shard} of a {k}+{m} stripe on {} servers: not a piece",
-                    stripe.len()
-                )));
+        Request::Rebuild { pieces, .. } => {
+            if pieces.is_empty() || pieces.len() > MAX_REBUILD {
+                return Err(Error::InvalidArgument(format!("{} pieces in one rebuild; send 1 to {MAX_REBUILD}", pieces.len())));
             }
-            Ok(())
+            pieces.iter().try_for_each(rebuild_piece)
+        }
+        Request::Pieces { want, .. } if want.is_empty() || want.len() > MAX_REBUILD => {
+            Err(Error::InvalidArgument(format!("{} pieces asked for at once; ask for 1 to {MAX_REBUILD}", want.len())))
         }
         Request::Touch { ids, .. } if ids.len() > MAX_KEYS => {
             Err(Error::InvalidArgument(format!("{} object ids in one touch; send at most {MAX_KEYS}", ids.len())))
@@ -204,6 +200,23 @@ fn check_batch(keys: &[String], sizes: &[u64], len: u64) -> Result<()> {
     Ok(())
 }
 
+/// A piece to rebuild is a whole copy, or one shard of a valid stripe, with somewhere to fetch
+/// it from.
+fn rebuild_piece(p: &RebuildPiece) -> Result<()> {
+    let RebuildPiece { shard, k, m, stripe, sources, .. } = p;
+    let n = (*k as usize).saturating_add(*m as usize);
+    let copy = *shard == 0 && *k == 0 && *m == 0 && stripe.is_empty();
+    let piece = *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
+    if !(copy || piece) || sources.is_empty() || sources.len() > cairn_core::erasure::MAX_SHARDS {
+        return Err(Error::InvalidArgument(format!(
+            "rebuild piece {shard} of a {k}+{m} stripe on {} servers from {} sources: not a piece",
+            stripe.len(),
+            sources.len()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +234,30 @@ mod tests {
             assert!(request(&bad, 0).unwrap_err().to_string().contains("not a shard of a valid stripe"));
         }
         assert!(request(&cut(4, 0), 10).unwrap_err().to_string().contains("carries no payload"));
+    }
+
+    #[test]
+    fn rebuilds_name_copies_or_shards_of_valid_stripes_with_sources_and_stay_bounded() {
+        let piece =
+            |shard, k, m, stripe: Vec<u32>, sources: Vec<u32>| RebuildPiece { step: 3, id: 7, shard, k, m, stripe, checksum: 0, sources };
+        let rebuild = |pieces| Request::Rebuild { dataset: "d".into(), pieces };
+        assert!(request(&rebuild(vec![piece(0, 0, 0, vec![], vec![2]), piece(5, 3, 2, vec![0, 1, 2, 3, 4], vec![0, 1, 3])]), 0).is_ok());
+        for bad in [
+            piece(0, 0, 0, vec![], vec![]),
+            piece(0, 3, 2, vec![], vec![1]),
+            piece(6, 3, 2, vec![0, 1, 2, 3, 4], vec![0]),
+            piece(1, 3, 2, vec![0, 1, 2], vec![0]),
+            piece(1, 1, 2, vec![0, 1, 2], vec![0]),
+            piece(1, 300, 2, vec![0; 302], vec![0]),
+        ] {
+            assert!(request(&rebuild(vec![bad]), 0).unwrap_err().to_string().contains("not a piece"));
+        }
+        assert!(request(&rebuild(vec![]), 0).is_err());
+        assert!(request(&rebuild(vec![piece(0, 0, 0, vec![], vec![2]); MAX_REBUILD + 1]), 0).is_err());
+        let pieces = |n| Request::Pieces { dataset: "d".into(), want: vec![(0, 1, 0); n] };
+        assert!(request(&pieces(MAX_REBUILD), 0).is_ok());
+        assert!(request(&pieces(0), 0).is_err() && request(&pieces(MAX_REBUILD + 1), 0).is_err());
+        assert!(request(&pieces(1), 8).unwrap_err().to_string().contains("carries no payload"));
     }
 
     #[test]

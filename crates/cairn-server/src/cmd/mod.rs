@@ -67,6 +67,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
             | Request::Encode { .. }
             | Request::Cut { .. }
             | Request::Rebuild { .. }
+            | Request::Pieces { .. }
             | Request::KvPut { .. }
             | Request::KvGet { .. }
     );
@@ -126,10 +127,8 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         Request::Encode { dataset, step, id, k, m, shards, holders } => {
             plain(crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await)
         }
-        Request::Rebuild { dataset, step, id, shard, k, m, stripe, checksum, to } => {
-            let piece = crate::recover::Piece { shard, k, m, stripe, checksum };
-            plain(crate::recover::rebuild(state, &dataset, step, id, &piece, to).await.map(|_| Response::Ok))
-        }
+        Request::Rebuild { dataset, pieces } => plain(crate::recover::rebuild(state, &dataset, pieces).await),
+        Request::Pieces { dataset, want } => crate::recover::pieces(state, &dataset, &want),
         Request::Touch { dataset, step, ids } => {
             plain(crate::control::leader(state).map(|_| state.recovery.touch(&dataset, step, &ids)).map(|_| Response::Ok))
         }
