@@ -11,10 +11,29 @@
 The engine (``file`` or ``staging``) comes from ``cairn.toml``, never from code.
 """
 
-from ._api import BlockInfo, Reader, VariableInfo, Writer, open
+from typing import TYPE_CHECKING, Any
+
 from ._native import __version__
 from .exceptions import *  # noqa: F403
 from .exceptions import __all__ as _exc_all
-from .variable import Variable
+
+if TYPE_CHECKING:
+    from ._api import BlockInfo, Reader, VariableInfo, Writer, open
+    from .variable import Variable
+
+#: Where the client's names live; imported when first used, so that a process that only serves
+#: (``cairn serve``, started again for every spare) does not load numpy and the client.
+_LAZY = {"open": "._api", "Writer": "._api", "Reader": "._api", "VariableInfo": "._api", "BlockInfo": "._api",
+         "Variable": ".variable"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cairn' has no attribute {name!r}")
 
 __all__ = ["open", "Writer", "Reader", "Variable", "VariableInfo", "BlockInfo", "__version__", *_exc_all]

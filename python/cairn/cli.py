@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from . import __version__, chaos, cluster_cli, cohmm_cli, dataset_cli, export_cli, model_cli, pack_cli, skel_cli
+from . import __version__, cluster_cli
 from .exceptions import CairnError
 
 #: Options whose values may start with "-" (a negative index), which argparse would take for an option.
@@ -62,19 +62,27 @@ def _join_negative(argv: list[str]) -> list[str]:
     return out
 
 
-def parser() -> argparse.ArgumentParser:
-    """The ``cairn`` argument parser with every subcommand."""
+def parser(serve_only: bool = False) -> argparse.ArgumentParser:
+    """The ``cairn`` argument parser with every subcommand, or only the server's (``cairn serve``
+    runs once per server and again for every spare: without the client's modules, numpy among
+    them, it starts with 0.05 s of CPU instead of 0.3)."""
     p = argparse.ArgumentParser(prog="cairn", description="Cairn: staging and checkpoint/restart for n-D arrays")
     p.add_argument("--version", action="version", version=f"cairn {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for module in (dataset_cli, export_cli, pack_cli, skel_cli, model_cli, cohmm_cli, cluster_cli, chaos):
-        module.add(sub)
+    if serve_only:
+        cluster_cli.add(sub)
+    else:
+        from . import chaos, cohmm_cli, dataset_cli, export_cli, model_cli, pack_cli, skel_cli
+
+        for module in (dataset_cli, export_cli, pack_cli, skel_cli, model_cli, cohmm_cli, cluster_cli, chaos):
+            module.add(sub)
     _formatted(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(_join_negative(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(serve_only=argv[:1] == ["serve"]).parse_args(_join_negative(argv))
     # Tables printed step by step reach a pipe (`| tee`, a log) line by line, not at exit.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
