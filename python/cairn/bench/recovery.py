@@ -108,6 +108,9 @@ def sweep_one(tmp: Path, mode: str, mtbf: str, a: argparse.Namespace) -> dict[st
         c.stop()
 
 
+#: The sweep's MTBFs; a sweep of others is saved beside it (``recovery_mtbf_18s``), not over it.
+SWEEP_MTBFS = "150s,60s,30s,18s"
+
 #: What a sweep row averages over its repeats (the rest are summed or listed).
 MEANS = ("run_s", "read_ms", "write_ms", "read_p50_ms", "read_p99_ms", "write_p50_ms")
 
@@ -182,7 +185,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--parts", default="fig11,mtbf", help="fig11 (failures at steps 4 and 6), mtbf (the chaos sweep)")
-    ap.add_argument("--mtbf", default="150s,60s,30s,18s", help="MTBFs of the sweep (default 150s,60s,30s,18s)")
+    ap.add_argument("--mtbf", default=SWEEP_MTBFS, help=f"MTBFs of the sweep (default {SWEEP_MTBFS})")
     ap.add_argument("--sweep-steps", type=int, default=300, help="steps of the sweep's workload (default 300)")
     ap.add_argument("--sweep-n", type=int, default=128, help="the sweep's field edge (default 128)")
     ap.add_argument("--sweep-interval", default="0.25s", help="the sweep workload's compute time per step")
@@ -221,7 +224,7 @@ def main(argv: list[str]) -> None:
                                 "write_%", "write_p50_%"]))
         print(f"CoREC at MTBF 18 s: read +{PAPER_18S['read_%']['degraded']}% degraded / +{PAPER_18S['read_%']['lazy']}% lazy; "
               f"total +{PAPER_18S['total_%']['degraded']}% / +{PAPER_18S['total_%']['lazy']}%")
-    name = "recovery" if "fig11" in parts else "recovery_mtbf"
+    name = "recovery" if "fig11" in parts else "recovery_mtbf" + ("" if a.mtbf == SWEEP_MTBFS else "_" + a.mtbf.replace(",", "_"))
     path = save(name, rows + [{"summary": s} for s in summary] + [{"mtbf_sweep": r} for r in swept],
                 {"n": a.n, "steps": a.steps, "servers": 6, "spares": 2, "redundancy": 2, "mtbf": a.mtbf,
                  "sweep_steps": a.sweep_steps, "sweep_n": a.sweep_n, "repeat": a.repeat, "sweep_interval": a.sweep_interval, "paper_18s": PAPER_18S})
