@@ -364,6 +364,43 @@ def test_a_spare_that_fails_while_refilling_passes_its_slot_on_and_nothing_is_lo
         c.stop()
 
 
+def test_recovery_asks_other_holders_when_one_hangs(tmp_path):
+    """Level 2, 3+2 stripes: one server SIGKILLed, then a holder of the same objects SIGSTOPped
+    (hung, and not declared down: a 120 s failure timeout) before a spare takes the first one's
+    slot. The spare asks each survivor once for what it needs; the hung one does not answer
+    within a third of the peer deadline and the pieces short go to the stripes' other holders,
+    so recovery finishes while the hung server is still a member. Its pieces are real: with the
+    hung server then SIGKILLed too (two failures, within the level), every step reads back."""
+    c = cluster.start(tmp_path / "cluster.json", servers=6, spares=1, memory="128MiB", meta=3, redundancy=2, rs_data=3,
+                      min_efficiency=0.3, hot_steps=1, failure_timeout="120s", recovery="aggressive", peer_timeout=3.0)
+    hung = None
+    try:
+        data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
+        w, r = _write_encoded(c, data, object_size=4096, encoded=5)
+        first = _victim(c)
+        hung = _sharing_most(c, first)
+        spare = _view(c.file)["spares"][0]
+        _kill(c, first)
+        c.procs[hung].send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        cluster.replace(c.file, first, spare)
+        wait_for(lambda: (lambda rec: rec["pending"] == 0 and rec["rebuilt"] > 0)(_recovery(c.file)), "recovery around the hung server", 60)
+        took = time.monotonic() - t0
+        assert _recovery(c.file)["lost"] == 0
+        assert hung not in _view(c.file)["down"], "the hung server was declared down: recovery did not go around it"
+        c.procs[hung].send_signal(signal.SIGCONT)
+        _kill(c, hung)
+        for s, a in data.items():
+            assert np.array_equal(r.get("p", s), a), f"step {s}"
+        assert took < 40, f"recovery took {took:.1f} s"
+        r.close()
+        w.close()
+    finally:
+        if hung is not None:
+            c.procs[hung].send_signal(signal.SIGCONT)
+        c.stop()
+
+
 @pytest.mark.parametrize("level", [1, 2])
 def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_level(tmp_path, level):
     """SIGKILL of a server, then of the server sharing the most objects with it while lazy

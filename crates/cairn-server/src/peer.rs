@@ -51,9 +51,9 @@ pub async fn call_within(state: &State, to: u32, req: &Request, payload: &[u8], 
 }
 
 /// Sends `req` to server `to` and returns its response with the reply's payload (at most
-/// `max_reply` bytes): reads of another server's objects (recovery).
-pub async fn fetch(state: &State, to: u32, req: &Request, max_reply: u64) -> Result<(Response, Vec<u8>)> {
-    call_full(state, to, req, &[], state.limits.peer_timeout, max_reply).await
+/// `max_reply` bytes) within `limit`: reads of another server's objects (recovery).
+pub async fn fetch(state: &State, to: u32, req: &Request, max_reply: u64, limit: std::time::Duration) -> Result<(Response, Vec<u8>)> {
+    call_full(state, to, req, &[], limit, max_reply).await
 }
 
 async fn call_full(

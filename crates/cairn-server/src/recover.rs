@@ -652,7 +652,10 @@ pub async fn rebuild(state: &Arc<State>, dataset: &str, pieces: Vec<RebuildPiece
             let want = items.iter().map(|&(i, key, _)| (work[i].piece.step, work[i].piece.id, key)).collect();
             let req = Request::Pieces { dataset: dataset.to_string(), want };
             let state = state.clone();
-            calls.spawn(async move { (source, items, crate::peer::fetch(&state, source, &req, state.store.max_reply()).await) });
+            // A third of the leader's deadline for this rebuild: a hung source leaves time to
+            // ask the others.
+            let limit = state.limits.peer_timeout / 3;
+            calls.spawn(async move { (source, items, crate::peer::fetch(&state, source, &req, state.store.max_reply(), limit).await) });
         }
         while let Some(done) = calls.join_next().await {
             let Ok((source, items, r)) = done else { continue };
