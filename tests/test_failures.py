@@ -128,6 +128,16 @@ def _sharing_most(c, first: int) -> int:
     return other
 
 
+def _pair_sharing_objects(c, encoded: int):
+    """Six steps of random 64×64 fields written (steps 0..encoded-1 erasure-coded): the data, the
+    writer and a reader, a data server, the server sharing the most objects with it, and the
+    first spare."""
+    data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
+    w, r = _write_encoded(c, data, object_size=4096, encoded=encoded)
+    first = _victim(c)
+    return data, w, r, first, _sharing_most(c, first), _view(c.file)["spares"][0]
+
+
 def _kill(c, sid: int) -> None:
     c.procs[sid].send_signal(signal.SIGKILL)
     c.procs[sid].wait(timeout=10)
@@ -375,11 +385,7 @@ def test_recovery_asks_other_holders_when_one_hangs(tmp_path):
                       min_efficiency=0.3, hot_steps=1, failure_timeout="120s", recovery="aggressive", peer_timeout=3.0)
     hung = None
     try:
-        data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
-        w, r = _write_encoded(c, data, object_size=4096, encoded=5)
-        first = _victim(c)
-        hung = _sharing_most(c, first)
-        spare = _view(c.file)["spares"][0]
+        data, w, r, first, hung, spare = _pair_sharing_objects(c, encoded=5)
         _kill(c, first)
         c.procs[hung].send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
@@ -411,11 +417,7 @@ def test_a_second_failure_before_recovery_finished_loses_nothing_within_the_leve
     c = cluster.start(tmp_path / "cluster.json", servers=6, spares=1, memory="128MiB", meta=3, redundancy=level, rs_data=3,
                       min_efficiency=0.3, hot_steps=1, failure_timeout="1s", recovery_deadline="300s")
     try:
-        data = {s: np.random.default_rng(s).random((64, 64)) for s in range(6)}
-        w, r = _write_encoded(c, data, object_size=4096, encoded=3)
-        first = _victim(c)
-        second = _sharing_most(c, first)
-        spare = _view(c.file)["spares"][0]
+        data, w, r, first, second, spare = _pair_sharing_objects(c, encoded=3)
         _kill(c, first)
         wait_for(lambda: spare in _view(c.file)["slots"], "the spare takes the slot", 15)
         assert _recovery(c.file)["pending"] > 0, "recovery (300 s deadline) must still be under way"

@@ -24,11 +24,49 @@ const WINDOW: usize = 16;
 pub struct StagingReader {
     cluster: Arc<Cluster>,
     dataset: String,
-    cache: Mutex<HashMap<u64, Arc<StepIndex>>>,
+    cache: Mutex<HashMap<u64, Cached>>,
     /// Objects already reported to the leader as read degraded (once each).
     touched: Mutex<std::collections::HashSet<(u64, u64)>>,
     /// Where those reports go out from, off the read path (see [`StagingReader::touch_degraded`]).
     toucher: Mutex<Option<std::sync::mpsc::SyncSender<Request>>>,
+    /// When the view was last read again because a server refused connections.
+    view_read: Mutex<Option<Instant>>,
+}
+
+/// A step index as cached: naming a server the view no longer counts live (`degraded`, as of view
+/// `epoch`), it is read again after [`REREAD_DEGRADED`], since recovery rewrites those entries.
+#[derive(Debug)]
+struct Cached {
+    index: Arc<StepIndex>,
+    at: Instant,
+    epoch: u64,
+    degraded: bool,
+}
+
+impl Cached {
+    fn new(index: Arc<StepIndex>, view: &cairn_proto::ClusterView) -> Cached {
+        let degraded = names_lost(&index, view);
+        Cached { index, at: Instant::now(), epoch: view.epoch, degraded }
+    }
+
+    /// Whether the index may be used as it is in `view`: it names no lost server, or it was read
+    /// less than [`REREAD_DEGRADED`] ago.
+    fn usable(&mut self, view: &cairn_proto::ClusterView) -> bool {
+        if self.epoch != view.epoch {
+            (self.epoch, self.degraded) = (view.epoch, names_lost(&self.index, view));
+        }
+        !self.degraded || self.at.elapsed() < REREAD_DEGRADED
+    }
+}
+
+/// How old a cached index naming a lost server may get before it is read again. Without this a
+/// reader kept reading the objects of a step it had read before a failure degraded after recovery
+/// had rebuilt them (a 16-step read pass: 2.2 ms per step against 1.75).
+const REREAD_DEGRADED: Duration = Duration::from_millis(500);
+
+/// Whether `index` names a piece on a server `view` does not count live.
+fn names_lost(index: &StepIndex, view: &cairn_proto::ClusterView) -> bool {
+    index.blocks.iter().flat_map(|b| &b.objects).any(|o| o.servers().iter().any(|s| !view.is_live(*s)))
 }
 
 /// Reports of degraded reads waiting to go out at most: beyond, they are dropped (each is a hint
@@ -71,6 +109,7 @@ impl StagingReader {
             cache: Mutex::new(HashMap::new()),
             touched: Mutex::default(),
             toucher: Mutex::default(),
+            view_read: Mutex::default(),
         }
     }
 
@@ -78,16 +117,35 @@ impl StagingReader {
         Ok(self.index_confirmed(step)?.0)
     }
 
+    /// A server refused connections: if the view still counts it live, reads the view again (at
+    /// most every [`REREAD_DEGRADED`]), so that cached indexes naming it are read again once
+    /// recovery has moved its pieces, instead of read around it for good.
+    fn server_refused(&self, server: u32, e: &Error) {
+        if e.kind() == ErrorKind::NotFound || !server_gone(e) || !self.cluster.view().is_live(server) {
+            return;
+        }
+        let mut last = self.view_read.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < REREAD_DEGRADED) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        self.cluster.refresh_view();
+    }
+
     /// A step's index and whether the leader confirmed it. Only a confirmed one is kept: a
     /// follower's (read during an election) may be behind, and is read again next time.
     fn index_confirmed(&self, step: u64) -> Result<(Arc<StepIndex>, bool)> {
-        if let Some(i) = self.cache.lock().expect("cache lock").get(&step) {
-            return Ok((i.clone(), true));
+        let view = self.cluster.view();
+        if let Some(c) = self.cache.lock().expect("cache lock").get_mut(&step) {
+            if c.usable(&view) {
+                return Ok((c.index.clone(), true));
+            }
         }
         let (i, confirmed) = index_of(&self.cluster, &self.dataset, step, true)?;
         let i = Arc::new(i);
         if confirmed {
-            self.cache.lock().expect("cache lock").insert(step, i.clone());
+            self.cache.lock().expect("cache lock").insert(step, Cached::new(i.clone(), &view));
         }
         Ok((i, confirmed))
     }
@@ -165,6 +223,7 @@ impl StagingReader {
                 Err(e) => return Err(e),
             };
             failed.push(srv);
+            self.server_refused(srv, &e);
             all_gone &= server_gone(&e) || self.cluster.view().down.contains(&srv);
             let mut next: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
             for x in f {
@@ -384,6 +443,7 @@ impl StagingReader {
                 }
                 match r {
                     Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::NotFound) => {
+                        self.server_refused(srv, &e);
                         failed.insert(srv, e);
                     }
                     Err(e) => {
@@ -569,4 +629,78 @@ impl ReadEngine for StagingReader {
 /// A lease in whole milliseconds, at least one.
 fn millis(d: Duration) -> u64 {
     (d.as_millis().min(u128::from(u64::MAX)) as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::placement::ServerSpec;
+    use cairn_proto::cluster::{ClusterFile, ServerEntry};
+
+    fn view(servers: u32) -> cairn_proto::ClusterView {
+        let entry = |id| ServerEntry {
+            spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id + 1 == servers },
+            addr: String::new(),
+            unix: None,
+            host: "h".into(),
+            pid: 0,
+            memory: 1,
+        };
+        cairn_proto::ClusterView::initial(&ClusterFile {
+            secret: "s".into(),
+            servers: (0..servers).map(entry).collect(),
+            redundancy: Default::default(),
+        })
+    }
+
+    fn index_on(servers: Vec<u32>) -> Arc<StepIndex> {
+        let region = Region::new(vec![0], vec![4]).unwrap();
+        let object =
+            ObjectRef { id: 1, region: region.clone(), server: servers[0], checksum: 0, redundancy: Redundancy::Replicated { servers } };
+        let block = BlockRecord {
+            var: "v".into(),
+            writer: 0,
+            region,
+            file: String::new(),
+            pos: 0,
+            len: 32,
+            chunk: 0,
+            crcs: vec![],
+            checksum: 0,
+            stats: Default::default(),
+            objects: vec![object],
+            stored: 0,
+            codec: None,
+        };
+        Arc::new(StepIndex {
+            format: 1,
+            step: 0,
+            nranks: 1,
+            vars: BTreeMap::new(),
+            blocks: vec![block],
+            attrs: Default::default(),
+            consumed: None,
+        })
+    }
+
+    #[test]
+    fn a_cached_index_naming_a_lost_server_is_read_again_after_a_while() {
+        // Servers 0-2 active, 3 a spare; the index names 0 and 1.
+        let before = view(4);
+        let mut c = Cached::new(index_on(vec![0, 1]), &before);
+        assert!(c.usable(&before));
+        c.at -= 2 * REREAD_DEGRADED;
+        assert!(c.usable(&before), "naming live servers only, it is kept however old");
+        // Server 1 fails and the spare takes its slot: the index names a lost server now.
+        let after = before.fail(1).unwrap().replace(1, 3).unwrap();
+        assert!(!c.usable(&after), "an old index naming a lost server is read again");
+        let mut fresh = Cached::new(index_on(vec![0, 1]), &after);
+        assert!(fresh.usable(&after), "just read (recovery not there yet): used for a while");
+        fresh.at -= 2 * REREAD_DEGRADED;
+        assert!(!fresh.usable(&after));
+        // Recovery moved the piece: the index read again names the spare.
+        let mut moved = Cached::new(index_on(vec![0, 3]), &after);
+        moved.at -= 2 * REREAD_DEGRADED;
+        assert!(moved.usable(&after));
+    }
 }
