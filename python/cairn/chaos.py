@@ -204,6 +204,10 @@ class Chaos:
             raw = Path(f"/proc/{_entry(file, s['id'])['pid']}/cmdline").read_bytes()
             self.cmdlines[s["id"]] = [c.decode() for c in raw.split(b"\0") if c]
 
+    def _everyone(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The newest view any server holds and every server's status row."""
+        return cluster.view(self.file, timeout=1.0) or {}, cluster.status(self.file, timeout=1.0)
+
     def _state(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The current view and status rows: the control plane leader's alone (its view is the
         newest, and it keeps the recovery queue), or every server's when the leader moved or did
@@ -217,7 +221,7 @@ class Chaos:
                     return view, [{**st, "id": self.leader, "state": "up"}]
             except CairnError:
                 pass
-        view, rows = cluster.view(self.file, timeout=1.0) or {}, cluster.status(self.file, timeout=1.0)
+        view, rows = self._everyone()
         self.leader = next((r["id"] for r in rows if r.get("meta") == "leader" and r.get("state") == "up"), None)
         return view, rows
 
@@ -231,7 +235,7 @@ class Chaos:
         return max(down_in_slot + (1 if pending else 0), unrecovered)
 
     def victims(self) -> list[int]:
-        view, rows = cluster.view(self.file, timeout=1.0) or {}, cluster.status(self.file, timeout=1.0)
+        view, rows = self._everyone()
         live = [s for s in view.get("slots", []) if s not in view.get("down", [])]
         meta = [r["id"] for r in rows if r.get("meta") in ("leader", "follower", "candidate")]
         voters_alive = len([m for m in meta if m in live])

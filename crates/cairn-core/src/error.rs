@@ -121,6 +121,15 @@ impl Error {
         }
     }
 
+    /// The same error again, for another waiter (errors are not `Clone`: an I/O error's source
+    /// is not): same kind and message, and a leader hint survives.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::NotLeader { message, leader } => Error::NotLeader { message: message.clone(), leader: *leader },
+            e => Error::from_kind(e.kind(), e.to_string()),
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io { context: context.into(), source }

@@ -101,17 +101,9 @@ async fn run(log: &dyn MetaLog, mut batch: Vec<(Cmd, Waiter)>) {
         }
         Err(e) => {
             for tx in waiters {
-                let _ = tx.send(Err(copy(&e)));
+                let _ = tx.send(Err(e.duplicate()));
             }
         }
-    }
-}
-
-/// The same error for another waiter (errors are not `Clone`; a leader hint must survive).
-fn copy(e: &Error) -> Error {
-    match e {
-        Error::NotLeader { message, leader } => Error::NotLeader { message: message.clone(), leader: *leader },
-        e => Error::from_kind(e.kind(), e.to_string()),
     }
 }
 

@@ -361,8 +361,7 @@ struct Prepared {
 }
 
 /// Looks a job up in the index: `None` when the object is gone or its piece already moved.
-fn prepare(state: &State, view: &ClusterView, job: &Job) -> Result<Option<Prepared>> {
-    let log = crate::control::leader(state)?;
+fn prepare(state: &State, log: &dyn cairn_meta::MetaLog, view: &ClusterView, job: &Job) -> Result<Option<Prepared>> {
     let Ok(index) = state.meta.index(log, &job.dataset, job.step) else { return Ok(None) };
     let Some(o) = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id) else { return Ok(None) };
     // A server back in its own slot (`from == to`) is refilled: the index names it already.
@@ -396,23 +395,18 @@ fn prepare(state: &State, view: &ClusterView, job: &Job) -> Result<Option<Prepar
     Ok(Some(Prepared { to, piece, refill }))
 }
 
-/// A copy of an error (errors do not clone): same kind, same message.
-fn again(e: &Error) -> Error {
-    Error::from_kind(e.kind(), e.to_string())
-}
-
 /// Rebuilds a batch: the jobs bound for one server go in one `rebuild`, all servers at once;
 /// what was stored is recorded with one `rebuilt` command per step, proposed together (they
 /// share log entries). Returns each job's outcome, the objects recorded and the bytes moved.
 async fn run_batch(state: &Arc<State>, batch: Vec<Job>) -> (Vec<(Job, Result<()>)>, u64, u64) {
     let mut out = Vec::new();
-    let view = match state.view() {
-        Ok(v) => v,
-        Err(e) => return (batch.into_iter().map(|j| (j, Err(again(&e)))).collect(), 0, 0),
+    let (log, view) = match crate::control::leader(state).and_then(|log| Ok((log, state.view()?))) {
+        Ok(lv) => lv,
+        Err(e) => return (batch.into_iter().map(|j| (j, Err(e.duplicate()))).collect(), 0, 0),
     };
     let mut groups: BTreeMap<(String, u32), Vec<(Job, Prepared)>> = BTreeMap::new();
     for job in batch {
-        match prepare(state, &view, &job) {
+        match prepare(state, log, &view, &job) {
             Ok(Some(p)) => groups.entry((job.dataset.clone(), p.to)).or_default().push((job, p)),
             Ok(None) => out.push((job, Ok(()))),
             Err(e) => out.push((job, Err(e))),
@@ -436,11 +430,11 @@ async fn run_batch(state: &Arc<State>, batch: Vec<Job>) -> (Vec<(Job, Result<()>
             Ok(Response::Rebuilt { failed }) => failed,
             Ok(other) => {
                 let e = cairn_proto::message::refused("rebuild", other);
-                out.extend(items.into_iter().map(|(j, _)| (j, Err(again(&e)))));
+                out.extend(items.into_iter().map(|(j, _)| (j, Err(e.duplicate()))));
                 continue;
             }
             Err(e) => {
-                out.extend(items.into_iter().map(|(j, _)| (j, Err(again(&e)))));
+                out.extend(items.into_iter().map(|(j, _)| (j, Err(e.duplicate()))));
                 continue;
             }
         };
@@ -477,7 +471,7 @@ async fn run_batch(state: &Arc<State>, batch: Vec<Job>) -> (Vec<(Job, Result<()>
                 rebuilt += changed;
                 out.extend(jobs.into_iter().map(|(j, _)| (j, Ok(()))));
             }
-            Err(e) => out.extend(jobs.into_iter().map(|(j, _)| (j, Err(again(&e))))),
+            Err(e) => out.extend(jobs.into_iter().map(|(j, _)| (j, Err(e.duplicate())))),
         }
     }
     (out, rebuilt, bytes)
