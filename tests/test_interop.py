@@ -207,7 +207,8 @@ def test_release_works_on_both_engines(cfg):
     with cairn.open("ds", "r", config=cfg) as r:
         r.release(1)
         assert r.steps() == [0, 2]
-        with pytest.raises(cairn.NotFoundError, match="step 1 is not committed"):
+        # The staging servers remember it was released (issue 40); the file engine has no record.
+        with pytest.raises(cairn.NotFoundError, match="step 1 (is not committed|of 'ds' was committed and then released)"):
             r.get("p", 1)
         with pytest.raises(cairn.NotFoundError):
             r.release(1)

@@ -67,6 +67,74 @@ def test_keep_last_frees_old_steps(small):
     assert r.get("x", 19)[-1] == 19.0
 
 
+def test_released_steps_are_not_found_at_once_and_a_stream_that_fell_behind_warns(small):
+    # Issue 40, defect 6: a released step looked like one not committed yet (wait_step waited
+    # its whole timeout, get said to wait for the writers).
+    with cairn.open("rel", "w", engine="staging", cluster=small.file, keep_last=2) as w:
+        w.define("x", "f8", (1000,))
+        with w.step(0):
+            w.put("x", np.zeros(1000), offset=(0,))
+        r = cairn.open("rel", "r", engine="staging", cluster=small.file)
+        stream = r.stream(timeout=5.0)
+        assert next(stream) == 0
+        for s in range(1, 5):
+            with w.step(s):
+                w.put("x", np.full(1000, float(s)), offset=(0,))
+    started = time.monotonic()
+    with pytest.raises(cairn.NotFoundError, match="released.*oldest kept step is 3"):
+        r.wait_step(1, timeout=5)
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(cairn.NotFoundError, match="released"):
+        r.get("x", 1)
+    assert r.wait_step(7, timeout=0.1) is False, "a step not written yet is still waited for"
+    with pytest.warns(cairn.StepsMissedWarning) as caught:
+        assert list(stream) == [3, 4]
+    assert caught[0].message.steps == [1, 2]
+
+
+def test_every_rank_learns_that_a_step_it_ended_aborted(small):
+    # Issue 40, defect 3: end_step returns False to the ranks that are not last, and they never
+    # heard that the step aborted later.
+    def writer(rank: int):
+        return cairn.open("ab", "w", engine="staging", cluster=small.file, rank=rank, nranks=2, session="run")
+
+    w0, w1 = writer(0), writer(1)
+    for w in (w0, w1):
+        w.define("x", "f8", (2, 100))
+    w0.begin_step(0)
+    w0.put("x", np.zeros((1, 100)), offset=(0, 0))
+    assert w0.end_step() is False, "rank 1 has not ended it"
+    with pytest.raises(RuntimeError):
+        with w1.step(0):
+            w1.put("x", np.ones((1, 100)), offset=(1, 0))
+            raise RuntimeError("the simulation failed")
+    with pytest.raises(cairn.StepError) as e:
+        w0.wait_committed(0, timeout=5)
+    assert e.value.aborted and e.value.step == 0 and "rank 1" in e.value.reason, e.value
+    # Step 1 commits at rank 1's end; rank 0 can wait for it.
+    w0.begin_step(1)
+    w0.put("x", np.zeros((1, 100)), offset=(0, 0))
+    assert w0.end_step() is False
+    assert w0.wait_committed(1, timeout=0.2) is False, "still waiting for rank 1"
+    with w1.step(1):
+        w1.put("x", np.ones((1, 100)), offset=(1, 0))
+    assert w0.wait_committed(1, timeout=5) is True
+    # An abort after rank 0 ended the step is reported at rank 0's next call without waiting.
+    w0.begin_step(2)
+    w0.put("x", np.zeros((1, 100)), offset=(0, 0))
+    assert w0.end_step() is False
+    w1.begin_step(2)
+    w1.abort_step()
+    with pytest.raises(cairn.StepError, match="step 2 aborted") as e:
+        w0.begin_step(3)
+    assert e.value.aborted and e.value.step == 2
+    w0.begin_step(3)
+    w0.abort_step()
+    w0.close()
+    w1.close()
+    assert cairn.open("ab", "r", engine="staging", cluster=small.file).steps() == [1]
+
+
 def test_a_killed_server_gives_a_clear_error_not_a_hang(tmp_path):
     # One copy: lost with its server. One control-plane server, so that the other one's loss
     # leaves the step's index readable (two voters would lose their majority).

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import operator
 import os
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import _native, metadata
+from . import _check, _native, metadata
 from ._mpi import Exchange, node_ids
-from .exceptions import CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, UnavailableError, step_error
+from .exceptions import (CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, StepsMissedWarning,
+                         UnavailableError, step_aborted, step_error)
 from .variable import Variable
 
 
@@ -55,26 +56,44 @@ def _dtype(spec: Any) -> str:
         return spec
     try:
         dt = np.dtype(spec)
-    except TypeError as e:
-        raise InvalidArgumentError(f"unknown dtype {spec!r}: {e}") from None
+    except (TypeError, ValueError) as e:  # ValueError: also text numpy cannot encode
+        raise InvalidArgumentError(f"unknown dtype {_check.show(spec)}: {e}") from None
     return f"{dt.kind}{dt.itemsize}"
 
 
 def _step(step: Any) -> int:
     """``step`` as a plain ``int``, or :class:`InvalidArgumentError` unless it is an integer in
     ``0 .. 2**64 - 1`` (numpy integers count; ``bool`` and floats do not)."""
-    try:
-        n = None if isinstance(step, bool) else operator.index(step)
-    except TypeError:
-        n = None
-    if n is None or not 0 <= n < 2**64:
-        raise InvalidArgumentError(f"invalid step {step!r}: steps are integers >= 0 (and below 2**64)")
-    return n
+    return _check.integer(step, "step", rule="steps are integers >= 0 (and below 2**64)")
+
+
+def _var(name: Any) -> str:
+    """A variable name as the native layer takes it (which checks its length and characters)."""
+    return _check.text(name, "variable name", "use 1 to 256 printable characters")
+
+
+def _timeout(timeout: Any) -> float | None:
+    """A wait's ``timeout``: ``None`` (wait for ever) or finite seconds >= 0."""
+    if timeout is None:
+        return None
+    return _check.seconds(timeout, "timeout", rule="use a finite number of seconds >= 0, or None to wait for ever")
+
+
+#: Bounds of a claim's lease in seconds (the native layer clamps to them): a millisecond to a day.
+LEASE_RANGE = (0.001, 86_400.0)
 
 
 def _overrides(kw: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(k, str(v).lower() if isinstance(v, bool) else os.fspath(v) if isinstance(v, os.PathLike) else str(v))
-            for k, v in kw.items() if v is not None]
+    out = []
+    for k, v in kw.items():
+        if v is None:
+            continue
+        key = _check.text(k, "setting name", "use the keys of cairn.toml (engine, path, cluster, keep_last ...)")
+        if isinstance(v, (os.PathLike, bytes)):
+            out.append((key, _check.path(v, f"{key}=")))
+        else:
+            out.append((key, _check.text(str(v).lower() if isinstance(v, bool) else str(v), f"{key}=", "give UTF-8 text")))
+    return out
 
 
 def open(  # noqa: A001 - mirrors builtins.open on purpose
@@ -108,16 +127,21 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     With the ``file`` engine, a second writer of a rank is refused with :class:`ConflictError`
     while the first has it open, and when it ends a step the first ended in the same session.
     """
-    cfg = os.fspath(config) if config is not None else None
+    name = _check.text(name, "dataset name", "use a plain name of 1 to 255 bytes of UTF-8, without '/' or NUL, "
+                       "other than \".\" and \"..\"")
+    cfg = _check.path(config, "config") if config is not None else None
     ov = _overrides(overrides)
-    if mode not in ("w", "a", "r"):
-        raise InvalidArgumentError(f"mode {mode!r}: use 'w' (write), 'a' (append) or 'r' (read)")
+    if not isinstance(mode, str) or mode not in ("w", "a", "r"):
+        raise InvalidArgumentError(f"mode {_check.show(mode)}: use 'w' (write), 'a' (append) or 'r' (read)")
     if comm is not None:
         rank, nranks = comm.Get_rank(), comm.Get_size()
         if session is None and mode != "r":
             session = comm.bcast(uuid.uuid4().hex if rank == 0 else None, root=0)
-    rank = 0 if rank is None else rank
-    nranks = 1 if nranks is None else nranks
+    rank = 0 if rank is None else _check.integer(rank, "rank", 0, _check.U32 - 1, "give this writer's rank, from 0 to nranks - 1")
+    nranks = 1 if nranks is None else _check.integer(nranks, "nranks", 1, _check.U32,
+                                                     f"give the number of writer ranks, from 1 to {_check.U32}")
+    if session is not None:
+        session = _check.text(session, "session", "give the same text on every rank of this launch, e.g. a job id")
     ov += _embedded_cluster(cfg, ov, mode, rank, nranks, comm)
     where = _where(cfg, ov)
     if mode == "r":
@@ -210,21 +234,24 @@ class Writer:
         dimension (``("z", "y", "x")``: xarray and the exported files use them) and ``attrs`` holds
         its attributes (``{"units": "K"}``: JSON-serialisable values, numpy scalars and arrays,
         at most 64 KiB as JSON). With the staging
-        engine, ``redundancy=r`` makes it survive any ``r`` server failures: its objects are
+        engine, ``redundancy=r`` (0 to 16) makes it survive any ``r`` server failures: its objects are
         written to ``r + 1`` servers in different failure domains, and the cluster's scheme may
         later erasure-code cold ones into ``rs_data + r`` shards (CoREC). Without it the level is
         ``[staging] redundancy`` or the cluster's default (``cairn cluster start --redundancy``)."""
-        if redundancy is not None and int(redundancy) < 0:
-            raise InvalidArgumentError(f"'{name}': redundancy={redundancy}; give the number of server failures to survive (0 or more)")
+        name = _var(name)
+        if redundancy is not None:
+            redundancy = _check.integer(redundancy, "redundancy", 0, _check.MAX_REDUNDANCY,
+                                        f"give the number of server failures '{name}' survives, an integer from 0 "
+                                        f"to {_check.MAX_REDUNDANCY}, or None for the cluster's default")
         if local and shape is not None:
             raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
         if not local and shape is None:
             raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
-        if isinstance(dims, str):
-            raise InvalidArgumentError(f"'{name}': dims={dims!r}; give a sequence of names, one per dimension, e.g. ('y', 'x')")
-        self._inner.define(name, _dtype(dtype), None if local else [int(n) for n in shape],
-                           None if redundancy is None else int(redundancy),
-                           None if dims is None else [str(d) for d in dims],
+        names_rule = "give a sequence of names, one per dimension, e.g. ('y', 'x')"
+        if dims is not None and (isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable)):
+            raise InvalidArgumentError(f"'{name}': dims={_check.show(dims)}; {names_rule}")
+        self._inner.define(name, _dtype(dtype), None if local else _check.extents(shape, "shape"),
+                           redundancy, None if dims is None else [_check.text(d, "dimension name", names_rule) for d in dims],
                            None if attrs is None else metadata.to_json(attrs, f"variable '{name}'"))
         self._local[name] = local
 
@@ -269,6 +296,7 @@ class Writer:
         """Open step ``step`` (see :meth:`step`; ``with f.step(s):`` is the usual form). End it
         with :meth:`end_step` or drop it with :meth:`abort_step`."""
         sources = self._sources(consume)
+        self._settle()
         self._inner.begin_step(_step(step))
         self._open = _step(step)
         try:
@@ -287,6 +315,7 @@ class Writer:
         Writers opened with an MPI ``comm`` on the ``file`` engine end steps collectively (N→M
         aggregation, ``[file] aggregation``): every rank calls ``end_step`` (or every rank
         ``abort_step``), each returns once the step is committed, and rank 0's call returns True."""
+        self._settle()
         failed = self._inner.failed_puts()
         if failed:
             raise step_error(self._open, failed)
@@ -301,14 +330,38 @@ class Writer:
             raise
 
     def abort_step(self) -> None:
-        """Drop the open step and everything put in it; nothing of it becomes visible."""
+        """Drop the open step and everything put in it; nothing of it becomes visible. With
+        several ranks, the step aborts for all of them: those that ended it hear of it."""
         self._inner.abort_step()
+
+    def wait_committed(self, step: int, timeout: float | None = None) -> bool:
+        """Wait until step ``step`` (ended by this rank) is committed: True once it is, False
+        after ``timeout`` seconds (``None``: no limit); raises :class:`StepError` (``aborted``
+        True, with ``reason``) if it aborted. ``end_step`` returns False to every rank but the
+        last; this is how the others learn the outcome without waiting for their next step."""
+        step = _step(step)
+        timeout = _timeout(timeout)
+        while True:
+            slice_ = 3600.0 if timeout is None else timeout
+            outcome, why = self._inner.wait_committed(step, slice_)
+            if outcome == "committed":
+                return True
+            if outcome == "aborted":
+                raise step_aborted(step, why)
+            if timeout is not None:
+                return False
+
+    def _settle(self) -> None:
+        """Raises the :class:`StepError` of a step this rank ended that aborted since."""
+        aborted = self._inner.take_aborted()
+        if aborted is not None:
+            raise step_aborted(*aborted)
 
     def _sources(self, consume: Reader | Sequence[Reader] | None) -> list[str]:
         """Names of the datasets ``consume`` names, checked to live where this writer writes."""
         if consume is None:
             return []
-        readers = [consume] if isinstance(consume, Reader) else list(consume)
+        readers = list(consume) if isinstance(consume, Iterable) and not isinstance(consume, (str, bytes)) else [consume]
         for r in readers:
             if not isinstance(r, Reader):
                 raise InvalidArgumentError(f"consume={r!r}: give the Reader (or a list of Readers) of the dataset whose step this commit releases")
@@ -327,8 +380,9 @@ class Writer:
         either way. A put that cannot be stored (full or failed servers, a disk error) is
         reported by :meth:`end_step` as a :class:`StepError`, together with the step's other
         failed puts."""
+        name = _var(name)
         arr = _little_endian_c(data)
-        off = None if offset is None else [int(o) for o in offset]
+        off = None if offset is None else _check.extents(offset, "offset")
         try:
             self._inner.put(name, _dtype(arr.dtype), arr, off)
         except (CapacityError, UnavailableError):
@@ -346,6 +400,7 @@ class Writer:
 
         Steps commit in order, so every step ended while records wait is held with its puts until
         the flush (with the staging engine its blocks wait in server memory meanwhile)."""
+        name = _var(name)
         arr = _little_endian_c(values)
         self._inner.trace(name, _dtype(arr.dtype), arr.reshape(1) if arr.ndim == 0 else arr)
 
@@ -364,7 +419,10 @@ class Writer:
         """Close the writer, flushing buffered traces. With an MPI ``comm``, waits for all ranks
         so that every step they ended is committed when ``close`` returns."""
         try:
+            aborted = self._inner.take_aborted()
             self._inner.close()
+            if aborted is not None:
+                raise step_aborted(*aborted)
         finally:
             # Every rank reaches the barrier, so one rank's error never leaves the others waiting.
             if self._comm is not None:
@@ -395,11 +453,12 @@ class Reader:
         return self._inner.steps()
 
     def wait_step(self, step: int, timeout: float | None = None) -> bool:
-        """Wait until ``step`` is committed (at most ``timeout`` seconds; ``None`` waits for ever).
-        Returns whether it is."""
+        """Wait until ``step`` is committed (at most ``timeout`` seconds, finite and >= 0; ``None``
+        waits for ever). Returns whether it is."""
         step = _step(step)
+        timeout = _timeout(timeout)
         forever = timeout is None
-        deadline = time.monotonic() + (0 if forever else timeout)
+        deadline = time.monotonic() + (0 if timeout is None else timeout)
         while True:
             # Wait in slices so Ctrl-C is honoured while blocked in native code.
             left = 1.0 if forever else max(0.0, min(1.0, deadline - time.monotonic()))
@@ -412,11 +471,15 @@ class Reader:
         """Yield committed steps in order as they commit, from ``start`` (default: the first kept
         step), for in-situ analysis. Ends once the writers closed the dataset and every step was
         yielded, or once no new step has committed for ``timeout`` seconds (``None``: never)."""
-        nxt = None if start is None else _step(start)
+        return self._stream(None if start is None else _step(start), _timeout(timeout))
+
+    def _stream(self, nxt: int | None, timeout: float | None) -> Iterator[int]:
         last = time.monotonic()
         while True:
             steps, finished = self._inner.listing()
             new = [s for s in steps if nxt is None or s >= nxt]
+            if new and nxt is not None and new[0] > nxt:
+                self._warn_missed(nxt, new[0])
             if new:
                 for s in new:
                     yield s
@@ -429,6 +492,18 @@ class Reader:
             slice_ = 0.5 if timeout is None else max(0.0, min(0.5, timeout - (time.monotonic() - last)))
             self._inner.wait_step(0 if nxt is None else nxt, slice_)
 
+    def _warn_missed(self, lo: int, hi: int) -> None:
+        """Warns of the steps in ``lo..hi`` that were committed and released unread (a gap may
+        also be step numbers nobody wrote; the servers tell which, for the newest 4096)."""
+        missed = []
+        for s in range(max(lo, hi - 4096), hi):
+            try:
+                self._inner.wait_step(s, 0.0)
+            except NotFoundError:  # only a released step is an error to wait for
+                missed.append(s)
+        if missed:
+            warnings.warn(StepsMissedWarning(missed), stacklevel=3)
+
     def claims(self, lease: float = 30.0, timeout: float | None = None) -> Iterator[int]:
         """Yield committed steps that no other claimer holds, lowest first, each leased to this
         loop (D²T claims): any number of claimer processes share the steps, each step going to
@@ -438,10 +513,14 @@ class Reader:
         dataset and nothing is left for this claimer, or when no step came for ``timeout``
         seconds (``None``: wait for ever); steps yielded and not consumed then go back to the
         others. On the ``file`` engine leases are files (``claims/``) and expire by wall-clock
-        time, so claimers on several nodes need synchronised clocks."""
+        time, so claimers on several nodes need synchronised clocks. ``lease`` is from 0.001 to
+        86400 seconds (a day)."""
         from . import _claims
 
-        yield from _claims.claims(self._inner, lease, timeout)
+        lo, hi = LEASE_RANGE
+        lease = _check.seconds(lease, "lease", lo, hi, f"give the seconds a claim lasts without renewal, from {lo:g} to "
+                                                       f"{hi:g} (a day); the heartbeat renews it every third of that")
+        return _claims.claims(self._inner, lease, _timeout(timeout))
 
     def release(self, step: int) -> None:
         """Free a committed step for every reader: in the staging servers, or (file engine) its
@@ -481,7 +560,7 @@ class Reader:
     def __getitem__(self, name: str) -> Variable:
         """Variable ``name``, read lazily by indexing with the step first:
         ``r["pressure"][9, 0:128, :, 5]``, ``r["pressure"][-1]`` (the last committed step)."""
-        info = self.variables().get(name)
+        info = self.variables().get(_var(name))
         if info is None:
             raise NotFoundError(f"unknown variable '{name}'; defined: [{', '.join(self.variables())}]")
         return Variable(self, name, info)
@@ -489,20 +568,23 @@ class Reader:
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
         return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, level, state)
-                for w, o, c, lo, hi, mean, crc, n, stored, codec, level, state in self._inner.blocks(name, _step(step))]
+                for w, o, c, lo, hi, mean, crc, n, stored, codec, level, state in self._inner.blocks(_var(name), _step(step))]
 
     def get(self, name: str, step: int, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
         assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill."""
-        step = _step(step)
+        name, step = _var(name), _step(step)
         dtype, shape = self._inner.var(name, step)
         if shape is None:
             raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
-        off = [0] * len(shape) if offset is None else [int(o) for o in offset]
-        cnt = [n - o for n, o in zip(shape, off)] if count is None else [int(c) for c in count]
+        off = [0] * len(shape) if offset is None else _check.extents(offset, "offset")
+        cnt = [max(n - o, 0) for n, o in zip(shape, off)] if count is None else _check.extents(count, "count")
+        _inside(name, shape, off, cnt)
         if out is None:
-            out = np.empty(cnt, dtype=_np_name(dtype))
+            out = _empty(name, cnt, _np_name(dtype))
+        elif not isinstance(out, np.ndarray):
+            raise InvalidArgumentError(f"out={_check.show(out)}: give a C-contiguous numpy array to fill, or None")
         elif out.shape != tuple(cnt) or out.dtype != np.dtype(_np_name(dtype)):
             raise InvalidArgumentError(f"out has shape {out.shape} {out.dtype}; need {tuple(cnt)} {_np_name(dtype)}")
         self._inner.get_into(name, step, off, cnt, out)
@@ -510,7 +592,7 @@ class Reader:
 
     def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
         """The block writer ``writer`` put for local variable ``name`` at ``step``."""
-        step = _step(step)
+        name, step, writer = _var(name), _step(step), _writer(writer)
         dtype, _ = self._inner.var(name, step)
         out = np.empty(self._inner.local_count(name, step, writer), dtype=_np_name(dtype))
         self._inner.get_local_into(name, step, writer, out)
@@ -519,7 +601,7 @@ class Reader:
     def get_trace(self, name: str, step: int, writer: int) -> np.ndarray:
         """The trace records writer ``writer`` appended to ``name`` at ``step``, in order (an
         empty array if it appended none)."""
-        step = _step(step)
+        name, step, writer = _var(name), _step(step), _writer(writer)
         dtype, count = self._inner.trace_count(name, step, writer)
         out = np.empty(count, dtype=_np_name(dtype))
         if out.size:
@@ -536,9 +618,39 @@ class Reader:
         self.close()
 
 
+def _writer(writer: Any) -> int:
+    return _check.integer(writer, "writer", 0, _check.U32 - 1,
+                          f"give the rank of the writer that put the block, from 0 to {_check.U32 - 1}")
+
+
+def _inside(name: str, shape: list[int], offset: list[int], count: list[int]) -> None:
+    """Refuses a box outside ``shape`` before memory is set aside for it."""
+    if len(offset) != len(shape) or len(count) != len(shape):
+        raise InvalidArgumentError(f"box of '{name}' offset {offset} count {count}: give one value per dimension of its "
+                                   f"shape {shape}")
+    for d, (o, c, n) in enumerate(zip(offset, count, shape)):
+        if o + c > n:
+            raise InvalidArgumentError(f"requested box of '{name}' offset {offset} count {count} ends at {o + c} along "
+                                       f"dimension {d}, outside the global shape {shape}; read a box inside it")
+
+
+def _empty(name: str, count: list[int], dtype: str) -> np.ndarray:
+    """The array a read of ``count`` elements fills, or :class:`InvalidArgumentError` if this
+    process cannot hold it."""
+    try:
+        return np.empty(count, dtype=dtype)
+    except (ValueError, MemoryError) as e:
+        raise InvalidArgumentError(f"reading box count {count} of '{name}' at once needs more memory than this process "
+                                   f"can allocate ({e}); read smaller boxes, e.g. f['{name}'][step, i] row by row") from None
+
+
 def _little_endian_c(data: Any) -> np.ndarray:
     """``data`` as a C-contiguous little-endian array (no copy when it already is one)."""
-    arr = np.asarray(data)
+    try:
+        arr = np.asarray(data)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"data {_check.show(data)} is not an array ({e}); give a numpy array, or nested "
+                                   "lists of numbers of one shape") from None
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
         return arr.astype(arr.dtype.newbyteorder("<"), order="C")
     return np.ascontiguousarray(arr)

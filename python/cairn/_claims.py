@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from .exceptions import CairnError, InvalidArgumentError
+from .exceptions import CairnError
 
 
 class _Heartbeat(threading.Thread):
@@ -37,16 +37,15 @@ class _Heartbeat(threading.Thread):
 def claims(inner: Any, lease: float, timeout: float | None) -> Iterator[int]:
     """Yields steps leased to a new claimer, lowest first, until the writers closed the dataset
     and nothing is left for this claimer, or no step came for ``timeout`` seconds. Steps it
-    yielded and did not consume go back to the others when the loop ends."""
-    if not lease > 0:
-        raise InvalidArgumentError(f"lease={lease!r}: give the seconds a claim lasts without renewal (> 0)")
+    yielded and did not consume go back to the others when the loop ends. ``lease`` and ``timeout``
+    are checked by :meth:`Reader.claims`."""
     claimer = uuid.uuid4().hex
-    beat = _Heartbeat(inner, claimer, float(lease))
+    beat = _Heartbeat(inner, claimer, lease)
     beat.start()
     try:
         last, pause = time.monotonic(), 0.01
         while True:
-            step, done = inner.claim(claimer, float(lease))
+            step, done = inner.claim(claimer, lease)
             if step is not None:
                 yield step
                 last, pause = time.monotonic(), 0.01

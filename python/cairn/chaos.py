@@ -29,8 +29,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _native, cluster
-from .exceptions import CairnError, DataLossError
+from . import _check, _native, cluster
+from ._check import int_arg, seconds_arg
+from .exceptions import CairnError, DataLossError, InvalidArgumentError
 
 
 def seconds(text: str | float) -> float:
@@ -190,7 +191,7 @@ class Chaos:
 
     def __init__(self, file: Path, kill: str, beyond_level: bool, rng: random.Random, restart: bool = True):
         self.file, self.kill, self.beyond_level, self.rng, self.restart = file, kill, beyond_level, rng, restart
-        self.level = json.loads(file.read_text()).get("redundancy", {}).get("redundancy", 0)
+        self.level = cluster.document(file).get("redundancy", {}).get("redundancy", 0)
         self.log: list[dict[str, Any]] = []
         self.leader: int | None = None  # the control plane's leader, as last seen
         self.skipped = 0  # kills never made: the level was reached until the end
@@ -290,6 +291,9 @@ class Chaos:
 
         while time.monotonic() - start < 120 and not self.over.is_set():
             view, rows = self._state()
+            late = max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)
+            if late > event.get("overdue_s", 0.0):
+                event["overdue_s"] = round(late, 2)
             if not declared and sid in view.get("down", []):
                 declared = True
                 event.setdefault("declared_s", round(time.monotonic() - start, 2))
@@ -326,6 +330,11 @@ def _tail(xs: list[float]) -> dict[str, float | None]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     file = Path(args.cluster).absolute()
+    cluster.document(file)  # a missing or foreign cluster file stops the run before it starts
+    _check.output_folder(args.json, "--json")
+    if args.workload and args.n < args.writers:
+        raise InvalidArgumentError(f"--n {args.n} is less than --writers {args.writers}: each writer writes n / writers "
+                                   "rows of the n×n field; give --n of at least --writers")
     mtbf, duration = seconds(args.mtbf), seconds(args.duration)
     rng = random.Random(args.seed)
     chaos = Chaos(file, args.kill, args.beyond_level, rng, restart=not args.no_restart)
@@ -370,6 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "skipped": chaos.skipped,
         "events": chaos.log, "blocks_checked": checked, "lost_objects": lost,
         "recovery_s": [e.get("recovered_s") for e in chaos.log],
+        # The most any recovery ran past its deadline (the machine could not keep it).
+        "overdue_s": max([e.get("overdue_s", 0.0) for e in chaos.log], default=0.0),
     }
     if wl:
         b, c = wl.times["baseline"], wl.times["chaos"]
@@ -397,12 +408,13 @@ def add(sub: Any) -> None:
     p.add_argument("--json", help="write the JSON report to this file (default: print only)")
     p.add_argument("--workload", action="store_true", help="run the built-in writer/reader workload")
     p.add_argument("--dataset", default="chaos-workload", help="the workload's dataset (default chaos-workload; must be new)")
-    p.add_argument("--writers", type=int, default=2, help="workload writer ranks (default 2)")
-    p.add_argument("--readers", type=int, default=1, help="workload readers (default 1)")
-    p.add_argument("--steps", type=int, default=100, help="workload steps (default 100)")
+    p.add_argument("--writers", type=int_arg(1), default=2, help="workload writer ranks (default 2)")
+    p.add_argument("--readers", type=int_arg(0), default=1, help="workload readers (default 1)")
+    p.add_argument("--steps", type=int_arg(1), default=100, help="workload steps (default 100)")
     p.add_argument("--interval", default="0.2s", help="workload compute time between steps (default 0.2s)")
-    p.add_argument("--n", type=int, default=256, help="workload field edge: n×n doubles (default 256)")
-    p.add_argument("--timeout", type=float, default=30.0, help="the workload's call deadline in seconds (default 30)")
+    p.add_argument("--n", type=int_arg(1), default=256, help="workload field edge: n×n doubles (default 256)")
+    p.add_argument("--timeout", type=seconds_arg(0.001), default=30.0,
+                   help="the workload's call deadline in seconds (default 30)")
     p.add_argument("--beyond-level", action="store_true", help="kill even when more servers than the level are down or recovering")
     p.add_argument("--no-restart", action="store_true",
                    help="leave killed servers dead (degraded service only, unless spares take their slots)")
@@ -420,7 +432,8 @@ def main(args: argparse.Namespace) -> None:
     report = run(args)
     wl = report.get("workload")
     print(f"kills {report['kills']} (deferred {report['deferred']}, not made {report['skipped']}), blocks checked {report['blocks_checked']}, "
-          f"lost objects {report['lost_objects']}, recovery s {report['recovery_s']}")
+          f"lost objects {report['lost_objects']}, recovery s {report['recovery_s']}"
+          + (f", overdue by up to {report['overdue_s']} s" if report["overdue_s"] else ""))
     if wl:
         print(f"workload: write ms {wl['write_ms']}, read ms {wl['read_ms']}, degraded reads {wl['degraded_reads']}, "
               f"lost reads {wl['lost_reads']}, wrong reads {wl['wrong_reads']}, write retries {wl['write_retries']}")

@@ -18,14 +18,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _native
-from .exceptions import CairnError, UnavailableError
+from . import _check, _native
+from .exceptions import CairnError, InvalidArgumentError, UnavailableError
+
+#: The least memory a server may be given: below it not even its index and one object fit.
+MIN_MEMORY = 1 << 20
+#: The most servers (active and spare) a cluster is started or grown with at once.
+MAX_SERVERS = 4096
+
 
 def parse_size(text: str | int) -> int:
     """Bytes in ``"4GiB"``, ``"512MB"``, ``"1e9"`` or an integer (parsed in Rust, like every client)."""
-    if isinstance(text, int):
-        return text
-    return int(_native.parse_size(str(text)))
+    if isinstance(text, str):
+        return int(_native.parse_size(_check.text(text, "size", "write e.g. 4GiB, 512MiB or 1000000")))
+    return _check.integer(text, "size", rule="write e.g. 4GiB, 512MiB or 1000000 (bytes)")
+
+
+def server_memory(size: str | int) -> int:
+    """A server's memory limit in bytes (see :func:`parse_size`): at least :data:`MIN_MEMORY`."""
+    n = parse_size(size)
+    if n < MIN_MEMORY:
+        raise InvalidArgumentError(f"invalid server memory {_check.show(size)} ({n} bytes): a server needs at least 1 MiB "
+                                   f"({MIN_MEMORY} bytes); give e.g. 64MiB or 4GiB")
+    return n
+
+
+def server_count(n: Any, what: str = "servers", least: int = 1) -> int:
+    """A number of servers (active, spare or to add): ``least`` to :data:`MAX_SERVERS`."""
+    return _check.integer(n, what, least, MAX_SERVERS, f"give a number of servers from {least} to {MAX_SERVERS}")
+
+
+def server_id(sid: Any, what: str = "server id") -> int:
+    """A server's id (``cairn cluster status`` lists them): 0 to 2**32 - 2."""
+    return _check.integer(sid, what, 0, _check.U32 - 1,
+                          f"give the id of a server of the cluster (0 to {_check.U32 - 1}), as `cairn cluster status` lists them")
+
+
+def positive_seconds(s: Any, what: str = "seconds") -> float:
+    """A deadline: finite seconds of at least a millisecond."""
+    return _check.seconds(s, what, 0.001)
 
 
 def entries_dir(file: str | os.PathLike[str]) -> Path:
@@ -113,7 +144,18 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default a quarter
     of ``mtbf`` when given, else 60 s; ``"aggressive"``: at once), sending at most
     ``recovery_rate`` bytes per second (``"256MiB"``, the default; 0: no limit). The
-    ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults."""
+    ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``servers``
+    is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
+    servers, spares = server_count(servers), server_count(spares, "spares", 0)
+    if servers + spares > MAX_SERVERS:
+        raise InvalidArgumentError(f"{servers} servers + {spares} spares: a cluster is started with at most {MAX_SERVERS}; "
+                                   "start fewer and grow it with `cairn cluster add`")
+    memory = server_memory(memory)
+    meta = _check.integer(meta, "meta", 1, 5, "give the servers running the control plane, 1 to 5")
+    timeout = positive_seconds(timeout, "timeout")
+    if redundancy is not None:
+        redundancy = _check.integer(redundancy, "redundancy", 0, _check.MAX_REDUNDANCY,
+                                    f"give the server failures variables survive by default, 0 to {_check.MAX_REDUNDANCY}")
     given = {"redundancy": redundancy, "scheme": scheme, "rs_data": rs_data, "min_efficiency": min_efficiency,
              "hot_steps": hot_steps}
     staging = json.loads(_native.config_json(None if config is None else os.fspath(config), []))["staging"]
@@ -133,8 +175,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
     file = Path(file).absolute()
-    pids = _native.cluster_start(str(file), servers, spares, None if topology is None else os.fspath(topology),
-                                 parse_size(memory), bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)
+    pids = _native.cluster_start(str(file), servers, spares, None if topology is None else _check.path(topology, "topology"),
+                                 memory, bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)
     c = LocalCluster(file, [Server(p) for p in pids])
     try:
         _await_control_plane(file, min(meta, servers), timeout)
@@ -165,12 +207,24 @@ def request(file: str | os.PathLike[str], server: int, op: str, timeout: float =
     return json.loads(_native.cluster_request(os.fspath(file), server, json.dumps({"op": op}), timeout))
 
 
-def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The server entries of a cluster file."""
+def document(file: str | os.PathLike[str]) -> dict[str, Any]:
+    """The cluster file's contents; :class:`UnavailableError` if there is none (no cluster runs)
+    or it cannot be read as one."""
     try:
-        return json.loads(Path(file).read_text())["servers"]
+        doc = json.loads(Path(file).read_text())
     except FileNotFoundError:
         raise UnavailableError(f"no cluster file {file}; start one with `cairn cluster start --file {file}`") from None
+    except (OSError, ValueError) as e:
+        raise UnavailableError(f"cannot read cluster file {file} ({e}); give the file `cairn cluster start` "
+                               "wrote") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("servers"), list):
+        raise UnavailableError(f"{file} is not a cluster file (it names no servers); give the file `cairn cluster start` wrote")
+    return doc
+
+
+def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The server entries of a cluster file."""
+    return document(file)["servers"]
 
 
 def status(file: str | os.PathLike[str], objects: bool = False, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -246,6 +300,7 @@ def replace(file: str | os.PathLike[str], down: int, spare: int | None = None, t
     committed through the control plane, after which ``down`` holds no slot. A server that is
     still live retires: its pieces are copied to the spare, then it leaves the view and is
     stopped (waited for up to ``wait`` seconds). Returns the new view."""
+    down, spare = server_id(down), None if spare is None else server_id(spare, "spare")
     v = json.loads(_native.cluster_replace(os.fspath(file), down, spare, timeout))
     if down in v.get("retiring", []):
         v = _await_retired(file, down, wait, progress)
@@ -260,6 +315,7 @@ def add(file: str | os.PathLike[str], n: int = 1, timeout: float = 60.0) -> dict
     """Start ``n`` more servers like the cluster's running ones (same flags, new ids, a node
     each) and add them as new ring slots by a view change: new steps are placed on them from
     that view on, and nothing stored moves. Returns the new view."""
+    n = server_count(n, "servers to add")
     current = view(file)
     if current is None:
         raise UnavailableError(f"no server of {file} answers; is the cluster running?")
@@ -291,6 +347,7 @@ def retire(file: str | os.PathLike[str], server: int, timeout: float = 10.0, wai
     it), recovery copies its pieces to live servers at their level while it keeps serving
     reads, then the control plane removes it from the view and it is stopped. Returns the view
     without it."""
+    server = server_id(server)
     json.loads(_native.cluster_retire(os.fspath(file), server, timeout))
     return _await_retired(file, server, wait, progress)
 

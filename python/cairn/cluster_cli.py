@@ -8,7 +8,18 @@ import os
 import sys
 from typing import Any
 
-from . import _native, cluster
+from . import _check, _native, cluster
+from ._check import arg, seconds_arg
+
+
+#: argparse types: each word checked as the Python API checks the value (a bad one exits 2).
+_SERVERS = arg(cluster.server_count)
+_SPARES = arg(lambda n: cluster.server_count(n, "spares", 0))
+_ID = arg(cluster.server_id)
+_MEMORY = arg(cluster.server_memory, str)
+_SECONDS = seconds_arg(0.001)
+_LEVEL = arg(lambda r: _check.integer(r, "redundancy", 0, _check.MAX_REDUNDANCY,
+                                      f"give the server failures variables survive, 0 to {_check.MAX_REDUNDANCY}"))
 
 
 def _mib(n: int) -> str:
@@ -27,7 +38,7 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
     """Flags choosing how a cluster keeps objects and handles failures; each defaults to the
     [staging] table of --config (else cairn.toml), then to SERVER_DEFAULTS."""
     p.add_argument("--config", metavar="FILE", help="read cluster-side settings from this file's [staging] table")
-    p.add_argument("--redundancy", type=int, default=None, metavar="R",
+    p.add_argument("--redundancy", type=_LEVEL, default=None, metavar="R",
                    help="server failures variables survive unless they say (default 1, lowered to servers - 1)")
     p.add_argument("--scheme", choices=["corec", "replicate", "erasure", "hybrid", "none"], default=None,
                    help="corec: replicate hot objects, erasure-code cold ones (default); replicate; erasure (on the write "
@@ -75,11 +86,11 @@ def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
-    sid = args.id if args.id is not None else int(rank or 0)
+    sid = args.id if args.id is not None else cluster.server_id(int(rank or 0))
     ensure_secret(os.path.abspath(args.cluster), sid, args.timeout)
     staging = json.loads(_native.config_json(args.config, []))["staging"]
     got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None), None) for k, d in SERVER_DEFAULTS.items()}
-    _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.parse_size(args.memory),
+    _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.server_memory(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
                   args.meta, json.dumps({k: got[k] for k in ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")}),
                   {k: str(got[k]) for k in FAILURE_KEYS if got[k] is not None})
@@ -117,7 +128,9 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # The leader's recovery of lost servers' objects, so scripts can wait for it.
         "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),
                      "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),
-                     "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows)},
+                     "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows),
+                     # Seconds the recovery under way has run past its deadline (0: on time).
+                     "overdue_s": max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)},
     }
 
 
@@ -153,6 +166,11 @@ def cmd_status(args: argparse.Namespace) -> None:
     for r in rows:
         if r["state"] == "down":
             print(f"server {r['id']} is down: {r['error']}")
+    pending = sum(r.get("recovery_pending") or 0 for r in rows)
+    overdue = max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)
+    if pending:
+        late = f", {overdue:.1f} s past its deadline" if overdue > 0 else ""
+        print(f"recovery: {pending} object(s) still to rebuild{late}")
     if args.objects:
         print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
         for r in rows:
@@ -167,29 +185,29 @@ def add(sub: Any) -> None:
     """Adds the subcommands to the ``cairn`` parser."""
     s = sub.add_parser("serve", help="run one staging server (in the foreground; mpirun/srun may start many)")
     s.add_argument("--cluster", default="cluster.json", help="cluster file to meet the others through")
-    s.add_argument("--id", type=int, help="server id (default: the MPI/Slurm rank)")
-    s.add_argument("--servers", type=int, default=1, help="active servers in the cluster")
-    s.add_argument("--spares", type=int, default=0, help="spare servers in the cluster (ids from --servers on)")
-    s.add_argument("--memory", default="4GiB", help="memory limit of this server")
+    s.add_argument("--id", type=_ID, help="server id (default: the MPI/Slurm rank)")
+    s.add_argument("--servers", type=_SERVERS, default=1, help="active servers in the cluster")
+    s.add_argument("--spares", type=_SPARES, default=0, help="spare servers in the cluster (ids from --servers on)")
+    s.add_argument("--memory", type=_MEMORY, default="4GiB", help="memory of this server, >= 1MiB")
     s.add_argument("--host", "--bind", dest="host", default="127.0.0.1",
                    help="address to listen on (default loopback; 0.0.0.0 for clients on other nodes: see docs/protocol.md, Threat model)")
-    s.add_argument("--io-timeout", type=float, help="seconds a started frame (or a reply) may stall before the connection is closed (default 10)")
-    s.add_argument("--hello-timeout", type=float, help="seconds a new connection has to authenticate (default 3)")
-    s.add_argument("--peer-timeout", type=float, help="seconds a call to another server may take (default 5)")
+    s.add_argument("--io-timeout", type=_SECONDS, help="seconds a started frame (or a reply) may stall before the connection is closed (default 10)")
+    s.add_argument("--hello-timeout", type=_SECONDS, help="seconds a new connection has to authenticate (default 3)")
+    s.add_argument("--peer-timeout", type=_SECONDS, help="seconds a call to another server may take (default 5)")
     s.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                    help="servers running the control plane's Raft replicas: the first M of the ring (1-5, default 3)")
     _redundancy_flags(s)
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="", help="rack name, a failure domain placement spreads copies over (default: none)")
-    s.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the secret and the other servers")
+    s.add_argument("--timeout", type=_SECONDS, default=120.0, help="seconds to wait for the secret and the other servers")
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("cluster", help="start, stop or inspect a local staging cluster")
     csub = c.add_subparsers(dest="cluster_cmd", required=True)
     st = csub.add_parser("start", help="launch servers in the background; returns once they serve")
-    st.add_argument("--servers", type=int, default=4, help="active servers")
-    st.add_argument("--spares", type=int, default=0, help="spare servers that take a failed server's slot")
+    st.add_argument("--servers", type=_SERVERS, default=4, help=f"active servers, up to {cluster.MAX_SERVERS}")
+    st.add_argument("--spares", type=_SPARES, default=0, help="spare servers that take a failed server's slot")
     st.add_argument("--topology", help="TOML/JSON file: [[server]] id, node, rack")
-    st.add_argument("--memory", default="4GiB", help="memory limit per server")
+    st.add_argument("--memory", type=_MEMORY, default="4GiB", help="memory per server, >= 1MiB")
     st.add_argument("--host", "--bind", dest="host", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
     st.add_argument("--file", default="cluster.json", help="cluster file to write (clients and other commands read it)")
     st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
@@ -201,23 +219,23 @@ def add(sub: Any) -> None:
     sp.set_defaults(func=cmd_stop)
     rp = csub.add_parser("replace", help="give a server's ring slot to a spare (a view change); a live server's pieces "
                                          "are copied to the spare first, then it stops")
-    rp.add_argument("server", type=int, help="the server to replace (down, or live)")
-    rp.add_argument("--spare", type=int, help="the spare that takes its slot (default: the first)")
+    rp.add_argument("server", type=_ID, help="the server to replace (down, or live)")
+    rp.add_argument("--spare", type=_ID, help="the spare that takes its slot (default: the first)")
     ad = csub.add_parser("add", help="start more servers like the running ones and add them as new ring slots")
-    ad.add_argument("--servers", type=int, default=1, help="servers to add (default 1)")
+    ad.add_argument("--servers", type=_SERVERS, default=1, help=f"servers to add, 1 to {cluster.MAX_SERVERS} (default 1)")
     ad.set_defaults(func=cmd_add)
     rt = csub.add_parser("retire", help="move a live server's pieces to the others at their level, then stop it")
-    rt.add_argument("server", type=int, help="the server to retire")
+    rt.add_argument("server", type=_ID, help="the server to retire")
     rt.set_defaults(func=cmd_retire)
     for p in (rp, ad, rt):
         p.add_argument("--file", default="cluster.json", help="cluster file of the cluster (default cluster.json)")
-        p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the control plane (default 10)")
+        p.add_argument("--timeout", type=_SECONDS, default=10.0, help="seconds to wait for the control plane (default 10)")
     for p in (rp, rt):
-        p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the pieces to move (default 300)")
+        p.add_argument("--wait", type=_SECONDS, default=300.0, help="seconds to wait for the pieces to move (default 300)")
     rp.set_defaults(func=cmd_replace)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
     ss.add_argument("--json", action="store_true", help="print {epoch, leader, servers: [...]} as JSON")
-    ss.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
+    ss.add_argument("--timeout", type=_SECONDS, default=5.0, help="seconds to wait for each server (default 5)")
     ss.set_defaults(func=cmd_status)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._check import int_arg, seconds_arg
+
 
 def cmd_cohmm(args: argparse.Namespace) -> None:
     from tqdm import tqdm
@@ -56,18 +58,19 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store-url", help="an existing store: redis://HOST:PORT or a Cairn cluster file")
     p.add_argument("--engine", choices=["dask", "process"], default="dask",
                    help="task engine: a Dask LocalCluster or a process pool")
-    p.add_argument("--workers", type=int, default=2, help="worker processes of the engine")
+    p.add_argument("--workers", type=int_arg(1), default=2, help="worker processes of the engine")
     p.add_argument("--no-kriging", action="store_true",
                    help="solver only, no kriging surrogate (a resumed run is bit-identical to an uninterrupted one with or without it)")
     p.add_argument("--flux", choices=["analytic", "md"], default="analytic", help="fine scale: analytic law or LAMMPS MD")
-    p.add_argument("--md-steps", type=int, default=1000, help="MD steps per LAMMPS flux (default 1000)")
-    p.add_argument("--cost", type=float, default=0.0, help="extra seconds per flux evaluation (emulated fine-scale cost)")
-    p.add_argument("--jitter", type=float, default=0.0, help="cost varies by up to this fraction per state (load imbalance)")
+    p.add_argument("--md-steps", type=int_arg(1), default=1000, help="MD steps per LAMMPS flux (default 1000)")
+    p.add_argument("--cost", type=seconds_arg(0.0), default=0.0, help="extra seconds per flux evaluation (emulated fine-scale cost)")
+    p.add_argument("--jitter", type=seconds_arg(0.0, "fraction", "use a finite number >= 0"),
+                   default=0.0, help="cost varies by up to this fraction per state (load imbalance)")
     p.add_argument("--task-size", type=int, default=256, help="unique states per task (default 256)")
     p.add_argument("--out", required=True, help="output directory (also holds the local store; reuse it to resume)")
     p.add_argument("--plot", action="store_true", help="also draw the final fields to OUT/fields.png")
     p.add_argument("--keep-store", action="store_true", help="leave the local store running after a completed run")
     p.add_argument("--inject-faults", action="store_true", help="every 4th task skips its work in round 0 (tests the retry rounds)")
-    p.add_argument("--max-rounds", type=int, default=5, help="retry rounds before giving up on a task (default 5)")
+    p.add_argument("--max-rounds", type=int_arg(1), default=5, help="retry rounds before giving up on a task (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step table")
     p.set_defaults(func=cmd_cohmm)

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from . import pack_cli
+from ._check import output_folder
 from ._api import Reader
 from .exceptions import InvalidArgumentError, NotFoundError
 from .locate import open_reader
@@ -122,11 +123,6 @@ def parse_box(text: str, shape: tuple[int, ...]) -> tuple[int | slice, ...]:
     return tuple(key)
 
 
-def _check_output(path: str | None) -> None:
-    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise InvalidArgumentError(f"-o {path}: folder {os.path.dirname(os.path.abspath(path))} does not exist; create it first")
-
-
 def _get_local(f: Reader, var: str, step: int, writer: int | None) -> np.ndarray:
     if writer is None:
         writers = sorted({b.writer for b in f.blocks(var, step)})
@@ -161,7 +157,7 @@ def _read_slabs(f: Reader, var: str, step: int, key: tuple[int | slice, ...], sh
 
 
 def cmd_get(args: argparse.Namespace) -> None:
-    _check_output(args.output)
+    output_folder(args.output, "-o")
     f = open_reader(args.path, args.cluster)
     info = f.variables().get(args.var)
     if info is None:

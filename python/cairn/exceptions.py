@@ -30,17 +30,47 @@ class StepError(CairnError):
     :meth:`Writer.end_step` the step stays open with the puts that were stored: put the failed
     boxes again and call ``end_step()`` again, or ``abort_step()``. Leaving a ``with f.step(s):``
     block aborts it instead. When every failed put failed the same way, the error is also of that
-    class (``CapacityError``, ``UnavailableError``), so code catching those keeps working."""
+    class (``CapacityError``, ``UnavailableError``), so code catching those keeps working.
+
+    A step this rank ended (``end_step`` returned False: other ranks were still to end it) that
+    aborted later is reported at this rank's next ``begin_step``, ``end_step`` or ``close`` (or
+    by :meth:`Writer.wait_committed`) as a ``StepError`` with ``aborted`` True and ``reason``
+    saying why."""
+
+    aborted = False
+    reason = ""
 
     def __init__(self, step: int, puts: list[tuple[str, tuple[int, ...], tuple[int, ...], list[int], str]]) -> None:
         self.step = step
         self.puts = puts
+        self.reason = puts[0][4] if puts else ""
         self.failed: dict[str, list[int]] = {}
         for var, _, _, servers, _ in puts:
             self.failed[var] = sorted(set(self.failed.get(var, [])) | set(servers))
         names = ", ".join(f"'{v}'" + (f" (servers {', '.join(map(str, s))})" if s else "") for v, s in self.failed.items())
         super().__init__(f"step {step} is not committed: {len(puts)} put(s) of {names} could not be stored; first: "
                          f"{puts[0][4]}. Put those boxes again and end the step, or abort it")
+
+
+class StepsMissedWarning(UserWarning):
+    """:meth:`Reader.stream` passed over steps that were committed but released before it got to
+    them (``keep_last`` or ``release``, a reader that fell behind); ``steps`` lists them."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = steps
+        shown = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+        super().__init__(f"{len(steps)} step(s) were released before this reader got to them: {shown}; "
+                         f"read faster, or keep more steps (keep_last)")
+
+
+def step_aborted(step: int, reason: str) -> StepError:
+    """The :class:`StepError` of a step this rank ended that aborted later (``.aborted`` is
+    True): another rank's end found a put gone, or another rank aborted it."""
+    e = StepError.__new__(StepError)
+    CairnError.__init__(e, f"step {step} aborted after this rank ended it: {reason}; nothing of it is visible. Write "
+                           f"it again under a new step number, or go on without it")
+    e.step, e.puts, e.failed, e.aborted, e.reason = step, [], {}, True, reason
+    return e
 
 
 @functools.cache
@@ -69,4 +99,5 @@ __all__ = [
     "CapacityError",
     "DataLossError",
     "StepError",
+    "StepsMissedWarning",
 ]

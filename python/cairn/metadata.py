@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._check import text
 from .exceptions import InvalidArgumentError
 
 
@@ -27,10 +28,10 @@ def to_json(attrs: Mapping[str, Any], owner: str) -> str:
     if not isinstance(attrs, Mapping):
         raise InvalidArgumentError(f"attributes of {owner} must be a mapping of names to values, not {type(attrs).__name__}")
     for k, v in attrs.items():
-        if not isinstance(k, str):
-            raise InvalidArgumentError(f"attribute name {k!r} of {owner}: names are strings")
+        text(k, f"attribute name of {owner}", "names are strings of UTF-8 text")
         try:
-            json.dumps(v, default=_plain, allow_nan=False)
+            # Encoded too: text with a lone surrogate is refused here, naming the attribute.
+            json.dumps(v, default=_plain, allow_nan=False, ensure_ascii=False).encode("utf-8")
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"attribute {k!r} of {owner} = {v!r} cannot be stored ({e}); use numbers, strings, "
                                        "booleans, None, lists, dicts or numpy scalars/arrays of finite values") from None

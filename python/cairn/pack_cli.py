@@ -8,6 +8,7 @@ import json
 import os
 
 from . import pack as P
+from ._check import int_arg
 from .exceptions import InvalidArgumentError
 from .pack import parity
 
@@ -126,7 +127,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                    help="slices per parity group (default 16: parity costs 1/16; containers under 1 MiB: one group of "
                         "PARITY_GROUP to 4 x PARITY_GROUP slices)")
     p.add_argument("--compare", action="store_true", help="try every scheme on a sample and print a table; writes nothing")
-    p.add_argument("--sample", type=int, help="members to sample with --compare (default: one group)")
+    p.add_argument("--sample", type=int_arg(1), help="members to sample with --compare (default: one group)")
     p.add_argument("--json", help="with --compare: also save the table as JSON")
     p.set_defaults(func=cmd_pack)
     u = sub.add_parser("unpack", help="restore every original file of packed containers, byte for byte")

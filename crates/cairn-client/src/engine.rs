@@ -29,6 +29,19 @@ pub struct StepPart {
     pub consume: Vec<String>,
 }
 
+/// What became of a step a writer session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Every rank ended it and it committed.
+    Committed,
+    /// Not every rank ended it yet.
+    Pending,
+    /// It will never commit, for this reason (a failed seal, a rank's abort).
+    Aborted(String),
+    /// No record of the session's step: never ended, or aborted long ago.
+    Unknown,
+}
+
 /// The writing side of an engine, for one writer rank.
 pub trait WriteEngine: Send {
     /// The index of the last committed step, if any: its definitions keep later ones consistent,
@@ -70,6 +83,11 @@ pub trait WriteEngine: Send {
     }
     /// Drops what this writer put in an unpublished step; the step stays invisible.
     fn abort_step(&mut self, step: u64) -> Result<()>;
+    /// What became of `step` as this writer session ended it (the file engine, whose ranks
+    /// cannot abort each other's steps, knows committed or not yet).
+    fn outcome(&self, step: u64) -> Result<StepOutcome> {
+        Ok(if self.is_committed(step)? { StepOutcome::Committed } else { StepOutcome::Pending })
+    }
     /// Redundancy level of variables that do not name one.
     fn default_redundancy(&self) -> u32 {
         0

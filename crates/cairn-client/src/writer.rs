@@ -2,7 +2,7 @@
 //! step order) before an engine sees it, so all engines and all languages behave the same.
 
 use crate::config::{Config, EngineKind};
-use crate::engine::{BlockData, StepPart, WriteEngine};
+use crate::engine::{BlockData, StepOutcome, StepPart, WriteEngine};
 use crate::file::{AggWriter, Collective, FileWriter, Layout};
 use crate::small::{Coalesced, SMALL};
 use crate::staging::StagingWriter;
@@ -12,7 +12,7 @@ use cairn_core::attrs::{check_attrs, Attrs};
 use cairn_core::index::VarDef;
 use cairn_core::region::BoxSet;
 use cairn_core::{DType, Error, Region, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Writes named n-D arrays, step after step, as rank `rank` of `nranks`.
 pub struct Writer {
@@ -43,6 +43,9 @@ pub struct Writer {
     trace_flush: u32,
     /// Steps ended since opening: flushes fall on every `trace_flush`-th, on every rank alike.
     ended: u64,
+    /// Steps this rank ended without committing them (other ranks' ends were still to come):
+    /// what became of them is looked up at the next begin, end or close ([`Writer::take_aborted`]).
+    unsettled: BTreeSet<u64>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -79,9 +82,10 @@ impl Writer {
     }
 
     fn open_in(name: &str, cfg: &Config, rank: u32, nranks: u32, append: bool, session: &str, group: Option<Collective>) -> Result<Writer> {
-        if nranks == 0 || rank >= nranks {
+        if nranks == 0 || rank >= nranks || nranks > cairn_core::index::MAX_RANKS {
             return Err(Error::InvalidArgument(format!(
-                "rank {rank} of {nranks} writers: rank must be in 0..nranks and nranks at least 1"
+                "rank {rank} of {nranks} writers: rank must be in 0..nranks and nranks from 1 to {}",
+                cairn_core::index::MAX_RANKS
             )));
         }
         check_name(name)?;
@@ -118,6 +122,7 @@ impl Writer {
             held: Vec::new(),
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
+            unsettled: BTreeSet::new(),
         })
     }
 
@@ -169,6 +174,10 @@ impl Writer {
     /// engine honours by keeping that many extra copies of each object, each in another failure
     /// domain).
     pub fn define_var(&mut self, def: VarDef) -> Result<()> {
+        let most = cairn_core::corec::MAX_REDUNDANCY;
+        if def.redundancy > most {
+            return Err(Error::InvalidArgument(format!("'{}': redundancy={} server failures; give 0 to {most}", def.name, def.redundancy)));
+        }
         let name = def.name.clone();
         let name = name.as_str();
         let earlier = match self.vars.get(name) {
@@ -434,7 +443,59 @@ impl Writer {
         let committed = self.engine.end_step(step, &part)?;
         self.step = None;
         self.ended = ended;
+        if !committed {
+            self.unsettled.insert(step);
+        }
         Ok(committed)
+    }
+
+    /// The first step this rank ended that aborted since (a failed seal at another rank's end,
+    /// another rank's abort), with why; steps found committed are forgotten. The bindings call
+    /// it at every begin, end and close, so that every rank hears of a step that aborted.
+    pub fn take_aborted(&mut self) -> Result<Option<(u64, String)>> {
+        let steps: Vec<u64> = self.unsettled.iter().copied().collect();
+        for step in steps {
+            match self.engine.outcome(step)? {
+                StepOutcome::Pending => {}
+                StepOutcome::Committed => {
+                    self.unsettled.remove(&step);
+                }
+                StepOutcome::Aborted(why) => {
+                    self.unsettled.remove(&step);
+                    return Ok(Some((step, why)));
+                }
+                // Its fragment was taken, so it was pending or is decided: the record is gone.
+                StepOutcome::Unknown => {
+                    self.unsettled.remove(&step);
+                    return Ok(Some((step, "the control plane has no record of it any more (aborted long ago)".into())));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits up to `timeout` for `step` to commit: `Committed`, `Aborted(why)`, or `Pending`
+    /// (also for a step no rank of this session ended yet) once the timeout passes.
+    pub fn wait_committed(&mut self, step: u64, timeout: std::time::Duration) -> Result<StepOutcome> {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let outcome = match self.engine.outcome(step)? {
+                StepOutcome::Unknown if self.unsettled.contains(&step) => {
+                    StepOutcome::Aborted("the control plane has no record of it any more (aborted long ago)".into())
+                }
+                StepOutcome::Unknown => StepOutcome::Pending,
+                o => o,
+            };
+            if outcome != StepOutcome::Pending {
+                self.unsettled.remove(&step);
+                return Ok(outcome);
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(outcome);
+            }
+            std::thread::sleep(left.min(std::time::Duration::from_millis(50)));
+        }
     }
 
     /// Writes all buffered trace records now as one write and publishes the steps that waited
@@ -457,7 +518,10 @@ impl Writer {
         }
         // In order; a step that fails to publish stays held with those after it, for a retry.
         while let Some((step, part)) = self.held.first() {
-            self.engine.end_step(*step, part)?;
+            let step = *step;
+            if !self.engine.end_step(step, part)? {
+                self.unsettled.insert(step);
+            }
             self.held.remove(0);
         }
         Ok(())

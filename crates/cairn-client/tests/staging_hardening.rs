@@ -434,3 +434,33 @@ fn a_writer_that_leases_segments_and_hangs_gives_them_back_by_the_deadline() {
     let cfg = cfg(c, 8 << 20);
     assert!(write_step(&cfg, "d", 0, "s", &[7; 6 << 20], false), "the space serves the next writer");
 }
+
+#[test]
+fn a_put_refused_for_a_stale_view_while_a_server_is_down_is_placed_again() {
+    // Issue 40, defect 2: a put refused as `stale_epoch` failed its step when the placement by
+    // the newer view met a server that was down too (the SIGSTOP case: views change while
+    // servers hang). It is placed again, around the dead server, and the step commits.
+    let mut cl = start(3, 0, 64 << 20, Limits::default());
+    let cfg = cfg(&cl.c, 4096);
+    let data: Vec<u8> = (0..(256usize << 10)).map(|i| (i % 251) as u8).collect();
+    let mut w = Writer::open("sv", &cfg, 0, 1, false, "s").unwrap();
+    w.define("x", DType::U8, Some(vec![data.len() as u64])).unwrap();
+    w.begin_step(0).unwrap();
+    w.put("x", DType::U8, &data, None, &[data.len() as u64]).unwrap();
+    assert!(w.end_step().unwrap());
+    w.begin_step(1).unwrap();
+    let leader = cl.c.leader(Duration::from_secs(5)).unwrap();
+    cl.c.kill((leader + 1) % 3);
+    let mut conn = RawConn::open(&cl.c.addr(leader).to_string(), cl.c.secret()).unwrap();
+    let Response::View { mut view } = conn.call(None, &Request::View, &[]).unwrap() else { panic!("no view") };
+    view.epoch += 1;
+    conn.call(None, &Request::SetView { view: view.clone() }, &[]).unwrap().into_result().unwrap();
+    cl.c.await_epoch(view.epoch, Duration::from_secs(5)).unwrap();
+    w.put("x", DType::U8, &data, None, &[data.len() as u64]).unwrap();
+    assert!(w.end_step().unwrap_or_else(|e| panic!("the step failed on a view change: {e}")));
+    w.close().unwrap();
+    let r = Reader::open("sv", &cfg).unwrap();
+    let mut out = vec![0u8; data.len()];
+    r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
+    assert!(out == data);
+}

@@ -86,12 +86,15 @@ impl Default for Policy {
     }
 }
 
+/// Server failures a variable can be asked to survive at most.
+pub const MAX_REDUNDANCY: u32 = 16;
+
 impl Policy {
     /// Checks the settings: sizes in range, and a bound that encoding everything can meet.
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::Config(format!("redundancy settings: {why}")));
-        if self.redundancy > 16 {
-            return bad(format!("redundancy {} is more than 16 server failures", self.redundancy));
+        if self.redundancy > MAX_REDUNDANCY {
+            return bad(format!("redundancy {} is more than {MAX_REDUNDANCY} server failures", self.redundancy));
         }
         if self.rs_data < 2 || self.rs_data as usize + 16 > MAX_SHARDS {
             return bad(format!("rs_data {}: use 2 to {} data shards per stripe", self.rs_data, MAX_SHARDS - 16));

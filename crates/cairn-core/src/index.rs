@@ -299,6 +299,10 @@ pub struct Fragment {
     pub attrs: Attrs,
 }
 
+/// Writer ranks of one step at most (4 Mi, beyond the largest MPI jobs): a step stays pending
+/// until every rank ends it, so an absurd count would hold it pending for ever.
+pub const MAX_RANKS: u32 = 1 << 22;
+
 impl Fragment {
     /// A fragment in the current format version.
     pub fn new(step: u64, writer: u32, nranks: u32, session: String, vars: Vec<VarDef>, blocks: Vec<BlockRecord>) -> Fragment {
@@ -310,6 +314,12 @@ impl Fragment {
     pub fn validate(&self) -> Result<()> {
         if self.nranks == 0 || self.writer >= self.nranks {
             return Err(Error::InvalidArgument(format!("writer {} of {} writers is not a valid rank", self.writer, self.nranks)));
+        }
+        if self.nranks > MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "{} writers of one step: at most {MAX_RANKS} (a step waits for every one of them to end it)",
+                self.nranks
+            )));
         }
         check_attrs(&self.attrs, "the dataset")?;
         for v in &self.vars {

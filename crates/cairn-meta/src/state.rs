@@ -90,6 +90,9 @@ pub enum Cmd {
         step: u64,
         /// Session.
         session: String,
+        /// Why, for the writer ranks that ended it before.
+        #[serde(default)]
+        reason: String,
     },
     /// Forgets a committed step.
     Release {
@@ -269,6 +272,13 @@ struct Dataset {
     /// late or repeated end of such a step is refused, never left pending forever.
     #[serde(default)]
     aborted: BTreeMap<u64, BTreeSet<String>>,
+    /// Why each of those aborted, where known (by step, then session).
+    #[serde(default)]
+    abort_reasons: BTreeMap<u64, BTreeMap<String, String>>,
+    /// Steps committed and then released (the newest [`RELEASED_KEPT`]): a read or wait of one
+    /// is told so at once instead of waiting for a commit that will never come (issue 40).
+    #[serde(default)]
+    released: BTreeSet<u64>,
 }
 
 /// Compare-and-set call ids remembered (a retry comes within seconds of its first try).
@@ -277,6 +287,9 @@ const CAS_OPS_KEPT: usize = 4096;
 /// Aborted steps remembered per dataset.
 const ABORTED_KEPT: usize = 4096;
 
+/// Released steps remembered per dataset.
+const RELEASED_KEPT: usize = 65_536;
+
 impl Dataset {
     fn take_pending(&mut self, step: u64, session: &str) -> Option<Pending> {
         take(&mut self.pending, step, session)
@@ -284,6 +297,25 @@ impl Dataset {
 
     fn take_prepared(&mut self, step: u64, session: &str) -> Option<Prepared> {
         take(&mut self.prepared, step, session)
+    }
+
+    fn mark_released(&mut self, step: u64) {
+        self.released.insert(step);
+        while self.released.len() > RELEASED_KEPT {
+            self.released.pop_first();
+        }
+    }
+
+    /// The error for a step that is not committed: released, or not (yet) committed.
+    fn missing(&self, dataset: &str, step: u64) -> Error {
+        if self.released.contains(&step) {
+            let kept = match self.committed.keys().next() {
+                Some(oldest) => format!("the oldest kept step is {oldest}"),
+                None => "no step is kept now".into(),
+            };
+            return Error::NotFound(format!("step {step} of '{dataset}' was committed and then released (keep_last or release); {kept}"));
+        }
+        not_committed(dataset, step, &self.committed)
     }
 }
 
@@ -320,7 +352,7 @@ impl MetaState {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
             Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
-            Cmd::Abort { dataset, step, session } => Ok(self.abort(&dataset, step, &session)),
+            Cmd::Abort { dataset, step, session, reason } => Ok(self.abort(&dataset, step, &session, reason)),
             Cmd::Release { dataset, step } => self.release(&dataset, step),
             Cmd::Claim { dataset, claimer, now_ms, lease_ms } => {
                 let ds = self.datasets.entry(dataset).or_default();
@@ -456,6 +488,7 @@ impl MetaState {
             while ds.committed.len() as u64 > k.max(1) {
                 let (old, index) = ds.committed.pop_first().expect("non-empty");
                 ds.committed_by.remove(&old);
+                ds.mark_released(old);
                 ds.claims.gone(old);
                 released.push(index);
             }
@@ -481,7 +514,7 @@ impl MetaState {
         Ok(())
     }
 
-    fn abort(&mut self, dataset: &str, step: u64, session: &str) -> Outcome {
+    fn abort(&mut self, dataset: &str, step: u64, session: &str, reason: String) -> Outcome {
         let mut servers: Vec<u32> = Vec::new();
         if let Some(ds) = self.datasets.get_mut(dataset) {
             let mut found = false;
@@ -495,8 +528,13 @@ impl MetaState {
             }
             if found {
                 ds.aborted.entry(step).or_default().insert(session.to_string());
+                if !reason.is_empty() {
+                    ds.abort_reasons.entry(step).or_default().insert(session.to_string(), reason);
+                }
                 while ds.aborted.len() > ABORTED_KEPT {
-                    ds.aborted.pop_first();
+                    if let Some((gone, _)) = ds.aborted.pop_first() {
+                        ds.abort_reasons.remove(&gone);
+                    }
                 }
             }
         }
@@ -507,8 +545,9 @@ impl MetaState {
 
     fn release(&mut self, dataset: &str, step: u64) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
-        let index = ds.committed.remove(&step).ok_or_else(|| not_committed(dataset, step, &ds.committed))?;
+        let index = ds.committed.remove(&step).ok_or_else(|| ds.missing(dataset, step))?;
         ds.committed_by.remove(&step);
+        ds.mark_released(step);
         ds.claims.gone(step);
         Ok(Outcome::Released { index })
     }
@@ -642,7 +681,35 @@ impl MetaState {
     /// The committed index of a step.
     pub fn index(&self, dataset: &str, step: u64) -> Result<Arc<StepIndex>, Error> {
         let ds = self.datasets.get(dataset).ok_or_else(|| no_dataset(dataset))?;
-        ds.committed.get(&step).cloned().ok_or_else(|| not_committed(dataset, step, &ds.committed))
+        ds.committed.get(&step).cloned().ok_or_else(|| ds.missing(dataset, step))
+    }
+
+    /// What became of `step` of `dataset` as ended by writer session `session`: `committed`,
+    /// `pending`, `aborted` with its reason, or `unknown`.
+    pub fn outcome(&self, dataset: &str, step: u64, session: &str) -> (&'static str, Option<String>) {
+        let Some(ds) = self.datasets.get(dataset) else { return ("unknown", None) };
+        if ds.committed_by.get(&step).is_some_and(|s| s == session) || (ds.released.contains(&step) && !ds.committed.contains_key(&step)) {
+            return ("committed", None);
+        }
+        if ds.aborted.get(&step).is_some_and(|s| s.contains(session)) {
+            let why = ds.abort_reasons.get(&step).and_then(|r| r.get(session)).cloned();
+            return ("aborted", Some(why.unwrap_or_else(|| "the step was aborted (no reason recorded)".into())));
+        }
+        if ds.pending.get(&step).is_some_and(|by| by.contains_key(session))
+            || ds.prepared.get(&step).is_some_and(|by| by.contains_key(session))
+        {
+            return ("pending", None);
+        }
+        if let Some(other) = ds.committed_by.get(&step) {
+            return ("aborted", Some(format!("step {step} was committed by another writer session ('{other}')")));
+        }
+        ("unknown", None)
+    }
+
+    /// The `NotFound` error of `step` of `dataset` if it was committed and released.
+    pub fn released(&self, dataset: &str, step: u64) -> Option<Error> {
+        let ds = self.datasets.get(dataset)?;
+        (ds.released.contains(&step) && !ds.committed.contains_key(&step)).then(|| ds.missing(dataset, step))
     }
 
     /// Whether `step` of `dataset` is committed.
@@ -771,10 +838,16 @@ pub(crate) mod tests {
     fn an_aborted_step_never_commits_and_late_ends_of_it_are_refused() {
         let mut s = MetaState::default();
         add(&mut s, 5, 0, 2, "a");
+        assert_eq!(s.outcome("d", 5, "a"), ("pending", None), "rank 1 has not ended it");
+        assert_eq!(s.outcome("d", 5, "b"), ("unknown", None));
         assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
         assert_eq!(add(&mut s, 5, 1, 2, "a").into_result().unwrap_err().kind(), ErrorKind::Conflict, "prepared: wait for it");
-        assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 5, session: "a".into() }), Outcome::Aborted { servers: vec![0, 1] });
+        assert_eq!(
+            s.apply(Cmd::Abort { dataset: "d".into(), step: 5, session: "a".into(), reason: "a seal failed".into() }),
+            Outcome::Aborted { servers: vec![0, 1] }
+        );
         assert!(s.in_flight().is_empty() && s.steps("d").is_empty());
+        assert_eq!(s.outcome("d", 5, "a"), ("aborted", Some("a seal failed".into())), "every rank learns why");
         assert_eq!(commit(&mut s, 5, "a", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "an aborted step never commits");
         // A writer cut off during the abort sends its end again: refused, not left pending.
         let e = add(&mut s, 5, 0, 2, "a").into_result().unwrap_err();
@@ -784,7 +857,10 @@ pub(crate) mod tests {
         add(&mut s, 5, 0, 2, "b");
         assert!(matches!(add(&mut s, 5, 1, 2, "b"), Outcome::Prepared { .. }));
         assert!(matches!(commit(&mut s, 5, "b", None), Outcome::Committed { .. }));
-        assert_eq!(s.apply(Cmd::Abort { dataset: "d".into(), step: 9, session: "x".into() }), Outcome::Aborted { servers: vec![] });
+        assert_eq!(
+            s.apply(Cmd::Abort { dataset: "d".into(), step: 9, session: "x".into(), reason: String::new() }),
+            Outcome::Aborted { servers: vec![] }
+        );
     }
 
     #[test]
@@ -931,7 +1007,7 @@ pub(crate) mod tests {
                 let cmd = match op {
                     0 | 1 => { let (fragment, shares) = frag(step, w, 3, session); Cmd::AddFragment { dataset: "d".into(), fragment, shares } }
                     2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2) },
-                    3 => Cmd::Abort { dataset: "d".into(), step, session: session.into() },
+                    3 => Cmd::Abort { dataset: "d".into(), step, session: session.into(), reason: "r".into() },
                     _ => Cmd::Release { dataset: "d".into(), step },
                 };
                 let (oa, ob) = (a.apply(cmd.clone()), b.apply(cmd));

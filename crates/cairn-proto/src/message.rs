@@ -87,6 +87,9 @@ pub struct PieceFailure {
     pub message: String,
 }
 
+/// Longest reason of an `abort_step`, in bytes.
+pub const MAX_REASON: usize = 4096;
+
 /// Longest key a keyed value may have, in bytes.
 pub const MAX_KEY: usize = 1024;
 
@@ -379,6 +382,28 @@ pub enum Request {
         /// Milliseconds to wait at most.
         timeout_ms: u64,
     },
+    /// What became of a step a writer session ended: answered with [`Response::Outcome`]
+    /// (ranks that were not last learn whether it committed or aborted, and why).
+    StepOutcome {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Writer session.
+        session: String,
+    },
+    /// A writer rank gives up a step of its session (`abort_step`): the step aborts for every
+    /// rank (D²T: one transaction), so those that ended it learn why. Answered `ok`.
+    AbortStep {
+        /// Dataset name.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Writer session.
+        session: String,
+        /// Why (at most [`MAX_REASON`] bytes).
+        reason: String,
+    },
     /// Releases a committed step: its index and objects are freed everywhere.
     Release {
         /// Dataset name.
@@ -604,6 +629,10 @@ pub struct ServerStatus {
     /// Objects it could not rebuild (no surviving piece).
     #[serde(default)]
     pub recovery_lost: u64,
+    /// Seconds the recovery under way has run past its deadline (0 when on time or idle): where
+    /// the machine cannot rebuild within the deadline, it shows here.
+    #[serde(default)]
+    pub recovery_overdue_s: f64,
 }
 
 /// Time spent in each phase of the step commits one server coordinated, summed over `steps`.
@@ -721,6 +750,16 @@ pub enum Response {
     Encoded {
         /// Requests per second the encoder served lately.
         rate: f64,
+    },
+    /// What became of a step ([`Request::StepOutcome`]): `committed`, `pending` (not every
+    /// rank ended it yet), `aborted` (with `reason`), or `unknown` (no record of the session's
+    /// step: never ended, or aborted long ago).
+    Outcome {
+        /// One of the four words above.
+        outcome: String,
+        /// Why it aborted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// Result of an end of step or a wait.
     Committed {

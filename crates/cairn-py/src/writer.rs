@@ -157,6 +157,28 @@ impl PyWriter {
         py.detach(|| self.with(|w| w.abort_step()))
     }
 
+    /// The first step this rank ended that aborted since, with why (see `Writer::take_aborted`).
+    fn take_aborted(&self, py: Python<'_>) -> PyResult<Option<(u64, String)>> {
+        py.detach(|| self.with(|w| w.take_aborted()))
+    }
+
+    /// Waits up to `timeout_s` for `step` to commit: ("committed" | "pending" | "aborted", why).
+    fn wait_committed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<(String, String)> {
+        if timeout_s.is_nan() {
+            return Err(crate::errors::to_py(cairn_core::Error::InvalidArgument("timeout = NaN: give seconds, 0 or more".into())));
+        }
+        let timeout = std::time::Duration::from_secs_f64(timeout_s.clamp(0.0, 1e9));
+        py.detach(|| {
+            self.with(|w| {
+                Ok(match w.wait_committed(step, timeout)? {
+                    cairn_client::engine::StepOutcome::Committed => ("committed".into(), String::new()),
+                    cairn_client::engine::StepOutcome::Aborted(why) => ("aborted".into(), why),
+                    _ => ("pending".into(), String::new()),
+                })
+            })
+        })
+    }
+
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
             let mut g = self.inner.lock().unwrap();

@@ -30,10 +30,11 @@ fn main() {
         let gbs = |secs: f64| n as f64 / secs / 1e9;
         let memcpy = best(|| dst.copy_from_slice(&src));
         let remote = [(child.addr, n as u64)];
-        let cma_put = best(|| cairn_server::cma::read(child.pid, &remote, &mut dst, &mut |_| {}).expect("process_vm_readv"));
+        let peer = cairn_server::cma::Peer::open(child.pid).expect("a pidfd of the child");
+        let cma_put = best(|| peer.read(&remote, &mut dst, &mut |_| {}).expect("process_vm_readv"));
         let cma_put_crc = best(|| {
             let mut crc = 0;
-            cairn_server::cma::read(child.pid, &remote, &mut dst, &mut |b| crc = cairn_core::checksum::crc_append(crc, b)).expect("read");
+            peer.read(&remote, &mut dst, &mut |b| crc = cairn_core::checksum::crc_append(crc, b)).expect("read");
             std::hint::black_box(crc);
         });
         // A segment per object, as a server adopting the writer's segment as storage gets: its
@@ -45,9 +46,9 @@ fn main() {
         let pooled = Segment::new(n);
         pooled.bytes().fill(1);
         let memfd_pooled = best(|| pooled.bytes().copy_from_slice(&src));
-        let cma_get = best(|| cairn_server::cma::write(child.pid, &remote, &src).expect("process_vm_writev"));
+        let cma_get = best(|| peer.write(&remote, &src).expect("/proc/PID/mem"));
         // The server's get of an object a same-node writer put into a segment.
-        let cma_get_segment = best(|| cairn_server::cma::write(child.pid, &remote, pooled.bytes()).expect("process_vm_writev"));
+        let cma_get_segment = best(|| peer.write(&remote, pooled.bytes()).expect("/proc/PID/mem"));
         let memfd_get = best(|| dst.copy_from_slice(pooled.bytes()));
         drop(child);
         let row = [memcpy, cma_put, cma_put_crc, memfd_fresh, memfd_pooled, cma_get, cma_get_segment, memfd_get].map(gbs);

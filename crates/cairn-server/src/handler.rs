@@ -16,14 +16,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 /// Serves one connection until the peer leaves, sends something malformed, stalls mid-frame,
-/// or the server stops. `local` is the pid of a client on this host at the other end of a Unix
-/// socket (same-node copies go straight to and from its memory).
+/// or the server stops. `local` is the client on this host at the other end of a Unix socket
+/// (same-node copies go straight to and from its memory), or why copies are refused to it.
 pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     state: Arc<State>,
     stream: S,
     mut place: Place,
     auth: Arc<Semaphore>,
-    local: Option<i32>,
+    local: Option<std::result::Result<crate::cma::Peer, String>>,
 ) {
     let mut stream = Deadline::new(stream, state.limits.io_timeout);
     let hello = tokio::select! {
@@ -47,7 +47,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         );
         return refuse(&mut stream, &busy).await;
     };
-    let mut peer = local.map(|pid| crate::segment::Local::new(state.clone(), pid));
+    let mut peer = local.map(|p| crate::segment::Local::new(state.clone(), p));
     let epoch = state.view().map_or(0, |v| v.epoch);
     stream.arm();
     if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch }, &[]).await.is_err() {

@@ -148,8 +148,9 @@ impl Meta {
 
     /// Forgets a step that will not commit; returns the servers that may hold its objects (none
     /// when the step was no longer prepared: another finisher committed or aborted it).
-    pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> Result<Vec<u32>> {
-        match self.batcher.propose(log, Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string() }).await? {
+    pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str, reason: &str) -> Result<Vec<u32>> {
+        let cmd = Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string(), reason: reason.to_string() };
+        match self.batcher.propose(log, cmd).await? {
             Outcome::Aborted { servers } => Ok(servers),
             other => Err(unexpected_outcome("abort", &other)),
         }
@@ -228,6 +229,16 @@ impl Meta {
     /// Whether `step` of `dataset` is committed.
     pub fn is_committed(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> bool {
         query(log, |s| s.is_committed(dataset, step))
+    }
+
+    /// What became of `step` of `dataset` as ended by `session` (see `MetaState::outcome`).
+    pub fn outcome(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str) -> (&'static str, Option<String>) {
+        query(log, |s| s.outcome(dataset, step, session))
+    }
+
+    /// The error of `step` of `dataset` if it was committed and then released.
+    pub fn released(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Option<Error> {
+        query(log, |s| s.released(dataset, step))
     }
 
     /// Names of the datasets with committed steps.

@@ -58,6 +58,8 @@ pub struct Recovery {
     inflight: AtomicU64,
     /// Cuts a lazy pause short when touched objects are queued.
     wake: tokio::sync::Notify,
+    /// When the recovery under way started (its deadline runs from then).
+    since: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// One object piece to rebuild.
@@ -88,6 +90,14 @@ impl Recovery {
     /// Objects waiting to be rebuilt (including rebuilds deferred to the next rescan).
     pub fn pending(&self) -> u64 {
         (lock(&self.queue).len() + lock(&self.parked).len()) as u64 + self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Seconds the recovery under way has run past `deadline`, 0 when on time or idle.
+    pub fn overdue(&self, deadline: Duration) -> f64 {
+        match *lock(&self.since) {
+            Some(t) if self.pending() > 0 => t.elapsed().saturating_sub(deadline).as_secs_f64(),
+            _ => 0.0,
+        }
     }
 
     /// Objects rebuilt since this server started.
@@ -183,7 +193,7 @@ impl Recovery {
             .map(|j| Job { tries: 0, ..j.clone() })
             .collect();
         for j in &mut jobs {
-            j.urgent = urgent.contains(&j.key());
+            j.urgent |= urgent.contains(&j.key());
         }
         drop(urgent);
         jobs.sort_by_key(|j| !j.urgent);
@@ -211,7 +221,11 @@ impl Recovery {
             for &from in &servers {
                 let to = if back.contains(&from) { Some(from) } else { target(view, &servers, from) };
                 let Some(to) = to else { continue };
-                jobs.push(Job { dataset: dataset.to_string(), step: index.step, id: o.id, from, to, tries: 0, urgent: false, bytes });
+                // A planned move (a retiring or replaced server, still up) is not a failure: it
+                // runs without the lazy pauses that spread a failure's rebuild over its deadline
+                // (a 7 MiB retire took 60 s), still within the recovery byte rate.
+                let urgent = view.retiring.contains(&from);
+                jobs.push(Job { dataset: dataset.to_string(), step: index.step, id: o.id, from, to, tries: 0, urgent, bytes });
             }
         }
         jobs
@@ -251,6 +265,7 @@ impl Recovery {
             let started = tokio::time::Instant::now();
             let mut sent = 0u64;
             loop {
+                lock(&state.recovery.since).get_or_insert_with(tokio::time::Instant::now);
                 let (n, pause) = plan(&state.limits, started.elapsed(), state.recovery.pending());
                 let batch = state.recovery.take(n);
                 if batch.is_empty() {
@@ -263,6 +278,7 @@ impl Recovery {
                         }
                         continue;
                     }
+                    *lock(&state.recovery.since) = None;
                     state.recovery.running.store(false, Ordering::Release);
                     // A job queued between the empty pop and the flag is not left behind.
                     if lock(&state.recovery.queue).is_empty() || state.recovery.running.swap(true, Ordering::AcqRel) {
@@ -752,6 +768,21 @@ mod tests {
         w.asks(&none);
         w.got[0] = Some(vec![7]);
         assert!(w.complete());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recovery_past_its_deadline_reports_by_how_much() {
+        let r = Recovery::default();
+        let deadline = Duration::from_secs(5);
+        assert_eq!(r.overdue(deadline), 0.0, "idle");
+        *lock(&r.since) = Some(tokio::time::Instant::now());
+        r.inflight.store(3, Ordering::Relaxed);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(r.overdue(deadline), 0.0, "on time");
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        assert!((r.overdue(deadline) - 1.5).abs() < 1e-6, "{}", r.overdue(deadline));
+        r.inflight.store(0, Ordering::Relaxed);
+        assert_eq!(r.overdue(deadline), 0.0, "done");
     }
 
     #[test]

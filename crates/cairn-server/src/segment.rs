@@ -14,6 +14,7 @@
 //! and nothing half-written is stored. One that hangs loses its connection, and so its leases,
 //! after the connection's deadline: a connection holding leases is never idle.
 
+use crate::cma::Peer;
 use crate::state::State;
 use cairn_core::{Error, Result};
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ pub struct Segment {
     fd: std::os::fd::OwnedFd,
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    owner: u32,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; access goes through `&[u8]`.
@@ -33,8 +35,8 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// A new segment of `len` (> 0) bytes, its pages allocated up front.
-    pub fn new(len: usize) -> Result<Segment> {
+    /// A new segment of `len` (> 0) bytes for writers of user `owner`, its pages allocated up front.
+    pub fn new(len: usize, owner: u32) -> Result<Segment> {
         use std::os::fd::FromRawFd;
         let fail = |what: &str| Error::Capacity(format!("cannot {what} a {len}-byte shared segment: {}", std::io::Error::last_os_error()));
         // SAFETY: memfd_create with a static NUL-terminated name.
@@ -58,7 +60,12 @@ impl Segment {
         if ptr == libc::MAP_FAILED {
             return Err(fail("map"));
         }
-        Ok(Segment { fd, ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len })
+        Ok(Segment { fd, ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len, owner })
+    }
+
+    /// The user whose writers lease it (a lessee may keep a mapping, so it never goes to another).
+    pub fn owner(&self) -> u32 {
+        self.owner
     }
 
     /// Its descriptor in this process (for the lease's holder to open).
@@ -116,26 +123,32 @@ impl From<Segment> for Memory {
 /// hold before it puts.
 pub const MAX_LEASES: usize = 1024;
 
-/// A connection's peer on this host (its pid, from `SO_PEERCRED`) and the segments it leased.
-/// Leases it did not put are given back when the connection ends.
+/// A connection's peer on this host (bound to the process that opened it, see [`Peer`]) and
+/// the segments it leased. Leases it did not put are given back when the connection ends.
 #[derive(Debug)]
 pub struct Local {
-    /// The client's process id.
-    pub pid: i32,
+    /// The client process, or why same-node copies are refused to it.
+    peer: std::result::Result<Peer, String>,
     state: Arc<State>,
     next: u64,
     leases: HashMap<u64, Segment>,
 }
 
 impl Local {
-    /// The peer `pid` of a connection to `state`'s server.
-    pub fn new(state: Arc<State>, pid: i32) -> Local {
-        Local { pid, state, next: 1, leases: HashMap::new() }
+    /// The peer of a Unix-socket connection to `state`'s server ([`Peer::bind`]'s result).
+    pub fn new(state: Arc<State>, peer: std::result::Result<Peer, String>) -> Local {
+        Local { peer, state, next: 1, leases: HashMap::new() }
+    }
+
+    /// The client process same-node copies go to and from.
+    pub fn peer(&self) -> Result<&Peer> {
+        self.peer.as_ref().map_err(|why| Error::InvalidArgument(why.clone()))
     }
 
     /// Gives back the leases `release` names, then leases a segment of each of `sizes` bytes
     /// (their space reserved): returns each one's lease id and descriptor.
     pub fn lease(&mut self, sizes: &[u64], release: &[u64]) -> Result<Vec<(u64, i32)>> {
+        let owner = self.peer()?.uid();
         for id in release {
             if let Some(seg) = self.leases.remove(id) {
                 self.give_back(seg);
@@ -150,7 +163,7 @@ impl Local {
         }
         let mut out = Vec::with_capacity(sizes.len());
         for &len in sizes {
-            let leased = self.state.store.reserve_segment(len as usize).map(|(r, seg)| {
+            let leased = self.state.store.reserve_segment(len as usize, owner).map(|(r, seg)| {
                 r.keep();
                 seg
             });
@@ -216,7 +229,7 @@ mod tests {
         use cairn_core::ErrorKind;
         let path = std::path::PathBuf::from("/nonexistent/cluster.json");
         let state = State::new(0, "s".into(), path, 1 << 20, crate::Limits::default(), crate::control::MetaOptions::default());
-        let mut local = Local::new(state.clone(), std::process::id() as i32);
+        let mut local = Local::new(state.clone(), Ok(Peer::this_process()));
         let got = local.lease(&[256 << 10, 256 << 10], &[]).unwrap();
         assert_eq!(state.store.used(), 512 << 10);
         // More than the memory left: refused whole, nothing kept.
@@ -238,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_segment_is_shared_memory_another_opening_sees() {
-        let seg = Segment::new(8192).unwrap();
+        let seg = Segment::new(8192, 0).unwrap();
         assert!(seg.bytes().iter().all(|b| *b == 0));
         // What a same-node writer does: open it through /proc, map it, write.
         let path = format!("/proc/{}/fd/{}", std::process::id(), seg.fd());

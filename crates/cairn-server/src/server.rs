@@ -75,10 +75,11 @@ pub async fn run(state: Arc<State>, listeners: Listeners, shutdown: impl Future<
                 match conn {
                     Conn::Tcp(s) => handle(state, s, place, auth, None).await,
                     Conn::Unix(s) => {
-                        // The kernel's word for who is on the other end: the only process
+                        // The kernel's word for who opened the connection: the only process
                         // same-node copies of this connection may touch.
-                        let pid = s.peer_cred().ok().and_then(|c| c.pid());
-                        handle(state, s, place, auth, pid).await
+                        use std::os::fd::AsFd;
+                        let peer = crate::cma::Peer::bind(s.as_fd(), state.limits.same_node_other_users);
+                        handle(state, s, place, auth, Some(peer)).await
                     }
                 }
             });

@@ -44,6 +44,9 @@ pub struct Limits {
     /// Connections still in their hello; a new one beyond this evicts the oldest, so idle
     /// unauthenticated connections can never lock authenticated clients out.
     pub max_unauthenticated: usize,
+    /// Same-node copies and leases for clients of other users than the server's (refused by
+    /// default: see the threat model in docs/protocol.md).
+    pub same_node_other_users: bool,
 }
 
 impl Default for Limits {
@@ -59,6 +62,7 @@ impl Default for Limits {
             mtbf: None,
             max_connections: 1024,
             max_unauthenticated: 512,
+            same_node_other_users: false,
         }
     }
 }
@@ -83,7 +87,14 @@ impl Limits {
             // A size per second: "256MiB" (the "/s" may be written).
             "recovery_rate" => self.recovery_rate = parse_size(value.trim().trim_end_matches("/s"))?,
             "mtbf" => self.mtbf = Some(parse_duration(value)?),
-            _ => return Err(bad("not a failure or recovery setting")),
+            "same_node_other_users" => {
+                self.same_node_other_users = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(bad("use true or false")),
+                }
+            }
+            _ => return Err(bad("not a failure, recovery or same-node setting")),
         }
         Ok(())
     }

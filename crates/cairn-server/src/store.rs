@@ -74,8 +74,9 @@ pub struct Store {
 #[derive(Debug, Default)]
 struct Pool {
     bufs: Mutex<HashMap<usize, Vec<Vec<u8>>>>,
-    /// Shared segments of same-node puts, likewise.
-    segs: Mutex<HashMap<usize, Vec<Segment>>>,
+    /// Shared segments of same-node puts, likewise, by owner uid and size: a segment's first
+    /// lessee may keep a mapping of it, so it is leased again only to that user (issue 40).
+    segs: Mutex<HashMap<(u32, usize), Vec<Segment>>>,
     bytes: AtomicU64,
 }
 
@@ -165,23 +166,8 @@ impl Store {
         {
             let mut bufs = lock(&self.pool.bufs);
             let mut segs = lock(&self.pool.segs);
-            let sizes: Vec<usize> = bufs.keys().chain(segs.keys()).copied().collect();
-            for len in sizes {
-                while freed < bytes {
-                    let Some(m) = bufs
-                        .get_mut(&len)
-                        .and_then(Vec::pop)
-                        .map(Memory::Heap)
-                        .or_else(|| segs.get_mut(&len).and_then(Vec::pop).map(Memory::Shared))
-                    else {
-                        break;
-                    };
-                    gone.push(m);
-                    freed += len as u64;
-                }
-            }
-            bufs.retain(|_, v| !v.is_empty());
-            segs.retain(|_, v| !v.is_empty());
+            take_until(&mut bufs, bytes, &mut freed, &mut gone, |k| *k, Memory::Heap);
+            take_until(&mut segs, bytes, &mut freed, &mut gone, |k| k.1, Memory::Shared);
         }
         // Counted before being pushed, uncounted after being popped: never below what the maps hold.
         self.pool.bytes.fetch_sub(freed, Ordering::AcqRel);
@@ -191,24 +177,25 @@ impl Store {
     /// Reserves `len` bytes and a zeroed-or-recycled buffer of exactly that size to receive a
     /// payload into (its old contents are overwritten entirely by the payload).
     pub fn reserve_buffer(&self, len: usize) -> Result<(Reservation<'_>, Vec<u8>)> {
-        self.reserve_pooled(&self.pool.bufs, len, |len| Ok(vec![0u8; len]))
+        self.reserve_pooled(&self.pool.bufs, len, len, |len| Ok(vec![0u8; len]))
     }
 
     /// Reserves `len` bytes and a pooled or new shared segment of exactly that size for a
-    /// same-node writer to fill.
-    pub fn reserve_segment(&self, len: usize) -> Result<(Reservation<'_>, Segment)> {
-        self.reserve_pooled(&self.pool.segs, len, Segment::new)
+    /// same-node writer of user `owner` to fill: only a segment that user leased before is reused.
+    pub fn reserve_segment(&self, len: usize, owner: u32) -> Result<(Reservation<'_>, Segment)> {
+        self.reserve_pooled(&self.pool.segs, (owner, len), len, |len| Segment::new(len, owner))
     }
 
     /// The pooled memory of `len` bytes is taken before the reservation, so a full server reuses
     /// it instead of evicting it to make room and then allocating fresh memory.
-    fn reserve_pooled<T: Into<Memory>>(
+    fn reserve_pooled<K: std::hash::Hash + Eq, T: Into<Memory>>(
         &self,
-        pool: &Mutex<HashMap<usize, Vec<T>>>,
+        pool: &Mutex<HashMap<K, Vec<T>>>,
+        key: K,
         len: usize,
         new: impl FnOnce(usize) -> Result<T>,
     ) -> Result<(Reservation<'_>, T)> {
-        let pooled = self.pooled(pool, len);
+        let pooled = self.pooled(pool, &key, len);
         match self.reserve(len as u64) {
             Ok(r) => Ok((r, pooled.map_or_else(|| new(len), Ok)?)),
             Err(e) => {
@@ -220,9 +207,9 @@ impl Store {
         }
     }
 
-    /// Memory of `len` bytes taken out of `pool`, if it holds some.
-    fn pooled<T>(&self, pool: &Mutex<HashMap<usize, Vec<T>>>, len: usize) -> Option<T> {
-        let m = lock(pool).get_mut(&len).and_then(Vec::pop)?;
+    /// Memory of `len` bytes taken out of `pool` under `key`, if it holds some.
+    fn pooled<K: std::hash::Hash + Eq, T>(&self, pool: &Mutex<HashMap<K, Vec<T>>>, key: &K, len: usize) -> Option<T> {
+        let m = lock(pool).get_mut(key).and_then(Vec::pop)?;
         self.pool.bytes.fetch_sub(len as u64, Ordering::AcqRel);
         Some(m)
     }
@@ -246,7 +233,7 @@ impl Store {
         self.pool.bytes.fetch_add(n, Ordering::AcqRel);
         match m {
             Memory::Heap(b) => lock(&self.pool.bufs).entry(b.len()).or_default().push(b),
-            Memory::Shared(s) => lock(&self.pool.segs).entry(s.bytes().len()).or_default().push(s),
+            Memory::Shared(s) => lock(&self.pool.segs).entry((s.owner(), s.bytes().len())).or_default().push(s),
         }
     }
 
@@ -426,6 +413,26 @@ impl Store {
     }
 }
 
+/// Moves pooled memory out of `pool` into `gone` until `freed` reaches `bytes`.
+fn take_until<K: Copy + std::hash::Hash + Eq, T>(
+    pool: &mut HashMap<K, Vec<T>>,
+    bytes: u64,
+    freed: &mut u64,
+    gone: &mut Vec<Memory>,
+    len: impl Fn(&K) -> usize,
+    wrap: impl Fn(T) -> Memory,
+) {
+    let keys: Vec<K> = pool.keys().copied().collect();
+    for k in keys {
+        while *freed < bytes {
+            let Some(m) = pool.get_mut(&k).and_then(Vec::pop) else { break };
+            gone.push(wrap(m));
+            *freed += len(&k) as u64;
+        }
+    }
+    pool.retain(|_, v| !v.is_empty());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,6 +464,22 @@ mod tests {
         assert_eq!(s.used(), 60);
         assert_eq!(s.drop_objects("d", 1, &Which::default()), 60);
         assert_eq!((s.used(), s.counts()), (0, (0, 0)));
+    }
+
+    #[test]
+    fn a_pooled_segment_goes_only_to_the_user_who_leased_it_first() {
+        let s = Store::new(0, 1 << 20);
+        let (r, seg) = s.reserve_segment(64 << 10, 1000).unwrap();
+        let fd = seg.fd();
+        drop(r);
+        s.recycle_memory(Memory::Shared(seg));
+        // Another user gets a fresh segment (the first may still map the pooled one)...
+        let (_r2, other) = s.reserve_segment(64 << 10, 1001).unwrap();
+        assert_ne!(other.fd(), fd);
+        assert_eq!(other.owner(), 1001);
+        // ...and the first user its own again.
+        let (_r3, again) = s.reserve_segment(64 << 10, 1000).unwrap();
+        assert_eq!((again.fd(), again.owner()), (fd, 1000));
     }
 
     #[test]

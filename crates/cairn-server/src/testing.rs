@@ -167,7 +167,12 @@ impl TestCluster {
         self.addrs[id as usize]
     }
 
-    /// The cluster secret.
+    /// The Unix socket of server `id`.
+    pub fn unix_path(&self, id: u32) -> PathBuf {
+        TestCluster::sock(&self.dir, id)
+    }
+
+    /// The cluster's secret.
     pub fn secret(&self) -> &str {
         &self.secret
     }
@@ -260,10 +265,14 @@ impl RawConn {
 
     /// Connects to server `id`'s Unix socket in `cluster` and answers its challenge.
     pub fn open_unix(cluster: &TestCluster, id: u32) -> Result<RawConn> {
-        let stream =
-            std::os::unix::net::UnixStream::connect(TestCluster::sock(&cluster.dir, id)).map_err(|e| Error::io("connecting", e))?;
+        RawConn::open_unix_path(&cluster.unix_path(id), cluster.secret())
+    }
+
+    /// Connects to the Unix socket at `path` and answers its challenge with `secret`.
+    pub fn open_unix_path(path: &Path, secret: &str) -> Result<RawConn> {
+        let stream = std::os::unix::net::UnixStream::connect(path).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: Stream::Unix(stream) }.hello(cluster.secret())
+        RawConn { stream: Stream::Unix(stream) }.hello(secret)
     }
 
     fn hello(mut self, secret: &str) -> Result<RawConn> {

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// Attempts of one request while the cluster redirects it (newer view, busy server).
-const REDIRECTS: usize = 4;
+pub(crate) const REDIRECTS: usize = 4;
 /// Time allowed beyond the deadline to find the control plane's leader: Raft elects a new one
 /// within about 1 s of the last heartbeat (a 0.5 s lease, then 0.25–0.5 s elections).
 const ELECTION: Duration = Duration::from_secs(3);
@@ -230,13 +230,18 @@ pub(crate) struct Cluster {
     transport: Transport,
     /// Deadline of every read and write.
     pub(crate) timeout: Duration,
+    /// Servers that missed a deadline lately (hung or overloaded), with the error they gave:
+    /// not asked again for [`Cluster::timeout`], so one hung server costs a caller one deadline,
+    /// not one per request (a read of several steps paid it for every step's index).
+    hung: Mutex<HashMap<u32, (Instant, String)>>,
 }
 
 impl Cluster {
     pub(crate) fn open(path: &Path, timeout: Duration, transport: Transport) -> Result<Arc<Cluster>> {
         let file = ClusterFile::load(path)?;
         let view = RwLock::new(Arc::new(ClusterView::initial(&file)));
-        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout }))
+        let hung = Mutex::new(HashMap::new());
+        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout, hung }))
     }
 
     /// The cluster's redundancy settings.
@@ -309,16 +314,39 @@ impl Cluster {
         let entry = view
             .server(server)
             .map_err(|_| Error::NotFound(format!("server {server} has left the cluster (view {}); read the index again", view.epoch)))?;
+        if let Some((since, why)) = self.hung.lock().unwrap_or_else(|p| p.into_inner()).get(&server) {
+            let left = self.timeout.saturating_sub(since.elapsed());
+            if !left.is_zero() {
+                return Err(Error::Unavailable(format!("{why} (not asked again for {:.1} s)", left.as_secs_f64())));
+            }
+        }
         let slot = self.slots.lock().unwrap_or_else(|p| p.into_inner()).entry(server).or_default().clone();
         let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(Conn::open(entry, &self.file.secret, self.transport, self.timeout)?);
-        }
-        let conn = guard.as_mut().expect("connected above");
-        conn.epoch = Some(view.epoch);
-        let r = f(conn);
-        if matches!(&r, Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Corrupt)) {
-            *guard = None;
+        let started = Instant::now();
+        let r = match guard.as_mut() {
+            Some(conn) => {
+                conn.epoch = Some(view.epoch);
+                f(conn)
+            }
+            None => Conn::open(entry, &self.file.secret, self.transport, self.timeout).and_then(|conn| {
+                let conn = guard.insert(conn);
+                conn.epoch = Some(view.epoch);
+                f(conn)
+            }),
+        };
+        let mut hung = self.hung.lock().unwrap_or_else(|p| p.into_inner());
+        match &r {
+            Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Corrupt) => {
+                *guard = None;
+                // A call that failed after (nearly) its whole deadline met a server that does
+                // not answer, not one that is gone (those fail at once).
+                if e.kind() == ErrorKind::Unavailable && started.elapsed() >= self.timeout.mul_f64(0.9) {
+                    hung.insert(server, (Instant::now(), e.to_string()));
+                }
+            }
+            _ => {
+                hung.remove(&server);
+            }
         }
         r
     }

@@ -2,10 +2,10 @@
 //! to the servers the ring places them on, one thread per server, with the bytes gathered straight
 //! from the caller's buffer. At the end of a step the fragment goes to the control plane's leader.
 
-use super::conn::Cluster;
+use super::conn::{Cluster, REDIRECTS};
 use super::{index_of, steps_of};
 use crate::config::StagingConfig;
-use crate::engine::{BlockData, StepPart, WriteEngine};
+use crate::engine::{BlockData, StepOutcome, StepPart, WriteEngine};
 use cairn_core::assemble::for_each_run;
 use cairn_core::corec::{Policy, Scheme};
 use cairn_core::dtype::DType;
@@ -20,6 +20,7 @@ use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// Puts in flight per server before waiting for acknowledgements (bounded so neither side's
 /// socket buffer fills with unread replies).
@@ -537,40 +538,62 @@ impl WriteEngine for StagingWriter {
     }
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
-        let view = self.cluster.view();
-        let e = match self.put_once(&view, &blocks) {
-            // The cluster moved to a newer view meanwhile (told by a server): place by it, once.
-            Err(_) if self.cluster.view().epoch != view.epoch => return self.put_once(&self.cluster.view(), &blocks),
-            Err(e) if e.kind() == ErrorKind::Unavailable => e,
-            r => return r,
-        };
-        // A server failed. The index names every object's servers, so the copies need not wait
-        // for the control plane to declare it down: they go around it at once, to the next live
-        // servers of the ring, at the same level (measured under `cairn chaos`, waiting for the
-        // view change held each write that met a dead server for the failure timeout).
-        let mut around = (*view).clone();
-        around.down.extend(std::mem::take(&mut self.unreached).into_iter().filter(|s| !view.down.contains(s)));
-        let policy = self.cluster.policy().clone();
-        let needed = blocks
-            .iter()
-            .map(|(_, b)| match policy.scheme {
-                Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
-                _ => b.def.redundancy as usize + 1,
-            })
-            .max()
-            .unwrap_or(1);
-        if around.down.len() > view.down.len() && around.live().len() >= needed {
-            match self.put_once(&around, &blocks) {
-                Err(e) if e.kind() == ErrorKind::Unavailable => {}
+        // A view change is not a failure (docs/protocol.md): what the old placement stored was
+        // dropped by `put_once`, so the blocks are placed again by the newer view, within the
+        // deadline and the documented number of redirects.
+        let deadline = Instant::now() + self.cluster.timeout;
+        let mut placed = 0usize;
+        loop {
+            let view = self.cluster.view();
+            placed += 1;
+            let e = match self.put_once(&view, &blocks) {
+                // Refused as `stale_epoch` (the reply installed the newer view).
+                Err(e) if self.cluster.view().epoch != view.epoch => {
+                    if placed >= REDIRECTS || Instant::now() >= deadline {
+                        return Err(Error::Unavailable(format!(
+                            "the cluster view changed under every one of {placed} placements of this step's puts (now view {}): \
+                             {e}; retry once the cluster settles (`cairn cluster status`)",
+                            self.cluster.view().epoch
+                        )));
+                    }
+                    if self.cluster.view().epoch == view.epoch {
+                        self.cluster.await_view_after(view.epoch);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::Unavailable => e,
                 r => return r,
+            };
+            // A server failed. The index names every object's servers, so the copies need not wait
+            // for the control plane to declare it down: they go around it at once, to the next live
+            // servers of the ring, at the same level (measured under `cairn chaos`, waiting for the
+            // view change held each write that met a dead server for the failure timeout).
+            let mut around = (*view).clone();
+            around.down.extend(std::mem::take(&mut self.unreached).into_iter().filter(|s| !view.down.contains(s)));
+            let policy = self.cluster.policy().clone();
+            let needed = blocks
+                .iter()
+                .map(|(_, b)| match policy.scheme {
+                    Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
+                    _ => b.def.redundancy as usize + 1,
+                })
+                .max()
+                .unwrap_or(1);
+            if around.down.len() > view.down.len() && around.live().len() >= needed {
+                match self.put_once(&around, &blocks) {
+                    // Placed around by a view that is stale now: place again by the newer one.
+                    Err(_) if self.cluster.view().epoch != view.epoch && placed < REDIRECTS => continue,
+                    Err(e) if e.kind() == ErrorKind::Unavailable => {}
+                    r => return r,
+                }
             }
+            // Not enough servers left around it (or another failed too): place again once the
+            // control plane has declared it down (a spare in its slot, or placement passing over it).
+            if placed < REDIRECTS && Instant::now() < deadline && self.cluster.await_view_after(view.epoch) {
+                continue;
+            }
+            return Err(e);
         }
-        // Not enough servers left around it (or another failed too): place again once the
-        // control plane has declared it down (a spare in its slot, or placement passing over it).
-        if self.cluster.await_view_after(view.epoch) {
-            return self.put_once(&self.cluster.view(), &blocks);
-        }
-        Err(e)
     }
 
     fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
@@ -644,7 +667,26 @@ impl WriteEngine for StagingWriter {
         for server in open.shares.into_keys() {
             let _ = self.cluster.call(server, &req);
         }
+        // One transaction for all ranks: those that ended the step learn it aborted, and why.
+        if self.nranks > 1 {
+            let reason = format!("writer rank {} of {} aborted step {step}", self.rank, self.nranks);
+            let abort = Request::AbortStep { dataset: self.dataset.clone(), step, session: self.session.clone(), reason };
+            self.cluster.coord(&abort)?;
+        }
         Ok(())
+    }
+
+    fn outcome(&self, step: u64) -> Result<StepOutcome> {
+        let req = Request::StepOutcome { dataset: self.dataset.clone(), step, session: self.session.clone() };
+        match self.cluster.coord(&req)? {
+            Response::Outcome { outcome, reason } => Ok(match outcome.as_str() {
+                "committed" => StepOutcome::Committed,
+                "pending" => StepOutcome::Pending,
+                "aborted" => StepOutcome::Aborted(reason.unwrap_or_default()),
+                _ => StepOutcome::Unknown,
+            }),
+            other => Err(unexpected("step outcome", &other)),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers N] [
                     [--meta M] [--redundancy R] [--scheme corec|replicate|erasure|hybrid|none] [--rs-data K]
                     [--min-efficiency S] [--hot-steps W] [--failure-timeout DURATION]
                     [--recovery lazy|aggressive] [--recovery-deadline DURATION] [--recovery-rate SIZE]
-                    [--mtbf DURATION]
+                    [--mtbf DURATION] [--same-node-other-users true|false]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -71,7 +71,7 @@ fn run() -> Result<(), String> {
             "--io-timeout" => opts.limits.io_timeout = secs()?,
             "--hello-timeout" => opts.limits.hello_timeout = secs()?,
             "--peer-timeout" => opts.limits.peer_timeout = secs()?,
-            "--recovery" | "--recovery-deadline" | "--recovery-rate" | "--failure-timeout" | "--mtbf" => {
+            "--recovery" | "--recovery-deadline" | "--recovery-rate" | "--failure-timeout" | "--mtbf" | "--same-node-other-users" => {
                 opts.limits.set(&flag[2..].replace('-', "_"), &value).map_err(|e| format!("{flag}: {e}"))?
             }
             "--meta" => opts.meta = num("a meta server count")?.clamp(1, 5),

@@ -31,6 +31,7 @@ pub fn status(state: &State) -> Response {
             recovery_pending: state.recovery.pending(),
             recovery_rebuilt: state.recovery.rebuilt(),
             recovery_lost: state.recovery.lost(),
+            recovery_overdue_s: state.recovery.overdue(state.limits.recovery_deadline()),
         },
     }
 }

@@ -145,6 +145,11 @@ pub fn request(req: &Request, payload_len: u64) -> Result<()> {
             Ok(())
         }
         Request::MetaGet { key } => check_key(key),
+        Request::AbortStep { reason, .. } if reason.len() > cairn_proto::message::MAX_REASON => Err(Error::InvalidArgument(format!(
+            "an abort's reason of {} bytes: at most {}",
+            reason.len(),
+            cairn_proto::message::MAX_REASON
+        ))),
         _ => Ok(()),
     }
 }

@@ -161,8 +161,8 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
         None => enough_left(&ready.index, &failed),
     };
     if let Err(e) = sealed {
-        // The seal failure is what the writer must hear.
-        abort_and_drop(state, log, dataset, step, &session).await;
+        // The seal failure is what the writer must hear (and every rank that ended the step).
+        abort_and_drop(state, log, dataset, step, &session, &e.to_string()).await;
         return Err(e);
     }
     let seal = started.elapsed();
@@ -170,7 +170,7 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
         // Refused (what it consumes is gone): it will never commit, so it is aborted like a step
         // whose seal failed.
         Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::InvalidArgument) => {
-            abort_and_drop(state, log, dataset, step, &session).await;
+            abort_and_drop(state, log, dataset, step, &session, &e.to_string()).await;
             return Err(e);
         }
         r => r?,
@@ -191,8 +191,8 @@ async fn finish_once(state: &Arc<State>, dataset: &str, ready: &Ready, keep_last
 
 /// Aborts a prepared step and drops its objects; the objects stay if the abort did not take
 /// (another finisher committed the step, or this leader lost its place).
-async fn abort_and_drop(state: &Arc<State>, log: &dyn cairn_meta::MetaLog, dataset: &str, step: u64, session: &str) {
-    if let Ok(servers) = state.meta.abort(log, dataset, step, session).await {
+async fn abort_and_drop(state: &Arc<State>, log: &dyn cairn_meta::MetaLog, dataset: &str, step: u64, session: &str, reason: &str) {
+    if let Ok(servers) = state.meta.abort(log, dataset, step, session, reason).await {
         let _ = on_all(state, servers, |_| Request::Drop {
             dataset: dataset.into(),
             step,
@@ -257,6 +257,23 @@ async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
     }
 }
 
+/// A writer rank's abort of its session's step: the step aborts for every rank (those that
+/// ended it learn `reason` from [`outcome`]), and the objects of its fragments are dropped.
+/// A step no rank ended yet has nothing to abort here (the rank dropped its own objects).
+pub async fn abort_step(state: &Arc<State>, dataset: &str, step: u64, session: &str, reason: &str) -> Result<Response> {
+    let log = crate::control::leader(state)?;
+    if !state.meta.is_finishing(dataset, step, session) {
+        abort_and_drop(state, log, dataset, step, session, reason).await;
+    }
+    Ok(Response::Ok)
+}
+
+/// What became of a step a writer session ended.
+pub fn outcome(state: &State, dataset: &str, step: u64, session: &str) -> Result<Response> {
+    let (outcome, reason) = state.meta.outcome(crate::control::leader(state)?, dataset, step, session);
+    Ok(Response::Outcome { outcome: outcome.into(), reason })
+}
+
 /// Releases a committed step.
 pub async fn release(state: &Arc<State>, dataset: &str, step: u64) -> Result<Response> {
     let index = state.meta.release(crate::control::leader(state)?, dataset, step).await?;
@@ -274,8 +291,12 @@ pub async fn wait_step(state: &State, dataset: &str, step: u64, timeout_ms: u64)
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
         // A leader that loses its place mid-wait sends the reader to the new one.
-        if state.meta.is_committed(crate::control::leader(state)?, dataset, step) {
+        let log = crate::control::leader(state)?;
+        if state.meta.is_committed(log, dataset, step) {
             return Ok(Response::Committed { committed: true });
+        }
+        if let Some(gone) = state.meta.released(log, dataset, step) {
+            return Err(gone);
         }
         // Re-checked at least every second: commits finished by a new leader do not ring here.
         let tick = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));

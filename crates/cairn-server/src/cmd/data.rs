@@ -2,6 +2,7 @@
 //! reserved), get (a whole object shared without copying, or a sub-box cut out of it).
 
 use super::{Payload, Reply};
+use crate::cma::Peer;
 use crate::segment::Memory;
 use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
@@ -63,12 +64,12 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
 }
 
 /// Stores one object whose bytes are runs of the local client's memory (a same-node put).
-pub fn put_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], h: PutHeader) -> Result<Response> {
-    let pid = local.ok_or_else(crate::cma::not_local)?;
+pub fn put_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], h: PutHeader) -> Result<Response> {
+    let peer = local.ok_or_else(crate::cma::not_local)?;
     let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
     let (reservation, mut data) = state.store.reserve_buffer(len as usize)?;
     let mut crc = 0u32;
-    crate::cma::read(pid, runs, &mut data, &mut |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
+    peer.read(runs, &mut data, &mut |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
     store_checked(state, h, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
@@ -119,7 +120,7 @@ pub async fn put_many<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: 
 
 /// Stores the objects of a same-node put_many, each copied from its share of `runs` (which were
 /// checked to add up to their bytes).
-pub fn put_many_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], headers: Vec<PutHeader>) -> Result<Response> {
+pub fn put_many_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], headers: Vec<PutHeader>) -> Result<Response> {
     let shares = cut_runs(runs, headers.iter().map(item_len));
     for (h, mine) in headers.into_iter().zip(shares) {
         if mine.is_empty() {
@@ -155,11 +156,11 @@ fn cut_runs(runs: &[(u64, u64)], lens: impl Iterator<Item = u64>) -> Vec<Vec<(u6
 }
 
 /// Writes a get's reply bytes into runs of the local client's memory, which answers without a payload.
-pub fn deliver_local(state: &State, local: Option<i32>, runs: &[(u64, u64)], reply: Reply) -> Result<Reply> {
-    let pid = local.ok_or_else(crate::cma::not_local)?;
+pub fn deliver_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], reply: Reply) -> Result<Reply> {
+    let peer = local.ok_or_else(crate::cma::not_local)?;
     match reply {
         Reply::WithPayload(resp, payload) => {
-            crate::cma::write(pid, runs, payload.bytes())?;
+            peer.write(runs, payload.bytes())?;
             state.same_node_bytes.fetch_add(payload.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(Reply::Plain(resp))
         }
@@ -177,8 +178,10 @@ pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::sto
 /// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
 fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
     if crc != h.checksum {
+        // Never the crc of what arrived: of bytes read from a client's memory, it would tell
+        // the client something of memory it named (issue 40).
         return Err(Error::Corrupt(format!(
-            "object {:#x} of '{}' arrived damaged (crc32c {crc:#x}, sender computed {:#x}); put it again",
+            "object {:#x} of '{}' arrived damaged (its crc32c is not the {:#x} the sender computed); put it again",
             h.id, h.var, h.checksum
         )));
     }

@@ -58,7 +58,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     peer: &mut Option<crate::segment::Local>,
 ) -> Result<Reply> {
-    let local = peer.as_ref().map(|l| l.pid);
+    let bound = peer.as_ref().map(crate::segment::Local::peer).transpose();
     let data = matches!(
         req,
         Request::Put { .. }
@@ -84,7 +84,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed, from } => {
             let h = data::PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed };
             match from {
-                Some(runs) => plain(data::put_local(state, local, &runs, h)),
+                Some(runs) => plain(data::put_local(state, bound?, &runs, h)),
                 None => plain(data::put(state, stream, p.payload_len, h).await),
             }
         }
@@ -108,7 +108,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
                 .collect();
             match (from, leases) {
                 (_, Some(ids)) => plain(data::put_leased(state, peer.as_mut(), &ids, headers)),
-                (Some(runs), None) => plain(data::put_many_local(state, local, &runs, headers)),
+                (Some(runs), None) => plain(data::put_many_local(state, bound?, &runs, headers)),
                 (None, None) => plain(data::put_many(state, stream, p.payload_len, headers).await),
             }
         }
@@ -119,11 +119,13 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         Request::Get { dataset, step, id, want, shard, into } => {
             let reply = data::get(state, &dataset, step, (id, shard), &want)?;
             match into {
-                Some(runs) => data::deliver_local(state, local, &runs, reply),
+                Some(runs) => data::deliver_local(state, bound?, &runs, reply),
                 None => Ok(reply),
             }
         }
-        Request::Attach { addr, len, checksum } => plain(crate::cma::probe(local, addr, len, checksum).map(|()| Response::Ok)),
+        Request::Attach { addr, len, checksum } => {
+            plain(bound?.ok_or_else(crate::cma::not_local)?.probe(addr, len, checksum).map(|()| Response::Ok))
+        }
         Request::Encode { dataset, step, id, k, m, shards, holders } => {
             plain(crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await)
         }
@@ -164,6 +166,8 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         ),
         Request::WaitStep { dataset, step, timeout_ms } => plain(commit::wait_step(state, &dataset, step, timeout_ms).await),
         Request::Release { dataset, step } => plain(commit::release(state, &dataset, step).await),
+        Request::StepOutcome { dataset, step, session } => plain(commit::outcome(state, &dataset, step, &session)),
+        Request::AbortStep { dataset, step, session, reason } => plain(commit::abort_step(state, &dataset, step, &session, &reason).await),
         Request::KvPut { keys, sizes, member } => plain(kv::put(state, stream, p.payload_len, keys, sizes, member).await),
         Request::KvGet { keys, members } => kv::get(state, &keys, members),
         Request::KvDelete { keys, prefix } => plain(Ok(Response::Deleted { count: state.kv.delete(&state.store, &keys, prefix) })),
