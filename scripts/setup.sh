@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null; then
+# iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`).
+if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! command -v ip >/dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    libopenmpi-dev openmpi-bin redis-server >/dev/null
+    libopenmpi-dev openmpi-bin redis-server iproute2 >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (https://rustup.rs) first" >&2

@@ -555,7 +555,10 @@ impl ReadEngine for StagingReader {
                     moves += 1;
                     current = b.clone();
                 }
-                _ if !confirmed && Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+                // A follower's index may be behind, and a server that took a lost one's slot may
+                // not have its piece rebuilt yet (recovery under way, and hurried by the touch):
+                // ask again until the deadline before calling the block lost.
+                _ if Instant::now() < until => std::thread::sleep(Duration::from_millis(if confirmed { 100 } else { 50 })),
                 // The index still names servers that do not hold the pieces (they were lost
                 // and rejoined empty, beyond the variable's level): the block is gone.
                 _ => {
