@@ -418,10 +418,11 @@ def _shared_bytes(c) -> int:
 
 
 def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(tmp_path):
-    """transport "auto" (the default): puts and gets of objects, whole and as boxes, move their
-    bytes on the same node (counted by the servers): objects of at least shared_min bytes are
-    written into shared segments the servers keep, smaller ones copied by the servers ("attach"
-    copies all), with the same results as the Unix socket and TCP, which move none that way."""
+    """transport "auto" (the default): puts of objects move their bytes on the same node
+    (counted by the servers): objects of at least shared_min bytes are written into shared
+    segments the servers keep, smaller ones copied by the servers ("attach" copies all), with the
+    same results as the Unix socket and TCP, which move none that way. Gets come over the Unix
+    socket (a server writes a client's memory only through /proc/PID/mem, slower: issue 40)."""
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     try:
         a = np.random.default_rng(0).random((300, 200))
@@ -438,8 +439,8 @@ def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(
                 assert np.array_equal(r.get("p", 0, offset=(7, 3), count=(250, 101)), a[7:257, 3:104])
             moved, kept = _same_node_bytes(c) - before, _shared_bytes(c) - shared
             if transport in ("auto", "attach"):
-                # Two copies of each object put (level 1), the whole array and the box read back.
-                assert moved >= 2 * a.nbytes + a.nbytes + 250 * 101 * 8, moved
+                # Two copies of each object put (level 1); the reads came as payloads.
+                assert moved == 2 * a.nbytes, moved
             else:
                 assert moved == 0, (transport, moved)
             # Objects of 16-32 KiB: in shared segments with "auto" (both copies), else none.
