@@ -94,7 +94,11 @@ def hosts():
     if probe.returncode != 0:
         pytest.skip(f"network partition tests: `ip netns add` is not permitted here ({probe.stderr.strip()})")
     subprocess.run(["ip", "netns", "del", f"{PREFIX}probe"], capture_output=True)
-    h = Hosts(3)
+    try:
+        h = Hosts(3)
+    except subprocess.CalledProcessError as e:
+        Hosts.clear(Hosts.__new__(Hosts))
+        pytest.skip(f"network partition tests: could not build the test network ({' '.join(e.cmd)}: {e.stderr.strip()})")
     try:
         yield h
     finally:

@@ -43,6 +43,13 @@ fn outside() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
+    // Where the sandbox forbids new namespaces even to root, say so and skip.
+    let probe = Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "true"]).output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => return println!("pid_reuse: skipped, no new pid namespace here: {}", String::from_utf8_lossy(&o.stderr).trim()),
+        Err(e) => return println!("pid_reuse: skipped, unshare (util-linux) is missing: {e}"),
+    }
     let mut child = Command::new("unshare")
         .args(["--pid", "--fork", "--mount-proc"])
         .arg(&exe)
