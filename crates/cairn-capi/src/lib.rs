@@ -226,7 +226,11 @@ pub unsafe extern "C" fn cairn_put(
         let count = unsafe { dims(count, ndim, "count")? };
         let offset = if offset.is_null() { None } else { Some(unsafe { dims(offset, ndim, "offset")? }) };
         let dtype = w.dtype_of(var)?;
-        let len = count.iter().product::<u64>() as usize * dtype.size();
+        let len = count
+            .iter()
+            .try_fold(dtype.size() as u64, |n, &c| n.checked_mul(c))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| invalid("count overflows the address space"))?;
         if data.is_null() && len > 0 {
             return Err(invalid("data is NULL"));
         }

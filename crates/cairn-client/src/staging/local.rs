@@ -79,6 +79,12 @@ pub fn is_running(file: &Path, timeout: Duration) -> bool {
     ids.into_iter().any(|id| c.call(id, &Request::Status).is_ok())
 }
 
+/// Servers (with spares) one local cluster starts at most.
+pub const MAX_SERVERS: u32 = 4096;
+
+/// Memory per server at least.
+pub const MIN_MEMORY: u64 = 1 << 20;
+
 impl LocalCluster {
     /// Starts the servers and returns once the cluster file is written and every server answers.
     pub fn start(opts: &LaunchOptions) -> Result<LocalCluster> {
@@ -94,6 +100,18 @@ impl LocalCluster {
         }
         if opts.command.is_empty() {
             return Err(Error::InvalidArgument("no command to run a server with".into()));
+        }
+        if opts.servers == 0 || opts.servers.checked_add(opts.spares).is_none_or(|n| n > MAX_SERVERS) {
+            return Err(Error::InvalidArgument(format!(
+                "{} servers and {} spares: give 1 or more servers, {MAX_SERVERS} in all at most",
+                opts.servers, opts.spares
+            )));
+        }
+        if opts.memory < MIN_MEMORY {
+            return Err(Error::InvalidArgument(format!(
+                "memory of {} bytes per server: give at least 1 MiB (e.g. \"64MiB\")",
+                opts.memory
+            )));
         }
         let dir = ClusterFile::entries_dir(&file);
         let _ = std::fs::remove_dir_all(&dir);
