@@ -93,7 +93,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.server_memory(args.memory),
                   args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
                   args.meta, json.dumps({k: got[k] for k in ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")}),
-                  {k: str(got[k]) for k in FAILURE_KEYS if got[k] is not None})
+                  {**{k: str(got[k]) for k in FAILURE_KEYS if got[k] is not None},
+                   **({"same_node_other_users": args.same_node_other_users} if args.same_node_other_users else {})})
 
 
 def cmd_start(args: argparse.Namespace) -> None:
@@ -199,6 +200,9 @@ def add(sub: Any) -> None:
     _redundancy_flags(s)
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="", help="rack name, a failure domain placement spreads copies over (default: none)")
+    s.add_argument("--same-node-other-users", choices=("true", "false"),
+                   help="allow same-node copies for clients of other users than this server's (default false; "
+                        "see the threat model in docs/protocol.md)")
     s.add_argument("--timeout", type=_SECONDS, default=120.0, help="seconds to wait for the secret and the other servers")
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("cluster", help="start, stop or inspect a local staging cluster")
