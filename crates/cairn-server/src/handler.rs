@@ -80,6 +80,9 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return refuse(&mut stream, &Response::error(&e)).await;
         }
         state.requests.fetch_add(1, Ordering::Relaxed);
+        if !from_peer(&env.req) {
+            state.client_requests.fetch_add(1, Ordering::Relaxed);
+        }
         appends.carried |= matches!(env.req, Request::Raft { kind: RaftRpc::Append, .. });
         let stop_after = matches!(env.req, Request::Shutdown);
         await_view(&state, env.epoch).await;
@@ -101,6 +104,22 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+/// Whether a request comes from another server or the control plane rather than a client.
+fn from_peer(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Raft { .. }
+            | Request::Encode { .. }
+            | Request::Cut { .. }
+            | Request::Rebuild { .. }
+            | Request::Pieces { .. }
+            | Request::Seal { .. }
+            | Request::Drop { .. }
+            | Request::ViewChanged { .. }
+            | Request::Put { sealed: true, .. }
+    )
 }
 
 /// Tells this server's control-plane replica when a connection that carried a leader's appends

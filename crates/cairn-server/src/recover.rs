@@ -76,6 +76,9 @@ struct Job {
     tries: u32,
     /// Touched by a read: rebuilt without a pause.
     urgent: bool,
+    /// A planned move (a retiring server's piece): without the lazy pauses, but yielding to
+    /// clients while they are active.
+    planned: bool,
     /// The whole object's bytes (what its rebuild moves, at most).
     bytes: u64,
 }
@@ -224,8 +227,18 @@ impl Recovery {
                 // A planned move (a retiring or replaced server, still up) is not a failure: it
                 // runs without the lazy pauses that spread a failure's rebuild over its deadline
                 // (a 7 MiB retire took 60 s), still within the recovery byte rate.
-                let urgent = view.retiring.contains(&from);
-                jobs.push(Job { dataset: dataset.to_string(), step: index.step, id: o.id, from, to, tries: 0, urgent, bytes });
+                let planned = view.retiring.contains(&from);
+                jobs.push(Job {
+                    dataset: dataset.to_string(),
+                    step: index.step,
+                    id: o.id,
+                    from,
+                    to,
+                    tries: 0,
+                    urgent: planned,
+                    planned,
+                    bytes,
+                });
             }
         }
         jobs
@@ -287,7 +300,10 @@ impl Recovery {
                     continue;
                 }
                 state.recovery.inflight.store(batch.len() as u64, Ordering::Relaxed);
+                let planned = batch.iter().any(|j| j.planned);
+                let (clients, ran) = (state.client_requests.load(Ordering::Relaxed), tokio::time::Instant::now());
                 let (results, rebuilt, bytes) = run_batch(&state, batch).await;
+                let yielding = yield_to_clients(planned, ran.elapsed(), state.client_requests.load(Ordering::Relaxed) - clients);
                 state.recovery.rebuilt.fetch_add(rebuilt, Ordering::Relaxed);
                 sent += bytes;
                 for (job, r) in results {
@@ -313,6 +329,9 @@ impl Recovery {
                 // The byte rate holds for every object; the lazy pause is cut short by a touch.
                 if let Some(due) = throttle(state.limits.recovery_rate, sent) {
                     tokio::time::sleep_until(started + due).await;
+                }
+                if let Some(pause) = yielding {
+                    tokio::time::sleep(pause).await;
                 }
                 let next_urgent = lock(&state.recovery.queue).front().is_some_and(|j| j.urgent);
                 if let Some(pause) = pause.filter(|_| !next_urgent) {
@@ -340,6 +359,13 @@ fn plan(limits: &crate::state::Limits, elapsed: Duration, pending: u64) -> (usiz
     }
     let n = ((pending as f64 * PERIOD.as_secs_f64() / left.as_secs_f64()).ceil() as usize).clamp(1, BATCH);
     (n, Some((left.mul_f64(n as f64 / (pending as f64 + 1.0))).min(Duration::from_secs(1))))
+}
+
+/// How long a batch of planned moves that took `took` yields to clients that sent `clients`
+/// requests meanwhile: as long again (half the time to them, at most half a second), or not at
+/// all while they are idle. A failure's rebuild does not yield: it has its deadline.
+fn yield_to_clients(planned: bool, took: Duration, clients: u64) -> Option<Duration> {
+    (planned && clients > 0).then(|| took.min(Duration::from_millis(500)))
 }
 
 /// When, counted from the start of recovery, `sent` bytes are within `rate` bytes per second
@@ -770,6 +796,15 @@ mod tests {
         w.asks(&none);
         w.got[0] = Some(vec![7]);
         assert!(w.complete());
+    }
+
+    #[test]
+    fn planned_moves_yield_to_active_clients_and_failures_do_not() {
+        let ms = Duration::from_millis;
+        assert_eq!(yield_to_clients(true, ms(80), 0), None, "idle clients: full speed");
+        assert_eq!(yield_to_clients(true, ms(80), 12), Some(ms(80)), "half the time to clients");
+        assert_eq!(yield_to_clients(true, ms(3000), 1), Some(ms(500)), "at most half a second");
+        assert_eq!(yield_to_clients(false, ms(80), 12), None, "a failure's rebuild keeps its deadline");
     }
 
     #[tokio::test(start_paused = true)]

@@ -137,6 +137,9 @@ pub struct State {
     pub control: OnceLock<cairn_meta::raft::RaftLog>,
     /// Requests served.
     pub requests: AtomicU64,
+    /// Of those, requests from clients (not peers' or the control plane's): planned moves yield
+    /// to them.
+    pub client_requests: AtomicU64,
     /// Object bytes copied straight from or to local clients' memory.
     pub same_node_bytes: AtomicU64,
     /// The cluster's redundancy settings (from the cluster file, read when first needed).
@@ -171,6 +174,7 @@ impl State {
             meta_options,
             control: OnceLock::new(),
             requests: AtomicU64::new(0),
+            client_requests: AtomicU64::new(0),
             same_node_bytes: AtomicU64::new(0),
             policy: OnceLock::new(),
             corec: crate::corec::Corec::default(),
