@@ -326,8 +326,9 @@ impl Recovery {
                     }
                 }
                 state.recovery.inflight.store(0, Ordering::Relaxed);
-                // The byte rate holds for every object; the lazy pause is cut short by a touch.
-                if let Some(due) = throttle(state.limits.recovery_rate, sent) {
+                // The byte rate holds for every object until a lazy recovery nears its deadline,
+                // when it goes ahead of client load; the lazy pause is cut short by a touch.
+                if let Some(due) = throttle(state.limits.recovery_rate, sent).filter(|_| !late(&state.limits, started.elapsed())) {
                     tokio::time::sleep_until(started + due).await;
                 }
                 if let Some(pause) = yielding {
@@ -354,11 +355,17 @@ impl Recovery {
 /// 0.4 s past a 5 s deadline when the pacing aimed at the deadline itself).
 fn plan(limits: &crate::state::Limits, elapsed: Duration, pending: u64) -> (usize, Option<Duration>) {
     let left = (limits.recovery_deadline() * 4 / 5).saturating_sub(elapsed);
-    if !limits.recovery_lazy || pending == 0 || left < PERIOD {
+    if !limits.recovery_lazy || pending == 0 || late(limits, elapsed) {
         return (BATCH, None);
     }
     let n = ((pending as f64 * PERIOD.as_secs_f64() / left.as_secs_f64()).ceil() as usize).clamp(1, BATCH);
     (n, Some((left.mul_f64(n as f64 / (pending as f64 + 1.0))).min(Duration::from_secs(1))))
+}
+
+/// Whether a lazy recovery that started `elapsed` ago is late: less than a period left of the
+/// time its pacing aims at ([`plan`]). Then it goes at full speed, past the byte rate too.
+fn late(limits: &crate::state::Limits, elapsed: Duration) -> bool {
+    limits.recovery_lazy && (limits.recovery_deadline() * 4 / 5).saturating_sub(elapsed) < PERIOD
 }
 
 /// How long a batch of planned moves that took `took` yields to clients that sent `clients`
@@ -796,6 +803,17 @@ mod tests {
         w.asks(&none);
         w.got[0] = Some(vec![7]);
         assert!(w.complete());
+    }
+
+    #[test]
+    fn a_late_lazy_recovery_goes_past_the_byte_rate() {
+        let mut limits = crate::state::Limits { recovery_lazy: true, ..Default::default() };
+        limits.set("recovery_deadline", "5s").unwrap();
+        assert!(!late(&limits, Duration::from_secs(3)), "on time: the byte rate holds");
+        assert!(late(&limits, Duration::from_millis(3800)), "within a period of 4 s");
+        assert!(late(&limits, Duration::from_secs(9)));
+        limits.recovery_lazy = false;
+        assert!(!late(&limits, Duration::from_secs(9)), "aggressive recovery keeps its byte rate");
     }
 
     #[test]
