@@ -668,10 +668,13 @@ impl WriteEngine for StagingWriter {
             let _ = self.cluster.call(server, &req);
         }
         // One transaction for all ranks: those that ended the step learn it aborted, and why.
+        // Best effort, as the drops above: an abort runs on error paths (a `with f.step` block
+        // left by an exception), where a control plane that cannot be reached must not replace
+        // the error being reported; the step then stays pending, never visible.
         if self.nranks > 1 {
             let reason = format!("writer rank {} of {} aborted step {step}", self.rank, self.nranks);
             let abort = Request::AbortStep { dataset: self.dataset.clone(), step, session: self.session.clone(), reason };
-            self.cluster.coord(&abort)?;
+            let _ = self.cluster.coord(&abort);
         }
         Ok(())
     }
