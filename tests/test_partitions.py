@@ -10,12 +10,14 @@ root). The `Hosts` harness is meant for other multi-node tests too."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import textwrap
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -105,22 +107,29 @@ def hosts():
         h.clear()
 
 
-def start(h: Hosts, file: Path, failure_timeout: str = "1s") -> list[subprocess.Popen]:
-    """One staging server per host, all three running the control plane."""
-    procs = []
-    for i in range(h.n):
-        with open(file.parent / f"server-{i}.log", "wb") as log:
-            procs.append(h.run(i, PY, "-m", "cairn", "serve", "--cluster", str(file), "--id", str(i), "--servers", str(h.n),
-                               "--host", h.addr(i), "--memory", "64MiB", "--meta", "3", "--redundancy", "1",
-                               "--scheme", "replicate", "--failure-timeout", failure_timeout, "--timeout", "30",
-                               stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + 30
-    while not file.exists() or len(cluster.status(file, timeout=1.0)) < h.n or \
-            any(r["state"] != "up" for r in cluster.status(file, timeout=1.0)):
-        assert time.monotonic() < deadline, "the servers did not come up: " + (file.parent / "server-0.log").read_text()[-2000:]
-        assert all(p.poll() is None for p in procs), [(file.parent / f"server-{i}.log").read_text()[-1000:] for i in range(h.n)]
-        time.sleep(0.2)
-    return procs
+@contextlib.contextmanager
+def servers(h: Hosts, file: Path, failure_timeout: str = "1s") -> Iterator[None]:
+    """One staging server per host, all three running the control plane; killed on leaving."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(h.n):
+            with open(file.parent / f"server-{i}.log", "wb") as log:
+                procs.append(h.run(i, PY, "-m", "cairn", "serve", "--cluster", str(file), "--id", str(i), "--servers", str(h.n),
+                                   "--host", h.addr(i), "--memory", "64MiB", "--meta", "3", "--redundancy", "1",
+                                   "--scheme", "replicate", "--failure-timeout", failure_timeout, "--timeout", "30",
+                                   stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 30
+        while not file.exists() or len(cluster.status(file, timeout=1.0)) < h.n or \
+                any(r["state"] != "up" for r in cluster.status(file, timeout=1.0)):
+            assert time.monotonic() < deadline, "the servers did not come up: " + (file.parent / "server-0.log").read_text()[-2000:]
+            assert all(p.poll() is None for p in procs), [(file.parent / f"server-{i}.log").read_text()[-1000:] for i in range(h.n)]
+            time.sleep(0.2)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(timeout=10)
 
 
 def leader(file: Path, not_in: tuple[int, ...] = (), timeout: float = 15.0) -> int:
@@ -155,8 +164,7 @@ MINORITY_CLIENT = textwrap.dedent("""
 
 def test_a_cut_off_leader_stops_serving_the_majority_goes_on_and_it_rejoins_clean(hosts, tmp_path):
     file = tmp_path / "cluster.json"
-    procs = start(hosts, file)
-    try:
+    with servers(hosts, file):
         write(file, range(0, 5))
         cut = leader(file)
         hosts.cut(cut)
@@ -188,19 +196,13 @@ def test_a_cut_off_leader_stops_serving_the_majority_goes_on_and_it_rejoins_clea
         write(file, range(10, 12))
         assert r.steps() == list(range(12))
         print(f"leader {cut} cut; server {new} leads the majority, which wrote 5 steps in {majority_s:.1f} s")
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(timeout=10)
 
 
 def test_a_slow_link_slows_the_cluster_but_loses_nothing(hosts, tmp_path):
     # 100 ms each way on one server's link (tc netem): its requests and its Raft traffic crawl,
     # within every deadline; steps still commit and read back whole.
     file = tmp_path / "cluster.json"
-    procs = start(hosts, file)
-    try:
+    with servers(hosts, file):
         slow = next(i for i in range(hosts.n) if i != leader(file))
         hosts.delay(slow, 100)
         t = time.monotonic()
@@ -212,8 +214,3 @@ def test_a_slow_link_slows_the_cluster_but_loses_nothing(hosts, tmp_path):
             assert (r.get("x", s) == float(s)).all(), s
         assert all(row["state"] == "up" for row in cluster.status(file, timeout=2.0)), "a slow server is not declared down"
         print(f"4 steps with server {slow} 100 ms away: {took:.1f} s")
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(timeout=10)

@@ -419,10 +419,10 @@ class Writer:
         """Close the writer, flushing buffered traces. With an MPI ``comm``, waits for all ranks
         so that every step they ended is committed when ``close`` returns."""
         try:
-            aborted = self._inner.take_aborted()
-            self._inner.close()
-            if aborted is not None:
-                raise step_aborted(*aborted)
+            try:
+                self._settle()
+            finally:
+                self._inner.close()
         finally:
             # Every rank reaches the barrier, so one rank's error never leaves the others waiting.
             if self._comm is not None:

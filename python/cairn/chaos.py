@@ -291,7 +291,7 @@ class Chaos:
 
         while time.monotonic() - start < 120 and not self.over.is_set():
             view, rows = self._state()
-            late = max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)
+            late = cluster.recovery_overdue(rows)
             if late > event.get("overdue_s", 0.0):
                 event["overdue_s"] = round(late, 2)
             if not declared and sid in view.get("down", []):

@@ -227,6 +227,12 @@ def servers_of(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return document(file)["servers"]
 
 
+def recovery_overdue(rows: list[dict[str, Any]]) -> float:
+    """Seconds the recovery under way has run past its deadline, over the rows of :func:`status`
+    (0: on time, or none under way)."""
+    return max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)
+
+
 def status(file: str | os.PathLike[str], objects: bool = False, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Per server: id, node, rack, address, pid, ``state`` (``up``, ``down`` or ``spare``, by the
     newest cluster view), view ``epoch``, memory used/limit, objects, steps, requests/s (and with

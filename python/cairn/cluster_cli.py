@@ -131,7 +131,7 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),
                      "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows),
                      # Seconds the recovery under way has run past its deadline (0: on time).
-                     "overdue_s": max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)},
+                     "overdue_s": cluster.recovery_overdue(rows)},
     }
 
 
@@ -167,11 +167,10 @@ def cmd_status(args: argparse.Namespace) -> None:
     for r in rows:
         if r["state"] == "down":
             print(f"server {r['id']} is down: {r['error']}")
-    pending = sum(r.get("recovery_pending") or 0 for r in rows)
-    overdue = max([r.get("recovery_overdue_s") or 0.0 for r in rows], default=0.0)
-    if pending:
-        late = f", {overdue:.1f} s past its deadline" if overdue > 0 else ""
-        print(f"recovery: {pending} object(s) still to rebuild{late}")
+    rec = status_json(rows)["recovery"]
+    if rec["pending_objects"]:
+        late = f", {rec['overdue_s']:.1f} s past its deadline" if rec["overdue_s"] > 0 else ""
+        print(f"recovery: {rec['pending_objects']} object(s) still to rebuild{late}")
     if args.objects:
         print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
         for r in rows:

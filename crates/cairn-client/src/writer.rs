@@ -455,23 +455,28 @@ impl Writer {
     pub fn take_aborted(&mut self) -> Result<Option<(u64, String)>> {
         let steps: Vec<u64> = self.unsettled.iter().copied().collect();
         for step in steps {
-            match self.engine.outcome(step)? {
-                StepOutcome::Pending => {}
-                StepOutcome::Committed => {
-                    self.unsettled.remove(&step);
-                }
-                StepOutcome::Aborted(why) => {
-                    self.unsettled.remove(&step);
-                    return Ok(Some((step, why)));
-                }
-                // Its fragment was taken, so it was pending or is decided: the record is gone.
-                StepOutcome::Unknown => {
-                    self.unsettled.remove(&step);
-                    return Ok(Some((step, "the control plane has no record of it any more (aborted long ago)".into())));
-                }
+            if let StepOutcome::Aborted(why) = self.settle(step)? {
+                return Ok(Some((step, why)));
             }
         }
         Ok(None)
+    }
+
+    /// What became of `step`, forgotten once decided. `Unknown` is `Aborted` for a step this
+    /// rank ended (its fragment was taken, so the record of its outcome is gone), else `Pending`
+    /// (no rank of this session ended it yet).
+    fn settle(&mut self, step: u64) -> Result<StepOutcome> {
+        let outcome = match self.engine.outcome(step)? {
+            StepOutcome::Unknown if self.unsettled.contains(&step) => {
+                StepOutcome::Aborted("the control plane has no record of it any more (aborted long ago)".into())
+            }
+            StepOutcome::Unknown => StepOutcome::Pending,
+            o => o,
+        };
+        if outcome != StepOutcome::Pending {
+            self.unsettled.remove(&step);
+        }
+        Ok(outcome)
     }
 
     /// Waits up to `timeout` for `step` to commit: `Committed`, `Aborted(why)`, or `Pending`
@@ -479,15 +484,8 @@ impl Writer {
     pub fn wait_committed(&mut self, step: u64, timeout: std::time::Duration) -> Result<StepOutcome> {
         let until = std::time::Instant::now() + timeout;
         loop {
-            let outcome = match self.engine.outcome(step)? {
-                StepOutcome::Unknown if self.unsettled.contains(&step) => {
-                    StepOutcome::Aborted("the control plane has no record of it any more (aborted long ago)".into())
-                }
-                StepOutcome::Unknown => StepOutcome::Pending,
-                o => o,
-            };
+            let outcome = self.settle(step)?;
             if outcome != StepOutcome::Pending {
-                self.unsettled.remove(&step);
                 return Ok(outcome);
             }
             let left = until.saturating_duration_since(std::time::Instant::now());

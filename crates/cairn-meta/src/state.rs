@@ -306,9 +306,14 @@ impl Dataset {
         }
     }
 
+    /// Whether `step` was committed and released (and not committed again since).
+    fn was_released(&self, step: u64) -> bool {
+        self.released.contains(&step) && !self.committed.contains_key(&step)
+    }
+
     /// The error for a step that is not committed: released, or not (yet) committed.
     fn missing(&self, dataset: &str, step: u64) -> Error {
-        if self.released.contains(&step) {
+        if self.was_released(step) {
             let kept = match self.committed.keys().next() {
                 Some(oldest) => format!("the oldest kept step is {oldest}"),
                 None => "no step is kept now".into(),
@@ -688,7 +693,7 @@ impl MetaState {
     /// `pending`, `aborted` with its reason, or `unknown`.
     pub fn outcome(&self, dataset: &str, step: u64, session: &str) -> (&'static str, Option<String>) {
         let Some(ds) = self.datasets.get(dataset) else { return ("unknown", None) };
-        if ds.committed_by.get(&step).is_some_and(|s| s == session) || (ds.released.contains(&step) && !ds.committed.contains_key(&step)) {
+        if ds.committed_by.get(&step).is_some_and(|s| s == session) || ds.was_released(step) {
             return ("committed", None);
         }
         if ds.aborted.get(&step).is_some_and(|s| s.contains(session)) {
@@ -709,7 +714,7 @@ impl MetaState {
     /// The `NotFound` error of `step` of `dataset` if it was committed and released.
     pub fn released(&self, dataset: &str, step: u64) -> Option<Error> {
         let ds = self.datasets.get(dataset)?;
-        (ds.released.contains(&step) && !ds.committed.contains_key(&step)).then(|| ds.missing(dataset, step))
+        ds.was_released(step).then(|| ds.missing(dataset, step))
     }
 
     /// Whether `step` of `dataset` is committed.

@@ -33,7 +33,7 @@ impl PyReader {
     }
 
     fn wait_step(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<bool> {
-        let t = seconds(timeout_s, "timeout", 0.0, 1e9)?;
+        let t = clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;
         py.detach(|| self.inner.wait_step(step, t)).map_err(to_py)
     }
 
@@ -50,12 +50,12 @@ impl PyReader {
     }
 
     fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {
-        let lease = seconds(lease_s, "lease", 0.001, 86_400.0)?;
+        let lease = clamped_seconds(lease_s, "lease", 0.001, 86_400.0)?;
         py.detach(|| self.inner.claim(claimer, lease)).map_err(to_py)
     }
 
     fn renew(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<Vec<u64>> {
-        let lease = seconds(lease_s, "lease", 0.001, 86_400.0)?;
+        let lease = clamped_seconds(lease_s, "lease", 0.001, 86_400.0)?;
         py.detach(|| self.inner.renew(claimer, lease)).map_err(to_py)
     }
 
@@ -136,7 +136,7 @@ impl PyReader {
 }
 
 /// `s` seconds, clamped to `lo..=hi`; NaN is an error (it would panic in `Duration`).
-fn seconds(s: f64, what: &str, lo: f64, hi: f64) -> PyResult<std::time::Duration> {
+pub(crate) fn clamped_seconds(s: f64, what: &str, lo: f64, hi: f64) -> PyResult<std::time::Duration> {
     if s.is_nan() {
         return Err(to_py(cairn_core::Error::InvalidArgument(format!("{what} = NaN: give seconds from {lo} to {hi}"))));
     }

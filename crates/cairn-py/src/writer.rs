@@ -164,10 +164,7 @@ impl PyWriter {
 
     /// Waits up to `timeout_s` for `step` to commit: ("committed" | "pending" | "aborted", why).
     fn wait_committed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<(String, String)> {
-        if timeout_s.is_nan() {
-            return Err(crate::errors::to_py(cairn_core::Error::InvalidArgument("timeout = NaN: give seconds, 0 or more".into())));
-        }
-        let timeout = std::time::Duration::from_secs_f64(timeout_s.clamp(0.0, 1e9));
+        let timeout = crate::reader::clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;
         py.detach(|| {
             self.with(|w| {
                 Ok(match w.wait_committed(step, timeout)? {

@@ -148,19 +148,17 @@ impl Peer {
     pub fn read(&self, remote: &[(u64, u64)], local: &mut [u8], seen: &mut dyn FnMut(&[u8])) -> Result<()> {
         let len = local.len();
         let base = local.as_mut_ptr();
-        blocking(len, || {
+        let copied = blocking(len, || {
             copy_in(self.pid, remote, base, len, &mut |from, to| {
                 // SAFETY: `from..to` lies in `local` and the kernel has finished writing it.
                 seen(unsafe { std::slice::from_raw_parts(base.add(from), to - from) })
             })
-        })
-        .map_err(|e| if self.alive() { e } else { self.gone() })?;
+        });
         // Checked after the copy: alive now, so the pid was its own all along.
-        if self.alive() {
-            Ok(())
-        } else {
-            Err(self.gone())
+        if !self.alive() {
+            return Err(self.gone());
         }
+        copied
     }
 
     /// Copies `local` into the runs `remote` of the client's memory.

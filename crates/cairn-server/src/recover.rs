@@ -354,7 +354,7 @@ impl Recovery {
 /// deadline: the rebuilds themselves take time, more under client load (3 writers on 2 cores ran
 /// 0.4 s past a 5 s deadline when the pacing aimed at the deadline itself).
 fn plan(limits: &crate::state::Limits, elapsed: Duration, pending: u64) -> (usize, Option<Duration>) {
-    let left = (limits.recovery_deadline() * 4 / 5).saturating_sub(elapsed);
+    let left = paced_left(limits, elapsed);
     if !limits.recovery_lazy || pending == 0 || late(limits, elapsed) {
         return (BATCH, None);
     }
@@ -365,7 +365,13 @@ fn plan(limits: &crate::state::Limits, elapsed: Duration, pending: u64) -> (usiz
 /// Whether a lazy recovery that started `elapsed` ago is late: less than a period left of the
 /// time its pacing aims at ([`plan`]). Then it goes at full speed, past the byte rate too.
 fn late(limits: &crate::state::Limits, elapsed: Duration) -> bool {
-    limits.recovery_lazy && (limits.recovery_deadline() * 4 / 5).saturating_sub(elapsed) < PERIOD
+    limits.recovery_lazy && paced_left(limits, elapsed) < PERIOD
+}
+
+/// What is left, `elapsed` into a recovery, of the time the lazy pacing aims at: four fifths of
+/// the deadline (see [`plan`]).
+fn paced_left(limits: &crate::state::Limits, elapsed: Duration) -> Duration {
+    (limits.recovery_deadline() * 4 / 5).saturating_sub(elapsed)
 }
 
 /// How long a batch of planned moves that took `took` yields to clients that sent `clients`
