@@ -21,7 +21,8 @@ demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D fi
 
 test: setup test-rust test-python ## run every test (what CI runs)
 
-test-rust: ## Rust unit, property and integration tests
+test-rust: ## Rust unit, property and integration tests, and the server's module layers
+	python3 scripts/check_layers.py
 	cargo test --release --workspace --exclude cairn-py
 
 test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI

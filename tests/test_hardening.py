@@ -162,7 +162,7 @@ def test_idle_and_oversized_unauthenticated_connections_cost_little(tmp_path):
             s = socket.create_connection((host, int(port)), timeout=10)
             s.setblocking(False)
             try:
-                s.send(b"CRN1" + struct.pack("<IQ", 64 << 20, 0) + junk)
+                s.send(b"CRN2" + struct.pack("<IQ", 64 << 20, 0) + junk)
             except OSError:
                 pass  # refused and closed already
             socks.append(s)

@@ -7,14 +7,16 @@
 
 use cairn_core::index::StepIndex;
 use cairn_proto::frame::decode;
-use cairn_proto::{Envelope, Request, MAX_HEADER, MAX_HELLO};
+use cairn_proto::{Envelope, Request, ServerRequest, MAX_HEADER, MAX_HELLO};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = decode::<Envelope>(data, MAX_HELLO, 0);
-    if let Ok((env, payload, _)) = decode::<Envelope>(data, MAX_HEADER, 1 << 20) {
-        if cairn_server::cmd::check::request(&env.req, payload.len() as u64).is_ok() {
-            if let Request::EndStep { fragment, .. } = env.req {
+    // A client's connection decodes clients' requests; a peer's, any server's.
+    let _ = decode::<Envelope>(data, MAX_HEADER, 1 << 20);
+    if let Ok((env, payload, _)) = decode::<Envelope<ServerRequest>>(data, MAX_HEADER, 1 << 20) {
+        if cairn_server::cmd::check(&env.req, payload.len() as u64).is_ok() {
+            if let ServerRequest::Client(Request::EndStep { fragment, .. }) = env.req {
                 let _ = StepIndex::merge(fragment.step, vec![fragment]);
             }
         }

@@ -102,8 +102,6 @@ impl Reader {
     fn not_committed(&self, e: Error, step: u64) -> Error {
         match e {
             // A released step is not coming back: the engine's word for it stands.
-            // (Issue 41 turns this into a typed reason on the wire.)
-            Error::NotFound(m) if m.contains("released") => Error::NotFound(m),
             Error::NotFound(_) => {
                 let steps = self.steps().unwrap_or_default();
                 let have = match (steps.first(), steps.last()) {

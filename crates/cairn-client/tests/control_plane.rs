@@ -5,14 +5,14 @@
 //! leader partitioned from its followers commits nothing and catches up when healed.
 
 use cairn_client::staging::KvStore;
-use cairn_server::testing::TestCluster;
 use cairn_server::Limits;
+use cairn_testing::TestCluster;
 use std::time::{Duration, Instant};
 
 fn leader(c: &TestCluster, ids: &[u32]) -> u32 {
     let start = Instant::now();
     loop {
-        if let Some(l) = ids.iter().find(|id| c.state(**id).and_then(|s| s.control.get()).is_some_and(|l| l.role().0 == "leader")) {
+        if let Some(l) = ids.iter().find(|id| c.control(**id).and_then(|s| s.gate.get()).is_some_and(|l| l.role().0 == "leader")) {
             return *l;
         }
         assert!(start.elapsed() < Duration::from_secs(10), "no leader");
@@ -79,7 +79,7 @@ fn step_of_four(cfg: &cairn_client::Config, step: u64, kill_after: usize, kill: 
 fn joined(c: &TestCluster, at: u32, server: u32, gone: u32) {
     let start = Instant::now();
     loop {
-        let voters = c.state(at).unwrap().control.get().unwrap().voters();
+        let voters = c.control(at).unwrap().gate.get().unwrap().voters();
         let of = |s: u32| voters.iter().any(|v| (v >> 32) as u32 == s);
         if voters.iter().any(|v| (v >> 32) as u32 == server && v & 0xffff_ffff != 0) && !of(gone) && voters.len() == 5 {
             return;
@@ -91,7 +91,7 @@ fn joined(c: &TestCluster, at: u32, server: u32, gone: u32) {
 
 /// A spare takes `dead`'s slot: one view change through the log, which every live server learns.
 fn replace(c: &TestCluster, live: &[u32], dead: u32, spare: u32) -> cairn_proto::ClusterView {
-    let mut conn = cairn_server::testing::RawConn::open(&c.addr(live[0]).to_string(), c.secret()).unwrap();
+    let mut conn = cairn_testing::RawConn::open(&c.addr(live[0]).to_string(), c.secret()).unwrap();
     let cairn_proto::Response::View { view } = conn.call(None, &cairn_proto::Request::View, &[]).unwrap() else { panic!() };
     let next = view.replace(dead, spare).unwrap();
     c.set_view(&next).unwrap();
@@ -131,7 +131,7 @@ fn a_leader_killed_in_any_phase_leaves_each_step_committed_everywhere_or_nowhere
         c.restart(dead).unwrap();
         c.await_epoch(view.epoch, Duration::from_secs(5)).unwrap();
         assert!(c.state(dead).unwrap().view().unwrap().down.contains(&dead));
-        assert!(c.state(dead).unwrap().control.get().is_none());
+        assert!(c.control(dead).unwrap().gate.get().is_none());
     }
     // The writers' next step commits with both spares in place, and reads back whole.
     assert!(step_of_four(&cfg, 3, 4, || {}).into_iter().any(|r| r.unwrap()));
@@ -160,10 +160,12 @@ fn a_partitioned_leader_commits_nothing_and_catches_up_when_healed() {
     c.partition(old, true);
     // Cut off from both followers, the leader commits nothing: it says it lost its quorum.
     let started = Instant::now();
-    let mut conn = cairn_server::testing::RawConn::open(&c.addr(old).to_string(), c.secret()).unwrap();
+    let mut conn = cairn_testing::RawConn::open(&c.addr(old).to_string(), c.secret()).unwrap();
     let cas = Request::MetaCas { key: "cut".into(), expect: None, delete: false, call: None };
     match conn.call(None, &cas, &[b"x"]).unwrap() {
-        Response::Error { kind: ErrorKind::NotLeader, message, .. } => assert!(message.contains("lost quorum"), "{message}"),
+        Response::Error { kind: ErrorKind::NotLeader, reason, message, .. } => {
+            assert_eq!(reason, Some(cairn_core::Reason::LostQuorum), "{message}")
+        }
         other => panic!("a cut-off leader must not commit: {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(4), "told within {:?}", started.elapsed());
@@ -175,7 +177,7 @@ fn a_partitioned_leader_commits_nothing_and_catches_up_when_healed() {
     c.partition(old, false);
     let start = Instant::now();
     loop {
-        let log = c.state(old).unwrap().control.get().unwrap();
+        let log = c.control(old).unwrap().gate.get().unwrap();
         let has = |k: &str| cairn_meta::log::query(log, |s| s.kv(k).is_some());
         if log.role().0 == "follower" && has("after") && has("before") {
             assert!(!has("cut"));
@@ -201,7 +203,7 @@ fn committed_steps_stay_readable_while_no_leader_is_confirmed_then_fail_when_alo
     // Asked for a follower read, a follower answers from its own state and says so; the leader
     // answers as the leader; a plain read is sent on to the leader.
     let ask = |at: u32, follower: bool| {
-        let mut conn = cairn_server::testing::RawConn::open(&c.addr(at).to_string(), c.secret()).unwrap();
+        let mut conn = cairn_testing::RawConn::open(&c.addr(at).to_string(), c.secret()).unwrap();
         conn.call(None, &Request::Index { dataset: "f".into(), step: 0, follower }, &[]).unwrap()
     };
     assert!(matches!(ask(follower, true), Response::Index { follower: true, .. }));

@@ -5,8 +5,8 @@
 use cairn_client::{Config, DType, Reader, Writer};
 use cairn_core::corec::{Policy, Scheme};
 use cairn_core::index::Redundancy;
-use cairn_server::testing::TestCluster;
 use cairn_server::Limits;
+use cairn_testing::TestCluster;
 use std::time::{Duration, Instant};
 
 const N: u64 = 8192;

@@ -2,8 +2,8 @@
 //! their own runtimes; the Python suite runs them as separate processes and kills them).
 
 use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
-use cairn_server::testing::{RawConn, TestCluster};
 use cairn_server::Limits;
+use cairn_testing::{RawConn, TestCluster};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
@@ -170,7 +170,10 @@ fn bad_frames_and_wrong_secrets_are_refused_and_the_server_stays_up() {
     let addr = c.addr(0).to_string();
     let reply = raw_exchange(&addr, b"GET / HTTP/1.1\r\n\r\n");
     assert!(String::from_utf8_lossy(&reply).contains("magic"), "{}", String::from_utf8_lossy(&reply));
-    let hello = cairn_proto::frame::encode_head(&cairn_proto::Request::Hello { mac: "0".repeat(64), client: "t".into() }, 0);
+    let hello = cairn_proto::frame::encode_head(
+        &cairn_proto::Request::Hello { mac: "0".repeat(64), client: "t".into(), role: Default::default() },
+        0,
+    );
     let reply = raw_exchange(&addr, &hello);
     assert!(String::from_utf8_lossy(&reply).contains("wrong cluster secret"));
     // A first frame announcing a large header or payload is refused before anything is allocated.

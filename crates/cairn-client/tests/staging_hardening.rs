@@ -7,8 +7,8 @@
 use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
 use cairn_core::index::Fragment;
 use cairn_proto::{ClusterView, Request, Response};
-use cairn_server::testing::{RawConn, TestCluster};
 use cairn_server::Limits;
+use cairn_testing::{RawConn, TestCluster};
 use std::time::{Duration, Instant};
 
 struct Cluster {
@@ -85,7 +85,7 @@ fn a_malformed_fragment_costs_its_sender_an_error_and_nobody_else_anything() {
     // An object region with `offset: []`: once a panic under the coordinator's lock.
     bad["fragment"]["blocks"][0]["objects"][0]["region"]["offset"] = serde_json::json!([]);
     let frame = serde_json::to_vec(&bad).unwrap();
-    let mut head = b"CRN1".to_vec();
+    let mut head = b"CRN2".to_vec();
     head.extend_from_slice(&(frame.len() as u32).to_le_bytes());
     head.extend_from_slice(&0u64.to_le_bytes());
     head.extend_from_slice(&frame);
@@ -125,7 +125,6 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         copy: 0,
         writer: 0,
         shard: 0,
-        sealed: false,
         from: None,
     };
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
@@ -251,10 +250,14 @@ fn a_client_on_an_old_view_is_redirected_and_places_by_the_new_one() {
         Response::Error { kind, view: Some(v), .. } => assert_eq!((kind, v.epoch), (ErrorKind::StaleEpoch, 2)),
         other => panic!("expected stale_epoch, got {other:?}"),
     }
-    let older = conn.call(None, &Request::SetView { view: view.clone() }, &[]).unwrap().into_result().unwrap_err();
+    let older = conn
+        .call(None, &Request::SetView(cairn_proto::message::ViewChange { view: view.clone() }), &[])
+        .unwrap()
+        .into_result()
+        .unwrap_err();
     assert_eq!(older.kind(), ErrorKind::Conflict, "an older view is refused: {older}");
     let mut follower = RawConn::open(&c.addr(3).to_string(), c.secret()).unwrap();
-    let e = follower.call(None, &Request::SetView { view: next.clone() }, &[]).unwrap();
+    let e = follower.call(None, &Request::SetView(cairn_proto::message::ViewChange { view: next.clone() }), &[]).unwrap();
     assert!(matches!(e, Response::Error { kind: ErrorKind::NotLeader, .. }), "only the leader changes views: {e:?}");
     // The reader on view 1 is told, refreshes and goes on; the next step lands on the spare.
     assert_eq!(r.steps().unwrap(), vec![0]);
@@ -319,7 +322,7 @@ fn a_replayed_hello_is_refused() {
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     let (challenge, _) = cairn_proto::sync_io::read_head::<Response>(&mut s, 0).unwrap();
     let Response::Challenge { nonce, .. } = challenge else { panic!() };
-    let captured = Request::Hello { client: "t".into(), mac: cairn_proto::auth::answer(c.secret(), &nonce) };
+    let captured = Request::Hello { client: "t".into(), mac: cairn_proto::auth::answer(c.secret(), &nonce), role: Default::default() };
     // Replayed on a new connection (another nonce), the captured answer fails.
     let mut s2 = std::net::TcpStream::connect(&addr).unwrap();
     let _ = cairn_proto::sync_io::read_head::<Response>(&mut s2, 0).unwrap();
@@ -454,7 +457,7 @@ fn a_put_refused_for_a_stale_view_while_a_server_is_down_is_placed_again() {
     let mut conn = RawConn::open(&cl.c.addr(leader).to_string(), cl.c.secret()).unwrap();
     let Response::View { mut view } = conn.call(None, &Request::View, &[]).unwrap() else { panic!("no view") };
     view.epoch += 1;
-    conn.call(None, &Request::SetView { view: view.clone() }, &[]).unwrap().into_result().unwrap();
+    conn.call(None, &Request::SetView(cairn_proto::message::ViewChange { view: view.clone() }), &[]).unwrap().into_result().unwrap();
     cl.c.await_epoch(view.epoch, Duration::from_secs(5)).unwrap();
     w.put("x", DType::U8, &data, None, &[data.len() as u64]).unwrap();
     assert!(w.end_step().unwrap_or_else(|e| panic!("the step failed on a view change: {e}")));

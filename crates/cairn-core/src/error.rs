@@ -34,6 +34,25 @@ pub enum ErrorKind {
     Busy,
 }
 
+/// Why a request was refused, where callers act on it: it travels on the wire beside the kind
+/// (`reason` of an error reply), so no caller decides by a message's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Another end of the same step is being committed: wait for its outcome.
+    StepInFlight,
+    /// The control plane's leader has not heard from a majority: nothing commits until one
+    /// answers, and no other leader may be known.
+    LostQuorum,
+    /// The request was placed by an older cluster view than the server's.
+    StaleEpoch,
+    /// The step was committed and then released: it is not coming back.
+    Released,
+    /// The server is not there: it refused or dropped the connection, or was declared down and
+    /// holds nothing. (Not hung: a missed deadline may still be answered.)
+    ServerGone,
+}
+
 /// Errors raised by Cairn's core logic. Messages say what was wrong and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -72,6 +91,19 @@ pub enum Error {
         /// The staging server believed to lead.
         leader: Option<u32>,
     },
+    /// Another end of the same step is being committed ([`Reason::StepInFlight`]; a conflict).
+    #[error("{0}")]
+    StepInFlight(String),
+    /// A leader cut off from its majority ([`Reason::LostQuorum`]; unavailable, and a not-leader
+    /// answer with no hint on the wire, see [`Error::wire_kind`]).
+    #[error("{0}")]
+    LostQuorum(String),
+    /// A committed step was released ([`Reason::Released`]; not found, for good).
+    #[error("{0}")]
+    Released(String),
+    /// A server is not there ([`Reason::ServerGone`]; unavailable).
+    #[error("{0}")]
+    ServerGone(String),
     /// An operating-system I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -97,6 +129,10 @@ impl Error {
             Error::Capacity(_) => ErrorKind::Capacity,
             Error::DataLoss(_) => ErrorKind::DataLoss,
             Error::NotLeader { .. } => ErrorKind::NotLeader,
+            Error::LostQuorum(_) => ErrorKind::Unavailable,
+            Error::StepInFlight(_) => ErrorKind::Conflict,
+            Error::Released(_) => ErrorKind::NotFound,
+            Error::ServerGone(_) => ErrorKind::Unavailable,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
@@ -121,12 +157,43 @@ impl Error {
         }
     }
 
+    /// The kind an error reply carries: a lost quorum goes as `not_leader` (with no hint), so
+    /// that clients look for a leader elsewhere before they give up.
+    pub fn wire_kind(&self) -> ErrorKind {
+        match self {
+            Error::LostQuorum(_) => ErrorKind::NotLeader,
+            e => e.kind(),
+        }
+    }
+
+    /// The typed reason of this error, for the errors callers act on.
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Error::StepInFlight(_) => Some(Reason::StepInFlight),
+            Error::LostQuorum(_) => Some(Reason::LostQuorum),
+            Error::Released(_) => Some(Reason::Released),
+            Error::ServerGone(_) => Some(Reason::ServerGone),
+            _ => None,
+        }
+    }
+
+    /// Rebuilds an error that crossed the network from its kind, typed reason and message.
+    pub fn from_wire(kind: ErrorKind, reason: Option<Reason>, message: String) -> Self {
+        match reason {
+            Some(Reason::StepInFlight) => Error::StepInFlight(message),
+            Some(Reason::LostQuorum) => Error::LostQuorum(message),
+            Some(Reason::Released) => Error::Released(message),
+            Some(Reason::ServerGone) => Error::ServerGone(message),
+            Some(Reason::StaleEpoch) | None => Error::from_kind(kind, message),
+        }
+    }
+
     /// The same error again, for another waiter (errors are not `Clone`: an I/O error's source
     /// is not): same kind and message, and a leader hint survives.
     pub fn duplicate(&self) -> Error {
         match self {
             Error::NotLeader { message, leader } => Error::NotLeader { message: message.clone(), leader: *leader },
-            e => Error::from_kind(e.kind(), e.to_string()),
+            e => Error::from_wire(e.kind(), e.reason(), e.to_string()),
         }
     }
 

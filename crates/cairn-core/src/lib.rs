@@ -34,7 +34,7 @@ pub mod region;
 pub mod stats;
 
 pub use dtype::DType;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Reason, Result};
 pub use region::Region;
 
 /// The most dimensions a variable may have.

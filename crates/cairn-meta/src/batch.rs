@@ -41,6 +41,8 @@ impl Batcher {
         let stopped = || Error::Unavailable("the control plane's proposer stopped; retry".into());
         loop {
             if !std::mem::replace(&mut self.lock().draining, true) {
+                // Dropped mid-drain (its caller gave up), this proposer still hands over.
+                let _turn = Turn(self);
                 loop {
                     let batch: Vec<(Cmd, Waiter)> = {
                         let mut q = self.lock();
@@ -52,11 +54,9 @@ impl Batcher {
                     }
                     run(log, batch).await;
                     if let Ok(r) = rx.try_recv() {
-                        self.hand_over();
                         return r;
                     }
                 }
-                self.hand_over();
                 return rx.try_recv().unwrap_or_else(|_| Err(stopped()));
             }
             tokio::select! {
@@ -77,6 +77,16 @@ impl Batcher {
         if !q.waiting.is_empty() {
             self.idle.notify_one();
         }
+    }
+}
+
+/// The draining caller's turn: ends (handing over to a waiting caller) however the caller's
+/// future ends, returned or dropped.
+struct Turn<'a>(&'a Batcher);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.hand_over();
     }
 }
 
@@ -162,6 +172,26 @@ mod tests {
         .await;
         assert!(both[0].is_ok() && both[1].as_ref().is_err_and(|e| e.to_string().contains("already ended")), "{both:?}");
         assert_eq!(query(&log, |s| s.in_flight().len()), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_proposer_dropped_mid_drain_hands_over_to_the_callers_waiting() {
+        let log = SlowLog::default();
+        let b = Batcher::default();
+        let cmd = |w| Cmd::AddFragment { dataset: "d".into(), fragment: frag(1, w, 2, "s").0, shares: frag(1, w, 2, "s").1 };
+        let once = |f: &mut std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome>> + '_>>| {
+            let waker = std::task::Waker::noop();
+            assert!(f.as_mut().poll(&mut std::task::Context::from_waker(waker)).is_pending());
+        };
+        // The first caller starts proposing (its entry is on its way); the second waits for it.
+        let mut first: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome>>>> = Box::pin(b.propose(&log, cmd(0)));
+        once(&mut first);
+        let mut second: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome>>>> = Box::pin(b.propose(&log, cmd(1)));
+        once(&mut second);
+        // The first caller goes away mid-drain (its client hung up): the second proposes its own.
+        drop(first);
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), second).await;
+        assert!(matches!(r, Ok(Ok(Outcome::Pending { .. }))), "the waiting caller was stranded: {r:?}");
     }
 
     /// Runs the futures concurrently on this task (no extra dependency for a join).

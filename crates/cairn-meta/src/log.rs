@@ -86,7 +86,7 @@ mod tests {
         let commit = Cmd::Commit { dataset: "d".into(), step: 3, session: "s".into(), keep_last: None };
         assert!(matches!(block_on(log.propose(commit.clone())).unwrap(), Outcome::Committed { .. }));
         assert_eq!(query(&log, |s| s.steps("d")), vec![3]);
-        let e = block_on(log.propose(Cmd::Release { dataset: "d".into(), step: 4 })).unwrap_err();
+        let e = block_on(log.propose(Cmd::Release(cairn_proto::message::Release { dataset: "d".into(), step: 4 }))).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound, "a refused command resolves to its error: {e}");
         assert_eq!(query(&log, |s| s.steps("d")), vec![3], "and changes nothing");
     }

@@ -10,7 +10,7 @@
 use crate::claims::{Claimed, Claims};
 use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, ErrorKind};
-use cairn_proto::message::Share;
+use cairn_proto::message::{Abort, ClaimLease, Close, Release, Share, Unclaim, ViewChange};
 use cairn_proto::ClusterView;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,67 +40,31 @@ pub enum Cmd {
         /// Keep only this many newest committed steps.
         keep_last: Option<u64>,
     },
-    /// Leases the lowest free committed step of a dataset to a claimer (D²T claims).
+    /// Leases the lowest free committed step of a dataset to a claimer (D²T claims), by the
+    /// leader's clock.
     Claim {
-        /// Dataset.
-        dataset: String,
-        /// The claimer.
-        claimer: String,
+        /// The claimer's request.
+        lease: ClaimLease,
         /// The leader's clock (ms since the epoch) when it proposed this.
         now_ms: u64,
-        /// How long the lease lasts unless renewed.
-        lease_ms: u64,
     },
-    /// Extends every lease a claimer holds on a dataset's steps.
+    /// Extends every lease a claimer holds on a dataset's steps, from the leader's clock.
     Renew {
-        /// Dataset.
-        dataset: String,
-        /// The claimer.
-        claimer: String,
+        /// The claimer's request.
+        lease: ClaimLease,
         /// The leader's clock when it proposed this.
         now_ms: u64,
-        /// New length of the leases from `now_ms`.
-        lease_ms: u64,
     },
     /// Gives back every step a claimer holds.
-    Unclaim {
-        /// Dataset.
-        dataset: String,
-        /// The claimer.
-        claimer: String,
-    },
+    Unclaim(Unclaim),
     /// A writer rank closed the dataset; once every rank of its session did, no more steps come
     /// (readers' streams and claims end).
-    Close {
-        /// Dataset.
-        dataset: String,
-        /// The writer session.
-        session: String,
-        /// Its rank.
-        rank: u32,
-        /// Ranks in the session.
-        nranks: u32,
-    },
+    Close(Close),
     /// A step (pending or prepared) of a session that will not commit: a seal failed, or its
     /// writers are gone. Its fragments are forgotten.
-    Abort {
-        /// Dataset.
-        dataset: String,
-        /// Step.
-        step: u64,
-        /// Session.
-        session: String,
-        /// Why, for the writer ranks that ended it before.
-        #[serde(default)]
-        reason: String,
-    },
+    Abort(Abort),
     /// Forgets a committed step.
-    Release {
-        /// Dataset.
-        dataset: String,
-        /// Step.
-        step: u64,
-    },
+    Release(Release),
     /// Objects of a committed step were erasure coded (CoREC): their index entries now name
     /// their shards instead of their copies. Objects no longer replicated (or gone) are skipped.
     Encoded {
@@ -128,10 +92,7 @@ pub enum Cmd {
         cmds: Vec<Cmd>,
     },
     /// Installs the next cluster view (its epoch must be the next one).
-    SetView {
-        /// The view.
-        view: ClusterView,
-    },
+    SetView(ViewChange),
     /// Compare-and-set of a small keyed value (markers, claims, leases).
     KvCas {
         /// Key.
@@ -214,6 +175,9 @@ pub enum Outcome {
     Refused {
         /// Error kind.
         kind: ErrorKind,
+        /// Why, where callers act on it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<cairn_core::Reason>,
         /// What was wrong and what to do.
         message: String,
     },
@@ -221,13 +185,13 @@ pub enum Outcome {
 
 impl Outcome {
     fn refused(e: Error) -> Outcome {
-        Outcome::Refused { kind: e.kind(), message: e.to_string() }
+        Outcome::Refused { kind: e.kind(), reason: e.reason(), message: e.to_string() }
     }
 
     /// The outcome as a result: `Refused` becomes its error.
     pub fn into_result(self) -> Result<Outcome, Error> {
         match self {
-            Outcome::Refused { kind, message } => Err(Error::from_kind(kind, message)),
+            Outcome::Refused { kind, reason, message } => Err(Error::from_wire(kind, reason, message)),
             o => Ok(o),
         }
     }
@@ -318,7 +282,7 @@ impl Dataset {
                 Some(oldest) => format!("the oldest kept step is {oldest}"),
                 None => "no step is kept now".into(),
             };
-            return Error::NotFound(format!("step {step} of '{dataset}' was committed and then released (keep_last or release); {kept}"));
+            return Error::Released(format!("step {step} of '{dataset}' was committed and then released (keep_last or release); {kept}"));
         }
         not_committed(dataset, step, &self.committed)
     }
@@ -357,27 +321,27 @@ impl MetaState {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
             Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
-            Cmd::Abort { dataset, step, session, reason } => Ok(self.abort(&dataset, step, &session, reason)),
-            Cmd::Release { dataset, step } => self.release(&dataset, step),
-            Cmd::Claim { dataset, claimer, now_ms, lease_ms } => {
+            Cmd::Abort(Abort { dataset, step, session, reason }) => Ok(self.abort(&dataset, step, &session, reason)),
+            Cmd::Release(Release { dataset, step }) => self.release(&dataset, step),
+            Cmd::Claim { lease: ClaimLease { dataset, claimer, lease_ms }, now_ms } => {
                 let ds = self.datasets.entry(dataset).or_default();
                 let committed: Vec<u64> = ds.committed.keys().copied().collect();
                 Ok(Outcome::Claimed(ds.claims.claim(&committed, &claimer, now_ms, lease_ms)))
             }
-            Cmd::Renew { dataset, claimer, now_ms, lease_ms } => Ok(Outcome::Held {
+            Cmd::Renew { lease: ClaimLease { dataset, claimer, lease_ms }, now_ms } => Ok(Outcome::Held {
                 steps: self.datasets.get_mut(&dataset).map(|d| d.claims.renew(&claimer, now_ms, lease_ms)).unwrap_or_default(),
             }),
-            Cmd::Unclaim { dataset, claimer } => {
+            Cmd::Unclaim(Unclaim { dataset, claimer }) => {
                 if let Some(d) = self.datasets.get_mut(&dataset) {
                     d.claims.unclaim(&claimer);
                 }
                 Ok(Outcome::Done)
             }
-            Cmd::Close { dataset, session, rank, nranks } => {
+            Cmd::Close(Close { dataset, session, rank, nranks }) => {
                 self.datasets.entry(dataset).or_default().claims.close(&session, rank, nranks);
                 Ok(Outcome::Done)
             }
-            Cmd::SetView { view } => self.set_view(view),
+            Cmd::SetView(ViewChange { view }) => self.set_view(view),
             Cmd::Encoded { dataset, step, objects } => self.encoded(&dataset, step, objects),
             Cmd::Rebuilt { dataset, step, objects } => self.rebuilt(&dataset, step, objects),
             // Nested batches are refused (the batcher never makes them), so applying stays flat.
@@ -410,7 +374,7 @@ impl MetaState {
             )));
         }
         if ds.prepared.get(&step).is_some_and(|p| p.contains_key(&session)) {
-            return Err(Error::Conflict(format!(
+            return Err(Error::StepInFlight(format!(
                 "step {step} of '{dataset}' (session '{}') is already being committed; wait for its outcome",
                 frag.session
             )));
@@ -846,9 +810,10 @@ pub(crate) mod tests {
         assert_eq!(s.outcome("d", 5, "a"), ("pending", None), "rank 1 has not ended it");
         assert_eq!(s.outcome("d", 5, "b"), ("unknown", None));
         assert!(matches!(add(&mut s, 5, 1, 2, "a"), Outcome::Prepared { .. }));
-        assert_eq!(add(&mut s, 5, 1, 2, "a").into_result().unwrap_err().kind(), ErrorKind::Conflict, "prepared: wait for it");
+        let e = add(&mut s, 5, 1, 2, "a").into_result().unwrap_err();
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::Conflict, Some(cairn_core::Reason::StepInFlight)), "prepared: wait for it");
         assert_eq!(
-            s.apply(Cmd::Abort { dataset: "d".into(), step: 5, session: "a".into(), reason: "a seal failed".into() }),
+            s.apply(Cmd::Abort(Abort { dataset: "d".into(), step: 5, session: "a".into(), reason: "a seal failed".into() })),
             Outcome::Aborted { servers: vec![0, 1] }
         );
         assert!(s.in_flight().is_empty() && s.steps("d").is_empty());
@@ -863,7 +828,7 @@ pub(crate) mod tests {
         assert!(matches!(add(&mut s, 5, 1, 2, "b"), Outcome::Prepared { .. }));
         assert!(matches!(commit(&mut s, 5, "b", None), Outcome::Committed { .. }));
         assert_eq!(
-            s.apply(Cmd::Abort { dataset: "d".into(), step: 9, session: "x".into(), reason: String::new() }),
+            s.apply(Cmd::Abort(Abort { dataset: "d".into(), step: 9, session: "x".into(), reason: String::new() })),
             Outcome::Aborted { servers: vec![] }
         );
     }
@@ -900,9 +865,11 @@ pub(crate) mod tests {
             assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), if step >= 2 { vec![step - 2] } else { vec![] });
         }
         assert_eq!(s.steps("d"), vec![3, 4]);
-        assert!(matches!(s.apply(Cmd::Release { dataset: "d".into(), step: 3 }), Outcome::Released { ref index } if index.step == 3));
-        assert_eq!(s.apply(Cmd::Release { dataset: "d".into(), step: 3 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
-        assert_eq!(s.apply(Cmd::Release { dataset: "x".into(), step: 0 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        assert!(
+            matches!(s.apply(Cmd::Release(Release { dataset: "d".into(), step: 3 })), Outcome::Released { ref index } if index.step == 3)
+        );
+        assert_eq!(s.apply(Cmd::Release(Release { dataset: "d".into(), step: 3 })).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(s.apply(Cmd::Release(Release { dataset: "x".into(), step: 0 })).into_result().unwrap_err().kind(), ErrorKind::NotFound);
         assert_eq!(s.datasets(), vec!["d".to_string()]);
     }
 
@@ -915,7 +882,9 @@ pub(crate) mod tests {
     }
 
     fn claim(s: &mut MetaState, claimer: &str, now_ms: u64) -> Claimed {
-        let Outcome::Claimed(c) = s.apply(Cmd::Claim { dataset: "d".into(), claimer: claimer.into(), now_ms, lease_ms: 100 }) else {
+        let Outcome::Claimed(c) =
+            s.apply(Cmd::Claim { lease: ClaimLease { dataset: "d".into(), claimer: claimer.into(), lease_ms: 100 }, now_ms })
+        else {
             panic!("claimed")
         };
         c
@@ -946,7 +915,7 @@ pub(crate) mod tests {
         assert_eq!(produce(&mut s, "stats", 1, "x", "d").unwrap_err().kind(), ErrorKind::Conflict, "refused at prepare too");
         assert_eq!(produce(&mut s, "d", 7, "x", "d").unwrap_err().kind(), ErrorKind::InvalidArgument);
         // The writers close: a claimer with nothing left is done.
-        s.apply(Cmd::Close { dataset: "d".into(), session: "w".into(), rank: 0, nranks: 1 });
+        s.apply(Cmd::Close(Close { dataset: "d".into(), session: "w".into(), rank: 0, nranks: 1 }));
         assert!(s.finished("d"));
         assert_eq!(claim(&mut s, "a", 300), Claimed { step: None, done: true });
     }
@@ -966,15 +935,15 @@ pub(crate) mod tests {
             .collect();
         let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers, redundancy: Default::default() });
         let mut s = MetaState::default();
-        assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }), Outcome::ViewSet);
-        assert_eq!(s.apply(Cmd::SetView { view: v1.clone() }).into_result().unwrap_err().kind(), ErrorKind::Conflict);
+        assert_eq!(s.apply(Cmd::SetView(ViewChange { view: v1.clone() })), Outcome::ViewSet);
+        assert_eq!(s.apply(Cmd::SetView(ViewChange { view: v1.clone() })).into_result().unwrap_err().kind(), ErrorKind::Conflict);
         let v2 = v1.replace(1, 2).unwrap();
-        assert_eq!(s.apply(Cmd::SetView { view: v2.clone() }), Outcome::ViewSet);
+        assert_eq!(s.apply(Cmd::SetView(ViewChange { view: v2.clone() })), Outcome::ViewSet);
         assert_eq!(s.view(), Some(&v2));
         let mut bad = v2.clone();
         bad.epoch = 3;
         bad.slots.push(0);
-        assert_eq!(s.apply(Cmd::SetView { view: bad }).into_result().unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(s.apply(Cmd::SetView(ViewChange { view: bad })).into_result().unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 
     #[test]
@@ -1012,8 +981,8 @@ pub(crate) mod tests {
                 let cmd = match op {
                     0 | 1 => { let (fragment, shares) = frag(step, w, 3, session); Cmd::AddFragment { dataset: "d".into(), fragment, shares } }
                     2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2) },
-                    3 => Cmd::Abort { dataset: "d".into(), step, session: session.into(), reason: "r".into() },
-                    _ => Cmd::Release { dataset: "d".into(), step },
+                    3 => Cmd::Abort(Abort { dataset: "d".into(), step, session: session.into(), reason: "r".into() }),
+                    _ => Cmd::Release(Release { dataset: "d".into(), step }),
                 };
                 let (oa, ob) = (a.apply(cmd.clone()), b.apply(cmd));
                 proptest::prop_assert_eq!(&oa, &ob);

@@ -4,8 +4,9 @@ use cairn_core::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Bytes that open every frame; also the protocol version.
-pub const MAGIC: [u8; 4] = *b"CRN1";
+/// Bytes that open every frame: `CRN` and the protocol version (2: requests by audience,
+/// typed error reasons).
+pub const MAGIC: [u8; 4] = *b"CRN2";
 /// Length of the prefix.
 pub const PREFIX_LEN: usize = 16;
 /// Largest header accepted on an authenticated connection (a step index with many thousands of
@@ -29,6 +30,14 @@ impl Prefix {
     /// or [`MAX_HELLO`] before authentication) and the payload at most `max_payload` (what the
     /// receiver is prepared to hold).
     pub fn parse(b: &[u8; PREFIX_LEN], max_header: u32, max_payload: u64) -> Result<Prefix> {
+        if b[..3] == MAGIC[..3] && b[3] != MAGIC[3] {
+            return Err(Error::Config(format!(
+                "the peer speaks Cairn protocol version {}, this end version {}: run the same Cairn release on every \
+                 client and server (restart the cluster with this one's `cairn cluster start`)",
+                char::from(b[3]),
+                char::from(MAGIC[3])
+            )));
+        }
         if b[..4] != MAGIC {
             return Err(Error::Corrupt(format!(
                 "bad frame: expected magic {MAGIC:?}, got {:?}; the peer is not a Cairn {} endpoint",
@@ -87,6 +96,14 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8], max_header: u32, max_payload: u64
 mod tests {
     use super::*;
     use crate::message::Request;
+
+    #[test]
+    fn another_protocol_version_is_named_with_this_one() {
+        let mut old = [0u8; PREFIX_LEN];
+        old[..4].copy_from_slice(b"CRN1");
+        let e = Prefix::parse(&old, MAX_HEADER, 0).unwrap_err();
+        assert!(e.kind() == cairn_core::ErrorKind::Config && e.to_string().contains("protocol version 1, this end version 2"), "{e}");
+    }
 
     #[test]
     fn round_trip_and_bounds() {

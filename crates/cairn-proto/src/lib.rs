@@ -1,7 +1,7 @@
 //! Cairn's wire protocol (spec: `docs/protocol.md`). Every message is a frame:
 //!
 //! ```text
-//! magic "CRN1" | header length u32 LE | payload length u64 LE | header (JSON) | payload (raw bytes)
+//! magic "CRN2" | header length u32 LE | payload length u64 LE | header (JSON) | payload (raw bytes)
 //! ```
 //!
 //! Headers are small serde messages ([`Request`], [`Response`]); array bytes travel as the raw
@@ -29,5 +29,5 @@ pub mod sync_io;
 pub mod view;
 
 pub use frame::{Prefix, MAX_HEADER, MAX_HELLO, PREFIX_LEN};
-pub use message::{Envelope, Request, Response};
+pub use message::{Envelope, PeerRequest, RaftRequest, Request, Response, Role, ServerRequest};
 pub use view::ClusterView;

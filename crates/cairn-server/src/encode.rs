@@ -6,12 +6,12 @@
 //! sent: with replicas and stripes on consecutive ring slots that is `min(r + 1, k)` shards, so
 //! r = 2 on RS(4 + 2) sends 3 shards instead of 5.
 
-use crate::cmd::data::PutHeader;
+use crate::objects::PutHeader;
 use crate::state::State;
 use crate::store::Which;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{Request, Response};
+use cairn_proto::message::{PeerRequest, Request, Response};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
     let mut stored = tokio::task::JoinSet::new();
     for (i, (piece, to)) in pieces.into_iter().zip(shards.iter().copied()).enumerate() {
         let Some(bytes) = piece else {
-            let req = Request::Cut { dataset: dataset.to_string(), step, id, k, shard: i as u32 };
+            let req = PeerRequest::Cut { dataset: dataset.to_string(), step, id, k, shard: i as u32 };
             let state = state.clone();
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
@@ -85,7 +85,7 @@ async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Re
         return crate::peer::call_with(state, to, &h.request(), &bytes).await.map(|_| ());
     }
     let r = state.store.reserve(bytes.len() as u64)?;
-    crate::cmd::data::store(state, h, bytes, r)
+    crate::objects::store(state, h, bytes, r)
 }
 
 /// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
@@ -94,7 +94,7 @@ pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32)
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
     let h = PutHeader { checksum: cairn_core::checksum::crc(&bytes), ..h };
     let r = state.store.reserve(bytes.len() as u64)?;
-    crate::cmd::data::store(state, h, bytes, r)
+    crate::objects::store(state, h, bytes, r)
 }
 
 /// Drops shard `shard` (0: the whole copy) of object `id` here or on server `to`; best effort.

@@ -2,13 +2,16 @@
 //! deadline), then requests answered in order, each frame within the I/O deadline. A malformed
 //! frame or a failed hello ends the connection with an error reply; the server goes on.
 
-use crate::cmd::{self, Reply};
+use crate::admission::Place;
+use crate::cmd;
+use crate::control::Control;
 use crate::deadline::Deadline;
-use crate::server::Place;
+use crate::local::Local;
+use crate::reply::{discard, Reply};
 use crate::state::State;
 use cairn_core::{Error, Result};
 use cairn_proto::async_io::{read_head, write_frame};
-use cairn_proto::message::{Envelope, RaftRpc, Request, Response, MAX_RAFT_PAYLOAD};
+use cairn_proto::message::{Envelope, RaftRequest, RaftRpc, Request, Response, Role, ServerRequest, MAX_RAFT_PAYLOAD};
 use cairn_proto::{MAX_HEADER, MAX_HELLO};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,12 +22,13 @@ use tokio::sync::Semaphore;
 /// or the server stops. `local` is the client on this host at the other end of a Unix socket
 /// (same-node copies go straight to and from its memory), or why copies are refused to it.
 pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
-    state: Arc<State>,
+    ctl: Arc<Control>,
     stream: S,
     mut place: Place,
     auth: Arc<Semaphore>,
     local: Option<std::result::Result<crate::cma::Peer, String>>,
 ) {
+    let state = ctl.state.clone();
     let mut stream = Deadline::new(stream, state.limits.io_timeout);
     let hello = tokio::select! {
         h = tokio::time::timeout(state.limits.hello_timeout, hello(&state, &mut stream)) => h.unwrap_or_else(|_| {
@@ -37,9 +41,10 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         _ = &mut place.evicted => return,
     };
     drop(place);
-    if let Err(e) = hello {
-        return refuse(&mut stream, &Response::error(&e)).await;
-    }
+    let role = match hello {
+        Ok(role) => role,
+        Err(e) => return refuse(&mut stream, &Response::error(&e)).await,
+    };
     let Ok(_permit) = auth.try_acquire_owned() else {
         let busy = Response::busy(
             format!("server {} serves {} connections already; retry, or close idle ones", state.id, state.limits.max_connections),
@@ -47,22 +52,24 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         );
         return refuse(&mut stream, &busy).await;
     };
-    let mut peer = local.map(|p| crate::segment::Local::new(state.clone(), p));
+    let mut local = local.map(|p| Local::new(state.clone(), p));
     let epoch = state.view().map_or(0, |v| v.epoch);
     stream.arm();
     if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch }, &[]).await.is_err() {
         return;
     }
     let mut shutdown = state.shutdown.subscribe();
-    let mut appends = Appends { state: state.clone(), carried: false };
+    let mut appends = Appends { ctl: ctl.clone(), carried: false };
     loop {
         // A client holding leases must put (or give them back) within the deadline: a hung
         // writer cannot keep their space reserved, since its connection and leases go.
-        if !peer.as_ref().is_some_and(crate::segment::Local::holds_leases) {
+        if !local.as_ref().is_some_and(Local::holds_leases) {
             stream.expect_frame();
         }
+        // A client's connection decodes clients' requests only: it cannot name a peer's.
+        let max_payload = state.store.limit().max(MAX_RAFT_PAYLOAD);
         let head = tokio::select! {
-            h = read_head::<Envelope>(&mut stream, MAX_HEADER, state.store.limit().max(MAX_RAFT_PAYLOAD)) => h,
+            h = read_request(&mut stream, role, max_payload) => h,
             _ = shutdown.recv() => return,
         };
         let (env, prefix) = match head {
@@ -71,7 +78,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             // The stream is out of step with the frames now: answer, then hang up.
             Err(e) => return refuse(&mut stream, &Response::error(&e)).await,
         };
-        if prefix.payload_len > state.store.limit() && !matches!(env.req, Request::Raft { .. }) {
+        if prefix.payload_len > state.store.limit() && !matches!(env.req, ServerRequest::Raft(RaftRequest::Raft { .. })) {
             let e = Error::InvalidArgument(format!(
                 "frame payload of {} bytes exceeds the {} bytes accepted here",
                 prefix.payload_len,
@@ -80,15 +87,15 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return refuse(&mut stream, &Response::error(&e)).await;
         }
         state.requests.fetch_add(1, Ordering::Relaxed);
-        if !from_peer(&env.req) {
+        if role == Role::Client {
             state.client_requests.fetch_add(1, Ordering::Relaxed);
         }
-        appends.carried |= matches!(env.req, Request::Raft { kind: RaftRpc::Append, .. });
-        let stop_after = matches!(env.req, Request::Shutdown);
-        await_view(&state, env.epoch).await;
-        let reply = match check_epoch(&state, env.epoch) {
+        appends.carried |= matches!(env.req, ServerRequest::Raft(RaftRequest::Raft { kind: RaftRpc::Append, .. }));
+        let stop_after = matches!(env.req, ServerRequest::Client(Request::Shutdown));
+        await_view(&ctl, env.epoch).await;
+        let reply = match check_epoch(&ctl, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
-            None => cmd::dispatch(&state, env.req, prefix, &mut stream, &mut peer).await,
+            None => cmd::dispatch(&ctl, env.req, prefix, &mut stream, &mut local).await,
         };
         let fatal = matches!(&reply, Err(Error::Io { .. }));
         stream.arm();
@@ -106,33 +113,31 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Whether a request comes from another server or the control plane rather than a client.
-fn from_peer(req: &Request) -> bool {
-    matches!(
-        req,
-        Request::Raft { .. }
-            | Request::Encode { .. }
-            | Request::Cut { .. }
-            | Request::Rebuild { .. }
-            | Request::Pieces { .. }
-            | Request::Seal { .. }
-            | Request::Drop { .. }
-            | Request::ViewChanged { .. }
-            | Request::Put { sealed: true, .. }
-    )
+/// The next request of a connection whose hello said `role` (`None`: it ended cleanly).
+async fn read_request<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    role: Role,
+    max_payload: u64,
+) -> Result<Option<(Envelope<ServerRequest>, cairn_proto::frame::Prefix)>> {
+    Ok(match role {
+        Role::Client => read_head::<Envelope<Request>>(stream, MAX_HEADER, max_payload)
+            .await?
+            .map(|(env, p)| (Envelope { epoch: env.epoch, req: ServerRequest::Client(env.req) }, p)),
+        Role::Peer => read_head::<Envelope<ServerRequest>>(stream, MAX_HEADER, max_payload).await?,
+    })
 }
 
 /// Tells this server's control-plane replica when a connection that carried a leader's appends
 /// ends, however it ends: a killed leader's connections close at once, and its followers can
 /// stand for election as soon as its lease runs out (`RaftLog::leader_hung_up`).
 struct Appends {
-    state: Arc<State>,
+    ctl: Arc<Control>,
     carried: bool,
 }
 
 impl Drop for Appends {
     fn drop(&mut self) {
-        if let (true, Some(log)) = (self.carried, self.state.control.get()) {
+        if let (true, Some(log)) = (self.carried, self.ctl.gate.get()) {
             log.leader_hung_up();
         }
     }
@@ -144,22 +149,17 @@ const VIEW_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Waits (at most [`VIEW_WAIT`]) for the view a request was placed by, asking the other servers
 /// for it: a client that learnt a view change first is then served instead of refused.
-async fn await_view(state: &Arc<State>, epoch: Option<u64>) {
+async fn await_view(ctl: &Arc<Control>, epoch: Option<u64>) {
     let Some(given) = epoch else { return };
-    let behind = || state.view().is_ok_and(|v| given > v.epoch);
-    if !behind() {
-        return;
-    }
-    crate::views::refresh(state);
-    let until = tokio::time::Instant::now() + VIEW_WAIT;
-    while behind() && tokio::time::Instant::now() < until {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    if ctl.state.view().is_ok_and(|v| given > v.epoch) {
+        ctl.views.refresh();
+        ctl.state.view_at(given, VIEW_WAIT).await;
     }
 }
 
 /// The refusal of a request placed by another view than this server's, if it was.
-fn check_epoch(state: &Arc<State>, epoch: Option<u64>) -> Option<Response> {
-    let given = epoch?;
+fn check_epoch(ctl: &Arc<Control>, epoch: Option<u64>) -> Option<Response> {
+    let (state, given) = (&ctl.state, epoch?);
     let view = match state.view() {
         Ok(v) => v,
         Err(e) => return Some(Response::error(&e)),
@@ -168,7 +168,7 @@ fn check_epoch(state: &Arc<State>, epoch: Option<u64>) -> Option<Response> {
         return Some(Response::stale_epoch(given, &view));
     }
     (given > view.epoch).then(|| {
-        crate::views::refresh(state);
+        ctl.views.refresh();
         Response::busy(
             format!(
                 "server {} is at cluster view {}, the request at {given}: the view change has not reached it yet; retry",
@@ -177,14 +177,6 @@ fn check_epoch(state: &Arc<State>, epoch: Option<u64>) -> Option<Response> {
             100,
         )
     })
-}
-
-/// Reads and drops a refused request's payload so the connection stays in step.
-pub async fn discard<S: AsyncRead + Unpin>(stream: &mut S, len: u64) -> Result<()> {
-    tokio::io::copy(&mut (&mut *stream).take(len), &mut tokio::io::sink())
-        .await
-        .map_err(|e| Error::io("discarding a refused payload", e))?;
-    Ok(())
 }
 
 /// Sends the reply, then closes gracefully: closing with unread input would reset the connection
@@ -206,13 +198,15 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut Deadline<S>, rep
     let _ = tokio::time::timeout(std::time::Duration::from_millis(200), drain).await;
 }
 
-/// The challenge, then a hello of at most [`MAX_HELLO`] bytes answering it.
-async fn hello<S: AsyncRead + AsyncWrite + Unpin>(state: &State, stream: &mut Deadline<S>) -> Result<()> {
+/// The challenge, then a hello of at most [`MAX_HELLO`] bytes answering it: who is calling.
+async fn hello<S: AsyncRead + AsyncWrite + Unpin>(state: &State, stream: &mut Deadline<S>) -> Result<Role> {
     let nonce = cairn_proto::auth::new_nonce()?;
     stream.arm();
     write_frame(stream, &Response::Challenge { server: state.id, nonce: nonce.clone() }, &[]).await?;
-    match read_head::<Envelope>(stream, MAX_HELLO, 0).await? {
-        Some((Envelope { req: Request::Hello { mac, .. }, .. }, _)) if cairn_proto::auth::verify(&state.secret, &nonce, &mac) => Ok(()),
+    match read_head::<Envelope<Request>>(stream, MAX_HELLO, 0).await? {
+        Some((Envelope { req: Request::Hello { mac, role, .. }, .. }, _)) if cairn_proto::auth::verify(&state.secret, &nonce, &mac) => {
+            Ok(role)
+        }
         Some((Envelope { req: Request::Hello { .. }, .. }, _)) => Err(Error::Unavailable(format!(
             "server {} refused the connection: wrong cluster secret; use the cluster file this cluster wrote",
             state.id

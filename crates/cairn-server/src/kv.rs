@@ -2,8 +2,8 @@
 //! results, step markers, memo buckets). Their bytes count against the server's memory limit
 //! like objects do. Sets keep members sorted by bytes, so every reader sees them in one order.
 
-use crate::state::lock;
 use crate::store::Store;
+use crate::sync::lock;
 use cairn_core::{Error, Result};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;

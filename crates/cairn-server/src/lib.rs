@@ -2,45 +2,54 @@
 //! coordinates atomic step commits for the datasets placed on it. `cairn serve` runs one.
 //!
 //! # Layout
-//! - [`serve`]: starting a server process and meeting the others through the cluster file.
-//! - [`server`]: `run(listeners, shutdown)`: the accept loop (TCP and Unix socket) and the
-//!   connection bounds (unauthenticated connections evict each other; authenticated ones are counted).
-//! - [`handler`]: one connection: challenge and hello, then framed requests in order.
-//! - [`deadline`]: the progress deadline on a connection's reads and writes.
-//! - [`views`]: cluster views as entries of the control plane's log, and how servers learn them.
-//! - [`control`]: this server's replica of the control plane (meta servers), and Raft's
-//!   transport over the staging protocol.
-//! - [`cmd`]: one module per kind of request.
-//! - [`cma`]: same-node copies straight between a local client's memory and object buffers.
-//! - [`store`]: objects with memory accounting.
-//! - [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
-//! - [`meta`]: the coordinator's side of commits, as commands of the control plane's log
-//!   (`cairn-meta`).
-//! - [`peer`]: calls to other servers (seal, drop).
-//! - [`rehome`]: keyed values copied to the servers a view change adds to their groups.
-//! - [`state`]: what all connections share: limits, the cluster view, the stores.
-//! - [`testing`]: a cluster of servers in one process that tests kill and restart.
+//! Three layers, each importing only from those below it (`make test` checks this with
+//! `scripts/check_layers.py`):
+//!
+//! 1. Requests and connections, on top:
+//!    - [`serve`]: starting a server process and meeting the others through the cluster file.
+//!    - [`server`]: `run(control, listeners, shutdown)`: the accept loop (TCP and Unix socket),
+//!      authenticated connections counted; [`admission`]: unauthenticated connections evict
+//!      each other.
+//!    - [`handler`]: one connection: challenge and hello (a client, or a peer server), then
+//!      framed requests in order.
+//!    - [`cmd`]: one module per family of requests, each with its `check` and `apply`.
+//! 2. The control plane's services, [`control`]: the Raft replica and leadership gate, the
+//!    commit coordinator, the CoREC encoder, recovery, failure detection, view changes; each
+//!    handed only what it uses.
+//! 3. The data plane, at the bottom:
+//!    - [`state`]: what all connections share: limits, the cluster view, the stores, counters.
+//!    - [`store`]: objects with memory accounting; [`segment`]: their memory, heap or shared;
+//!      [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
+//!    - [`objects`]: storing, sealing and dropping objects by request; [`encode`] and
+//!      [`rebuild`]: the holders' side of CoREC encoding and of recovery.
+//!    - [`local`] and [`cma`]: same-node clients, their leases and copies straight between their
+//!      memory and object buffers.
+//!    - [`peer`]: calls to other servers, over [`pool`]ed connections; [`deadline`]: the progress deadline on a connection;
+//!      [`reply`]: what a request produces; [`sync`]: locks that outlive a panic.
+//!
+//! Tests of this and other crates run servers in one process with `cairn-testing`, which uses
+//! only this public API.
 
+pub mod admission;
 pub mod cma;
 pub mod cmd;
 pub mod control;
-pub mod corec;
 pub mod deadline;
-pub mod detect;
 pub mod encode;
 pub mod handler;
 pub mod kv;
-pub mod meta;
+pub mod local;
+pub mod objects;
 pub mod peer;
-pub mod recover;
-pub mod rehome;
+pub mod pool;
+pub mod rebuild;
+pub mod reply;
 pub mod segment;
 pub mod serve;
 pub mod server;
 pub mod state;
 pub mod store;
-pub mod testing;
-pub mod views;
+pub mod sync;
 
 pub use serve::{serve, ServeOptions};
 pub use server::{run, Listeners};

@@ -14,11 +14,7 @@
 //! and nothing half-written is stored. One that hangs loses its connection, and so its leases,
 //! after the connection's deadline: a connection holding leases is never idle.
 
-use crate::cma::Peer;
-use crate::state::State;
 use cairn_core::{Error, Result};
-use std::collections::HashMap;
-use std::sync::Arc;
 
 /// One shared-memory segment of exactly `len` bytes, mapped read-write here.
 #[derive(Debug)]
@@ -66,6 +62,16 @@ impl Segment {
     /// The user whose writers lease it (a lessee may keep a mapping, so it never goes to another).
     pub fn owner(&self) -> u32 {
         self.owner
+    }
+
+    /// Its bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes (never: segments have at least one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Its descriptor in this process (for the lease's holder to open).
@@ -119,135 +125,9 @@ impl From<Segment> for Memory {
     }
 }
 
-/// Objects under lease per connection at most, and so segments (and descriptors) a writer can
-/// hold before it puts.
-pub const MAX_LEASES: usize = 1024;
-
-/// A connection's peer on this host (bound to the process that opened it, see [`Peer`]) and
-/// the segments it leased. Leases it did not put are given back when the connection ends.
-#[derive(Debug)]
-pub struct Local {
-    /// The client process, or why same-node copies are refused to it.
-    peer: std::result::Result<Peer, String>,
-    state: Arc<State>,
-    next: u64,
-    leases: HashMap<u64, Segment>,
-}
-
-impl Local {
-    /// The peer of a Unix-socket connection to `state`'s server ([`Peer::bind`]'s result).
-    pub fn new(state: Arc<State>, peer: std::result::Result<Peer, String>) -> Local {
-        Local { peer, state, next: 1, leases: HashMap::new() }
-    }
-
-    /// The client process same-node copies go to and from.
-    pub fn peer(&self) -> Result<&Peer> {
-        self.peer.as_ref().map_err(|why| Error::InvalidArgument(why.clone()))
-    }
-
-    /// Gives back the leases `release` names, then leases a segment of each of `sizes` bytes
-    /// (their space reserved): returns each one's lease id and descriptor.
-    pub fn lease(&mut self, sizes: &[u64], release: &[u64]) -> Result<Vec<(u64, i32)>> {
-        let owner = self.peer()?.uid();
-        for id in release {
-            if let Some(seg) = self.leases.remove(id) {
-                self.give_back(seg);
-            }
-        }
-        if self.leases.len() + sizes.len() > MAX_LEASES {
-            return Err(Error::Capacity(format!(
-                "{} segments are leased on this connection and {} more were asked for; at most {MAX_LEASES}: put or release some first",
-                self.leases.len(),
-                sizes.len()
-            )));
-        }
-        let mut out = Vec::with_capacity(sizes.len());
-        for &len in sizes {
-            let leased = self.state.store.reserve_segment(len as usize, owner).map(|(r, seg)| {
-                r.keep();
-                seg
-            });
-            match leased {
-                Ok(seg) => {
-                    let id = self.next;
-                    self.next += 1;
-                    out.push((id, seg.fd()));
-                    self.leases.insert(id, seg);
-                }
-                Err(e) => {
-                    // None of this request's leases, so the client falls back as a whole.
-                    for (id, _) in out {
-                        let seg = self.leases.remove(&id).expect("leased above");
-                        self.give_back(seg);
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Whether it holds leases it has not put yet.
-    pub fn holds_leases(&self) -> bool {
-        !self.leases.is_empty()
-    }
-
-    /// Takes lease `id` for a put of `len` bytes: the segment, whose space stays reserved.
-    pub fn take(&mut self, id: u64, len: u64) -> Result<Segment> {
-        let seg = self.leases.remove(&id).ok_or_else(|| {
-            Error::InvalidArgument(format!("no segment is leased as {id} on this connection (put once per lease); lease again"))
-        })?;
-        if seg.len as u64 != len {
-            let n = seg.len;
-            self.give_back(seg);
-            return Err(Error::InvalidArgument(format!("lease {id} holds {n} bytes, the object {len}; lease its size")));
-        }
-        Ok(seg)
-    }
-
-    /// Frees a leased segment's reservation and pools it.
-    pub fn give_back(&self, seg: Segment) {
-        self.state.store.free(seg.len as u64);
-        self.state.store.recycle_memory(Memory::Shared(seg));
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        for (_, seg) in std::mem::take(&mut self.leases) {
-            self.give_back(seg);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn leases_hold_their_space_until_put_or_given_back_and_their_segments_are_reused() {
-        use cairn_core::ErrorKind;
-        let path = std::path::PathBuf::from("/nonexistent/cluster.json");
-        let state = State::new(0, "s".into(), path, 1 << 20, crate::Limits::default(), crate::control::MetaOptions::default());
-        let mut local = Local::new(state.clone(), Ok(Peer::this_process()));
-        let got = local.lease(&[256 << 10, 256 << 10], &[]).unwrap();
-        assert_eq!(state.store.used(), 512 << 10);
-        // More than the memory left: refused whole, nothing kept.
-        assert_eq!(local.lease(&[128 << 10, 600 << 10], &[]).unwrap_err().kind(), ErrorKind::Capacity);
-        assert_eq!(state.store.used(), 512 << 10);
-        // A put of another size than its lease is refused, and the lease goes back.
-        assert_eq!(local.take(got[0].0, 100).unwrap_err().kind(), ErrorKind::InvalidArgument);
-        assert_eq!(local.take(got[0].0, 256 << 10).unwrap_err().kind(), ErrorKind::InvalidArgument, "taken once only");
-        assert_eq!(state.store.used(), 256 << 10);
-        local.lease(&[], &[got[1].0]).unwrap();
-        assert_eq!(state.store.used(), 0);
-        // Leased again, a pooled segment comes back (already faulted in), its descriptor with it.
-        let again = local.lease(&[256 << 10], &[]).unwrap();
-        assert!([got[0].1, got[1].1].contains(&again[0].1));
-        // A connection that ends gives back what it did not put.
-        drop(local);
-        assert_eq!(state.store.used(), 0);
-    }
 
     #[test]
     fn a_segment_is_shared_memory_another_opening_sees() {

@@ -98,8 +98,9 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
         let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
-        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone(), meta);
-        crate::control::start(state.clone());
+        let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
+        let ctl = crate::control::Control::new(state, meta);
+        ctl.start();
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
             let mut policy = opts.redundancy.clone();
@@ -117,7 +118,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
                 _ => std::future::pending().await,
             }
         };
-        run(state, Listeners { tcp, unix }, signalled).await;
+        run(ctl, Listeners { tcp, unix }, signalled).await;
         let _ = std::fs::remove_file(&sock);
         Ok(())
     })

@@ -1,18 +1,17 @@
-//! What every connection of a server shares: its id, the secret, the limits, the cluster view,
-//! the store, the keyed values, the coordinator metadata, peer connections, counters and the
-//! shutdown signal.
+//! The data plane's shared state: what every connection of a server shares, control plane or
+//! not: its id, the secret, the limits, the cluster view, the store, the keyed values, peer
+//! connections, counters and the shutdown signal. The control plane's services
+//! ([`crate::control::Control`]) sit above it and are handed to the requests that use them.
 
-use crate::control::MetaOptions;
 use crate::kv::Kv;
-use crate::meta::Meta;
-use crate::peer::Peers;
+use crate::pool::Peers;
 use crate::store::Store;
 use cairn_core::Result;
 use cairn_proto::cluster::ClusterFile;
 use cairn_proto::ClusterView;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -118,23 +117,14 @@ pub struct State {
     /// The cluster file (read when the view is first needed).
     pub cluster_path: PathBuf,
     view: RwLock<Option<Arc<ClusterView>>>,
-    /// A refresh of the view from the other servers is under way.
-    pub view_refreshing: AtomicBool,
-    /// Raft traffic to and from this server is dropped: a network partition of the control
-    /// plane, for tests ([`crate::testing::TestCluster::partition`]); clients still reach it.
-    pub raft_cut: AtomicBool,
+    /// The epoch of the view installed, for those waiting on a newer one.
+    epoch: tokio::sync::watch::Sender<u64>,
     /// Objects held here.
     pub store: Store,
     /// Keyed values and sets.
     pub kv: Kv,
-    /// Datasets coordinated here.
-    pub meta: Meta,
     /// Pooled connections to other servers.
     pub peers: Peers,
-    /// How this server takes part in the control plane.
-    pub meta_options: MetaOptions,
-    /// Its replica of the control plane's log, once started (meta servers only).
-    pub control: OnceLock<cairn_meta::raft::RaftLog>,
     /// Requests served.
     pub requests: AtomicU64,
     /// Of those, requests from clients (not peers' or the control plane's): planned moves yield
@@ -144,10 +134,6 @@ pub struct State {
     pub same_node_bytes: AtomicU64,
     /// The cluster's redundancy settings (from the cluster file, read when first needed).
     policy: OnceLock<cairn_core::corec::Policy>,
-    /// The leader's CoREC encoder: classifier and encodings under way.
-    pub corec: crate::corec::Corec,
-    /// The leader's recovery of lost servers' objects onto the servers that took their slots.
-    pub recovery: crate::recover::Recovery,
     /// One encoding at a time on this server: encoding takes at most one core's share.
     pub encoding: tokio::sync::Semaphore,
     /// Start time.
@@ -158,27 +144,21 @@ pub struct State {
 
 impl State {
     /// New state for server `id` with `memory` bytes of room.
-    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits, meta_options: MetaOptions) -> Arc<State> {
+    pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits) -> Arc<State> {
         Arc::new(State {
             id,
             secret,
             limits,
             cluster_path,
             view: RwLock::new(None),
-            view_refreshing: AtomicBool::new(false),
-            raft_cut: AtomicBool::new(false),
+            epoch: tokio::sync::watch::channel(0).0,
             store: Store::new(id, memory),
             kv: Kv::default(),
-            meta: Meta::default(),
             peers: Peers::default(),
-            meta_options,
-            control: OnceLock::new(),
             requests: AtomicU64::new(0),
             client_requests: AtomicU64::new(0),
             same_node_bytes: AtomicU64::new(0),
             policy: OnceLock::new(),
-            corec: crate::corec::Corec::default(),
-            recovery: crate::recover::Recovery::default(),
             encoding: tokio::sync::Semaphore::new(1),
             started: Instant::now(),
             shutdown: broadcast::channel(1).0,
@@ -204,45 +184,49 @@ impl State {
         Ok(v.get_or_insert(loaded).clone())
     }
 
-    /// Installs a committed view if it is newer than this server's; returns whether it was. A
-    /// view that declares this server down empties it: whatever it held may have been rebuilt
-    /// elsewhere, changed or released meanwhile, and it rejoins as a new member.
-    pub fn adopt(self: &Arc<Self>, next: ClusterView) -> Result<bool> {
+    /// Installs a committed view if it is newer than this server's; returns the view it
+    /// replaced if it was. A view that declares this server down empties it: whatever it held
+    /// may have been rebuilt elsewhere, changed or released meanwhile, and it rejoins as a new
+    /// member. (The control plane's [`crate::control::views`] installs views through this and
+    /// follows up: keyed values move, recovery is queued.)
+    pub fn install(&self, next: ClusterView) -> Result<Option<Arc<ClusterView>>> {
         next.validate()?;
         let current = self.view()?;
         let down = next.down.contains(&self.id);
-        let next = Arc::new(next);
         {
             let mut v = self.view.write().unwrap_or_else(|p| p.into_inner());
             if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
-                return Ok(false);
+                return Ok(None);
             }
-            *v = Some(next.clone());
+            self.epoch.send_replace(next.epoch);
+            *v = Some(Arc::new(next));
         }
         if down && !current.down.contains(&self.id) {
             let freed = self.store.clear();
             let keys = self.kv.delete(&self.store, &[String::new()], true);
             eprintln!("cairn server {}: declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty", self.id);
         }
-        crate::rehome::view_changed(self, current, next);
-        Ok(true)
+        Ok(Some(current))
+    }
+
+    /// Waits (at most `limit`) until this server's view is at `epoch` or newer; whether it is.
+    pub async fn view_at(&self, epoch: u64, limit: std::time::Duration) -> bool {
+        let mut rx = self.epoch.subscribe();
+        if self.view().is_ok_and(|v| v.epoch >= epoch) {
+            return true;
+        }
+        tokio::time::timeout(limit, rx.wait_for(|e| *e >= epoch)).await.is_ok_and(|r| r.is_ok())
     }
 
     /// Refuses data requests while this server is declared down.
     pub fn check_member(&self) -> Result<()> {
         let view = self.view()?;
         if view.down.contains(&self.id) {
-            return Err(cairn_core::Error::Unavailable(format!(
+            return Err(cairn_core::Error::ServerGone(format!(
                 "server {} was declared down in view {} and holds nothing; read the cluster view again",
                 self.id, view.epoch
             )));
         }
         Ok(())
     }
-}
-
-/// Locks a std mutex whether or not a panicking thread poisoned it: server state is kept
-/// consistent by validating before locking, so one failed request must not disable the rest.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

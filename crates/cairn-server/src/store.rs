@@ -3,7 +3,7 @@
 //! before a payload is read, so a put that would pass the limit is refused without allocating.
 
 use crate::segment::{Memory, Segment};
-use crate::state::lock;
+use crate::sync::lock;
 use cairn_core::{Error, Region, Result};
 use cairn_proto::message::ObjectInfo;
 use std::collections::HashMap;

@@ -2,12 +2,12 @@
 //! elect a leader over the staging protocol, a killed leader is replaced within 2 s, and a
 //! restarted meta server rejoins under a new node id.
 
-use cairn_server::testing::TestCluster;
 use cairn_server::Limits;
+use cairn_testing::TestCluster;
 use std::time::{Duration, Instant};
 
 fn roles(c: &TestCluster, ids: &[u32]) -> Vec<(&'static str, Option<u32>)> {
-    ids.iter().map(|id| c.state(*id).and_then(|s| s.control.get()).map_or(("none", None), |l| l.role())).collect()
+    ids.iter().map(|id| c.control(*id).and_then(|s| s.gate.get()).map_or(("none", None), |l| l.role())).collect()
 }
 
 /// The leader every listed meta server agrees on, once they do (non-meta servers hold no replica).
@@ -45,7 +45,7 @@ fn meta_servers_elect_fail_over_and_rejoin() {
     c.restart(leader).unwrap();
     let start = Instant::now();
     loop {
-        let voters = c.state(next).unwrap().control.get().unwrap().voters();
+        let voters = c.control(next).unwrap().gate.get().unwrap().voters();
         let mine: Vec<u64> = voters.iter().copied().filter(|v| (v >> 32) as u32 == leader).collect();
         if voters.len() == 3 && mine.len() == 1 && mine[0] & 0xffff_ffff != 0 {
             break;

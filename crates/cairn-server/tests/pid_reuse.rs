@@ -15,8 +15,8 @@
 
 use cairn_core::Region;
 use cairn_proto::{Request, Response};
-use cairn_server::testing::{RawConn, TestCluster};
 use cairn_server::Limits;
+use cairn_testing::{RawConn, TestCluster};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -159,7 +159,6 @@ fn object(dataset: &str) -> (Request, Request) {
         copy: 0,
         writer: 0,
         shard: 0,
-        sealed: false,
         from: None,
     };
     let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0, into: None };
@@ -198,7 +197,7 @@ fn attacker() {
         Err(e) => format!("refused ({e})"),
     };
     let probe = said(conn.call(None, &Request::Attach { addr, len, checksum: crc }, &[]));
-    let Request::Put { dataset, step, session, var, id, region, elem, copy, writer, shard, sealed, .. } = put else { unreachable!() };
+    let Request::Put { dataset, step, session, var, id, region, elem, copy, writer, shard, .. } = put else { unreachable!() };
     let steal = Request::Put {
         dataset,
         step,
@@ -211,7 +210,6 @@ fn attacker() {
         copy,
         writer,
         shard,
-        sealed,
         from: Some(vec![(addr, len)]),
     };
     let put = said(conn.call(None, &steal, &[]));

@@ -4,7 +4,7 @@
 //! the client's cluster view; a server with a newer one answers `stale_epoch` with it, and the
 //! client takes it and asks again.
 
-use cairn_core::{Error, ErrorKind, Result};
+use cairn_core::{Error, ErrorKind, Reason, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, Request, Response, MAX_RUNS};
 use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame, Stream};
@@ -56,7 +56,11 @@ impl Conn {
             Response::Challenge { nonce, .. } => nonce,
             other => return Err(refused("connect", other)),
         };
-        let hello = Request::Hello { client: format!("client pid {}", std::process::id()), mac: cairn_proto::auth::answer(secret, &nonce) };
+        let hello = Request::Hello {
+            client: format!("client pid {}", std::process::id()),
+            mac: cairn_proto::auth::answer(secret, &nonce),
+            role: cairn_proto::Role::Client,
+        };
         match c.call(&hello)? {
             Response::Welcome { .. } => {}
             other => return Err(refused("hello", other)),
@@ -103,7 +107,7 @@ impl Conn {
                 | Request::Steps { .. }
                 | Request::Index { .. }
                 | Request::WaitStep { .. }
-                | Request::Release { .. }
+                | Request::Release(_)
                 | Request::KvPut { .. }
                 | Request::KvGet { .. }
                 | Request::KvDelete { .. }
@@ -180,10 +184,18 @@ fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Erro
              (`cairn cluster status`), or raise [staging] timeout",
             timeout.as_secs_f64()
         )),
-        Error::Io { .. } => {
-            Error::Unavailable(format!("staging server {server} at {addr}: {op} failed: {e}; is it up? (`cairn cluster status`)"))
+        Error::Io { source, .. } => {
+            let message = format!("staging server {server} at {addr}: {op} failed: {e}; is it up? (`cairn cluster status`)");
+            // Refused, reset or closed: nobody is there (a hung server misses its deadline instead).
+            use std::io::ErrorKind as K;
+            match source.kind() {
+                K::ConnectionRefused | K::NotFound | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof => {
+                    Error::ServerGone(message)
+                }
+                _ => Error::Unavailable(message),
+            }
         }
-        other => Error::from_kind(other.kind(), other.to_string()),
+        other => other.duplicate(),
     }
 }
 
@@ -443,9 +455,9 @@ impl Cluster {
                     next = Some(target); // it may answer as a follower now
                     message
                 }
-                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, .. }, _)) => {
+                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, reason, .. }, _)) => {
                     next = leader.filter(|l| *l != target);
-                    if message.contains("lost quorum") {
+                    if reason == Some(Reason::LostQuorum) {
                         quorum_lost = Some(message.clone());
                     }
                     message

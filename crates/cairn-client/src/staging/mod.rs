@@ -17,7 +17,7 @@ pub use writer::StagingWriter;
 use crate::config::StagingConfig;
 use cairn_core::index::StepIndex;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{unexpected, Request, Response};
+use cairn_proto::message::{unexpected, Request, Response, ViewChange};
 use cairn_proto::ClusterView;
 use conn::Cluster;
 use std::sync::Arc;
@@ -86,7 +86,7 @@ pub fn replace_server(cluster: &std::path::Path, down: u32, spare: Option<u32>, 
     // it first; a dead or hung one is replaced, and recovery rebuilds from the surviving pieces.
     let answers = view.is_live(down) && c.call(down, &Request::Status).is_ok();
     let next = if answers { view.hand_over(down, spare)? } else { view.replace(down, spare)? };
-    c.coord(&Request::SetView { view: next.clone() })?;
+    c.coord(&Request::SetView(ViewChange { view: next.clone() }))?;
     Ok(next)
 }
 
@@ -107,7 +107,7 @@ pub fn add_servers(cluster: &std::path::Path, ids: &[u32], timeout: std::time::D
     let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     c.refresh_view();
     let next = c.view().add(entries)?;
-    c.coord(&Request::SetView { view: next.clone() })?;
+    c.coord(&Request::SetView(ViewChange { view: next.clone() }))?;
     Ok(next)
 }
 
@@ -117,7 +117,7 @@ pub fn retire_server(cluster: &std::path::Path, id: u32, timeout: std::time::Dur
     let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     c.refresh_view();
     let next = c.view().retire(id)?;
-    c.coord(&Request::SetView { view: next.clone() })?;
+    c.coord(&Request::SetView(ViewChange { view: next.clone() }))?;
     Ok(next)
 }
 
@@ -127,8 +127,7 @@ pub fn retire_server(cluster: &std::path::Path, id: u32, timeout: std::time::Dur
 pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, timeout: std::time::Duration) -> Result<String> {
     let req: Request =
         serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
-    if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::View | Request::SetView { .. } | Request::Shutdown)
-    {
+    if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::View | Request::SetView(_) | Request::Shutdown) {
         return Err(Error::InvalidArgument(format!(
             "{request:?} is not an administrative request (status, objects, datasets, view, set_view, shutdown)"
         )));
@@ -136,6 +135,6 @@ pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, time
     let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     // A view change is a log entry, and the dataset list the log's state: both go to the control
     // plane's leader, whichever server is named (asked again through an election).
-    let resp = if matches!(req, Request::SetView { .. } | Request::Datasets) { c.coord(&req)? } else { c.call(server, &req)? };
+    let resp = if matches!(req, Request::SetView(_) | Request::Datasets) { c.coord(&req)? } else { c.call(server, &req)? };
     Ok(serde_json::to_string(&resp).expect("responses serialize"))
 }

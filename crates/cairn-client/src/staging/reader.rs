@@ -10,8 +10,8 @@ use cairn_core::assemble::for_each_run;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::erasure::Code;
 use cairn_core::index::{BlockRecord, ObjectRef, Redundancy, StepIndex, VarDef};
-use cairn_core::{Error, ErrorKind, Region, Result};
-use cairn_proto::message::{unexpected, Request, Response};
+use cairn_core::{Error, ErrorKind, Reason, Region, Result};
+use cairn_proto::message::{unexpected, ClaimLease, Release, Request, Response, Unclaim};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -378,7 +378,7 @@ impl StagingReader {
         // Servers the view declares down are not asked (a hung one would cost a deadline).
         let view = self.cluster.view();
         let mut failed: BTreeMap<u32, Error> =
-            view.down.iter().map(|d| (*d, Error::Unavailable(format!("server {d} was declared down in view {}", view.epoch)))).collect();
+            view.down.iter().map(|d| (*d, Error::ServerGone(format!("server {d} was declared down in view {}", view.epoch)))).collect();
         let mut other: Option<Error> = None;
         // Round 0: data shards; round 1: parity shards of the objects still short.
         for round in 0..2 {
@@ -464,7 +464,7 @@ impl StagingReader {
                     let mut shards: Vec<Option<Vec<u8>>> = st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
                     code.decode(&mut shards, st.len)?
                 } else if let Some(e) = &other {
-                    return Err(Error::from_kind(e.kind(), e.to_string()));
+                    return Err(e.duplicate());
                 } else {
                     let gone = st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| server_gone(&failed[s]));
                     let lost: Vec<String> = st.servers.iter().filter(|s| failed.contains_key(s)).map(|s| format!("server {s}")).collect();
@@ -499,13 +499,8 @@ impl StagingReader {
 /// its connections; its memory went with it), as opposed to slow or hung (it may come back). The
 /// client's errors carry the cause only as text.
 fn server_gone(e: &Error) -> bool {
-    if e.kind() == ErrorKind::NotFound {
-        return true; // it answered, without the piece: not coming back
-    }
-    let m = e.to_string();
-    ["Connection refused", "No such file or directory", "Connection reset", "Broken pipe", "closed the connection", "declared down"]
-        .iter()
-        .any(|p| m.contains(p))
+    // It answered without the piece (not coming back), or nobody is there.
+    e.kind() == ErrorKind::NotFound || e.reason() == Some(Reason::ServerGone)
 }
 
 impl ReadEngine for StagingReader {
@@ -591,7 +586,7 @@ impl ReadEngine for StagingReader {
 
     fn release(&self, step: u64) -> Result<()> {
         self.cache.lock().expect("cache lock").remove(&step);
-        match self.cluster.coord(&Request::Release { dataset: self.dataset.clone(), step })? {
+        match self.cluster.coord(&Request::Release(Release { dataset: self.dataset.clone(), step }))? {
             Response::Ok => Ok(()),
             other => Err(unexpected("release", &other)),
         }
@@ -606,7 +601,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)> {
-        let req = Request::Claim { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) };
+        let req = Request::Claim(ClaimLease { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) });
         match self.cluster.coord(&req)? {
             Response::Claimed { step, done } => Ok((step, done)),
             other => Err(unexpected("claim", &other)),
@@ -614,7 +609,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn renew(&self, claimer: &str, lease: Duration) -> Result<Vec<u64>> {
-        let req = Request::Renew { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) };
+        let req = Request::Renew(ClaimLease { dataset: self.dataset.clone(), claimer: claimer.to_string(), lease_ms: millis(lease) });
         match self.cluster.coord(&req)? {
             Response::Steps { steps, .. } => Ok(steps),
             other => Err(unexpected("renew", &other)),
@@ -622,7 +617,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn unclaim(&self, claimer: &str) -> Result<()> {
-        match self.cluster.coord(&Request::Unclaim { dataset: self.dataset.clone(), claimer: claimer.to_string() })? {
+        match self.cluster.coord(&Request::Unclaim(Unclaim { dataset: self.dataset.clone(), claimer: claimer.to_string() }))? {
             Response::Ok => Ok(()),
             other => Err(unexpected("unclaim", &other)),
         }

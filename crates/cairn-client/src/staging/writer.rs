@@ -15,7 +15,7 @@ use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::stats::Acc;
 use cairn_core::{Error, ErrorKind, Region, Result};
-use cairn_proto::message::{unexpected, PutItem, Request, Response, Share, MAX_PUT_MANY};
+use cairn_proto::message::{unexpected, Abort, Close, PutItem, Request, Response, Share, MAX_PUT_MANY};
 use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -305,7 +305,6 @@ impl StagingWriter {
                     copy: copy as u32,
                     writer: self.rank,
                     shard,
-                    sealed: false,
                     from: None,
                 };
                 let redundancy = if let Some((k, m)) = stripe {
@@ -363,7 +362,7 @@ impl StagingWriter {
             self.open.entry(*step).or_default().seq = *seq;
         }
         if let Some(e) = sent.iter().find_map(|(_, r)| r.as_ref().err()) {
-            let e = Error::from_kind(e.kind(), e.to_string());
+            let e = e.duplicate();
             self.refused = sent.iter().filter(|(_, r)| r.is_err()).map(|(s, _)| *s).collect();
             // What arrived is dropped again, from the servers that answered: one that failed
             // (dead, hung) would only cost another deadline; its leftovers go with the step.
@@ -609,7 +608,7 @@ impl WriteEngine for StagingWriter {
             // The request was retried after the leader died with it: the step may have been
             // finished by the next leader, or be finishing.
             Err(e) if e.kind() == ErrorKind::AlreadyExists && self.committed_with(step, &req)? => return Ok(true),
-            Err(e) if e.kind() == ErrorKind::Conflict && e.to_string().contains("already being committed") => {
+            Err(e @ Error::StepInFlight(_)) => {
                 let wait = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: self.cluster.timeout.as_millis() as u64 };
                 match self.cluster.coord_waiting(&wait, self.cluster.timeout) {
                     Ok(Response::Committed { committed: true }) if self.committed_with(step, &req)? => return Ok(true),
@@ -644,7 +643,8 @@ impl WriteEngine for StagingWriter {
     }
 
     fn close(&mut self) -> Result<()> {
-        let req = Request::Close { dataset: self.dataset.clone(), session: self.session.clone(), rank: self.rank, nranks: self.nranks };
+        let req =
+            Request::Close(Close { dataset: self.dataset.clone(), session: self.session.clone(), rank: self.rank, nranks: self.nranks });
         match self.cluster.coord(&req)? {
             Response::Ok => Ok(()),
             other => Err(unexpected("close", &other)),
@@ -673,7 +673,7 @@ impl WriteEngine for StagingWriter {
         // the error being reported; the step then stays pending, never visible.
         if self.nranks > 1 {
             let reason = format!("writer rank {} of {} aborted step {step}", self.rank, self.nranks);
-            let abort = Request::AbortStep { dataset: self.dataset.clone(), step, session: self.session.clone(), reason };
+            let abort = Request::AbortStep(Abort { dataset: self.dataset.clone(), step, session: self.session.clone(), reason });
             let _ = self.cluster.coord(&abort);
         }
         Ok(())
@@ -725,7 +725,6 @@ mod tests {
             copy: 0,
             writer: 0,
             shard,
-            sealed: false,
             from: None,
         };
         Outgoing { req, parts: vec![Cow::Borrowed(bytes)], sums: (shard == 0).then(Sums::default), dtype: DType::U8 }

@@ -6,10 +6,8 @@
 //! - [`store`]: the log store (volatile; a durable one writes the vote and entries with fsync).
 //! - [`machine`]: the state machine: [`MetaState`](crate::MetaState) applying committed entries,
 //!   snapshots as JSON.
-//! - [`local`]: a network of nodes in one process, with cuts (partitions) for tests.
 //! - [`node`]: one replica: starting it, bootstrapping a cluster, proposing, reading.
 
-pub mod local;
 pub mod machine;
 pub mod node;
 pub mod store;

@@ -330,13 +330,10 @@ fn not_leader(id: NodeId, leader: Option<u32>) -> Error {
 /// A leader cut off from its majority: a not-leader answer (with no hint), so that clients look
 /// for a leader elsewhere, and say why if there is none.
 fn no_quorum(why: String) -> Error {
-    Error::NotLeader {
-        message: format!(
-            "the control plane cannot commit: {why}; a majority of its meta servers is unreachable (lost quorum). Nothing \
-             committed before is lost; restart or reconnect the meta servers"
-        ),
-        leader: None,
-    }
+    Error::LostQuorum(format!(
+        "the control plane cannot commit: {why}; a majority of its meta servers is unreachable (lost quorum). Nothing \
+         committed before is lost; restart or reconnect the meta servers"
+    ))
 }
 
 impl MetaLog for RaftLog {

@@ -1,14 +1,44 @@
-//! Status of a server.
+//! Cluster views, status, object listing, datasets and shutdown.
 
-use crate::state::State;
-use cairn_proto::message::{Response, ServerStatus};
+use super::check::no_payload;
+use crate::control::Control;
+use crate::reply::Reply;
+use cairn_core::{Error, Result};
+use cairn_proto::message::{Request, Response, ServerStatus};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Checks an admin request (none carries a payload).
+pub fn check(req: &Request, payload_len: u64) -> Result<()> {
+    no_payload(&req.op_name(), payload_len)?;
+    match req {
+        Request::SetView(c) => c.view.validate(),
+        _ => Ok(()),
+    }
+}
+
+/// Runs a checked admin request. A shutdown is answered here; the connection then signals it.
+pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
+    let state = &ctl.state;
+    let r = match req {
+        Request::Hello { .. } => return Err(Error::Conflict("hello sent twice on one connection".into())),
+        Request::View => Response::View { view: (*state.view()?).clone() },
+        Request::SetView(c) => ctl.views.set_view(c.view).await?,
+        Request::Datasets => Response::Datasets { names: ctl.meta.datasets(ctl.gate.leader()?) },
+        Request::Status => status(ctl),
+        Request::Objects => Response::Objects { objects: state.store.list() },
+        Request::Shutdown => Response::Ok,
+        other => return Err(super::misrouted("admin", &other.op_name())),
+    };
+    Ok(Reply::Plain(r))
+}
 
 /// Counters for `cairn cluster status`.
-pub fn status(state: &State) -> Response {
+fn status(ctl: &Control) -> Response {
+    let state = &ctl.state;
     let (objects, steps) = state.store.counts();
     let (replicas, shards, data_bytes) = state.store.copies();
-    let (meta, leader) = state.control.get().map_or(("none", None), |c| c.role());
+    let (meta, leader) = ctl.gate.get().map_or(("none", None), |c| c.role());
     Response::Status {
         status: ServerStatus {
             server: state.id,
@@ -23,15 +53,15 @@ pub fn status(state: &State) -> Response {
             meta: meta.to_string(),
             leader,
             epoch: state.view().map_or(0, |v| v.epoch),
-            commits: state.meta.times(),
+            commits: ctl.meta.times(),
             replicas,
             shards,
             keys: state.kv.len() as u64,
             data_bytes,
-            recovery_pending: state.recovery.pending(),
-            recovery_rebuilt: state.recovery.rebuilt(),
-            recovery_lost: state.recovery.lost(),
-            recovery_overdue_s: state.recovery.overdue(state.limits.recovery_deadline()),
+            recovery_pending: ctl.recovery.pending(),
+            recovery_rebuilt: ctl.recovery.rebuilt(),
+            recovery_lost: ctl.recovery.lost(),
+            recovery_overdue_s: ctl.recovery.overdue(state.limits.recovery_deadline()),
         },
     }
 }

@@ -1,30 +1,54 @@
 //! Claims of committed steps and the writers' close (D²T workflows): claimers lease steps
-//! through the control plane's leader; a consuming commit (see [`super::commit`]) ends a claim.
+//! through the control plane's leader; a consuming commit ([`super::step`]) ends a claim.
 
-use crate::state::State;
-use cairn_core::Result;
+use super::check::{check_claimer, no_payload};
+use crate::control::Control;
+use crate::reply::Reply;
+use cairn_core::{Error, Result};
 use cairn_meta::Cmd;
-use cairn_proto::message::Response;
+use cairn_proto::message::{ClaimLease, Request, Response, MAX_LEASE_MS};
 use std::sync::Arc;
 
-/// Leases the lowest free committed step of `dataset` to `claimer`.
-pub async fn claim(state: &Arc<State>, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Response> {
-    let c = state.meta.claim(crate::control::leader(state)?, dataset, claimer, lease_ms).await?;
-    Ok(Response::Claimed { step: c.step, done: c.done })
+/// Checks a claim request (none carries a payload).
+pub fn check(req: &Request, payload_len: u64) -> Result<()> {
+    no_payload(&req.op_name(), payload_len)?;
+    match req {
+        Request::Claim(ClaimLease { claimer, lease_ms, .. }) | Request::Renew(ClaimLease { claimer, lease_ms, .. }) => {
+            check_claimer(claimer)?;
+            if *lease_ms == 0 || *lease_ms > MAX_LEASE_MS {
+                return Err(Error::InvalidArgument(format!("a lease of {lease_ms} ms: give 1 ms to {MAX_LEASE_MS} ms (a day)")));
+            }
+            Ok(())
+        }
+        Request::Unclaim(u) => check_claimer(&u.claimer),
+        _ => Ok(()),
+    }
 }
 
-/// Extends `claimer`'s leases; answers the steps it still holds.
-pub async fn renew(state: &Arc<State>, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Response> {
-    let steps = state.meta.renew(crate::control::leader(state)?, dataset, claimer, lease_ms).await?;
-    Ok(Response::Steps { steps, finished: false, pending: Vec::new() })
-}
-
-/// Gives back every step `claimer` holds, or records a writer rank's close.
-pub async fn done(state: &Arc<State>, cmd: Cmd) -> Result<Response> {
-    let dataset = match &cmd {
-        Cmd::Unclaim { dataset, .. } | Cmd::Close { dataset, .. } => dataset.clone(),
-        _ => unreachable!("only unclaim and close come here"),
+/// Runs a checked claim request.
+pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
+    let (log, meta) = (ctl.gate.leader()?, &ctl.meta);
+    let r = match req {
+        // Leases the lowest free committed step of `dataset` to `claimer`.
+        Request::Claim(ClaimLease { dataset, claimer, lease_ms }) => {
+            let c = meta.claim(log, &dataset, &claimer, lease_ms).await?;
+            Response::Claimed { step: c.step, done: c.done }
+        }
+        // Extends `claimer`'s leases; answers the steps it still holds.
+        Request::Renew(ClaimLease { dataset, claimer, lease_ms }) => {
+            let steps = meta.renew(log, &dataset, &claimer, lease_ms).await?;
+            Response::Steps { steps, finished: false, pending: Vec::new() }
+        }
+        // Gives back every step `claimer` holds, or records a writer rank's close.
+        Request::Unclaim(u) => {
+            meta.done(log, &u.dataset.clone(), Cmd::Unclaim(u)).await?;
+            Response::Ok
+        }
+        Request::Close(c) => {
+            meta.done(log, &c.dataset.clone(), Cmd::Close(c)).await?;
+            Response::Ok
+        }
+        other => return Err(super::misrouted("claims", &other.op_name())),
     };
-    state.meta.done(crate::control::leader(state)?, &dataset, cmd).await?;
-    Ok(Response::Ok)
+    Ok(Reply::Plain(r))
 }

@@ -1,54 +1,171 @@
-//! Objects in and out: put (payload read straight into the object's buffer after its space is
-//! reserved), get (a whole object shared without copying, or a sub-box cut out of it).
+//! Objects in and out, the data plane alone: put (payload read straight into the object's
+//! buffer after its space is reserved, or copied from a same-node client's memory, or its leased
+//! segment kept), get (a whole object shared without copying, or a sub-box cut out of it), drop.
 
-use super::{Payload, Reply};
+use super::check::{no_payload, runs_len};
 use crate::cma::Peer;
+use crate::local::Local;
+use crate::objects::{seal_or_drop, store, store_checked, PutHeader};
+use crate::reply::{discard, Payload, Reply};
 use crate::segment::Memory;
 use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
-use cairn_proto::message::{Request, Response};
-use std::sync::Arc;
+use cairn_proto::frame::Prefix;
+use cairn_proto::message::{Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
 use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Checks a data request whose frame announced `payload_len` payload bytes.
+pub fn check(req: &Request, payload_len: u64) -> Result<()> {
+    match req {
+        Request::Put { id, region, elem, shard, from, .. } => {
+            // A same-node put names the bytes in the client's memory instead of sending them.
+            let len = match from {
+                Some(runs) if payload_len == 0 => runs_len(runs)?,
+                Some(_) => return Err(Error::InvalidArgument("a same-node put names client memory and carries no payload".into())),
+                None => payload_len,
+            };
+            piece_fits(*id, region, *elem, *shard, len)
+        }
+        Request::PutMany { objects, from, leases, .. } => {
+            if objects.is_empty() || objects.len() > MAX_PUT_MANY {
+                return Err(Error::InvalidArgument(format!("a put_many of {} objects: send 1 to {MAX_PUT_MANY}", objects.len())));
+            }
+            let total = objects.iter().try_fold(0u64, |total, o| {
+                o.region.volume().checked_mul(u64::from(o.elem)).filter(|_| o.elem > 0).and_then(|n| total.checked_add(n))
+            });
+            if let Some(leases) = leases {
+                // Each object's size is checked against its lease's when it is taken.
+                return if leases.len() != objects.len() || from.is_some() || payload_len > 0 || total.is_none() {
+                    Err(Error::InvalidArgument(format!(
+                        "a put_many into leases names one lease per object ({} for {}), and neither client memory nor a payload",
+                        leases.len(),
+                        objects.len()
+                    )))
+                } else {
+                    Ok(())
+                };
+            }
+            let len = match from {
+                Some(runs) if payload_len == 0 => runs_len(runs)?,
+                Some(_) => return Err(Error::InvalidArgument("a same-node put_many names client memory and carries no payload".into())),
+                None => payload_len,
+            };
+            if total != Some(len) {
+                return Err(Error::InvalidArgument(format!(
+                    "a put_many whose objects' boxes add up to {total:?} bytes carries {len}: each object's bytes must follow in order"
+                )));
+            }
+            Ok(())
+        }
+        other => {
+            no_payload(&other.op_name(), payload_len)?;
+            match other {
+                Request::Lease { sizes, release } if sizes.len() > MAX_PUT_MANY || release.len() > MAX_PUT_MANY || sizes.contains(&0) => {
+                    Err(Error::InvalidArgument(format!(
+                        "a lease of {} segments (giving back {}): ask for 0 to {MAX_PUT_MANY}, each of at least one byte",
+                        sizes.len(),
+                        release.len()
+                    )))
+                }
+                Request::Get { into: Some(runs), .. } => runs_len(runs).map(|_| ()),
+                Request::Attach { len, .. } if *len == 0 || *len > MAX_ATTACH_PROBE => {
+                    Err(Error::InvalidArgument(format!("a same-node probe of {len} bytes: give 1 to {MAX_ATTACH_PROBE}")))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// A piece of `len` bytes fits object `id`'s box: a whole copy is exactly its bytes, a shard at
+/// most its object's bytes (at least 1: an empty object's shards).
+pub fn piece_fits(id: u64, region: &Region, elem: u32, shard: u32, len: u64) -> Result<()> {
+    let fits = |want: u64| if shard == 0 { want == len } else { len >= 1 && len <= want.max(1) };
+    region.volume().checked_mul(u64::from(elem)).filter(|want| fits(*want) && elem > 0).map(|_| ()).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "object {id:#x} (shard {shard}): payload of {len} bytes does not match its box {:?} of {elem}-byte elements",
+            region.count
+        ))
+    })
+}
+
+/// Runs a checked data request.
+pub async fn apply<S: AsyncRead + Unpin>(
+    state: &State,
+    req: Request,
+    p: Prefix,
+    stream: &mut S,
+    local: &mut Option<Local>,
+) -> Result<Reply> {
+    let bound = local.as_ref().map(Local::peer).transpose();
+    let plain = |r: Result<Response>| r.map(Reply::Plain);
+    if matches!(req, Request::Put { .. } | Request::PutMany { .. } | Request::Get { .. }) {
+        if let Err(e) = state.check_member() {
+            discard(stream, p.payload_len).await?;
+            return Err(e);
+        }
+    }
+    match req {
+        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, from } => {
+            let h = PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed: false };
+            match from {
+                Some(runs) => plain(put_local(state, bound?, &runs, h)),
+                None => plain(put(state, stream, p.payload_len, h).await),
+            }
+        }
+        Request::PutMany { dataset, step, session, writer, objects, from, leases } => {
+            let headers = objects
+                .into_iter()
+                .map(|o| PutHeader {
+                    dataset: dataset.clone(),
+                    step,
+                    session: session.clone(),
+                    var: o.var,
+                    id: o.id,
+                    region: o.region,
+                    elem: o.elem,
+                    checksum: o.checksum,
+                    copy: o.copy,
+                    writer,
+                    shard: 0,
+                    sealed: false,
+                })
+                .collect();
+            match (from, leases) {
+                (_, Some(ids)) => plain(put_leased(state, local.as_mut(), &ids, headers)),
+                (Some(runs), None) => plain(put_many_local(state, bound?, &runs, headers)),
+                (None, None) => plain(put_many(state, stream, p.payload_len, headers).await),
+            }
+        }
+        Request::Lease { sizes, release } => {
+            let local = local.as_mut().ok_or_else(crate::cma::not_local)?;
+            plain(local.lease(&sizes, &release).map(|leases| Response::Leased { pid: std::process::id(), leases }))
+        }
+        Request::Get { dataset, step, id, want, shard, into } => {
+            let reply = get(state, &dataset, step, (id, shard), &want)?;
+            match into {
+                Some(runs) => deliver_local(state, bound?, &runs, reply),
+                None => Ok(reply),
+            }
+        }
+        Request::Attach { addr, len, checksum } => {
+            plain(bound?.ok_or_else(crate::cma::not_local)?.probe(addr, len, checksum).map(|()| Response::Ok))
+        }
+        req @ Request::Drop { .. } => plain(seal_or_drop(state, req).map(|_| Response::Ok)),
+        other => Err(super::misrouted("data", &other.op_name())),
+    }
+}
 
 // A payload that stalls fails the read by the connection's deadline (`Deadline`): the
 // reservation is dropped with it, so a stalled upload cannot hold space.
-
-/// The header fields of a put.
-#[derive(Debug, Clone)]
-pub struct PutHeader {
-    /// Dataset.
-    pub dataset: String,
-    /// Step.
-    pub step: u64,
-    /// Writer session.
-    pub session: String,
-    /// Variable.
-    pub var: String,
-    /// Object id.
-    pub id: u64,
-    /// Its box.
-    pub region: Region,
-    /// Element size.
-    pub elem: u32,
-    /// crc32c of the payload.
-    pub checksum: u32,
-    /// Which copy it is.
-    pub copy: u32,
-    /// Writer rank.
-    pub writer: u32,
-    /// 0 for a whole copy, `i + 1` for shard `i`.
-    pub shard: u32,
-    /// Stored sealed (an encoder's shard of a committed object).
-    pub sealed: bool,
-}
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
 pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: PutHeader) -> Result<Response> {
     let (reservation, mut data) = match state.store.reserve_buffer(len as usize) {
         Ok(r) => r,
         Err(e) => {
-            crate::handler::discard(stream, len).await?;
+            discard(stream, len).await?;
             return Err(e);
         }
     };
@@ -78,7 +195,7 @@ pub fn put_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], h: Pu
 /// Stores the objects of a same-node put_many from the segments leased to the client
 /// (`ids[i]` holds object `i`), which become their memory: no copy here. The checksums are the
 /// writer's, computed as it filled the segments; readers verify them.
-pub fn put_leased(state: &State, peer: Option<&mut crate::segment::Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
+pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
     let peer = peer.ok_or_else(crate::cma::not_local)?;
     for (i, (h, id)) in headers.into_iter().zip(ids).enumerate() {
         let len = item_len(&h);
@@ -165,78 +282,6 @@ pub fn deliver_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], r
             Ok(Reply::Plain(resp))
         }
         plain => Ok(plain),
-    }
-}
-
-/// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
-/// the header's crc32c, consuming the reservation of their space.
-pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
-    let crc = cairn_core::checksum::crc(&data);
-    store_checked(state, h, Memory::Heap(data), crc, reservation)
-}
-
-/// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
-fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
-    if crc != h.checksum {
-        // Never the crc of what arrived: of bytes read from a client's memory, it would tell
-        // the client something of memory it named (issue 40).
-        return Err(Error::Corrupt(format!(
-            "object {:#x} of '{}' arrived damaged (its crc32c is not the {:#x} the sender computed); put it again",
-            h.id, h.var, h.checksum
-        )));
-    }
-    let obj = crate::store::Object {
-        var: h.var,
-        region: h.region,
-        elem: h.elem,
-        session: h.session,
-        writer: h.writer,
-        checksum: crc,
-        data: Arc::new(data),
-        sealed: h.sealed,
-        copy: h.copy,
-    };
-    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)
-}
-
-impl PutHeader {
-    /// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
-    /// held here as `o`, on another server or here: sealed, with `o`'s checksum and copy 0 until
-    /// the caller sets the piece's own.
-    pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, shard: u32) -> PutHeader {
-        PutHeader {
-            dataset: dataset.to_string(),
-            step,
-            session: o.session.clone(),
-            var: o.var.clone(),
-            id,
-            region: o.region.clone(),
-            elem: o.elem,
-            checksum: o.checksum,
-            copy: 0,
-            writer: o.writer,
-            shard,
-            sealed: true,
-        }
-    }
-
-    /// The put request carrying this header (to another server).
-    pub fn request(&self) -> Request {
-        Request::Put {
-            dataset: self.dataset.clone(),
-            step: self.step,
-            session: self.session.clone(),
-            var: self.var.clone(),
-            id: self.id,
-            region: self.region.clone(),
-            elem: self.elem,
-            checksum: self.checksum,
-            copy: self.copy,
-            writer: self.writer,
-            shard: self.shard,
-            sealed: self.sealed,
-            from: None,
-        }
     }
 }
 

@@ -1,15 +1,72 @@
-//! Keyed values: put (space reserved before the payload is read, as for objects), get, delete.
+//! Keyed values: put (space reserved before the payload is read, as for objects), get, delete;
+//! and compare-and-set values kept in the control plane's log (`cairn.tasks`' claims).
 
-use super::{Payload, Reply};
+use super::check::{check_batch, check_key, check_keys, no_payload};
+use crate::control::Control;
+use crate::reply::{discard, Payload, Reply};
 use crate::state::State;
 use cairn_core::{Error, Result};
-use cairn_proto::message::Response;
+use cairn_proto::frame::Prefix;
+use cairn_proto::message::{Request, Response, MAX_CAS_VALUE};
+use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// Stores a batch of values or set members (checked by [`super::check`]): the whole payload's
+/// Checks a keyed-value request whose frame announced `payload_len` payload bytes.
+pub fn check(req: &Request, payload_len: u64) -> Result<()> {
+    match req {
+        Request::KvPut { keys, sizes, .. } => check_batch(keys, sizes, payload_len),
+        Request::MetaCas { key, delete, call, .. } => {
+            check_key(key)?;
+            // Call ids are kept by the control plane (4096 of them): short ones only.
+            if call.as_ref().is_some_and(|o| o.is_empty() || o.len() > 64) {
+                return Err(Error::InvalidArgument("a compare-and-set call id must have 1 to 64 bytes".into()));
+            }
+            if payload_len > MAX_CAS_VALUE || (*delete && payload_len > 0) {
+                return Err(Error::InvalidArgument(format!(
+                    "a compare-and-set value of {payload_len} bytes: at most {MAX_CAS_VALUE}, and none with delete; \
+                     keep bulk values in kv_put"
+                )));
+            }
+            Ok(())
+        }
+        other => {
+            no_payload(&other.op_name(), payload_len)?;
+            match other {
+                Request::KvGet { keys, .. } | Request::KvDelete { keys, .. } => check_keys(keys),
+                Request::MetaGet { key } => check_key(key),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Runs a checked keyed-value request.
+pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
+    let state = &ctl.state;
+    if matches!(req, Request::KvPut { .. } | Request::KvGet { .. }) {
+        if let Err(e) = state.check_member() {
+            discard(stream, p.payload_len).await?;
+            return Err(e);
+        }
+    }
+    match req {
+        Request::KvPut { keys, sizes, member } => put(state, stream, p.payload_len, keys, sizes, member).await.map(Reply::Plain),
+        Request::KvGet { keys, members } => get(state, &keys, members),
+        Request::KvDelete { keys, prefix } => Ok(Reply::Plain(Response::Deleted { count: state.kv.delete(&state.store, &keys, prefix) })),
+        Request::MetaCas { key, expect, delete, call } => {
+            let mut value = vec![0u8; p.payload_len as usize];
+            stream.read_exact(&mut value).await.map_err(|e| Error::io("reading a compare-and-set value", e))?;
+            crate::control::raft::cas(&ctl.gate, key, expect, (!delete).then_some(value), call).await.map(Reply::Plain)
+        }
+        Request::MetaGet { key } => crate::control::raft::cas_get(&ctl.gate, &key).await,
+        other => Err(super::misrouted("kv", &other.op_name())),
+    }
+}
+
+/// Stores a batch of values or set members (checked by [`check`]): the whole payload's
 /// space is reserved before it is read, so a batch is stored whole or not at all. On a refusal the payload is read and
 /// discarded so the connection stays usable.
-pub async fn put<S: AsyncRead + Unpin>(
+async fn put<S: AsyncRead + Unpin>(
     state: &State,
     stream: &mut S,
     len: u64,
@@ -20,7 +77,7 @@ pub async fn put<S: AsyncRead + Unpin>(
     let reservation = match state.store.reserve(len) {
         Ok(r) => r,
         Err(e) => {
-            crate::handler::discard(stream, len).await?;
+            discard(stream, len).await?;
             return Err(e);
         }
     };
@@ -40,7 +97,7 @@ pub async fn put<S: AsyncRead + Unpin>(
 
 /// The values (or members) of `keys`, back to back; a reply larger than the server's reply bound
 /// is refused before anything is copied.
-pub fn get(state: &State, keys: &[String], members: bool) -> Result<Reply> {
+fn get(state: &State, keys: &[String], members: bool) -> Result<Reply> {
     let (sizes, bytes) = state.kv.get(keys, members, state.store.max_reply())?;
     Ok(Reply::WithPayload(Response::Values { sizes }, Payload::Owned(bytes)))
 }

@@ -4,13 +4,13 @@
 //! reads query the applied state of the leader. A step is visible once its `Commit` entry is
 //! committed by a majority, never before; `wait_step` callers on the leader wake when it is.
 
-use crate::state::lock;
+use crate::sync::lock;
 use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_meta::claims::Claimed;
 use cairn_meta::log::query;
 use cairn_meta::{Cmd, MetaLog, Outcome};
-use cairn_proto::message::{CommitTimes, Share};
+use cairn_proto::message::{Abort, ClaimLease, CommitTimes, Release, Share};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -113,7 +113,7 @@ impl Meta {
         if free.is_none() && !finished {
             return Ok(Claimed { step: None, done: false });
         }
-        let cmd = Cmd::Claim { dataset: dataset.to_string(), claimer: claimer.to_string(), now_ms, lease_ms };
+        let cmd = Cmd::Claim { lease: ClaimLease { dataset: dataset.to_string(), claimer: claimer.to_string(), lease_ms }, now_ms };
         match self.batcher.propose(log, cmd).await? {
             Outcome::Claimed(c) => Ok(c),
             other => Err(unexpected_outcome("claim", &other)),
@@ -122,7 +122,8 @@ impl Meta {
 
     /// Extends `claimer`'s leases on `dataset`; returns the steps it still holds.
     pub async fn renew(&self, log: &dyn MetaLog, dataset: &str, claimer: &str, lease_ms: u64) -> Result<Vec<u64>> {
-        let cmd = Cmd::Renew { dataset: dataset.to_string(), claimer: claimer.to_string(), now_ms: now_ms(), lease_ms };
+        let cmd =
+            Cmd::Renew { lease: ClaimLease { dataset: dataset.to_string(), claimer: claimer.to_string(), lease_ms }, now_ms: now_ms() };
         match self.batcher.propose(log, cmd).await? {
             Outcome::Held { steps } => Ok(steps),
             other => Err(unexpected_outcome("renew", &other)),
@@ -149,7 +150,7 @@ impl Meta {
     /// Forgets a step that will not commit; returns the servers that may hold its objects (none
     /// when the step was no longer prepared: another finisher committed or aborted it).
     pub async fn abort(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str, reason: &str) -> Result<Vec<u32>> {
-        let cmd = Cmd::Abort { dataset: dataset.to_string(), step, session: session.to_string(), reason: reason.to_string() };
+        let cmd = Cmd::Abort(Abort { dataset: dataset.to_string(), step, session: session.to_string(), reason: reason.to_string() });
         match self.batcher.propose(log, cmd).await? {
             Outcome::Aborted { servers } => Ok(servers),
             other => Err(unexpected_outcome("abort", &other)),
@@ -181,7 +182,7 @@ impl Meta {
 
     /// Removes a committed step; returns its index so its objects can be freed.
     pub async fn release(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Arc<StepIndex>> {
-        let index = match self.batcher.propose(log, Cmd::Release { dataset: dataset.to_string(), step }).await? {
+        let index = match self.batcher.propose(log, Cmd::Release(Release { dataset: dataset.to_string(), step })).await? {
             Outcome::Released { index } => index,
             other => return Err(unexpected_outcome("release", &other)),
         };

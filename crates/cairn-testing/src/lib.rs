@@ -2,14 +2,15 @@
 //! runtime thread, and any of them can be killed (its runtime and every connection dropped at
 //! once, its memory lost, as with SIGKILL) and restarted empty on the same address.
 
-use crate::server::{run, Listeners};
-use crate::state::{Limits, State};
 use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{write_private, ClusterFile, ServerEntry};
-use cairn_proto::message::{refused, Envelope, Request, Response};
+use cairn_proto::message::{refused, Envelope, Request, Response, Role, ViewChange};
 use cairn_proto::sync_io::Stream;
 use cairn_proto::ClusterView;
+use cairn_server::control::{Control, MetaOptions};
+use cairn_server::server::{run, Listeners};
+use cairn_server::state::{Limits, State};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,28 +18,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// A cluster view of `active` servers and `spares` spares (ids in that order), one node each,
-/// for unit tests of view changes.
-pub fn view(active: u32, spares: u32) -> ClusterView {
-    let servers = (0..active + spares)
-        .map(|id| ServerEntry {
-            spec: ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: id >= active },
-            addr: String::new(),
-            unix: None,
-            host: "h".into(),
-            pid: 0,
-            memory: 1,
-        })
-        .collect();
-    ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
-}
-
 /// One running server of a [`TestCluster`].
 #[derive(Debug)]
 struct Running {
     stop: oneshot::Sender<()>,
     thread: JoinHandle<()>,
-    state: Arc<State>,
+    ctl: Arc<Control>,
 }
 
 /// Servers `0..n` (the last `spares` of them spares) on loopback, with a cluster file in a
@@ -51,7 +36,7 @@ pub struct TestCluster {
     secret: String,
     memory: u64,
     limits: Limits,
-    meta: crate::control::MetaOptions,
+    meta: MetaOptions,
     addrs: Vec<SocketAddr>,
     servers: Vec<Option<Running>>,
 }
@@ -98,7 +83,7 @@ impl TestCluster {
         }
         let cluster = ClusterFile { secret: secret.clone(), servers: entries, redundancy };
         write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
-        let meta = crate::control::MetaOptions { servers: meta, ..Default::default() };
+        let meta = MetaOptions { servers: meta, ..Default::default() };
         let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };
         for (id, (addr, l)) in listeners.into_iter().enumerate() {
             c.addrs.push(addr);
@@ -114,19 +99,20 @@ impl TestCluster {
     /// Runs server `id` on `listener`, or on a new listener at its address (a restart, whose
     /// control-plane replica rejoins under a new node id).
     fn launch(&self, id: u32, listener: Option<std::net::TcpListener>) -> Result<Running> {
-        let meta = crate::control::MetaOptions { rejoin: listener.is_none(), ..self.meta };
+        let meta = MetaOptions { rejoin: listener.is_none(), ..self.meta };
         if let Some(l) = &listener {
             l.set_nonblocking(true).map_err(|e| Error::io("configuring a test listener", e))?;
         }
         let addr = self.addrs[id as usize];
-        let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone(), meta);
+        let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone());
+        let ctl = Control::new(state, meta);
         let (stop, stopped) = oneshot::channel::<()>();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| Error::io("starting a test runtime", e))?;
-        let st = state.clone();
+        let c = ctl.clone();
         let sock = Self::sock(&self.dir, id);
         let _ = std::fs::remove_file(&sock);
         let (tcp, unix) = rt
@@ -146,20 +132,25 @@ impl TestCluster {
             .map_err(|e| Error::io(format!("listening on {addr}"), e))?;
         let thread = std::thread::spawn(move || {
             rt.block_on(async move {
-                crate::control::start(st.clone());
-                run(st, Listeners { tcp, unix: Some(unix) }, async {
+                c.start();
+                run(c, Listeners { tcp, unix: Some(unix) }, async {
                     let _ = stopped.await;
                 })
                 .await;
             });
             // Dropping the runtime here drops every task still holding a connection.
         });
-        Ok(Running { stop, thread, state })
+        Ok(Running { stop, thread, ctl })
     }
 
     /// The state of a running server (to look at its store or view).
     pub fn state(&self, id: u32) -> Option<&Arc<State>> {
-        self.servers.get(id as usize)?.as_ref().map(|r| &r.state)
+        self.servers.get(id as usize)?.as_ref().map(|r| &r.ctl.state)
+    }
+
+    /// The control plane's services of a running server.
+    pub fn control(&self, id: u32) -> Option<&Arc<Control>> {
+        self.servers.get(id as usize)?.as_ref().map(|r| &r.ctl)
     }
 
     /// The address of server `id`.
@@ -190,7 +181,7 @@ impl TestCluster {
         let start = Instant::now();
         loop {
             let lead = (0..self.servers.len() as u32)
-                .find(|id| self.state(*id).and_then(|s| s.control.get()).is_some_and(|l| l.role().0 == "leader"));
+                .find(|id| self.control(*id).and_then(|c| c.gate.get()).is_some_and(|l| l.role().0 == "leader"));
             if let Some(l) = lead {
                 return Ok(l);
             }
@@ -204,15 +195,15 @@ impl TestCluster {
     /// Cuts server `id` off from the other meta servers (`true`) or heals it: its Raft messages
     /// in and out are dropped, as in a network partition; clients still reach it.
     pub fn partition(&self, id: u32, cut: bool) {
-        if let Some(s) = self.state(id) {
-            s.raft_cut.store(cut, std::sync::atomic::Ordering::Relaxed);
+        if let Some(c) = self.control(id) {
+            c.gate.set_cut(cut);
         }
     }
 
     /// Proposes `view` (the next epoch) at the leader, as `cairn` admin tools do.
     pub fn set_view(&self, view: &ClusterView) -> Result<()> {
         let mut conn = RawConn::open(&self.addr(self.leader(Duration::from_secs(10))?).to_string(), &self.secret)?;
-        conn.call(None, &Request::SetView { view: view.clone() }, &[])?.into_result().map(|_| ())
+        conn.call(None, &Request::SetView(ViewChange { view: view.clone() }), &[])?.into_result().map(|_| ())
     }
 
     /// Waits until every running server holds a view of epoch `epoch` or newer.
@@ -256,11 +247,16 @@ pub struct RawConn {
 }
 
 impl RawConn {
-    /// Connects to `addr` over TCP and answers its challenge with `secret`.
+    /// Connects to `addr` over TCP and answers its challenge with `secret`, as a client.
     pub fn open(addr: &str, secret: &str) -> Result<RawConn> {
+        RawConn::open_as(addr, secret, Role::Client)
+    }
+
+    /// Connects to `addr` over TCP as `role` (a peer may send peer and Raft requests).
+    pub fn open_as(addr: &str, secret: &str, role: Role) -> Result<RawConn> {
         let stream = std::net::TcpStream::connect(addr).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: Stream::Tcp(stream) }.hello(secret)
+        RawConn { stream: Stream::Tcp(stream) }.hello(secret, role)
     }
 
     /// Connects to server `id`'s Unix socket in `cluster` and answers its challenge.
@@ -272,20 +268,21 @@ impl RawConn {
     pub fn open_unix_path(path: &Path, secret: &str) -> Result<RawConn> {
         let stream = std::os::unix::net::UnixStream::connect(path).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: Stream::Unix(stream) }.hello(secret)
+        RawConn { stream: Stream::Unix(stream) }.hello(secret, Role::Client)
     }
 
-    fn hello(mut self, secret: &str) -> Result<RawConn> {
+    fn hello(mut self, secret: &str, role: Role) -> Result<RawConn> {
         let (challenge, _) = self.recv()?;
         let Response::Challenge { nonce, .. } = challenge else { return Err(refused("connect", challenge)) };
         let mac = cairn_proto::auth::answer(secret, &nonce);
-        self.call(None, &Request::Hello { client: "test".into(), mac }, &[])?.into_result()?;
+        self.call(None, &Request::Hello { client: "test".into(), mac, role }, &[])?.into_result()?;
         Ok(self)
     }
 
-    /// Sends one request and reads its reply and the reply's payload.
-    pub fn call(&mut self, epoch: Option<u64>, req: &Request, payload: &[&[u8]]) -> Result<Response> {
-        cairn_proto::sync_io::write_frame(&mut self.stream, &Envelope { epoch, req: req.clone() }, payload)?;
+    /// Sends one request (a client's, or on a peer's connection any server's) and reads its
+    /// reply and the reply's payload.
+    pub fn call<R: serde::Serialize>(&mut self, epoch: Option<u64>, req: &R, payload: &[&[u8]]) -> Result<Response> {
+        cairn_proto::sync_io::write_frame(&mut self.stream, &Envelope { epoch, req }, payload)?;
         Ok(self.recv()?.0)
     }
 

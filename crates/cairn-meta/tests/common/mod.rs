@@ -2,8 +2,8 @@
 //! handle. A node can be cut off (both directions, as a partition or a hung host would) and
 //! healed, so tests exercise elections, lost quorums and catching up with no sockets.
 
-use super::node::RaftLog;
-use super::types::{MetaNode, MetaTypes, NodeId, Snapshot, Vote};
+use cairn_meta::raft::types::{MetaNode, MetaTypes, NodeId, Snapshot, Vote};
+use cairn_meta::raft::RaftLog;
 use openraft::error::{Fatal, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
@@ -15,7 +15,7 @@ type RpcError = RPCError<NodeId, MetaNode, RaftError<NodeId>>;
 
 /// The nodes of one process and which of them are cut off.
 #[derive(Clone, Default)]
-pub struct LocalNet {
+pub(crate) struct LocalNet {
     nodes: Arc<Mutex<BTreeMap<NodeId, RaftLog>>>,
     cut: Arc<Mutex<BTreeSet<NodeId>>>,
 }
@@ -30,27 +30,27 @@ impl std::fmt::Debug for LocalNet {
 impl LocalNet {
     /// Makes `log` reachable as node `id`; appends reach it as a server's do
     /// ([`RaftLog::append`], which notes the leader's contact).
-    pub fn add(&self, id: NodeId, log: RaftLog) {
+    pub(crate) fn add(&self, id: NodeId, log: RaftLog) {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, log);
     }
 
     /// Removes node `id` (it crashed).
-    pub fn remove(&self, id: NodeId) -> Option<RaftLog> {
+    pub(crate) fn remove(&self, id: NodeId) -> Option<RaftLog> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id)
     }
 
     /// Cuts node `id` off: nothing it sends arrives, nothing reaches it.
-    pub fn cut(&self, id: NodeId) {
+    pub(crate) fn cut(&self, id: NodeId) {
         self.cut.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
     }
 
     /// Reconnects node `id`.
-    pub fn heal(&self, id: NodeId) {
+    pub(crate) fn heal(&self, id: NodeId) {
         self.cut.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 
     /// The network as node `from` sees it.
-    pub fn endpoint(&self, from: NodeId) -> LocalEndpoint {
+    pub(crate) fn endpoint(&self, from: NodeId) -> LocalEndpoint {
         LocalEndpoint { net: self.clone(), from }
     }
 
@@ -71,14 +71,14 @@ impl LocalNet {
 
 /// One node's side of the network (a factory of connections to the others).
 #[derive(Debug, Clone)]
-pub struct LocalEndpoint {
+pub(crate) struct LocalEndpoint {
     net: LocalNet,
     from: NodeId,
 }
 
 /// A connection from one node to another.
 #[derive(Debug)]
-pub struct LocalConn {
+pub(crate) struct LocalConn {
     net: LocalNet,
     from: NodeId,
     to: NodeId,

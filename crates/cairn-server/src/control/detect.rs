@@ -3,55 +3,84 @@
 //! longer than `failure_timeout` (dead, hung, or cut off) is declared down in a new view epoch,
 //! and the first answering spare takes its slot in the same view change, so placement moves
 //! nothing else. A down server that answers again is sent the current view, which wipes its
-//! memory ([`crate::state::State::adopt`]); once it reports that view, it rejoins as a new member
+//! memory ([`crate::state::State::install`]); once it reports that view, it rejoins as a new member
 //! (its slot back if no spare took it, else a spare). A newly elected leader counts silence from
 //! its election, so a member is never declared down for a previous leader's missing probes.
 
+use super::gate::Gate;
+use super::recovery::Recovery;
+use super::views::Views;
+use super::worker::{Next, Worker};
 use crate::state::State;
-use cairn_proto::message::{Request, Response};
+use crate::sync::lock;
+use cairn_proto::message::{PeerRequest, Request, Response};
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Runs until shutdown on every meta server; probes only while this server leads.
-pub async fn run(state: Arc<State>) {
-    let timeout = state.limits.failure_timeout;
-    let period = (timeout / 4).max(Duration::from_millis(20));
-    let mut heard: HashMap<u32, Instant> = HashMap::new();
-    let mut leading_since: Option<Instant> = None;
-    let mut shutdown = state.shutdown.subscribe();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.recv() => return,
-        }
-        let Ok(view) =
-            (if crate::control::leader(&state).is_ok() { state.view() } else { Err(cairn_core::Error::Unavailable(String::new())) })
-        else {
-            leading_since = None;
-            heard.clear();
-            continue;
+/// The failure detector of a meta server: probes only while it leads.
+#[derive(Debug)]
+pub struct Detector {
+    state: Arc<State>,
+    gate: Arc<Gate>,
+    views: Arc<Views>,
+    recovery: Arc<Recovery>,
+    worker: Worker,
+    /// When each member last answered, and since when this server leads.
+    heard: Mutex<(HashMap<u32, Instant>, Option<Instant>)>,
+}
+
+impl Detector {
+    /// The detector of the server with `state`.
+    pub fn new(state: Arc<State>, gate: Arc<Gate>, views: Arc<Views>, recovery: Arc<Recovery>) -> Detector {
+        Detector { state, gate, views, recovery, worker: Worker::default(), heard: Mutex::default() }
+    }
+
+    /// Probes four times per failure timeout until shutdown.
+    pub fn start(self: &Arc<Self>) {
+        let period = (self.state.limits.failure_timeout / 4).max(Duration::from_millis(20));
+        let me = self.clone();
+        self.worker.start(self.state.shutdown.subscribe(), move || {
+            let me = me.clone();
+            async move {
+                tokio::time::sleep(period).await;
+                me.round().await;
+                Next::Again
+            }
+        });
+    }
+
+    async fn round(&self) {
+        let state = &self.state;
+        let timeout = state.limits.failure_timeout;
+        let Ok(view) = (if self.gate.leader().is_ok() { state.view() } else { Err(cairn_core::Error::Unavailable(String::new())) }) else {
+            *lock(&self.heard) = (HashMap::new(), None);
+            return;
         };
-        let since = *leading_since.get_or_insert_with(Instant::now);
-        let epochs = probe(&state, &view, timeout / 2).await;
+        let since = *lock(&self.heard).1.get_or_insert_with(Instant::now);
+        let epochs = probe(state, &view, timeout / 2).await;
         let now = Instant::now();
-        for id in epochs.keys() {
-            heard.insert(*id, now);
-        }
+        let heard = {
+            let mut h = lock(&self.heard);
+            for id in epochs.keys() {
+                h.0.insert(*id, now);
+            }
+            h.0.clone()
+        };
         let silent = |id| now.duration_since(heard.get(&id).copied().unwrap_or(since)) > timeout;
-        if let Some(next) = next_view(&view, state.id, &epochs, silent, |id| state.recovery.still_named(&state, id)) {
+        if let Some(next) = next_view(&view, state.id, &epochs, silent, |id| self.recovery.still_named(id)) {
             let what = describe(&view, &next);
-            match crate::views::set_view(&state, next).await {
+            match self.views.set_view(next).await {
                 Ok(_) => eprintln!("cairn server {}: {what}", state.id),
                 Err(e) => eprintln!("cairn server {}: could not record that {what}: {e}", state.id),
             }
-            continue;
+            return;
         }
         // A down server that answers with an older view learns the current one (and empties itself).
         for (id, epoch) in &epochs {
             if view.down.contains(id) && *epoch < view.epoch {
-                let _ = crate::peer::call(&state, *id, &Request::ViewChanged { view: (*view).clone() }).await;
+                let _ = crate::peer::call(state, *id, &PeerRequest::ViewChanged { view: (*view).clone() }).await;
             }
         }
     }
@@ -126,7 +155,7 @@ fn describe(before: &ClusterView, after: &ClusterView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::view;
+    use crate::control::tests::view;
 
     #[test]
     fn a_silent_member_is_replaced_by_an_answering_spare_in_one_epoch() {

@@ -1,0 +1,314 @@
+//! Step commits on the dataset's coordinator (the control plane's leader): collect fragments,
+//! have every server holding objects of the step verify and seal them, then make the step
+//! visible at once; abort, release, and the sweeps and frees that follow.
+
+use super::corec::Corec;
+use super::gate::Gate;
+use super::meta::{Meta, Ready};
+use super::recovery::Recovery;
+use super::worker::{Next, Worker};
+use crate::objects::seal_or_drop;
+use crate::peer;
+use crate::state::State;
+use crate::sync::lock;
+use cairn_core::index::{Fragment, Redundancy, StepIndex};
+use cairn_core::{Error, ErrorKind, Result};
+use cairn_proto::message::{PeerRequest, Request, Response, ServerRequest, Share};
+use cairn_proto::ClusterView;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// The coordinator of step commits.
+#[derive(Debug)]
+pub struct Commits {
+    state: Arc<State>,
+    gate: Arc<Gate>,
+    meta: Arc<Meta>,
+    corec: Arc<Corec>,
+    recovery: Arc<Recovery>,
+    /// Drops of what other sessions left of committed steps, and the worker sending them.
+    sweeps: Mutex<VecDeque<Sweep>>,
+    sweeper: Worker,
+}
+
+/// After a commit: the servers that took no part in it, to drop what other sessions (and the
+/// committing session's unsealed leftovers) left of the step.
+#[derive(Debug)]
+struct Sweep {
+    dataset: String,
+    step: u64,
+    session: String,
+    servers: Vec<u32>,
+}
+
+/// Sends `req` (a seal or drop) to server `to`, or applies it here when `to` is this server.
+async fn on(state: &Arc<State>, to: u32, req: ServerRequest) -> Result<()> {
+    if to == state.id {
+        seal_or_drop(state, req)
+    } else {
+        peer::call(state, to, &req).await.map(|_| ())
+    }
+}
+
+/// Runs `req(server)` on every server in `servers` at once; returns each server's result.
+async fn on_each(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> ServerRequest) -> Vec<(u32, Result<()>)> {
+    let mut set = tokio::task::JoinSet::new();
+    for s in servers {
+        let (state, r) = (state.clone(), req(s));
+        set.spawn(async move { (s, on(&state, s, r).await) });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(x) => out.push(x),
+            Err(e) => out.push((u32::MAX, Err(Error::Unavailable(format!("commit task failed: {e}"))))),
+        }
+    }
+    out
+}
+
+/// Runs `req(server)` on every server in `servers` at once; returns the first error.
+async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> ServerRequest) -> Result<()> {
+    on_each(state, servers, req).await.into_iter().map(|(_, r)| r).find(Result::is_err).unwrap_or(Ok(()))
+}
+
+/// With servers `failed` gone at commit time, whether every object of the step still has its
+/// level's worth elsewhere: readable, and surviving `level - 1` more failures (copies: at least
+/// `max(1, level)` left; shards: at least `k + level - 1`). Else an error naming what is missing.
+fn enough_left(index: &StepIndex, failed: &BTreeSet<u32>) -> Result<()> {
+    let mut short = Vec::new();
+    for b in &index.blocks {
+        let level = index.vars.get(&b.var).map_or(0, |d| d.redundancy);
+        for o in &b.objects {
+            let left = o.servers().iter().filter(|s| !failed.contains(s)).count() as u32;
+            let need = match &o.redundancy {
+                Redundancy::Encoded { k, .. } => k + level.saturating_sub(1),
+                _ => level.max(1),
+            };
+            if left < need {
+                short.push(format!("object {:#x} of '{}' (writer {}) on servers {:?}", o.id, b.var, b.writer, o.servers()));
+            }
+        }
+    }
+    if short.is_empty() {
+        return Ok(());
+    }
+    let more = if short.len() > 5 { format!(" and {} more", short.len() - 5) } else { String::new() };
+    short.truncate(5);
+    let failed: Vec<String> = failed.iter().map(|s| format!("server {s}")).collect();
+    Err(Error::Unavailable(format!(
+        "step {} cannot commit: {} failed while it was being sealed, and these objects kept less than their level's \
+         worth elsewhere: {}{more}; write the step again (placement avoids failed servers once they are replaced), \
+         or raise the variables' redundancy",
+        index.step,
+        failed.join(", "),
+        short.join("; ")
+    )))
+}
+
+/// The (object id, shard) keys the index places on each server: what its seal expects.
+fn keys_by_server(index: &StepIndex) -> BTreeMap<u32, Vec<(u64, u32)>> {
+    let mut out: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+    for o in index.blocks.iter().flat_map(|b| &b.objects) {
+        match &o.redundancy {
+            Redundancy::Encoded { shards, .. } => {
+                for (i, s) in shards.iter().enumerate() {
+                    out.entry(*s).or_default().push((o.id, i as u32 + 1));
+                }
+            }
+            _ => o.holders().into_iter().for_each(|s| out.entry(s).or_default().push((o.id, 0))),
+        }
+    }
+    out
+}
+
+impl Commits {
+    /// The coordinator of the leader on `gate`.
+    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, corec: Arc<Corec>, recovery: Arc<Recovery>) -> Commits {
+        Commits { state, gate, meta, corec, recovery, sweeps: Mutex::default(), sweeper: Worker::default() }
+    }
+
+    /// Records a writer's fragment; the last one commits the step. Only the control plane's leader
+    /// takes fragments (others answer `not_leader`).
+    pub async fn end_step(self: &Arc<Self>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
+        let log = self.gate.leader()?;
+        // Marked from before its fragment is proposed: the leader's sweep of prepared steps must not
+        // take up a step this end of step is about to finish itself.
+        let (step, session) = (frag.step, frag.session.clone());
+        self.meta.start_finishing(dataset, step, &session);
+        let r = async {
+            let Some(ready) = self.meta.add_fragment(log, dataset, frag, shares).await? else {
+                return Ok(Response::Committed { committed: false });
+            };
+            self.finish_once(dataset, &ready, keep_last).await?;
+            Ok(Response::Committed { committed: true })
+        }
+        .await;
+        self.meta.done_finishing(dataset, step, &session);
+        r
+    }
+
+    /// The finalize of a prepared step: every server holding its objects verifies and seals them,
+    /// then the `Commit` entry makes it visible; if a seal fails the step is aborted and its objects
+    /// dropped. A new leader runs this for every step its predecessor left prepared (seals are
+    /// idempotent), so the step ends committed everywhere or invisible everywhere.
+    pub async fn finish(self: &Arc<Self>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
+        let (step, session) = (ready.index.step, ready.session.clone());
+        self.meta.start_finishing(dataset, step, &session);
+        let r = self.finish_once(dataset, ready, keep_last).await;
+        self.meta.done_finishing(dataset, step, &session);
+        r
+    }
+
+    async fn finish_once(self: &Arc<Self>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
+        let state = &self.state;
+        let log = self.gate.leader()?;
+        let view = state.view()?;
+        let (step, session) = (ready.index.step, ready.session.clone());
+        let started = std::time::Instant::now();
+        let keys = keys_by_server(&ready.index);
+        let results = on_each(state, ready.shares.keys().copied(), |s| {
+            let keys = keys.get(&s).cloned().unwrap_or_default();
+            PeerRequest::Seal { dataset: dataset.into(), step, session: session.clone(), keys, bytes: ready.shares[&s].1 }.into()
+        })
+        .await;
+        // Servers that could not be reached (dead or hung) are tolerated when every object still
+        // has its level's worth of copies or shards elsewhere; any other refusal aborts the step.
+        let failed: BTreeSet<u32> =
+            results.iter().filter(|(_, r)| matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable)).map(|(s, _)| *s).collect();
+        let refused = results.into_iter().map(|(_, r)| r).find(|r| matches!(r, Err(e) if e.kind() != ErrorKind::Unavailable));
+        let sealed = match refused {
+            Some(e) => e,
+            None if failed.is_empty() => Ok(()),
+            None => enough_left(&ready.index, &failed),
+        };
+        if let Err(e) = sealed {
+            // The seal failure is what the writer must hear (and every rank that ended the step).
+            self.abort_and_drop(log, dataset, step, &session, &e.to_string()).await;
+            return Err(e);
+        }
+        let seal = started.elapsed();
+        let done = match self.meta.commit(log, dataset, step, &session, keep_last).await {
+            // Refused (what it consumes is gone): it will never commit, so it is aborted like a step
+            // whose seal failed.
+            Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::InvalidArgument) => {
+                self.abort_and_drop(log, dataset, step, &session, &e.to_string()).await;
+                return Err(e);
+            }
+            r => r?,
+        };
+        self.meta.timed(seal, started.elapsed() - seal);
+        self.sweep(dataset, step, &session, &view, ready.shares.keys().copied().collect());
+        self.recovery.committed(dataset, &ready.index);
+        self.corec.committed(dataset, &ready.index, &done.released.iter().map(|i| i.step).collect::<Vec<_>>());
+        for old in done.released {
+            free(state, dataset, &old).await;
+        }
+        for (src, index) in done.consumed {
+            self.corec.released(&src, index.step);
+            free(state, &src, &index).await;
+        }
+        Ok(())
+    }
+
+    /// Aborts a prepared step and drops its objects; the objects stay if the abort did not take
+    /// (another finisher committed the step, or this leader lost its place).
+    async fn abort_and_drop(&self, log: &dyn cairn_meta::MetaLog, dataset: &str, step: u64, session: &str, reason: &str) {
+        if let Ok(servers) = self.meta.abort(log, dataset, step, session, reason).await {
+            let _ = on_all(&self.state, servers, |_| {
+                Request::Drop {
+                    dataset: dataset.into(),
+                    step,
+                    session: Some(session.to_string()),
+                    writer: None,
+                    ids: Vec::new(),
+                    except: None,
+                    shard: None,
+                }
+                .into()
+            })
+            .await;
+        }
+    }
+
+    /// On becoming leader: finishes every step the previous leader left prepared.
+    pub async fn finish_in_flight(self: &Arc<Self>) {
+        let Ok(log) = self.gate.leader() else { return };
+        let prepared = cairn_meta::log::query(log, |s| s.in_flight());
+        for p in prepared.into_iter().filter(|p| !self.meta.is_finishing(&p.dataset, p.index.step, &p.session)) {
+            let ready = Ready { index: p.index, session: p.session, shares: p.shares };
+            if let Err(e) = self.finish(&p.dataset, &ready, None).await {
+                eprintln!("cairn server {}: finishing step {} of '{}' left prepared: {e}", self.state.id, ready.index.step, p.dataset);
+            }
+        }
+    }
+
+    /// After a commit, servers that took no part in it drop what other sessions left of the step
+    /// (a crashed run's objects placed where the restart put none) and the committing session's
+    /// unsealed leftovers (a put that timed out there and was placed again around it); participants
+    /// did so when sealing. In the background (the sweeper): the commit does not wait, and a server
+    /// that is down is skipped.
+    fn sweep(self: &Arc<Self>, dataset: &str, step: u64, session: &str, view: &ClusterView, sealed: BTreeSet<u32>) {
+        let servers: Vec<u32> = view.live().into_iter().filter(|s| !sealed.contains(s)).collect();
+        if servers.is_empty() {
+            return;
+        }
+        lock(&self.sweeps).push_back(Sweep { dataset: dataset.to_string(), step, session: session.to_string(), servers });
+        let me = self.clone();
+        self.sweeper.start(self.state.shutdown.subscribe(), move || {
+            let me = me.clone();
+            async move {
+                let Some(Sweep { dataset, step, session, servers }) = lock(&me.sweeps).pop_front() else { return Next::Idle };
+                let _ = on_all(&me.state, servers, |_| {
+                    Request::Drop {
+                        dataset: dataset.clone(),
+                        step,
+                        session: None,
+                        writer: None,
+                        ids: Vec::new(),
+                        except: Some(session.clone()),
+                        shard: None,
+                    }
+                    .into()
+                })
+                .await;
+                Next::Again
+            }
+        });
+        self.sweeper.wake();
+    }
+
+    /// A writer rank's abort of its session's step: the step aborts for every rank (those that
+    /// ended it learn `reason` from [`outcome`]), and the objects of its fragments are dropped.
+    /// A step no rank ended yet has nothing to abort here (the rank dropped its own objects).
+    pub async fn abort_step(&self, dataset: &str, step: u64, session: &str, reason: &str) -> Result<Response> {
+        let log = self.gate.leader()?;
+        if !self.meta.is_finishing(dataset, step, session) {
+            self.abort_and_drop(log, dataset, step, session, reason).await;
+        }
+        Ok(Response::Ok)
+    }
+
+    /// Releases a committed step.
+    pub async fn release(&self, dataset: &str, step: u64) -> Result<Response> {
+        let index = self.meta.release(self.gate.leader()?, dataset, step).await?;
+        self.corec.released(dataset, step);
+        free(&self.state, dataset, &index).await;
+        Ok(Response::Ok)
+    }
+}
+
+/// Frees the objects of a released step on every server that holds some, before the commit or
+/// release that released it is answered (so the writer's next step finds the space), but without
+/// failing it: the step is gone from the index already, and a server that is down only keeps its
+/// share until it restarts empty.
+async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
+    let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().flat_map(|o| o.servers())).collect();
+    let step = index.step;
+    let drop = |_| {
+        Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None }.into()
+    };
+    if let Err(e) = on_all(state, servers, drop).await {
+        eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
+    }
+}

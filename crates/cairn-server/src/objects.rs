@@ -1,0 +1,126 @@
+//! Objects in the store by request: storing an object or a piece of one (a copy or a shard)
+//! under its header, checked against the crc32c its sender computed (what puts from clients,
+//! shards an encoder cuts and pieces a rebuild decodes all end in), and the seals and drops a
+//! commit sends every server holding a step's objects.
+
+use crate::segment::Memory;
+use crate::state::State;
+use crate::store::Which;
+use cairn_core::{Error, Region, Result};
+use cairn_proto::message::{PeerRequest, Request, ServerRequest};
+use std::sync::Arc;
+
+/// The header fields of a put.
+#[derive(Debug, Clone)]
+pub struct PutHeader {
+    /// Dataset.
+    pub dataset: String,
+    /// Step.
+    pub step: u64,
+    /// Writer session.
+    pub session: String,
+    /// Variable.
+    pub var: String,
+    /// Object id.
+    pub id: u64,
+    /// Its box.
+    pub region: Region,
+    /// Element size.
+    pub elem: u32,
+    /// crc32c of the payload.
+    pub checksum: u32,
+    /// Which copy it is.
+    pub copy: u32,
+    /// Writer rank.
+    pub writer: u32,
+    /// 0 for a whole copy, `i + 1` for shard `i`.
+    pub shard: u32,
+    /// Stored sealed (an encoder's shard of a committed object).
+    pub sealed: bool,
+}
+
+/// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
+/// the header's crc32c, consuming the reservation of their space.
+pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
+    let crc = cairn_core::checksum::crc(&data);
+    store_checked(state, h, Memory::Heap(data), crc, reservation)
+}
+
+/// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
+pub fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
+    if crc != h.checksum {
+        // Never the crc of what arrived: of bytes read from a client's memory, it would tell
+        // the client something of memory it named (issue 40).
+        return Err(Error::Corrupt(format!(
+            "object {:#x} of '{}' arrived damaged (its crc32c is not the {:#x} the sender computed); put it again",
+            h.id, h.var, h.checksum
+        )));
+    }
+    let obj = crate::store::Object {
+        var: h.var,
+        region: h.region,
+        elem: h.elem,
+        session: h.session,
+        writer: h.writer,
+        checksum: crc,
+        data: Arc::new(data),
+        sealed: h.sealed,
+        copy: h.copy,
+    };
+    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)
+}
+
+impl PutHeader {
+    /// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
+    /// held here as `o`, on another server or here: sealed, with `o`'s checksum and copy 0 until
+    /// the caller sets the piece's own.
+    pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, shard: u32) -> PutHeader {
+        PutHeader {
+            dataset: dataset.to_string(),
+            step,
+            session: o.session.clone(),
+            var: o.var.clone(),
+            id,
+            region: o.region.clone(),
+            elem: o.elem,
+            checksum: o.checksum,
+            copy: 0,
+            writer: o.writer,
+            shard,
+            sealed: true,
+        }
+    }
+
+    /// The request storing this piece on another server.
+    pub fn request(&self) -> PeerRequest {
+        PeerRequest::Piece {
+            dataset: self.dataset.clone(),
+            step: self.step,
+            session: self.session.clone(),
+            var: self.var.clone(),
+            id: self.id,
+            region: self.region.clone(),
+            elem: self.elem,
+            checksum: self.checksum,
+            copy: self.copy,
+            writer: self.writer,
+            shard: self.shard,
+        }
+    }
+}
+
+/// Applies a seal or drop to this server's store, whether it came from a client, a peer or
+/// this server itself.
+pub fn seal_or_drop(state: &State, req: impl Into<ServerRequest>) -> Result<()> {
+    match req.into() {
+        ServerRequest::Peer(PeerRequest::Seal { dataset, step, session, keys, bytes }) => {
+            state.store.seal(&dataset, step, &session, &keys, bytes)
+        }
+        ServerRequest::Client(Request::Drop { dataset, step, session, writer, ids, except, shard }) => {
+            let which = Which { session: session.as_deref(), writer, ids: &ids, except: except.as_deref(), shard };
+            state.store.drop_objects(&dataset, step, &which);
+            Ok(())
+        }
+        other => Err(Error::InvalidArgument(format!("expected a seal or drop request, got {}", other.op_name()))),
+    }
+}
