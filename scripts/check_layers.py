@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-TOP = {"admission": 3, "handler": 3, "server": 3, "serve": 4, "lib": 5}
+TOP = {"admission": 3, "handler": 3, "server": 3, "serve": 4, "settings": 4, "lib": 5}
 LAYER_NAMES = {0: "data plane", 1: "control plane", 2: "requests", 3: "connections", 4: "process start", 5: "crate root"}
 
 

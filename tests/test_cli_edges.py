@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import cairn
 from cairn.cli import main, parser
 
-from .conftest import PY
+from .conftest import PY, ROOT
 
 
 def make(folder, name="ds", steps=2):
@@ -204,3 +205,41 @@ def test_large_reads_go_in_slabs_with_the_same_result(tmp_path, monkeypatch, box
     assert main(["get", path, "p", "--step", "1", "--box", box, "-o", str(npy)]) == 0
     key = tuple(int(p) if ":" not in p else slice(*[int(x) if x else None for x in p.split(":")]) for p in box.split(","))
     assert np.array_equal(np.load(npy), P1[key])
+
+
+def test_serve_settings_come_from_the_staging_table_and_flags_override_through_one_parser(tmp_path):
+    """`cairn serve` and the `cairn-server` binary parse a server's settings in one place: the
+    [staging] table gives them, flags override them, and a wrong one is named."""
+    from cairn import cluster
+
+    cfg = tmp_path / "cairn.toml"
+    cfg.write_text('[staging]\nscheme = "replicate"\nrs_data = 6\nhot_steps = 5\n')
+    server = ROOT / "target" / "release" / "cairn-server"
+    for name, cmd in [("serve", [PY, "-m", "cairn", "serve", "--config", str(cfg)]), ("binary", [str(server)])]:
+        file = tmp_path / f"{name}.json"
+        if name == "binary":  # launched by mpirun or srun, the binary finds the secret the job script wrote
+            (tmp_path / f"{name}.json.d").mkdir()
+            secret = tmp_path / f"{name}.json.d" / "secret"
+            secret.write_text(os.urandom(32).hex())
+            secret.chmod(0o600)
+        p = subprocess.Popen([*cmd, "--cluster", str(file), "--servers", "1", "--memory", "64MiB", "--meta", "1",
+                              "--rs-data", "3", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not file.exists():
+                assert p.poll() is None, p.communicate()
+                assert time.monotonic() < deadline, "no cluster file after 30 s"
+                time.sleep(0.05)
+            got = json.loads(file.read_text())["redundancy"]
+            if name == "serve":
+                assert (got["scheme"], got["rs_data"], got["hot_steps"]) == ("replicate", 3, 5), got  # the flag wins
+            else:
+                assert (got["scheme"], got["rs_data"]) == ("corec", 3), got
+            cluster.stop(file)
+            assert p.wait(timeout=30) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    bad = subprocess.run([str(server), "--cluster", str(tmp_path / "x.json"), "--recovery", "eager"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--recovery" in bad.stderr and "\"lazy\" or \"aggressive\"" in bad.stderr, bad.stderr

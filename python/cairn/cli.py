@@ -83,6 +83,7 @@ def parser(serve_only: bool = False) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser(serve_only=argv[:1] == ["serve"]).parse_args(_join_negative(argv))
+    args.argv = argv
     # Tables printed step by step reach a pipe (`| tee`, a log) line by line, not at exit.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

@@ -85,16 +85,27 @@ def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    """Checks the flags here (argparse, for ``--help`` and exit status 2), then hands them and
+    the [staging] table's server keys to the server's one settings parser."""
     rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK") or os.environ.get("SLURM_PROCID")
     sid = args.id if args.id is not None else cluster.server_id(int(rank or 0))
     ensure_secret(os.path.abspath(args.cluster), sid, args.timeout)
     staging = json.loads(_native.config_json(args.config, []))["staging"]
-    got = {k: next((v for v in (getattr(args, k), staging.get(k), d) if v is not None), None) for k, d in SERVER_DEFAULTS.items()}
-    _native.serve(os.path.abspath(args.cluster), sid, args.servers, args.spares, cluster.server_memory(args.memory),
-                  args.host, args.node or "", args.rack, args.timeout, args.io_timeout, args.hello_timeout, args.peer_timeout,
-                  args.meta, json.dumps({k: got[k] for k in ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")}),
-                  {**{k: str(got[k]) for k in FAILURE_KEYS if got[k] is not None},
-                   **({"same_node_other_users": args.same_node_other_users} if args.same_node_other_users else {})})
+    settings = {k: str(staging[k]) for k in SERVER_DEFAULTS if staging.get(k) is not None}
+    _native.serve(_without_config(args.argv[1:]), settings)
+
+
+def _without_config(argv: list[str]) -> list[str]:
+    """The server's flags: all but ``--config FILE``, which this command reads."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--config":
+            skip = True
+        elif not a.startswith("--config="):
+            out.append(a)
+    return out
 
 
 def cmd_start(args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@
 
 use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
 use cairn_core::index::Fragment;
+use cairn_proto::message::ObjectPut;
 use cairn_proto::{ClusterView, Request, Response};
 use cairn_server::Limits;
 use cairn_testing::{RawConn, TestCluster};
@@ -113,7 +114,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
     let cl = start(1, 0, 8 << 20, limits);
     let c = &cl.c;
     let mut raw = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
-    let put = Request::Put {
+    let put = Request::Put(ObjectPut {
         dataset: "d".into(),
         step: 0,
         session: "x".into(),
@@ -126,7 +127,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         writer: 0,
         shard: 0,
         from: None,
-    };
+    });
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
     use std::io::Write;
     raw.stream.write_all(&head).unwrap();

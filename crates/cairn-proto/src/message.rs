@@ -174,31 +174,8 @@ impl From<RaftRequest> for ServerRequest {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum PeerRequest {
     /// Stores a piece (a copy or a shard) of a committed object, sealed at once: an encoder's
-    /// shard, a rebuilt piece. The payload is the piece.
-    Piece {
-        /// Dataset.
-        dataset: String,
-        /// Step (committed).
-        step: u64,
-        /// Writer session of the object.
-        session: String,
-        /// Variable.
-        var: String,
-        /// Object id.
-        id: u64,
-        /// The whole object's box.
-        region: Region,
-        /// Element size in bytes.
-        elem: u32,
-        /// crc32c of the payload.
-        checksum: u32,
-        /// Which copy (0: data; 1: an extra copy or parity).
-        copy: u32,
-        /// Writer rank.
-        writer: u32,
-        /// 0 for a whole copy, `i + 1` for shard `i`.
-        shard: u32,
-    },
+    /// shard, a rebuilt piece. The payload is the piece (`from` is refused).
+    Piece(ObjectPut),
 
     /// Leader → a holder of a committed object's whole copy: encode it into `k + m` shards and
     /// store shard `i` on `shards[i]`. Answered with [`Response::Encoded`].
@@ -274,6 +251,43 @@ pub enum PeerRequest {
         /// The view.
         view: ClusterView,
     },
+}
+
+/// An object (or a piece of one) to store: what a client's `put` says, and a peer's `piece`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjectPut {
+    /// Dataset name.
+    pub dataset: String,
+    /// Step.
+    pub step: u64,
+    /// Writer session (objects of other sessions are dropped when this one commits).
+    pub session: String,
+    /// Variable.
+    pub var: String,
+    /// Object id (writer rank in the high 32 bits).
+    pub id: u64,
+    /// The object's box.
+    pub region: Region,
+    /// Element size in bytes.
+    pub elem: u32,
+    /// crc32c of the payload.
+    pub checksum: u32,
+    /// Which copy of the object this is: 0 for the first, 1… for the copies a redundancy
+    /// level adds (counted as replicas in `status`).
+    #[serde(default)]
+    pub copy: u32,
+    /// Rank of the writer (its objects are dropped together when it aborts a step).
+    #[serde(default)]
+    pub writer: u32,
+    /// 0 for a whole copy; `i + 1` for erasure-code shard `i` (the payload is the shard,
+    /// `region` the whole object's box).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shard: u32,
+    /// A same-node put: no payload; the bytes are these runs (address, length) of the memory
+    /// of the client at the other end of the Unix socket, which the server copies once
+    /// (cross-memory attach). At most [`MAX_RUNS`] runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Vec<(u64, u64)>>,
 }
 
 /// A claimer's request for a lease of a committed step (`claim`), or to extend its leases
@@ -358,41 +372,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "is_client")]
         role: Role,
     },
-    /// Stores one object; its bytes are the payload.
-    Put {
-        /// Dataset name.
-        dataset: String,
-        /// Step.
-        step: u64,
-        /// Writer session (objects of other sessions are dropped when this one commits).
-        session: String,
-        /// Variable.
-        var: String,
-        /// Object id (writer rank in the high 32 bits).
-        id: u64,
-        /// The object's box.
-        region: Region,
-        /// Element size in bytes.
-        elem: u32,
-        /// crc32c of the payload.
-        checksum: u32,
-        /// Which copy of the object this is: 0 for the first, 1… for the copies a redundancy
-        /// level adds (counted as replicas in `status`).
-        #[serde(default)]
-        copy: u32,
-        /// Rank of the writer (its objects are dropped together when it aborts a step).
-        #[serde(default)]
-        writer: u32,
-        /// 0 for a whole copy; `i + 1` for erasure-code shard `i` (the payload is the shard,
-        /// `region` the whole object's box).
-        #[serde(default, skip_serializing_if = "is_zero")]
-        shard: u32,
-        /// A same-node put: no payload; the bytes are these runs (address, length) of the memory
-        /// of the client at the other end of the Unix socket, which the server copies once
-        /// (cross-memory attach). At most [`MAX_RUNS`] runs.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        from: Option<Vec<(u64, u64)>>,
-    },
+    /// Stores one object; its bytes are the payload (see [`ObjectPut`]).
+    Put(ObjectPut),
     /// Stores several whole objects of one writer's step in one frame (a writer's coalesced small
     /// puts), each as a `put` of its own would: their bytes back to back in the payload, or, on
     /// the same node, in the runs `from` names (in the objects' order). At most

@@ -14,57 +14,17 @@ pub(crate) fn seconds(s: f64) -> PyResult<Duration> {
         .ok_or_else(|| to_py(cairn_core::Error::InvalidArgument(format!("timeout {s}: use a positive number of seconds"))))
 }
 
-/// Runs one staging server until it is shut down; blocks (without the GIL).
+/// Runs one staging server until it is shut down; blocks (without the GIL). `args` are the
+/// flags of `cairn serve` (as for `cairn-server`) and `settings` the server keys of the
+/// `[staging]` table, which flags override: both go through `cairn_server::ServeOptions`.
 #[pyfunction]
-#[pyo3(signature = (cluster, id, servers, spares, memory, bind, node, rack, timeout_s, io_timeout_s=None, hello_timeout_s=None, peer_timeout_s=None, meta=3, redundancy="{}", failure=None))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn serve(
-    py: Python<'_>,
-    cluster: PathBuf,
-    id: u32,
-    servers: u32,
-    spares: u32,
-    memory: u64,
-    bind: String,
-    node: String,
-    rack: String,
-    timeout_s: f64,
-    io_timeout_s: Option<f64>,
-    hello_timeout_s: Option<f64>,
-    peer_timeout_s: Option<f64>,
-    meta: u32,
-    redundancy: &str,
-    failure: Option<std::collections::BTreeMap<String, String>>,
-) -> PyResult<()> {
-    let redundancy: cairn_core::corec::Policy = serde_json::from_str(redundancy)
-        .map_err(|e| to_py(cairn_core::Error::Config(format!("redundancy settings {redundancy:?}: {e}"))))?;
-    let mut limits = cairn_server::Limits::default();
-    if let Some(s) = io_timeout_s {
-        limits.io_timeout = seconds(s)?;
-    }
-    if let Some(s) = hello_timeout_s {
-        limits.hello_timeout = seconds(s)?;
-    }
-    if let Some(s) = peer_timeout_s {
-        limits.peer_timeout = seconds(s)?;
-    }
-    for (key, value) in failure.unwrap_or_default() {
-        limits.set(&key, &value).map_err(to_py)?;
-    }
-    let meta = meta.clamp(1, 5);
-    let opts = cairn_server::ServeOptions {
-        cluster,
-        id,
-        servers,
-        spares,
-        memory,
-        bind,
-        node,
-        rack,
-        timeout: seconds(timeout_s)?,
-        limits,
-        meta,
-        redundancy,
+#[pyo3(signature = (args, settings=None))]
+pub(crate) fn serve(py: Python<'_>, args: Vec<String>, settings: Option<std::collections::BTreeMap<String, String>>) -> PyResult<()> {
+    let settings = settings.unwrap_or_default();
+    let opts = cairn_server::ServeOptions::parse(settings.iter().map(|(k, v)| (k.as_str(), v.as_str())), &args).map_err(to_py)?;
+    let Some(opts) = opts else {
+        println!("{}", cairn_server::settings::USAGE);
+        return Ok(());
     };
     py.detach(|| cairn_server::serve(opts)).map_err(to_py)
 }

@@ -6,7 +6,8 @@
 //! `scripts/check_layers.py`):
 //!
 //! 1. Requests and connections, on top:
-//!    - [`serve`]: starting a server process and meeting the others through the cluster file.
+//!    - [`serve`]: starting a server process and meeting the others through the cluster file;
+//!      [`settings`]: its settings, from flags and the `[staging]` table, parsed in one place.
 //!    - [`server`]: `run(control, listeners, shutdown)`: the accept loop (TCP and Unix socket),
 //!      authenticated connections counted; [`admission`]: unauthenticated connections evict
 //!      each other.
@@ -47,10 +48,12 @@ pub mod reply;
 pub mod segment;
 pub mod serve;
 pub mod server;
+pub mod settings;
 pub mod state;
 pub mod store;
 pub mod sync;
 
-pub use serve::{serve, ServeOptions};
+pub use serve::serve;
 pub use server::{run, Listeners};
+pub use settings::ServeOptions;
 pub use state::Limits;

@@ -7,7 +7,7 @@ use crate::segment::Memory;
 use crate::state::State;
 use crate::store::Which;
 use cairn_core::{Error, Region, Result};
-use cairn_proto::message::{PeerRequest, Request, ServerRequest};
+use cairn_proto::message::{ObjectPut, PeerRequest, Request, ServerRequest};
 use std::sync::Arc;
 
 /// The header fields of a put.
@@ -93,7 +93,7 @@ impl PutHeader {
 
     /// The request storing this piece on another server.
     pub fn request(&self) -> PeerRequest {
-        PeerRequest::Piece {
+        PeerRequest::Piece(ObjectPut {
             dataset: self.dataset.clone(),
             step: self.step,
             session: self.session.clone(),
@@ -105,7 +105,8 @@ impl PutHeader {
             copy: self.copy,
             writer: self.writer,
             shard: self.shard,
-        }
+            from: None,
+        })
     }
 }
 

@@ -3,42 +3,13 @@
 //! Servers started by `cairn cluster start`, `mpirun` or `srun` all meet this way.
 
 use crate::server::{run, Listeners};
-use crate::state::{Limits, State};
+use crate::settings::ServeOptions;
+use crate::state::State;
 use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{hostname, write_private, ClusterFile, ServerEntry};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// How to start a server.
-#[derive(Debug, Clone)]
-pub struct ServeOptions {
-    /// Cluster file to join (entries go to `FILE.d/`).
-    pub cluster: PathBuf,
-    /// This server's id.
-    pub id: u32,
-    /// Active servers in the cluster (ids `0..servers`), then `spares` spares.
-    pub servers: u32,
-    /// Spare servers (ids `servers..servers+spares`).
-    pub spares: u32,
-    /// Memory limit in bytes.
-    pub memory: u64,
-    /// Address to bind (`127.0.0.1` for a local cluster, `0.0.0.0` across nodes).
-    pub bind: String,
-    /// Node name (failure domain); the host name when empty.
-    pub node: String,
-    /// Rack name (wider failure domain).
-    pub rack: String,
-    /// How long to wait for the secret and, on server 0, for the other servers.
-    pub timeout: Duration,
-    /// Deadlines and bounds of the running server.
-    pub limits: Limits,
-    /// Meta servers in the cluster (the first this many ring slots run the control plane).
-    pub meta: u32,
-    /// Redundancy settings server 0 writes into the cluster file (the level is lowered to what
-    /// the active servers can give: a level `r` needs `r + 1` of them).
-    pub redundancy: cairn_core::corec::Policy,
-}
 
 fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Result<T> {
     let start = Instant::now();

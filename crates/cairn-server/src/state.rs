@@ -67,37 +67,6 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Sets a failure or recovery setting by its `[staging]` key (`failure_timeout`,
-    /// `recovery`, `recovery_deadline`, `recovery_rate`, `mtbf`) from its text, as flags and
-    /// config files give it.
-    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        use cairn_proto::cluster::{parse_duration, parse_size};
-        let bad = |what: &str| cairn_core::Error::Config(format!("{key} = {value:?}: {what}"));
-        match key {
-            "failure_timeout" => self.failure_timeout = parse_duration(value)?,
-            "recovery" => {
-                self.recovery_lazy = match value {
-                    "lazy" => true,
-                    "aggressive" => false,
-                    _ => return Err(bad("use \"lazy\" or \"aggressive\"")),
-                }
-            }
-            "recovery_deadline" => self.recovery_deadline = Some(parse_duration(value)?),
-            // A size per second: "256MiB" (the "/s" may be written).
-            "recovery_rate" => self.recovery_rate = parse_size(value.trim().trim_end_matches("/s"))?,
-            "mtbf" => self.mtbf = Some(parse_duration(value)?),
-            "same_node_other_users" => {
-                self.same_node_other_users = match value {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(bad("use true or false")),
-                }
-            }
-            _ => return Err(bad("not a failure, recovery or same-node setting")),
-        }
-        Ok(())
-    }
-
     /// The time lazy recovery has: as set, else a quarter of the MTBF (recovered well before
     /// the next failure is likely), else 60 s.
     pub fn recovery_deadline(&self) -> Duration {

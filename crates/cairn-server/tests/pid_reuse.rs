@@ -14,6 +14,7 @@
 //! overwrote the victim's buffer. Now all three fail and the victim's bytes are untouched.
 
 use cairn_core::Region;
+use cairn_proto::message::ObjectPut;
 use cairn_proto::{Request, Response};
 use cairn_server::Limits;
 use cairn_testing::{RawConn, TestCluster};
@@ -147,7 +148,7 @@ fn stranger() {
 
 fn object(dataset: &str) -> (Request, Request) {
     let region = Region::new(vec![0], vec![LEN as u64]).unwrap();
-    let put = Request::Put {
+    let put = Request::Put(ObjectPut {
         dataset: dataset.into(),
         step: 0,
         session: "attacker".into(),
@@ -160,7 +161,7 @@ fn object(dataset: &str) -> (Request, Request) {
         writer: 0,
         shard: 0,
         from: None,
-    };
+    });
     let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0, into: None };
     (put, get)
 }
@@ -197,8 +198,8 @@ fn attacker() {
         Err(e) => format!("refused ({e})"),
     };
     let probe = said(conn.call(None, &Request::Attach { addr, len, checksum: crc }, &[]));
-    let Request::Put { dataset, step, session, var, id, region, elem, copy, writer, shard, .. } = put else { unreachable!() };
-    let steal = Request::Put {
+    let Request::Put(ObjectPut { dataset, step, session, var, id, region, elem, copy, writer, shard, .. }) = put else { unreachable!() };
+    let steal = Request::Put(ObjectPut {
         dataset,
         step,
         session,
@@ -211,7 +212,7 @@ fn attacker() {
         writer,
         shard,
         from: Some(vec![(addr, len)]),
-    };
+    });
     let put = said(conn.call(None, &steal, &[]));
     let Request::Get { dataset, step, id, want, shard, .. } = get else { unreachable!() };
     let get = said(conn.call(None, &Request::Get { dataset, step, id, want, shard, into: Some(vec![(addr, len)]) }, &[]));

@@ -6,7 +6,7 @@
 
 use cairn_core::{Error, ErrorKind, Reason, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
-use cairn_proto::message::{refused, Envelope, Request, Response, MAX_RUNS};
+use cairn_proto::message::{refused, Envelope, ObjectPut, Request, Response, MAX_RUNS};
 use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame, Stream};
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
@@ -101,7 +101,7 @@ impl Conn {
     pub(crate) fn send(&mut self, req: &Request, payload: &[&[u8]]) -> Result<()> {
         let placed = matches!(
             req,
-            Request::Put { .. }
+            Request::Put(ObjectPut { .. })
                 | Request::PutMany { .. }
                 | Request::EndStep { .. }
                 | Request::Steps { .. }

@@ -15,7 +15,7 @@ use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
 use cairn_core::stats::Acc;
 use cairn_core::{Error, ErrorKind, Region, Result};
-use cairn_proto::message::{unexpected, Abort, Close, PutItem, Request, Response, Share, MAX_PUT_MANY};
+use cairn_proto::message::{unexpected, Abort, Close, ObjectPut, PutItem, Request, Response, Share, MAX_PUT_MANY};
 use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -129,7 +129,7 @@ fn bytes_of(o: &Outgoing<'_>) -> u64 {
 /// The step an outgoing put is for.
 fn step_of(o: &Outgoing<'_>) -> u64 {
     match o.req {
-        Request::Put { step, .. } => step,
+        Request::Put(ObjectPut { step, .. }) => step,
         _ => u64::MAX,
     }
 }
@@ -167,7 +167,7 @@ impl StagingWriter {
         let mut groups: Vec<(Vec<usize>, u64)> = Vec::new();
         for (i, o) in objects.iter().enumerate() {
             let len = bytes_of(o);
-            if o.sums.is_none() || !matches!(o.req, Request::Put { shard: 0, .. }) || len < self.shared_min.max(1) {
+            if o.sums.is_none() || !matches!(o.req, Request::Put(ObjectPut { shard: 0, .. })) || len < self.shared_min.max(1) {
                 continue;
             }
             match groups.last_mut() {
@@ -233,7 +233,7 @@ impl StagingWriter {
                     [one] => {
                         let o = &objects[*one];
                         let mut req = o.req.clone();
-                        if let (Some(s), Request::Put { checksum, .. }) = (&o.sums, &mut req) {
+                        if let (Some(s), Request::Put(ObjectPut { checksum, .. })) = (&o.sums, &mut req) {
                             *checksum = s.get_or_init(|| sums(o.dtype, &o.parts)).0;
                         }
                         (req, o.parts.iter().map(|p| p.as_ref()).collect::<Vec<&[u8]>>())
@@ -245,7 +245,7 @@ impl StagingWriter {
                 match c.runs_of(&parts) {
                     Some(runs) => {
                         let mut req = req;
-                        if let Request::Put { from, .. } | Request::PutMany { from, .. } = &mut req {
+                        if let Request::Put(ObjectPut { from, .. }) | Request::PutMany { from, .. } = &mut req {
                             *from = Some(runs);
                         }
                         c.send(&req, &[])?
@@ -293,19 +293,21 @@ impl StagingWriter {
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
                 // The checksum is filled in as the object goes out (see `Outgoing::sums`).
-                let put = |copy: usize, shard: u32, checksum: u32| Request::Put {
-                    dataset: self.dataset.clone(),
-                    step: *step,
-                    session: self.session.clone(),
-                    var: block.def.name.clone(),
-                    id,
-                    region: piece.clone(),
-                    elem: elem as u32,
-                    checksum,
-                    copy: copy as u32,
-                    writer: self.rank,
-                    shard,
-                    from: None,
+                let put = |copy: usize, shard: u32, checksum: u32| {
+                    Request::Put(ObjectPut {
+                        dataset: self.dataset.clone(),
+                        step: *step,
+                        session: self.session.clone(),
+                        var: block.def.name.clone(),
+                        id,
+                        region: piece.clone(),
+                        elem: elem as u32,
+                        checksum,
+                        copy: copy as u32,
+                        writer: self.rank,
+                        shard,
+                        from: None,
+                    })
                 };
                 let redundancy = if let Some((k, m)) = stripe {
                     // k data shards (the bytes, cut) and m parity shards, each on its own server.
@@ -443,7 +445,7 @@ fn frames(objects: &[Outgoing<'_>]) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut group: Vec<usize> = Vec::new();
     for (i, o) in objects.iter().enumerate() {
-        let small = o.sums.is_some() && bytes_of(o) <= BATCHED as u64 && matches!(o.req, Request::Put { shard: 0, .. });
+        let small = o.sums.is_some() && bytes_of(o) <= BATCHED as u64 && matches!(o.req, Request::Put(ObjectPut { shard: 0, .. }));
         if !small || group.len() == MAX_PUT_MANY || group.first().is_some_and(|&g| step(g) != step(i)) {
             out.extend((!group.is_empty()).then(|| std::mem::take(&mut group)));
         }
@@ -465,7 +467,7 @@ fn put_many<'a>(objects: &'a [Outgoing<'_>], which: &[usize]) -> (Request, Vec<&
     let mut head = None;
     for &i in which {
         let o = &objects[i];
-        let Request::Put { dataset, step, session, writer, var, id, region, elem, copy, .. } = &o.req else {
+        let Request::Put(ObjectPut { dataset, step, session, writer, var, id, region, elem, copy, .. }) = &o.req else {
             unreachable!("only puts are batched")
         };
         let checksum = o.sums.as_ref().map_or(0, |s| s.get_or_init(|| sums(o.dtype, &o.parts)).0);
@@ -713,7 +715,7 @@ mod tests {
     use super::*;
 
     fn out(step: u64, id: u64, bytes: &[u8], shard: u32) -> Outgoing<'_> {
-        let req = Request::Put {
+        let req = Request::Put(ObjectPut {
             dataset: "d".into(),
             step,
             session: "s".into(),
@@ -726,7 +728,7 @@ mod tests {
             writer: 0,
             shard,
             from: None,
-        };
+        });
         Outgoing { req, parts: vec![Cow::Borrowed(bytes)], sums: (shard == 0).then(Sums::default), dtype: DType::U8 }
     }
 

@@ -87,7 +87,7 @@ pub fn rebuild_piece(p: &RebuildPiece) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_proto::message::{ClaimLease, PeerRequest, Request, ServerRequest, MAX_ATTACH_PROBE, MAX_LEASE_MS, MAX_REBUILD};
+    use cairn_proto::message::{ClaimLease, ObjectPut, PeerRequest, Request, ServerRequest, MAX_ATTACH_PROBE, MAX_LEASE_MS, MAX_REBUILD};
 
     fn request(req: &Request, len: u64) -> Result<()> {
         crate::cmd::check(&ServerRequest::Client(req.clone()), len)
@@ -151,19 +151,21 @@ mod tests {
 
     #[test]
     fn same_node_requests_bound_their_runs_and_carry_no_payload() {
-        let put = |from: Option<Vec<(u64, u64)>>| Request::Put {
-            dataset: "d".into(),
-            step: 0,
-            session: "s".into(),
-            var: "v".into(),
-            id: 1,
-            region: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
-            elem: 8,
-            checksum: 0,
-            copy: 0,
-            writer: 0,
-            shard: 0,
-            from,
+        let put = |from: Option<Vec<(u64, u64)>>| {
+            Request::Put(ObjectPut {
+                dataset: "d".into(),
+                step: 0,
+                session: "s".into(),
+                var: "v".into(),
+                id: 1,
+                region: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
+                elem: 8,
+                checksum: 0,
+                copy: 0,
+                writer: 0,
+                shard: 0,
+                from,
+            })
         };
         assert!(request(&put(Some(vec![(4096, 16), (8192, 16)])), 0).is_ok());
         assert!(request(&put(Some(vec![(4096, 16), (8192, 16)])), 32).unwrap_err().to_string().contains("no payload"));

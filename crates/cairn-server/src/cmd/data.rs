@@ -12,13 +12,13 @@ use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
+use cairn_proto::message::{ObjectPut, Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Checks a data request whose frame announced `payload_len` payload bytes.
 pub fn check(req: &Request, payload_len: u64) -> Result<()> {
     match req {
-        Request::Put { id, region, elem, shard, from, .. } => {
+        Request::Put(ObjectPut { id, region, elem, shard, from, .. }) => {
             // A same-node put names the bytes in the client's memory instead of sending them.
             let len = match from {
                 Some(runs) if payload_len == 0 => runs_len(runs)?,
@@ -100,14 +100,14 @@ pub async fn apply<S: AsyncRead + Unpin>(
 ) -> Result<Reply> {
     let bound = local.as_ref().map(Local::peer).transpose();
     let plain = |r: Result<Response>| r.map(Reply::Plain);
-    if matches!(req, Request::Put { .. } | Request::PutMany { .. } | Request::Get { .. }) {
+    if matches!(req, Request::Put(ObjectPut { .. }) | Request::PutMany { .. } | Request::Get { .. }) {
         if let Err(e) = state.check_member() {
             discard(stream, p.payload_len).await?;
             return Err(e);
         }
     }
     match req {
-        Request::Put { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, from } => {
+        Request::Put(ObjectPut { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, from }) => {
             let h = PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed: false };
             match from {
                 Some(runs) => plain(put_local(state, bound?, &runs, h)),

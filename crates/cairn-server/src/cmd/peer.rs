@@ -9,14 +9,17 @@ use crate::reply::{discard, Reply};
 use cairn_core::erasure::MAX_SHARDS;
 use cairn_core::{Error, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{PeerRequest, Response, MAX_REBUILD};
+use cairn_proto::message::{ObjectPut, PeerRequest, Response, MAX_REBUILD};
 use std::sync::Arc;
 use tokio::io::AsyncRead;
 
 /// Checks a peer request whose frame announced `payload_len` payload bytes.
 pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
-    if let PeerRequest::Piece { id, region, elem, shard, .. } = req {
-        return super::data::piece_fits(*id, region, *elem, *shard, payload_len);
+    if let PeerRequest::Piece(p) = req {
+        if p.from.is_some() {
+            return Err(Error::InvalidArgument("a piece comes as the payload, not as client memory".into()));
+        }
+        return super::data::piece_fits(p.id, &p.region, p.elem, p.shard, payload_len);
     }
     no_payload(&req.op_name(), payload_len)?;
     match req {
@@ -56,7 +59,7 @@ pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p
         }
     }
     let r = match req {
-        PeerRequest::Piece { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard } => {
+        PeerRequest::Piece(ObjectPut { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, .. }) => {
             let h = PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed: true };
             super::data::put(state, stream, p.payload_len, h).await
         }

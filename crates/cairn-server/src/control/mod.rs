@@ -78,6 +78,8 @@ impl Control {
         tokio::spawn(async move {
             let (state, gate) = (&ctl.state, &ctl.gate);
             let mut shutdown = state.shutdown.subscribe();
+            // The first view is the cluster file's, once server 0 has written it (a file, so it is
+            // looked for; every later view comes as a message, and is waited for).
             let first = loop {
                 if let Ok(v) = state.view() {
                     break v;
@@ -96,8 +98,9 @@ impl Control {
                 if founding || (settled && gate.members(&v).contains(&state.id) && v.is_live(state.id)) {
                     break v;
                 }
+                // Woken by the next view (or to look again once the refresh settled).
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = state.view_at(v.epoch + 1, Duration::from_millis(200)) => {}
                     _ = shutdown.recv() => return,
                 }
             };

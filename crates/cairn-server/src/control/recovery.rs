@@ -578,8 +578,7 @@ mod tests {
 
     #[test]
     fn a_late_lazy_recovery_goes_past_the_byte_rate() {
-        let mut limits = Limits { recovery_lazy: true, ..Default::default() };
-        limits.set("recovery_deadline", "5s").unwrap();
+        let mut limits = Limits { recovery_lazy: true, recovery_deadline: Some(Duration::from_secs(5)), ..Default::default() };
         assert!(!late(&limits, Duration::from_secs(3)), "on time: the byte rate holds");
         assert!(late(&limits, Duration::from_millis(3800)), "within a period of 4 s");
         assert!(late(&limits, Duration::from_secs(9)));
@@ -630,10 +629,10 @@ mod tests {
         assert_eq!(plan(&limits, Duration::from_millis(47_900), 1000), (BATCH, None), "late: no pause");
         assert_eq!(plan(&limits, Duration::from_secs(90), 10), (BATCH, None));
         assert_eq!(plan(&limits, Duration::ZERO, 0), (BATCH, None));
-        limits.set("mtbf", "20s").unwrap();
+        limits.mtbf = Some(Duration::from_secs(20));
         assert_eq!(plan(&limits, Duration::ZERO, 9), (1, Some(400)), "a quarter of the MTBF");
         assert_eq!(plan(&limits, Duration::ZERO, 999), (63, Some(252)));
-        limits.set("recovery_deadline", "2s").unwrap();
+        limits.recovery_deadline = Some(Duration::from_secs(2));
         assert_eq!(plan(&limits, Duration::ZERO, 3), (1, Some(400)), "an explicit deadline wins");
         limits.recovery_lazy = false;
         assert_eq!(plan(&limits, Duration::ZERO, 100), (BATCH, None));
@@ -641,11 +640,7 @@ mod tests {
 
     #[test]
     fn recovery_keeps_to_its_byte_rate() {
-        let mut limits = Limits::default();
-        limits.set("recovery_rate", "100MiB/s").unwrap();
-        assert_eq!(throttle(limits.recovery_rate, 50 << 20), Some(Duration::from_millis(500)));
-        limits.set("recovery_rate", "0").unwrap();
-        assert_eq!(throttle(limits.recovery_rate, 50 << 20), None);
-        assert!(limits.set("recovery", "eager").is_err() && limits.set("mtbf", "soon").is_err());
+        assert_eq!(throttle(100 << 20, 50 << 20), Some(Duration::from_millis(500)));
+        assert_eq!(throttle(0, 50 << 20), None, "0: no limit");
     }
 }
