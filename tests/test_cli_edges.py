@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -177,16 +178,25 @@ def test_mpirun_serve_without_a_secret_starts_the_cluster(tmp_path):
         pytest.skip("mpirun not installed (make setup installs Open MPI)")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     file = tmp_path / "s.json"
-    p = subprocess.Popen([exe, "--oversubscribe", *root, "-n", "2", PY, "-m", "cairn", "serve",
-                          "--cluster", str(file), "--servers", "2", "--memory", "64MiB", "--timeout", "30"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _servers([exe, "--oversubscribe", *root, "-n", "2", PY, "-m", "cairn", "serve",
+                   "--cluster", str(file), "--servers", "2", "--memory", "64MiB", "--timeout", "30"], file):
+        assert [r["state"] for r in cluster.status(file, timeout=10)] == ["up", "up"]
+
+
+@contextlib.contextmanager
+def _servers(cmd: list[str], file):
+    """Runs servers with `cmd` until they wrote the cluster `file`; on leaving, stops them
+    through it and checks they exited cleanly."""
+    from cairn import cluster
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while not file.exists():
             assert p.poll() is None, p.communicate()
             assert time.monotonic() < deadline, "no cluster file after 30 s"
-            time.sleep(0.1)
-        assert [r["state"] for r in cluster.status(file, timeout=10)] == ["up", "up"]
+            time.sleep(0.05)
+        yield
         cluster.stop(file)
         assert p.wait(timeout=30) == 0
     finally:
@@ -210,8 +220,6 @@ def test_large_reads_go_in_slabs_with_the_same_result(tmp_path, monkeypatch, box
 def test_serve_settings_come_from_the_staging_table_and_flags_override_through_one_parser(tmp_path):
     """`cairn serve` and the `cairn-server` binary parse a server's settings in one place: the
     [staging] table gives them, flags override them, and a wrong one is named."""
-    from cairn import cluster
-
     cfg = tmp_path / "cairn.toml"
     cfg.write_text('[staging]\nscheme = "replicate"\nrs_data = 6\nhot_steps = 5\n')
     server = ROOT / "target" / "release" / "cairn-server"
@@ -222,24 +230,12 @@ def test_serve_settings_come_from_the_staging_table_and_flags_override_through_o
             secret = tmp_path / f"{name}.json.d" / "secret"
             secret.write_text(os.urandom(32).hex())
             secret.chmod(0o600)
-        p = subprocess.Popen([*cmd, "--cluster", str(file), "--servers", "1", "--memory", "64MiB", "--meta", "1",
-                              "--rs-data", "3", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 30
-            while not file.exists():
-                assert p.poll() is None, p.communicate()
-                assert time.monotonic() < deadline, "no cluster file after 30 s"
-                time.sleep(0.05)
+        flags = ["--cluster", str(file), "--servers", "1", "--memory", "64MiB", "--meta", "1", "--rs-data", "3", "--timeout", "30"]
+        with _servers([*cmd, *flags], file):
             got = json.loads(file.read_text())["redundancy"]
             if name == "serve":
                 assert (got["scheme"], got["rs_data"], got["hot_steps"]) == ("replicate", 3, 5), got  # the flag wins
             else:
                 assert (got["scheme"], got["rs_data"]) == ("corec", 3), got
-            cluster.stop(file)
-            assert p.wait(timeout=30) == 0
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
     bad = subprocess.run([str(server), "--cluster", str(tmp_path / "x.json"), "--recovery", "eager"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--recovery" in bad.stderr and "\"lazy\" or \"aggressive\"" in bad.stderr, bad.stderr

@@ -6,12 +6,12 @@
 //! sent: with replicas and stripes on consecutive ring slots that is `min(r + 1, k)` shards, so
 //! r = 2 on RS(4 + 2) sends 3 shards instead of 5.
 
-use crate::objects::PutHeader;
+use crate::objects::piece_of;
 use crate::state::State;
 use crate::store::Which;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{PeerRequest, Request, Response};
+use cairn_proto::message::{ObjectPut, PeerRequest, Request, Response};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ pub struct Stripe {
 /// Encodes object `id` of `dataset` step `step` into the shards of `stripe`.
 pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, stripe: Stripe) -> Result<Response> {
     let Stripe { k, m, shards, holders } = stripe;
-    let (data, base) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, 0)))?;
+    let (data, base) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, 0)))?;
     // Waiting for the turn is bounded well within the leader's deadline for this call, so an
     // encoding the leader gave up on does not store shards after it dropped them.
     let wait = state.limits.peer_timeout / 2;
@@ -58,7 +58,7 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
         };
-        let h = PutHeader {
+        let h = ObjectPut {
             checksum: cairn_core::checksum::crc(&bytes),
             copy: u32::from(i >= k as usize),
             shard: i as u32 + 1,
@@ -80,21 +80,21 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
 }
 
 /// Stores one shard here or on server `to`.
-async fn store_shard(state: &State, to: u32, h: PutHeader, bytes: Vec<u8>) -> Result<()> {
+async fn store_shard(state: &State, to: u32, h: ObjectPut, bytes: Vec<u8>) -> Result<()> {
     if to != state.id {
-        return crate::peer::call_with(state, to, &h.request(), &bytes).await.map(|_| ());
+        return crate::peer::call_with(state, to, &PeerRequest::Piece(h), &bytes).await.map(|_| ());
     }
     let r = state.store.reserve(bytes.len() as u64)?;
-    crate::objects::store(state, h, bytes, r)
+    crate::objects::store(state, h, true, bytes, r)
 }
 
 /// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
 pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
-    let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), PutHeader::piece_of(dataset, step, id, o, shard + 1)))?;
+    let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, shard + 1)))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
-    let h = PutHeader { checksum: cairn_core::checksum::crc(&bytes), ..h };
+    let h = ObjectPut { checksum: cairn_core::checksum::crc(&bytes), ..h };
     let r = state.store.reserve(bytes.len() as u64)?;
-    crate::objects::store(state, h, bytes, r)
+    crate::objects::store(state, h, true, bytes, r)
 }
 
 /// Drops shard `shard` (0: the whole copy) of object `id` here or on server `to`; best effort.

@@ -5,49 +5,20 @@
 
 use crate::segment::Memory;
 use crate::state::State;
-use crate::store::Which;
-use cairn_core::{Error, Region, Result};
+use crate::store::{Reservation, Which};
+use cairn_core::{Error, Result};
 use cairn_proto::message::{ObjectPut, PeerRequest, Request, ServerRequest};
 use std::sync::Arc;
 
-/// The header fields of a put.
-#[derive(Debug, Clone)]
-pub struct PutHeader {
-    /// Dataset.
-    pub dataset: String,
-    /// Step.
-    pub step: u64,
-    /// Writer session.
-    pub session: String,
-    /// Variable.
-    pub var: String,
-    /// Object id.
-    pub id: u64,
-    /// Its box.
-    pub region: Region,
-    /// Element size.
-    pub elem: u32,
-    /// crc32c of the payload.
-    pub checksum: u32,
-    /// Which copy it is.
-    pub copy: u32,
-    /// Writer rank.
-    pub writer: u32,
-    /// 0 for a whole copy, `i + 1` for shard `i`.
-    pub shard: u32,
-    /// Stored sealed (an encoder's shard of a committed object).
-    pub sealed: bool,
-}
-
-/// Stores the bytes of a put (from a client, or a shard this server encoded), checked against
-/// the header's crc32c, consuming the reservation of their space.
-pub fn store(state: &State, h: PutHeader, data: Vec<u8>, reservation: crate::store::Reservation<'_>) -> Result<()> {
+/// Stores the bytes of a put (from a client, or a piece of a committed object: then `sealed`),
+/// checked against the header's crc32c, consuming the reservation of their space.
+pub fn store(state: &State, h: ObjectPut, sealed: bool, data: Vec<u8>, reservation: Reservation<'_>) -> Result<()> {
     let crc = cairn_core::checksum::crc(&data);
-    store_checked(state, h, Memory::Heap(data), crc, reservation)
+    store_checked(state, h, sealed, Memory::Heap(data), crc, reservation)
 }
 
 /// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
-pub fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reservation: crate::store::Reservation<'_>) -> Result<()> {
+pub fn store_checked(state: &State, h: ObjectPut, sealed: bool, data: Memory, crc: u32, reservation: Reservation<'_>) -> Result<()> {
     if crc != h.checksum {
         // Never the crc of what arrived: of bytes read from a client's memory, it would tell
         // the client something of memory it named (issue 40).
@@ -64,49 +35,29 @@ pub fn store_checked(state: &State, h: PutHeader, data: Memory, crc: u32, reserv
         writer: h.writer,
         checksum: crc,
         data: Arc::new(data),
-        sealed: h.sealed,
+        sealed,
         copy: h.copy,
     };
     state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)
 }
 
-impl PutHeader {
-    /// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
-    /// held here as `o`, on another server or here: sealed, with `o`'s checksum and copy 0 until
-    /// the caller sets the piece's own.
-    pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, shard: u32) -> PutHeader {
-        PutHeader {
-            dataset: dataset.to_string(),
-            step,
-            session: o.session.clone(),
-            var: o.var.clone(),
-            id,
-            region: o.region.clone(),
-            elem: o.elem,
-            checksum: o.checksum,
-            copy: 0,
-            writer: o.writer,
-            shard,
-            sealed: true,
-        }
-    }
-
-    /// The request storing this piece on another server.
-    pub fn request(&self) -> PeerRequest {
-        PeerRequest::Piece(ObjectPut {
-            dataset: self.dataset.clone(),
-            step: self.step,
-            session: self.session.clone(),
-            var: self.var.clone(),
-            id: self.id,
-            region: self.region.clone(),
-            elem: self.elem,
-            checksum: self.checksum,
-            copy: self.copy,
-            writer: self.writer,
-            shard: self.shard,
-            from: None,
-        })
+/// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
+/// held here as `o`, on another server or here (sealed), with `o`'s checksum and copy 0 until
+/// the caller sets the piece's own.
+pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, shard: u32) -> ObjectPut {
+    ObjectPut {
+        dataset: dataset.to_string(),
+        step,
+        session: o.session.clone(),
+        var: o.var.clone(),
+        id,
+        region: o.region.clone(),
+        elem: o.elem,
+        checksum: o.checksum,
+        copy: 0,
+        writer: o.writer,
+        shard,
+        from: None,
     }
 }
 

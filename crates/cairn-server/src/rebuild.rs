@@ -3,12 +3,11 @@
 //! (`rebuild`) asks each survivor once per round for everything it needs from it, takes a copy
 //! or decodes `k` shards, checks each object against its checksum and stores the piece.
 
-use crate::objects::PutHeader;
 use crate::reply::{Payload, Reply};
 use crate::state::State;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{PeerRequest, PieceFailure, PieceHead, RebuildPiece, Response};
+use cairn_proto::message::{ObjectPut, PeerRequest, PieceFailure, PieceHead, RebuildPiece, Response};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -106,7 +105,7 @@ impl Work {
     }
 
     /// The piece's bytes and the header storing it, checked against the object's checksum.
-    fn finish(mut self, dataset: &str) -> Result<(PutHeader, Vec<u8>)> {
+    fn finish(mut self, dataset: &str) -> Result<(ObjectPut, Vec<u8>)> {
         let p = &self.piece;
         let Some(head) = self.head.take().filter(|_| self.complete()) else {
             return Err(Error::Unavailable(format!(
@@ -140,7 +139,7 @@ impl Work {
                 }
             }
         };
-        let h = PutHeader {
+        let h = ObjectPut {
             dataset: dataset.to_string(),
             step: p.step,
             session: head.session,
@@ -153,7 +152,7 @@ impl Work {
             copy: if p.shard == 0 { 1 } else { u32::from(p.shard > p.k) },
             writer: head.writer,
             shard: p.shard,
-            sealed: true,
+            from: None,
         };
         Ok((h, bytes))
     }
@@ -217,7 +216,7 @@ pub async fn rebuild(state: &Arc<State>, dataset: &str, pieces: Vec<RebuildPiece
                 let (step, id) = (w.piece.step, w.piece.id);
                 let stored = w.finish(&dataset).and_then(|(h, bytes)| {
                     let r = state2.store.reserve(bytes.len() as u64)?;
-                    crate::objects::store(&state2, h, bytes, r)
+                    crate::objects::store(&state2, h, true, bytes, r)
                 });
                 stored.err().map(|e| PieceFailure { step, id, kind: e.kind(), message: e.to_string() })
             })

@@ -5,7 +5,7 @@
 use super::check::{no_payload, runs_len};
 use crate::cma::Peer;
 use crate::local::Local;
-use crate::objects::{seal_or_drop, store, store_checked, PutHeader};
+use crate::objects::{seal_or_drop, store, store_checked};
 use crate::reply::{discard, Payload, Reply};
 use crate::segment::Memory;
 use crate::state::State;
@@ -107,17 +107,14 @@ pub async fn apply<S: AsyncRead + Unpin>(
         }
     }
     match req {
-        Request::Put(ObjectPut { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, from }) => {
-            let h = PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed: false };
-            match from {
-                Some(runs) => plain(put_local(state, bound?, &runs, h)),
-                None => plain(put(state, stream, p.payload_len, h).await),
-            }
-        }
+        Request::Put(mut h) => match h.from.take() {
+            Some(runs) => plain(put_local(state, bound?, &runs, h)),
+            None => plain(put(state, stream, p.payload_len, h, false).await),
+        },
         Request::PutMany { dataset, step, session, writer, objects, from, leases } => {
             let headers = objects
                 .into_iter()
-                .map(|o| PutHeader {
+                .map(|o| ObjectPut {
                     dataset: dataset.clone(),
                     step,
                     session: session.clone(),
@@ -129,7 +126,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
                     copy: o.copy,
                     writer,
                     shard: 0,
-                    sealed: false,
+                    from: None,
                 })
                 .collect();
             match (from, leases) {
@@ -161,7 +158,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
 // reservation is dropped with it, so a stalled upload cannot hold space.
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
-pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: PutHeader) -> Result<Response> {
+pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: ObjectPut, sealed: bool) -> Result<Response> {
     let (reservation, mut data) = match state.store.reserve_buffer(len as usize) {
         Ok(r) => r,
         Err(e) => {
@@ -176,26 +173,26 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
         stream.read_exact(piece).await.map_err(|e| Error::io("reading an object payload", e))?;
         crc = cairn_core::checksum::crc_append(crc, piece);
     }
-    store_checked(state, h, Memory::Heap(data), crc, reservation)?;
+    store_checked(state, h, sealed, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
 }
 
 /// Stores one object whose bytes are runs of the local client's memory (a same-node put).
-pub fn put_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], h: PutHeader) -> Result<Response> {
+pub fn put_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], h: ObjectPut) -> Result<Response> {
     let peer = local.ok_or_else(crate::cma::not_local)?;
     let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
     let (reservation, mut data) = state.store.reserve_buffer(len as usize)?;
     let mut crc = 0u32;
     peer.read(runs, &mut data, &mut |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-    store_checked(state, h, Memory::Heap(data), crc, reservation)?;
+    store_checked(state, h, false, Memory::Heap(data), crc, reservation)?;
     Ok(Response::Ok)
 }
 
 /// Stores the objects of a same-node put_many from the segments leased to the client
 /// (`ids[i]` holds object `i`), which become their memory: no copy here. The checksums are the
 /// writer's, computed as it filled the segments; readers verify them.
-pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers: Vec<PutHeader>) -> Result<Response> {
+pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers: Vec<ObjectPut>) -> Result<Response> {
     let peer = peer.ok_or_else(crate::cma::not_local)?;
     for (i, (h, id)) in headers.into_iter().zip(ids).enumerate() {
         let len = item_len(&h);
@@ -203,7 +200,7 @@ pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers:
             state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
             let crc = h.checksum;
             // The lease's reservation passes to the object.
-            store_checked(state, h, Memory::Shared(seg), crc, state.store.reserved(len))
+            store_checked(state, h, false, Memory::Shared(seg), crc, state.store.reserved(len))
         });
         if let Err(e) = stored {
             // The objects after it are not stored: their leases go back (the writer puts again).
@@ -215,7 +212,7 @@ pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers:
 }
 
 /// The bytes of one object of a put_many (its box and element size were checked).
-fn item_len(h: &PutHeader) -> u64 {
+fn item_len(h: &ObjectPut) -> u64 {
     h.region.volume() * u64::from(h.elem)
 }
 
@@ -223,11 +220,11 @@ fn item_len(h: &PutHeader) -> u64 {
 /// to back), one after another as [`put`] would, read through one buffer. On a failure the rest
 /// of the payload is read and discarded; the objects stored before it stay (the writer drops
 /// what it put when a put fails).
-pub async fn put_many<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, headers: Vec<PutHeader>) -> Result<Response> {
+pub async fn put_many<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, headers: Vec<ObjectPut>) -> Result<Response> {
     let mut payload = tokio::io::BufReader::with_capacity(256 << 10, (&mut *stream).take(len));
     for h in headers {
         let n = item_len(&h);
-        if let Err(e) = put(state, &mut payload, n, h).await {
+        if let Err(e) = put(state, &mut payload, n, h, false).await {
             tokio::io::copy(&mut payload, &mut tokio::io::sink()).await.map_err(|e| Error::io("discarding a refused payload", e))?;
             return Err(e);
         }
@@ -237,13 +234,13 @@ pub async fn put_many<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: 
 
 /// Stores the objects of a same-node put_many, each copied from its share of `runs` (which were
 /// checked to add up to their bytes).
-pub fn put_many_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], headers: Vec<PutHeader>) -> Result<Response> {
+pub fn put_many_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], headers: Vec<ObjectPut>) -> Result<Response> {
     let shares = cut_runs(runs, headers.iter().map(item_len));
     for (h, mine) in headers.into_iter().zip(shares) {
         if mine.is_empty() {
             // An empty object: nothing to copy.
             let reservation = state.store.reserve(0)?;
-            store(state, h, Vec::new(), reservation)?;
+            store(state, h, false, Vec::new(), reservation)?;
         } else {
             put_local(state, local, &mine, h)?;
         }

@@ -4,12 +4,12 @@
 
 use super::check::{no_payload, rebuild_piece};
 use crate::control::Control;
-use crate::objects::{seal_or_drop, PutHeader};
+use crate::objects::seal_or_drop;
 use crate::reply::{discard, Reply};
 use cairn_core::erasure::MAX_SHARDS;
 use cairn_core::{Error, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{ObjectPut, PeerRequest, Response, MAX_REBUILD};
+use cairn_proto::message::{PeerRequest, Response, MAX_REBUILD};
 use std::sync::Arc;
 use tokio::io::AsyncRead;
 
@@ -59,10 +59,7 @@ pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p
         }
     }
     let r = match req {
-        PeerRequest::Piece(ObjectPut { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, .. }) => {
-            let h = PutHeader { dataset, step, session, var, id, region, elem, checksum, copy, writer, shard, sealed: true };
-            super::data::put(state, stream, p.payload_len, h).await
-        }
+        PeerRequest::Piece(h) => super::data::put(state, stream, p.payload_len, h, true).await,
         PeerRequest::Encode { dataset, step, id, k, m, shards, holders } => {
             crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await
         }
