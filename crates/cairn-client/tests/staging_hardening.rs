@@ -468,3 +468,19 @@ fn a_put_refused_for_a_stale_view_while_a_server_is_down_is_placed_again() {
     r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
     assert!(out == data);
 }
+
+#[test]
+fn a_client_connection_cannot_name_a_peer_operation() {
+    let cl = start(1, 0, 64 << 20, Limits::default());
+    let c = &cl.c;
+    let seal = cairn_proto::PeerRequest::Seal { dataset: "d".into(), step: 0, session: "s".into(), keys: vec![], bytes: 0 };
+    // As a client: the header does not parse as any client request; the connection ends.
+    let mut client = RawConn::open(&c.addr(0).to_string(), c.secret()).unwrap();
+    let e = client.call(None, &seal, &[]).unwrap().into_result().unwrap_err();
+    assert!(e.kind() == ErrorKind::Corrupt && e.to_string().contains("unknown variant `seal`"), "{e}");
+    assert!(client.call(None, &Request::Status, &[]).is_err(), "a client naming a peer's operation loses its connection");
+    // As a peer (the hello says so), the same request is served, and so are clients' requests.
+    let mut peer = RawConn::open_as(&c.addr(0).to_string(), c.secret(), cairn_proto::Role::Peer).unwrap();
+    assert!(matches!(peer.call(None, &seal, &[]).unwrap(), Response::Ok));
+    assert!(matches!(peer.call(None, &Request::Status, &[]).unwrap(), Response::Status { .. }));
+}
