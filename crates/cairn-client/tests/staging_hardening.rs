@@ -6,7 +6,7 @@
 
 use cairn_client::{Config, DType, ErrorKind, Reader, Writer};
 use cairn_core::index::Fragment;
-use cairn_proto::message::ObjectPut;
+use cairn_proto::message::{ObjectPut, PutItem};
 use cairn_proto::{ClusterView, Request, Response};
 use cairn_server::Limits;
 use cairn_testing::{RawConn, TestCluster};
@@ -118,12 +118,14 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         dataset: "d".into(),
         step: 0,
         session: "x".into(),
-        var: "x".into(),
-        id: 1,
-        region: cairn_core::Region::new(vec![0], vec![6 << 20]).unwrap(),
-        elem: 1,
-        checksum: 0,
-        copy: 0,
+        object: PutItem {
+            var: "x".into(),
+            id: 1,
+            region: cairn_core::Region::new(vec![0], vec![6 << 20]).unwrap(),
+            elem: 1,
+            checksum: 0,
+            copy: 0,
+        },
         writer: 0,
         shard: 0,
         from: None,

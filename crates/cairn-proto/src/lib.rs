@@ -13,7 +13,9 @@
 //! - [`cluster`]: the cluster file through which clients and servers meet; sizes and topology files.
 //! - [`view`]: the cluster view (ring slots, spares, epoch) everyone places by.
 //! - [`frame`]: the prefix, bounds, encoding and decoding of one frame (pure; fuzzed).
-//! - [`message`]: requests and responses.
+//! - [`message`]: requests by audience (clients' [`Request`]; servers' [`PeerRequest`] and
+//!   [`RaftRequest`], only on connections whose hello says [`Role::Peer`]) and responses, whose
+//!   errors carry a typed [`cairn_core::Reason`] where callers act on them.
 //! - [`batch`]: how keyed values are cut into `kv_put` requests.
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
 //! - `async_io` (feature `tokio`): the same over tokio streams (servers).

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 /// Most objects one `put_many` may carry.
 pub const MAX_PUT_MANY: usize = 1024;
 
-/// One object of a [`Request::PutMany`]: what a `put` says of it.
+/// One object: what a `put` ([`ObjectPut::object`]) and each object of a [`Request::PutMany`] say of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PutItem {
     /// Variable.
@@ -262,20 +262,6 @@ pub struct ObjectPut {
     pub step: u64,
     /// Writer session (objects of other sessions are dropped when this one commits).
     pub session: String,
-    /// Variable.
-    pub var: String,
-    /// Object id (writer rank in the high 32 bits).
-    pub id: u64,
-    /// The object's box.
-    pub region: Region,
-    /// Element size in bytes.
-    pub elem: u32,
-    /// crc32c of the payload.
-    pub checksum: u32,
-    /// Which copy of the object this is: 0 for the first, 1… for the copies a redundancy
-    /// level adds (counted as replicas in `status`).
-    #[serde(default)]
-    pub copy: u32,
     /// Rank of the writer (its objects are dropped together when it aborts a step).
     #[serde(default)]
     pub writer: u32,
@@ -288,6 +274,8 @@ pub struct ObjectPut {
     /// (cross-memory attach). At most [`MAX_RUNS`] runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Vec<(u64, u64)>>,
+    /// The object: variable, id, box, element size, checksum, copy.
+    pub object: PutItem,
 }
 
 /// A claimer's request for a lease of a committed step (`claim`), or to extend its leases

@@ -58,12 +58,8 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
         };
-        let h = ObjectPut {
-            checksum: cairn_core::checksum::crc(&bytes),
-            copy: u32::from(i >= k as usize),
-            shard: i as u32 + 1,
-            ..base.clone()
-        };
+        let mut h = ObjectPut { shard: i as u32 + 1, ..base.clone() };
+        (h.object.checksum, h.object.copy) = (cairn_core::checksum::crc(&bytes), u32::from(i >= k as usize));
         let state = state.clone();
         stored.spawn(async move { store_shard(&state, to, h, bytes).await });
     }
@@ -92,7 +88,8 @@ async fn store_shard(state: &State, to: u32, h: ObjectPut, bytes: Vec<u8>) -> Re
 pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
     let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, shard + 1)))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
-    let h = ObjectPut { checksum: cairn_core::checksum::crc(&bytes), ..h };
+    let mut h = h;
+    h.object.checksum = cairn_core::checksum::crc(&bytes);
     let r = state.store.reserve(bytes.len() as u64)?;
     crate::objects::store(state, h, true, bytes, r)
 }

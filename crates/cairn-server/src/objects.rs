@@ -7,7 +7,7 @@ use crate::segment::Memory;
 use crate::state::State;
 use crate::store::{Reservation, Which};
 use cairn_core::{Error, Result};
-use cairn_proto::message::{ObjectPut, PeerRequest, Request, ServerRequest};
+use cairn_proto::message::{ObjectPut, PeerRequest, PutItem, Request, ServerRequest};
 use std::sync::Arc;
 
 /// Stores the bytes of a put (from a client, or a piece of a committed object: then `sealed`),
@@ -19,26 +19,27 @@ pub fn store(state: &State, h: ObjectPut, sealed: bool, data: Vec<u8>, reservati
 
 /// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
 pub fn store_checked(state: &State, h: ObjectPut, sealed: bool, data: Memory, crc: u32, reservation: Reservation<'_>) -> Result<()> {
-    if crc != h.checksum {
+    let o = h.object;
+    if crc != o.checksum {
         // Never the crc of what arrived: of bytes read from a client's memory, it would tell
         // the client something of memory it named (issue 40).
         return Err(Error::Corrupt(format!(
             "object {:#x} of '{}' arrived damaged (its crc32c is not the {:#x} the sender computed); put it again",
-            h.id, h.var, h.checksum
+            o.id, o.var, o.checksum
         )));
     }
     let obj = crate::store::Object {
-        var: h.var,
-        region: h.region,
-        elem: h.elem,
+        var: o.var,
+        region: o.region,
+        elem: o.elem,
         session: h.session,
         writer: h.writer,
         checksum: crc,
         data: Arc::new(data),
         sealed,
-        copy: h.copy,
+        copy: o.copy,
     };
-    state.store.insert(&h.dataset, h.step, (h.id, h.shard), obj, reservation)
+    state.store.insert(&h.dataset, h.step, (o.id, h.shard), obj, reservation)
 }
 
 /// The header that stores piece `shard` (0: a whole copy) of object `id` of a committed step,
@@ -49,15 +50,10 @@ pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, sha
         dataset: dataset.to_string(),
         step,
         session: o.session.clone(),
-        var: o.var.clone(),
-        id,
-        region: o.region.clone(),
-        elem: o.elem,
-        checksum: o.checksum,
-        copy: 0,
         writer: o.writer,
         shard,
         from: None,
+        object: PutItem { var: o.var.clone(), id, region: o.region.clone(), elem: o.elem, checksum: o.checksum, copy: 0 },
     }
 }
 

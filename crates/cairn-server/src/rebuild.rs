@@ -7,7 +7,7 @@ use crate::reply::{Payload, Reply};
 use crate::state::State;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{ObjectPut, PeerRequest, PieceFailure, PieceHead, RebuildPiece, Response};
+use cairn_proto::message::{ObjectPut, PeerRequest, PieceFailure, PieceHead, PutItem, RebuildPiece, Response};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -139,10 +139,7 @@ impl Work {
                 }
             }
         };
-        let h = ObjectPut {
-            dataset: dataset.to_string(),
-            step: p.step,
-            session: head.session,
+        let object = PutItem {
             var: head.var,
             id: p.id,
             region: head.region,
@@ -150,9 +147,15 @@ impl Work {
             checksum: cairn_core::checksum::crc(&bytes),
             // A whole copy is an extra copy (1); a shard is data (0) or parity (1).
             copy: if p.shard == 0 { 1 } else { u32::from(p.shard > p.k) },
+        };
+        let h = ObjectPut {
+            dataset: dataset.to_string(),
+            step: p.step,
+            session: head.session,
             writer: head.writer,
             shard: p.shard,
             from: None,
+            object,
         };
         Ok((h, bytes))
     }
@@ -215,6 +218,12 @@ pub async fn rebuild(state: &Arc<State>, dataset: &str, pieces: Vec<RebuildPiece
             .filter_map(|w| {
                 let (step, id) = (w.piece.step, w.piece.id);
                 let stored = w.finish(&dataset).and_then(|(h, bytes)| {
+                    // Stored by an earlier rebuild whose record did not happen (its leader failed,
+                    // or the batch failed elsewhere): the same piece again is done, not a failure.
+                    let key = (h.object.id, h.shard);
+                    if state2.store.with(&dataset, step, key, |o| o.sealed && o.checksum == h.object.checksum).unwrap_or(false) {
+                        return Ok(());
+                    }
                     let r = state2.store.reserve(bytes.len() as u64)?;
                     crate::objects::store(&state2, h, true, bytes, r)
                 });

@@ -14,7 +14,7 @@
 //! overwrote the victim's buffer. Now all three fail and the victim's bytes are untouched.
 
 use cairn_core::Region;
-use cairn_proto::message::ObjectPut;
+use cairn_proto::message::{ObjectPut, PutItem};
 use cairn_proto::{Request, Response};
 use cairn_server::Limits;
 use cairn_testing::{RawConn, TestCluster};
@@ -152,15 +152,17 @@ fn object(dataset: &str) -> (Request, Request) {
         dataset: dataset.into(),
         step: 0,
         session: "attacker".into(),
-        var: "x".into(),
-        id: 1,
-        region: region.clone(),
-        elem: 1,
-        checksum: cairn_core::checksum::crc(&[0xEE; LEN]),
-        copy: 0,
         writer: 0,
         shard: 0,
         from: None,
+        object: PutItem {
+            var: "x".into(),
+            id: 1,
+            region: region.clone(),
+            elem: 1,
+            checksum: cairn_core::checksum::crc(&[0xEE; LEN]),
+            copy: 0,
+        },
     });
     let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0, into: None };
     (put, get)
@@ -198,20 +200,18 @@ fn attacker() {
         Err(e) => format!("refused ({e})"),
     };
     let probe = said(conn.call(None, &Request::Attach { addr, len, checksum: crc }, &[]));
-    let Request::Put(ObjectPut { dataset, step, session, var, id, region, elem, copy, writer, shard, .. }) = put else { unreachable!() };
+    let Request::Put(ObjectPut { dataset, step, session, writer, shard, object: PutItem { var, id, region, elem, copy, .. }, .. }) = put
+    else {
+        unreachable!()
+    };
     let steal = Request::Put(ObjectPut {
         dataset,
         step,
         session,
-        var,
-        id: id + 1,
-        region,
-        elem,
-        checksum: 0,
-        copy,
         writer,
         shard,
         from: Some(vec![(addr, len)]),
+        object: PutItem { var, id: id + 1, region, elem, checksum: 0, copy },
     });
     let put = said(conn.call(None, &steal, &[]));
     let Request::Get { dataset, step, id, want, shard, .. } = get else { unreachable!() };

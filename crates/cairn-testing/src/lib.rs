@@ -1,6 +1,11 @@
-//! A cluster of servers inside one process, for tests: each server runs [`run`] on its own
-//! runtime thread, and any of them can be killed (its runtime and every connection dropped at
-//! once, its memory lost, as with SIGKILL) and restarted empty on the same address.
+//! Test scaffolding for Cairn's crates, kept out of their public API (a dev-dependency only):
+//!
+//! - [`TestCluster`]: servers inside one process, each running [`run`] on its own runtime
+//!   thread; any of them can be killed (its runtime and every connection dropped at once, its
+//!   memory lost, as with SIGKILL), restarted empty on the same address, or cut off from the
+//!   other meta servers.
+//! - [`RawConn`]: one authenticated connection speaking the protocol directly, as a client or
+//!   a peer server.
 
 use cairn_core::placement::ServerSpec;
 use cairn_core::{Error, Result};

@@ -233,7 +233,7 @@ impl StagingWriter {
                     [one] => {
                         let o = &objects[*one];
                         let mut req = o.req.clone();
-                        if let (Some(s), Request::Put(ObjectPut { checksum, .. })) = (&o.sums, &mut req) {
+                        if let (Some(s), Request::Put(ObjectPut { object: PutItem { checksum, .. }, .. })) = (&o.sums, &mut req) {
                             *checksum = s.get_or_init(|| sums(o.dtype, &o.parts)).0;
                         }
                         (req, o.parts.iter().map(|p| p.as_ref()).collect::<Vec<&[u8]>>())
@@ -298,15 +298,17 @@ impl StagingWriter {
                         dataset: self.dataset.clone(),
                         step: *step,
                         session: self.session.clone(),
-                        var: block.def.name.clone(),
-                        id,
-                        region: piece.clone(),
-                        elem: elem as u32,
-                        checksum,
-                        copy: copy as u32,
                         writer: self.rank,
                         shard,
                         from: None,
+                        object: PutItem {
+                            var: block.def.name.clone(),
+                            id,
+                            region: piece.clone(),
+                            elem: elem as u32,
+                            checksum,
+                            copy: copy as u32,
+                        },
                     })
                 };
                 let redundancy = if let Some((k, m)) = stripe {
@@ -467,11 +469,9 @@ fn put_many<'a>(objects: &'a [Outgoing<'_>], which: &[usize]) -> (Request, Vec<&
     let mut head = None;
     for &i in which {
         let o = &objects[i];
-        let Request::Put(ObjectPut { dataset, step, session, writer, var, id, region, elem, copy, .. }) = &o.req else {
-            unreachable!("only puts are batched")
-        };
+        let Request::Put(ObjectPut { dataset, step, session, writer, object, .. }) = &o.req else { unreachable!("only puts are batched") };
         let checksum = o.sums.as_ref().map_or(0, |s| s.get_or_init(|| sums(o.dtype, &o.parts)).0);
-        items.push(PutItem { var: var.clone(), id: *id, region: region.clone(), elem: *elem, checksum, copy: *copy });
+        items.push(PutItem { checksum, ..object.clone() });
         parts.extend(o.parts.iter().map(|p| p.as_ref()));
         head.get_or_insert((dataset, *step, session, *writer));
     }
@@ -719,15 +719,17 @@ mod tests {
             dataset: "d".into(),
             step,
             session: "s".into(),
-            var: "v".into(),
-            id,
-            region: Region::new(vec![0], vec![bytes.len() as u64]).unwrap(),
-            elem: 1,
-            checksum: 0,
-            copy: 0,
             writer: 0,
             shard,
             from: None,
+            object: PutItem {
+                var: "v".into(),
+                id,
+                region: Region::new(vec![0], vec![bytes.len() as u64]).unwrap(),
+                elem: 1,
+                checksum: 0,
+                copy: 0,
+            },
         });
         Outgoing { req, parts: vec![Cow::Borrowed(bytes)], sums: (shard == 0).then(Sums::default), dtype: DType::U8 }
     }

@@ -87,7 +87,9 @@ pub fn rebuild_piece(p: &RebuildPiece) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_proto::message::{ClaimLease, ObjectPut, PeerRequest, Request, ServerRequest, MAX_ATTACH_PROBE, MAX_LEASE_MS, MAX_REBUILD};
+    use cairn_proto::message::{
+        ClaimLease, ObjectPut, PeerRequest, PutItem, Request, ServerRequest, MAX_ATTACH_PROBE, MAX_LEASE_MS, MAX_REBUILD,
+    };
 
     fn request(req: &Request, len: u64) -> Result<()> {
         crate::cmd::check(&ServerRequest::Client(req.clone()), len)
@@ -156,15 +158,17 @@ mod tests {
                 dataset: "d".into(),
                 step: 0,
                 session: "s".into(),
-                var: "v".into(),
-                id: 1,
-                region: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
-                elem: 8,
-                checksum: 0,
-                copy: 0,
                 writer: 0,
                 shard: 0,
                 from,
+                object: PutItem {
+                    var: "v".into(),
+                    id: 1,
+                    region: cairn_core::Region::new(vec![0], vec![4]).unwrap(),
+                    elem: 8,
+                    checksum: 0,
+                    copy: 0,
+                },
             })
         };
         assert!(request(&put(Some(vec![(4096, 16), (8192, 16)])), 0).is_ok());

@@ -12,13 +12,13 @@ use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{ObjectPut, Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
+use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Checks a data request whose frame announced `payload_len` payload bytes.
 pub fn check(req: &Request, payload_len: u64) -> Result<()> {
     match req {
-        Request::Put(ObjectPut { id, region, elem, shard, from, .. }) => {
+        Request::Put(ObjectPut { shard, from, object: PutItem { id, region, elem, .. }, .. }) => {
             // A same-node put names the bytes in the client's memory instead of sending them.
             let len = match from {
                 Some(runs) if payload_len == 0 => runs_len(runs)?,
@@ -114,20 +114,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
         Request::PutMany { dataset, step, session, writer, objects, from, leases } => {
             let headers = objects
                 .into_iter()
-                .map(|o| ObjectPut {
-                    dataset: dataset.clone(),
-                    step,
-                    session: session.clone(),
-                    var: o.var,
-                    id: o.id,
-                    region: o.region,
-                    elem: o.elem,
-                    checksum: o.checksum,
-                    copy: o.copy,
-                    writer,
-                    shard: 0,
-                    from: None,
-                })
+                .map(|object| ObjectPut { dataset: dataset.clone(), step, session: session.clone(), writer, shard: 0, from: None, object })
                 .collect();
             match (from, leases) {
                 (_, Some(ids)) => plain(put_leased(state, local.as_mut(), &ids, headers)),
@@ -198,7 +185,7 @@ pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers:
         let len = item_len(&h);
         let stored = peer.take(*id, len).and_then(|seg| {
             state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
-            let crc = h.checksum;
+            let crc = h.object.checksum;
             // The lease's reservation passes to the object.
             store_checked(state, h, false, Memory::Shared(seg), crc, state.store.reserved(len))
         });
@@ -213,7 +200,7 @@ pub fn put_leased(state: &State, peer: Option<&mut Local>, ids: &[u64], headers:
 
 /// The bytes of one object of a put_many (its box and element size were checked).
 fn item_len(h: &ObjectPut) -> u64 {
-    h.region.volume() * u64::from(h.elem)
+    h.object.region.volume() * u64::from(h.object.elem)
 }
 
 /// Stores the objects of a put_many from its payload (`len` bytes, checked to be theirs back

@@ -19,7 +19,7 @@ pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
         if p.from.is_some() {
             return Err(Error::InvalidArgument("a piece comes as the payload, not as client memory".into()));
         }
-        return super::data::piece_fits(p.id, &p.region, p.elem, p.shard, payload_len);
+        return super::data::piece_fits(p.object.id, &p.object.region, p.object.elem, p.shard, payload_len);
     }
     no_payload(&req.op_name(), payload_len)?;
     match req {

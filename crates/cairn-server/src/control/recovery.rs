@@ -267,10 +267,17 @@ impl Recovery {
     }
 
     fn add(self: &Arc<Self>, jobs: Vec<Job>) {
-        if jobs.is_empty() {
-            return;
+        {
+            // A piece is queued once: the scan of a view change and the commit of a step that
+            // placed pieces on the lost server name the same ones, and two rebuilds of one piece
+            // in a batch would each find the other's copy stored and fail for good.
+            let mut q = lock(&self.queue);
+            let mut queued: BTreeSet<(String, u64, u64, u32)> = q.iter().map(|j| (j.dataset.clone(), j.step, j.id, j.from)).collect();
+            q.extend(jobs.into_iter().filter(|j| queued.insert((j.dataset.clone(), j.step, j.id, j.from))));
+            if q.is_empty() {
+                return;
+            }
         }
-        lock(&self.queue).extend(jobs);
         let me = self.clone();
         self.worker.start(self.state.shutdown.subscribe(), move || {
             let me = me.clone();
@@ -574,6 +581,18 @@ mod tests {
         // names on it now is its own.
         let v = v.rejoin(1).unwrap().fail(2).unwrap().replace(2, 1).unwrap();
         assert_eq!((target(&v, &[1, 3], 1), target(&v, &[2, 3], 2)), (None, Some(1)));
+    }
+
+    #[tokio::test]
+    async fn a_piece_is_queued_once() {
+        // The scan of a view change and the commit of a step name the same pieces; two rebuilds
+        // of one piece in a batch would each find the other's copy stored, and fail for good.
+        let state = State::new(0, "s".into(), "/nonexistent/cluster.json".into(), 1 << 20, Limits::default());
+        let r = Arc::new(Recovery::new(state, Arc::new(Gate::new(0, Default::default())), Arc::default()));
+        let job = |id| Job { dataset: "d".into(), step: 0, id, from: 1, to: 6, tries: 0, urgent: false, planned: false, bytes: 8 };
+        r.add(vec![job(1), job(1), job(2)]);
+        r.add(vec![job(2), job(3)]);
+        assert_eq!(r.pending(), 3, "(the worker has not run yet on this runtime)");
     }
 
     #[test]
