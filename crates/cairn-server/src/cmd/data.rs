@@ -101,10 +101,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
     let bound = local.as_ref().map(Local::peer).transpose();
     let plain = |r: Result<Response>| r.map(Reply::Plain);
     if matches!(req, Request::Put(ObjectPut { .. }) | Request::PutMany { .. } | Request::Get { .. }) {
-        if let Err(e) = state.check_member() {
-            discard(stream, p.payload_len).await?;
-            return Err(e);
-        }
+        super::require_member(state, stream, p.payload_len).await?;
     }
     match req {
         Request::Put(mut h) => match h.from.take() {

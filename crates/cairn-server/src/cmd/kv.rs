@@ -44,10 +44,7 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
 pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
     let state = &ctl.state;
     if matches!(req, Request::KvPut { .. } | Request::KvGet { .. }) {
-        if let Err(e) = state.check_member() {
-            discard(stream, p.payload_len).await?;
-            return Err(e);
-        }
+        super::require_member(state, stream, p.payload_len).await?;
     }
     match req {
         Request::KvPut { keys, sizes, member } => put(state, stream, p.payload_len, keys, sizes, member).await.map(Reply::Plain),

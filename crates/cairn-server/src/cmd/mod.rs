@@ -24,6 +24,7 @@ pub mod step;
 use crate::control::Control;
 use crate::local::Local;
 use crate::reply::{discard, Reply};
+use crate::state::State;
 use cairn_core::Result;
 use cairn_proto::frame::Prefix;
 use cairn_proto::message::{Request, ServerRequest};
@@ -99,6 +100,16 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         ServerRequest::Peer(r) => peer::apply(ctl, r, p, stream).await,
         ServerRequest::Raft(r) => raft::apply(ctl, r, p, stream).await,
     }
+}
+
+/// Refuses a request that needs this server's objects while the server is declared down (see
+/// [`State::check_member`]), reading past the request's payload so the connection stays in step.
+async fn require_member<S: AsyncRead + Unpin>(state: &State, stream: &mut S, payload_len: u64) -> Result<()> {
+    if let Err(e) = state.check_member() {
+        discard(stream, payload_len).await?;
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// The error for a request routed to a family it is not of (a bug here, never the client's).

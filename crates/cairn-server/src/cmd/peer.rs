@@ -5,7 +5,7 @@
 use super::check::{no_payload, rebuild_piece};
 use crate::control::Control;
 use crate::objects::seal_or_drop;
-use crate::reply::{discard, Reply};
+use crate::reply::Reply;
 use cairn_core::erasure::MAX_SHARDS;
 use cairn_core::{Error, Result};
 use cairn_proto::frame::Prefix;
@@ -53,10 +53,7 @@ pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
 pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p: Prefix, stream: &mut S) -> Result<Reply> {
     let state = &ctl.state;
     if !matches!(req, PeerRequest::Seal { .. } | PeerRequest::ViewChanged { .. }) {
-        if let Err(e) = state.check_member() {
-            discard(stream, p.payload_len).await?;
-            return Err(e);
-        }
+        super::require_member(state, stream, p.payload_len).await?;
     }
     let r = match req {
         PeerRequest::Piece(h) => super::data::put(state, stream, p.payload_len, h, true).await,

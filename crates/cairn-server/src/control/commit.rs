@@ -255,7 +255,7 @@ impl Commits {
         }
         lock(&self.sweeps).push_back(Sweep { dataset: dataset.to_string(), step, session: session.to_string(), servers });
         let me = self.clone();
-        self.sweeper.start(self.state.shutdown.subscribe(), move || {
+        self.sweeper.run(self.state.shutdown.subscribe(), move || {
             let me = me.clone();
             async move {
                 let Some(Sweep { dataset, step, session, servers }) = lock(&me.sweeps).pop_front() else { return Next::Idle };
@@ -275,7 +275,6 @@ impl Commits {
                 Next::Again
             }
         });
-        self.sweeper.wake();
     }
 
     /// A writer rank's abort of its session's step: the step aborts for every rank (those that

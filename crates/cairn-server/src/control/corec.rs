@@ -92,11 +92,10 @@ impl Corec {
             }
         }
         let me = self.clone();
-        self.worker.start(self.state.shutdown.subscribe(), move || {
+        self.worker.run(self.state.shutdown.subscribe(), move || {
             let me = me.clone();
             async move { me.round().await }
         });
-        self.worker.wake();
     }
 
     /// Forgets the objects of a released step.

@@ -279,11 +279,10 @@ impl Recovery {
             }
         }
         let me = self.clone();
-        self.worker.start(self.state.shutdown.subscribe(), move || {
+        self.worker.run(self.state.shutdown.subscribe(), move || {
             let me = me.clone();
             async move { me.round().await }
         });
-        self.worker.wake();
     }
 
     /// The next batch: the touched jobs at the front of the queue (up to a full batch), or `n`

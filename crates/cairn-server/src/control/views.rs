@@ -116,7 +116,7 @@ impl Views {
             }
         }
         let me = self.clone();
-        self.pusher.start(self.state.shutdown.subscribe(), move || {
+        self.pusher.run(self.state.shutdown.subscribe(), move || {
             let me = me.clone();
             async move {
                 let Some(view) = lock(&me.to_push).take() else { return Next::Idle };
@@ -133,7 +133,6 @@ impl Views {
                 Next::Again
             }
         });
-        self.pusher.wake();
     }
 
     /// Asks every other server for its view and installs the newest, in the background; one

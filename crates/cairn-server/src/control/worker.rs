@@ -64,6 +64,17 @@ impl Worker {
         }));
     }
 
+    /// Starts the task unless it runs (see [`Worker::start`]), then asks for a round: what a
+    /// service does when it queues work.
+    pub fn run<F, Fut>(&self, shutdown: broadcast::Receiver<()>, round: F)
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Next> + Send,
+    {
+        self.start(shutdown, round);
+        self.wake();
+    }
+
     /// Asks for a round: at once when the worker sleeps, else right after the one running.
     pub fn wake(&self) {
         self.wake.notify_one();
