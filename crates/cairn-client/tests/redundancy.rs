@@ -7,7 +7,7 @@ use cairn_core::corec::{Policy, Scheme};
 use cairn_core::index::Redundancy;
 use cairn_server::Limits;
 use cairn_testing::TestCluster;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const N: u64 = 8192;
 
@@ -22,15 +22,6 @@ fn cfg(c: &TestCluster) -> Config {
 
 fn start(dir: &std::path::Path, n: u32, policy: Policy) -> TestCluster {
     TestCluster::start_with(dir, n, 0, 64 << 20, Limits::default(), 3, policy).unwrap()
-}
-
-/// Waits until `f` holds (or fails the test after 20 s).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Reads every object of every step on its own: the ones that must read back exactly do, and
@@ -133,7 +124,7 @@ fn cold_objects_are_encoded_and_read_through_one_failure_then_lost_by_name_past_
         let r = Reader::open("d", &cfg).unwrap();
         r.block_states("x", step).unwrap().1.iter().all(|s| *s == "encoded")
     };
-    eventually("steps 0 and 1 encoded", || encoded(0) && encoded(1));
+    c.until(Duration::from_secs(20), "steps 0 and 1 encoded", |_| encoded(0) && encoded(1)).unwrap();
     let r = Reader::open("d", &cfg).unwrap();
     for b in r.blocks("x", 0).unwrap() {
         for o in &b.objects {
@@ -143,10 +134,11 @@ fn cold_objects_are_encoded_and_read_through_one_failure_then_lost_by_name_past_
     }
     assert!(r.block_states("x", 2).unwrap().1.iter().all(|s| *s == "replicated"));
     // Copies made redundant are dropped: servers hold shards, and less than two copies' worth.
-    eventually("copies of encoded objects dropped", || {
+    c.until(Duration::from_secs(20), "copies of encoded objects dropped", |c| {
         let used: u64 = (0..6).map(|s| c.state(s).unwrap().store.used()).sum();
         used < 2 * 3 * 2 * N
-    });
+    })
+    .unwrap();
     assert!((0..6).map(|s| c.state(s).unwrap().store.copies().1).sum::<u64>() >= 2 * 2 * 5);
     // Server 5 (not a meta server) dies: every box of every step reads back exactly, encoded
     // objects decoded from their other shards.

@@ -31,15 +31,6 @@ fn cfg(c: &TestCluster, object_size: u64) -> Config {
     cfg
 }
 
-/// Polls `cond` until it holds, failing after `limit`.
-fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn used(c: &TestCluster, id: u32) -> u64 {
     c.state(id).unwrap().store.used()
 }
@@ -134,7 +125,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
     use std::io::Write;
     raw.stream.write_all(&head).unwrap();
     raw.stream.write_all(&[0u8; 1 << 20]).unwrap();
-    eventually(Duration::from_secs(5), "the reservation is held while the payload flows", || used(c, 0) >= 6 << 20);
+    c.until(Duration::from_secs(5), "the reservation is held while the payload flows", |c| used(c, 0) >= 6 << 20).unwrap();
     // The uploader stalls: a legitimate writer is refused for now, then served once the
     // stalled connection hits its deadline.
     let cfg = cfg(c, 8 << 20);
@@ -146,7 +137,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         })
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
-    eventually(Duration::from_secs(5), "the stalled upload's space comes back", || used(c, 0) == 0);
+    c.until(Duration::from_secs(5), "the stalled upload's space comes back", |c| used(c, 0) == 0).unwrap();
     assert!(write_step(&cfg, "other", 0, "s2", &vec![1; 4 << 20], false));
 }
 
@@ -181,7 +172,7 @@ fn a_crashed_sessions_objects_are_dropped_everywhere_at_the_next_commit() {
     let mut cfg2 = cfg.clone();
     cfg2.set("object_size", "1048576").unwrap();
     assert!(write_step(&cfg2, "run", 0, "restarted", &[2; 1000], true));
-    eventually(Duration::from_secs(5), "only the restart's 1000 bytes stay", || (0..4).map(|s| used(c, s)).sum::<u64>() == 1000);
+    c.until(Duration::from_secs(5), "only the restart's 1000 bytes stay", |c| (0..4).map(|s| used(c, s)).sum::<u64>() == 1000).unwrap();
 }
 
 #[test]
@@ -379,7 +370,7 @@ fn leftovers_on_a_server_the_commit_does_not_seal_are_swept() {
     // One small object: it lands on one server; the other two take no part in the commit.
     (0..3).for_each(|s| plant_leftover(c, s));
     assert!(write_step(&cfg, "run", 0, "s", &[1; 1000], false));
-    eventually(Duration::from_secs(5), "only the step's 1000 bytes stay", || (0..3).map(|s| used(c, s)).sum::<u64>() == 1000);
+    c.until(Duration::from_secs(5), "only the step's 1000 bytes stay", |c| (0..3).map(|s| used(c, s)).sum::<u64>() == 1000).unwrap();
 }
 
 #[test]
@@ -435,7 +426,7 @@ fn a_writer_that_leases_segments_and_hangs_gives_them_back_by_the_deadline() {
     // The writer hangs before its put (as a SIGSTOPped one would): a connection holding leases
     // is never idle, so the deadline drops it, and the leases and their space come back.
     let start = Instant::now();
-    eventually(Duration::from_secs(5), "the hung lessee's space is given back", || used(c, 0) == 0);
+    c.until(Duration::from_secs(5), "the hung lessee's space is given back", |c| used(c, 0) == 0).unwrap();
     assert!(start.elapsed() >= Duration::from_millis(200), "not before the deadline: {:?}", start.elapsed());
     let cfg = cfg(c, 8 << 20);
     assert!(write_step(&cfg, "d", 0, "s", &[7; 6 << 20], false), "the space serves the next writer");

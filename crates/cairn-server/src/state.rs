@@ -178,6 +178,11 @@ impl State {
         Ok(Some(current))
     }
 
+    /// A receiver told of every view installed later (its epoch).
+    pub fn epochs(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.epoch.subscribe()
+    }
+
     /// Waits (at most `limit`) until this server's view is at `epoch` or newer; whether it is.
     pub async fn view_at(&self, epoch: u64, limit: std::time::Duration) -> bool {
         let mut rx = self.epoch.subscribe();

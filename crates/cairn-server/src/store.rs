@@ -65,6 +65,9 @@ pub struct Store {
     used: AtomicU64,
     steps: Mutex<HashMap<StepKey, HashMap<ObjKey, Object>>>,
     pool: Pool,
+    /// Counts changes of what is held or reserved, for those waiting on one (room for a put,
+    /// a test's condition) instead of polling.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// Buffers of freed objects kept for reuse by size. Writing into fresh memory costs a page fault
@@ -89,7 +92,7 @@ pub struct Reservation<'a> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        self.store.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.store.give_back(self.bytes);
     }
 }
 
@@ -109,12 +112,34 @@ impl Store {
 
     /// Gives back bytes kept with [`Reservation::keep`].
     pub fn free(&self, bytes: u64) {
+        self.give_back(bytes);
+    }
+
+    fn give_back(&self, bytes: u64) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
+        self.changed();
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver told of every later change of what is held or reserved: subscribe, then check
+    /// the condition, then wait for [`tokio::sync::watch::Receiver::changed`] (no change is missed).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// An empty store of server `server` holding at most `limit` bytes.
     pub fn new(server: u32, limit: u64) -> Store {
-        Store { server, limit, used: AtomicU64::new(0), steps: Mutex::new(HashMap::new()), pool: Pool::default() }
+        Store {
+            server,
+            limit,
+            used: AtomicU64::new(0),
+            steps: Mutex::new(HashMap::new()),
+            pool: Pool::default(),
+            changes: tokio::sync::watch::channel(0).0,
+        }
     }
 
     /// Bytes held or reserved.
@@ -150,7 +175,10 @@ impl Store {
                 )));
             }
             match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(Reservation { store: self, bytes }),
+                Ok(_) => {
+                    self.changed();
+                    return Ok(Reservation { store: self, bytes });
+                }
                 Err(now) => cur = now,
             }
         }
@@ -251,9 +279,9 @@ impl Store {
             )));
         }
         std::mem::forget(r);
-        if let Some(old) = held.insert(key, obj) {
-            self.used.fetch_sub(old.data.len() as u64, Ordering::AcqRel);
-        }
+        let old = held.insert(key, obj);
+        drop(steps);
+        self.give_back(old.map_or(0, |o| o.data.len() as u64));
         Ok(())
     }
 
@@ -319,7 +347,7 @@ impl Store {
         }
         held.values_mut().for_each(|o| o.sealed = true);
         drop(steps);
-        self.used.fetch_sub(gone.iter().map(|o| o.data.len() as u64).sum(), Ordering::AcqRel);
+        self.give_back(gone.iter().map(|o| o.data.len() as u64).sum());
         self.recycle(gone);
         Ok(())
     }
@@ -351,7 +379,7 @@ impl Store {
         }
         drop(steps);
         let freed = gone.iter().map(|o| o.data.len() as u64).sum();
-        self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.give_back(freed);
         self.recycle(gone);
         freed
     }
@@ -360,7 +388,7 @@ impl Store {
     pub fn clear(&self) -> u64 {
         let gone: Vec<Object> = std::mem::take(&mut *lock(&self.steps)).into_values().flat_map(|s| s.into_values()).collect();
         let freed = gone.iter().map(|o| o.data.len() as u64).sum();
-        self.used.fetch_sub(freed, Ordering::AcqRel);
+        self.give_back(freed);
         self.recycle(gone);
         freed
     }

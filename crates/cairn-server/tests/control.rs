@@ -12,17 +12,17 @@ fn roles(c: &TestCluster, ids: &[u32]) -> Vec<(&'static str, Option<u32>)> {
 
 /// The leader every listed meta server agrees on, once they do (non-meta servers hold no replica).
 fn agreed_leader(c: &TestCluster, ids: &[u32], within: Duration) -> u32 {
-    let start = Instant::now();
-    loop {
+    let agreed = |c: &TestCluster| {
         let r: Vec<_> = roles(c, ids).into_iter().filter(|(role, _)| *role != "none").collect();
-        if let Some((_, Some(l))) = r.first() {
-            if r.iter().all(|(_, x)| *x == Some(*l)) && r.iter().filter(|(role, _)| *role == "leader").count() == 1 {
-                return *l;
+        match r.first() {
+            Some((_, Some(l))) if r.iter().all(|(_, x)| *x == Some(*l)) && r.iter().filter(|(role, _)| *role == "leader").count() == 1 => {
+                Some(*l)
             }
+            _ => None,
         }
-        assert!(start.elapsed() < within, "no agreed leader among {ids:?} within {within:?}: {r:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    c.until(within, "an agreed leader", |c| agreed(c).is_some()).unwrap_or_else(|e| panic!("{e} among {ids:?}: {:?}", roles(c, ids)));
+    agreed(c).expect("agreed just now")
 }
 
 #[test]
@@ -43,15 +43,12 @@ fn meta_servers_elect_fail_over_and_rejoin() {
     assert!(killed.elapsed() < Duration::from_secs(3), "failover took {:?}", killed.elapsed());
     // Restarted empty, it rejoins under a new node id in place of its old one.
     c.restart(leader).unwrap();
-    let start = Instant::now();
-    loop {
-        let voters = c.control(next).unwrap().gate.get().unwrap().voters();
-        let mine: Vec<u64> = voters.iter().copied().filter(|v| (v >> 32) as u32 == leader).collect();
-        if voters.len() == 3 && mine.len() == 1 && mine[0] & 0xffff_ffff != 0 {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no rejoin: voters {voters:x?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let voters = |c: &TestCluster| c.control(next).unwrap().gate.get().unwrap().voters();
+    c.until(Duration::from_secs(10), "the restarted server's rejoin", |c| {
+        let v = voters(c);
+        let mine: Vec<u64> = v.iter().copied().filter(|v| (v >> 32) as u32 == leader).collect();
+        v.len() == 3 && mine.len() == 1 && mine[0] & 0xffff_ffff != 0
+    })
+    .unwrap_or_else(|e| panic!("{e}: voters {:x?}", voters(&c)));
     assert_eq!(agreed_leader(&c, &all, Duration::from_secs(10)), next, "the rejoined server follows the leader");
 }

@@ -21,7 +21,7 @@ use cairn_testing::{RawConn, TestCluster};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ROLE: &str = "CAIRN_PID_REUSE_ROLE";
 const LEN: usize = 4096;
@@ -57,16 +57,16 @@ fn outside() {
         .env(ROLE, "orchestrator")
         .spawn()
         .expect("unshare (util-linux)");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait()));
+    let status = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(s) => s.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on the child we spawned and have not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
             panic!("pid_reuse: the namespace did not finish within 60 s");
         }
-        std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "pid_reuse failed: {status}");
     println!("pid_reuse: a copy never touched the process that took a gone client's pid");

@@ -183,18 +183,55 @@ impl TestCluster {
 
     /// The running server that leads the control plane, once one does within `within`.
     pub fn leader(&self, within: Duration) -> Result<u32> {
-        let start = Instant::now();
-        loop {
-            let lead = (0..self.servers.len() as u32)
-                .find(|id| self.control(*id).and_then(|c| c.gate.get()).is_some_and(|l| l.role().0 == "leader"));
-            if let Some(l) = lead {
-                return Ok(l);
+        let lead = || {
+            (0..self.servers.len() as u32).find(|id| self.control(*id).and_then(|c| c.gate.get()).is_some_and(|l| l.role().0 == "leader"))
+        };
+        self.until(within, "a server to lead the control plane", |_| lead().is_some())?;
+        lead().ok_or_else(|| Error::Unavailable("the leader stepped down at once".into()))
+    }
+
+    /// Waits until `cond` holds, checking it again whenever a running server's store (objects
+    /// held or reserved), view or control-plane replica changes: no polling, and no change
+    /// missed (each is subscribed to before `cond` is checked). After `within`, an error naming
+    /// `what`.
+    pub fn until(&self, within: Duration, what: &str, mut cond: impl FnMut(&Self) -> bool) -> Result<()> {
+        let rt =
+            tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| Error::io("starting a test runtime", e))?;
+        let end = Instant::now() + within;
+        rt.block_on(async {
+            loop {
+                let mut changes = tokio::task::JoinSet::new();
+                for ctl in self.servers.iter().flatten().map(|r| &r.ctl) {
+                    let mut store = ctl.state.store.changes();
+                    let mut view = ctl.state.epochs();
+                    let mut started = ctl.gate.started();
+                    let mut raft = ctl.gate.get().map(|l| l.raft().metrics());
+                    changes.spawn(async move {
+                        let raft = async {
+                            match raft.as_mut() {
+                                Some(m) => m.changed().await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        // A stopped server's channels close: wait on the others.
+                        tokio::select! {
+                            Ok(()) = store.changed() => {}
+                            Ok(()) = view.changed() => {}
+                            Ok(()) = started.changed() => {}
+                            Ok(()) = raft => {}
+                            else => std::future::pending().await,
+                        }
+                    });
+                }
+                if cond(self) {
+                    return Ok(());
+                }
+                let left = end.saturating_duration_since(Instant::now());
+                if tokio::time::timeout(left, changes.join_next()).await.is_err() {
+                    return Err(Error::Unavailable(format!("not within {within:?}: {what}")));
+                }
             }
-            if start.elapsed() > within {
-                return Err(Error::Unavailable(format!("no server led the control plane within {within:?}")));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        })
     }
 
     /// Cuts server `id` off from the other meta servers (`true`) or heals it: its Raft messages
@@ -213,19 +250,11 @@ impl TestCluster {
 
     /// Waits until every running server holds a view of epoch `epoch` or newer.
     pub fn await_epoch(&self, epoch: u64, within: Duration) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            let behind: Vec<u32> = (0..self.servers.len() as u32)
-                .filter(|id| self.state(*id).is_some_and(|s| s.view().map_or(true, |v| v.epoch < epoch)))
-                .collect();
-            if behind.is_empty() {
-                return Ok(());
-            }
-            if start.elapsed() > within {
-                return Err(Error::Unavailable(format!("servers {behind:?} did not reach view {epoch} within {within:?}")));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let behind = |c: &Self| -> Vec<u32> {
+            (0..c.servers.len() as u32).filter(|id| c.state(*id).is_some_and(|s| s.view().map_or(true, |v| v.epoch < epoch))).collect()
+        };
+        self.until(within, &format!("every server on view {epoch}"), |c| behind(c).is_empty())
+            .map_err(|_| Error::Unavailable(format!("servers {:?} did not reach view {epoch} within {within:?}", behind(self))))
     }
 
     /// Restarts a killed server, empty, on its old address.

@@ -495,7 +495,7 @@ impl Cluster {
             }
             if started.elapsed() > budget {
                 if let Some(q) = quorum_lost {
-                    return Err(Error::Unavailable(format!(
+                    return Err(Error::LostQuorum(format!(
                         "no leader of the control plane answered {op} within {:.1} s: {q}",
                         budget.as_secs_f64()
                     )));

@@ -40,6 +40,8 @@ pub struct Gate {
     /// How it takes part.
     pub options: MetaOptions,
     log: OnceLock<RaftLog>,
+    /// Set once the replica is installed, for those waiting on it.
+    started: tokio::sync::watch::Sender<bool>,
     /// Raft traffic to and from this server is dropped: a network partition of the control
     /// plane, for tests (`testing::TestCluster::partition`); clients still reach it.
     cut: AtomicBool,
@@ -48,12 +50,18 @@ pub struct Gate {
 impl Gate {
     /// The gate of server `id`, its replica not started yet.
     pub fn new(id: u32, options: MetaOptions) -> Gate {
-        Gate { id, options, log: OnceLock::new(), cut: AtomicBool::new(false) }
+        Gate { id, options, log: OnceLock::new(), started: tokio::sync::watch::channel(false).0, cut: AtomicBool::new(false) }
     }
 
     /// Installs the started replica.
     pub fn set(&self, log: RaftLog) {
         let _ = self.log.set(log);
+        self.started.send_replace(true);
+    }
+
+    /// A receiver told when the replica is installed ([`Gate::set`]).
+    pub fn started(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.started.subscribe()
     }
 
     /// This server's replica, if it runs one.
