@@ -48,6 +48,7 @@ class BlockInfo:
     codec: str | None  # codec pipeline of the stored bytes (``pco:f8le:4+zstd:1``), None if raw
     redundancy: int = 0  # server failures its variable survives (staging)
     state: str = "replicated"  # "replicated", or "degraded" when a copy is on a server that is down
+    level: str = "memory"  # where it is read from: "memory" (staging servers) or "disk" (drained, or the file engine)
 
 
 def _dtype(spec: Any) -> str:
@@ -59,6 +60,19 @@ def _dtype(spec: Any) -> str:
     except (TypeError, ValueError) as e:  # ValueError: also text numpy cannot encode
         raise InvalidArgumentError(f"unknown dtype {_check.show(spec)}: {e}") from None
     return f"{dt.kind}{dt.itemsize}"
+
+
+def _wait_drained(inner: Any, step: int | None, timeout: float | None) -> bool:
+    """A native handle's ``wait_drained``, in slices so Ctrl-C is honoured while it waits."""
+    step = None if step is None else _step(step)
+    timeout = _timeout(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+        if inner.wait_drained(step, left):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
 
 
 def _step(step: Any) -> int:
@@ -351,6 +365,13 @@ class Writer:
             if timeout is not None:
                 return False
 
+    def wait_drained(self, step: int | None = None, timeout: float | None = None) -> bool:
+        """Wait until ``step`` (default: the newest committed step the cluster's drain cadence
+        names) is drained to disk: True once it is, False after ``timeout`` seconds (``None``: no
+        limit); raises the drain's error if it failed (:class:`CapacityError` for a full disk).
+        Always True for the ``file`` engine. A job script calls it before its allocation ends."""
+        return _wait_drained(self._inner, step, timeout)
+
     def _settle(self) -> None:
         """Raises the :class:`StepError` of a step this rank ended that aborted since."""
         aborted = self._inner.take_aborted()
@@ -451,6 +472,13 @@ class Reader:
     def steps(self) -> list[int]:
         """Committed steps, sorted. Re-read on every call, so new commits appear."""
         return self._inner.steps()
+
+    def wait_drained(self, step: int | None = None, timeout: float | None = None) -> bool:
+        """Wait until ``step`` (default: the newest committed step the cluster's drain cadence
+        names) is drained to disk: True once it is, False after ``timeout`` seconds (``None``: no
+        limit); raises the drain's error if it failed (:class:`CapacityError` for a full disk).
+        Always True for the ``file`` engine. A job script calls it before its allocation ends."""
+        return _wait_drained(self._inner, step, timeout)
 
     def wait_step(self, step: int, timeout: float | None = None) -> bool:
         """Wait until ``step`` is committed (at most ``timeout`` seconds, finite and >= 0; ``None``
@@ -567,8 +595,9 @@ class Reader:
 
     def blocks(self, name: str, step: int) -> list[BlockInfo]:
         """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
-        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, level, state)
-                for w, o, c, lo, hi, mean, crc, n, stored, codec, level, state in self._inner.blocks(_var(name), _step(step))]
+        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, redundancy, state, level)
+                for w, o, c, lo, hi, mean, crc, n, stored, codec, redundancy, (state, level)
+                in self._inner.blocks(_var(name), _step(step))]
 
     def get(self, name: str, step: int, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:

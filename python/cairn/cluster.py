@@ -117,11 +117,13 @@ class LocalCluster:
 
 
 _REDUNDANCY_KEYS = ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")
+#: The drain to disk's keys (``[staging]`` table, ``cairn cluster start`` flags).
+DRAIN_KEYS = ("drain", "drain_every", "drain_mtbf")
 
 
 def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
     """The redundancy keys of a ``[staging]`` table that are set."""
-    return {k: settings[k] for k in _REDUNDANCY_KEYS if settings and settings.get(k) is not None}
+    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS if settings and settings.get(k) is not None}
 
 
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
@@ -132,7 +134,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           min_efficiency: float | None = None, hot_steps: int | None = None,
           failure_timeout: float | str | None = None, recovery: str | None = None,
           recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
-          mtbf: float | str | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
+          mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
+          drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
+          config: str | os.PathLike[str] | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -143,7 +147,10 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     ``"5s"``, ``"250ms"``; default 3 s) is declared down and a spare takes its slot, where its
     objects are rebuilt (``recovery`` ``"lazy"``: within ``recovery_deadline``, default a quarter
     of ``mtbf`` when given, else 60 s; ``"aggressive"``: at once), sending at most
-    ``recovery_rate`` bytes per second (``"256MiB"``, the default; 0: no limit). The
+    ``recovery_rate`` bytes per second (``"256MiB"``, the default; 0: no limit). With ``drain``
+    (a folder), every committed step whose number is a multiple of ``drain_every`` (default 1;
+    ``"auto"``: Young/Daly from the measured cost of a step's drain and ``drain_mtbf``) is
+    written in the background to ``drain/<dataset>/``, a ``file``-engine dataset. The
     ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``servers``
     is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
     servers, spares = server_count(servers), server_count(spares, "spares", 0)
@@ -163,6 +170,10 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     failure = {"failure_timeout": failure_timeout, "recovery": recovery, "recovery_deadline": recovery_deadline,
                "recovery_rate": recovery_rate, "mtbf": mtbf}
     failure = {k: v if v is not None else staging.get(k) for k, v in failure.items()}
+    drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf}
+    drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
+    if drains["drain"] is not None:
+        drains["drain"] = os.path.abspath(os.fspath(drains["drain"]))
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
     if chosen["redundancy"] is None:
         chosen["redundancy"] = min(1, max(servers - 1, 0))
@@ -170,7 +181,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     for key, value in chosen.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
-    flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure}
+    flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure, **drains}
     for key, value in flags.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
@@ -421,11 +432,60 @@ def _rewrite_servers(file: str | os.PathLike[str], change: Any) -> None:
     os.replace(tmp, file)
 
 
-def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0) -> None:
+def drain_status(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] | None:
+    """The leader's drain to disk: ``{"path", "every", "steps": {dataset: newest drained step},
+    "pending_bytes", "MBps", "error"}`` (and ``interval_s`` for ``drain_every = "auto"``), or
+    None when the cluster drains nothing or no leader answers within ``timeout`` seconds."""
+    if not document(file).get("drain"):
+        return None
+    try:
+        reply = _native.cluster_request(os.fspath(file), 0, json.dumps({"op": "wait_drained", "timeout_ms": 0}), timeout)
+    except CairnError:
+        return None
+    drain: dict[str, Any] = json.loads(reply)["drain"]
+    return drain
+
+
+def drain(file: str | os.PathLike[str], timeout: float | None = None, progress: bool = False) -> dict[str, Any] | None:
+    """Waits until the drain has written every committed step it owes (``pending_bytes`` 0),
+    showing the bytes left with ``progress``; returns its status (None without a drain). The
+    drain's error (a full disk: :class:`CapacityError`) is raised; :class:`UnavailableError`
+    after ``timeout`` seconds or when no leader answers."""
+    from tqdm import tqdm
+
+    from .exceptions import CapacityError
+
+    st = drain_status(file)
+    if st is None:
+        return None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tqdm(desc="draining to disk", unit="B", unit_scale=True, disable=not progress) as bar:
+        while True:
+            st = drain_status(file)
+            if st is None:
+                raise UnavailableError(f"no leader of {file} answered while draining; see `cairn cluster status --file {file}`")
+            if st["error"]:
+                cls = CapacityError if st.get("error_kind") == "capacity" else UnavailableError
+                raise cls(f"the drain to {st['path']} failed: {st['error']}")
+            bar.total = max(bar.total or 0, st["pending_bytes"])
+            bar.n = bar.total - st["pending_bytes"]
+            bar.refresh()
+            if st["pending_bytes"] == 0:
+                return st
+            if deadline is not None and time.monotonic() > deadline:
+                raise UnavailableError(f"{st['pending_bytes']} bytes still to drain to {st['path']} after {timeout} s")
+            time.sleep(0.1)
+
+
+def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0,
+         drain_first: bool = True, progress: bool = False) -> None:
     """Shut every server down (by request; servers that do not answer, or linger, are killed),
-    then remove the cluster file and its folder."""
+    then remove the cluster file and its folder. A cluster that drains to disk first drains every
+    committed step it owes (``drain_first``; with a progress bar when ``progress``)."""
     if not Path(file).exists():
         raise UnavailableError(f"no cluster file {file}; start one with `cairn cluster start --file {file}`")
+    if drain_first:
+        drain(file, progress=progress)
     _native.cluster_stop(os.fspath(file), timeout)
     for p in procs or []:
         p.wait(timeout)

@@ -29,7 +29,8 @@ def _mib(n: int) -> str:
 #: Cluster-side settings a server takes when neither its flags nor the [staging] table name them.
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
                                    "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
-                                   "recovery_rate": "256MiB", "mtbf": None}
+                                   "recovery_rate": "256MiB", "mtbf": None, "drain": None, "drain_every": 1,
+                                   "drain_mtbf": None}
 #: The failure and recovery settings among them (the server parses their text).
 FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
@@ -59,6 +60,14 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
                    help="bytes per second recovery may send, so client requests keep priority (default 256MiB; 0: no limit)")
     p.add_argument("--mtbf", default=None, metavar="DURATION",
                    help="the mean time between server failures expected; sets the default recovery deadline")
+    p.add_argument("--drain", default=None, metavar="PATH",
+                   help="drain every committed step in the background to PATH/<dataset>/ (a file-engine dataset); "
+                        "readers fall back to it when no server answers")
+    p.add_argument("--drain-every", default=None, metavar="N|auto",
+                   help="drain the steps whose number is a multiple of N (default 1); auto: Young/Daly from the "
+                        "measured drain cost and --drain-mtbf")
+    p.add_argument("--drain-mtbf", default=None, metavar="DURATION",
+                   help="mean time between losses of the memory level, for --drain-every auto")
 
 
 def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
@@ -112,19 +121,20 @@ def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      **{k: getattr(args, k) for k in FAILURE_KEYS},
+                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS},
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
     n = len(cluster.servers_of(args.file))
-    cluster.stop(args.file)
+    cluster.stop(args.file, drain_first=not args.no_drain, progress=True)
     print(f"stopped {n} servers of {args.file}")
 
 
-def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The status as scripts read it (``cairn cluster status --json``)."""
+def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The status as scripts read it (``cairn cluster status --json``); ``drain`` is the
+    leader's drain to disk (:func:`cluster.drain_status`), when the cluster has one."""
     leaders = [r["leader"] for r in rows if r["state"] != "down" and r.get("leader") is not None]
     epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
     up = [r for r in rows if r.get("memory_used")]
@@ -143,6 +153,8 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows),
                      # Seconds the recovery under way has run past its deadline (0: on time).
                      "overdue_s": cluster.recovery_overdue(rows)},
+        "drain": None if drain is None else {k: drain.get(k) for k in ("path", "steps", "pending_bytes", "MBps", "error", "every",
+                                                                       "interval_s")},
     }
 
 
@@ -164,8 +176,9 @@ def cmd_retire(args: argparse.Namespace) -> None:
 
 def cmd_status(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
+    drain = cluster.drain_status(args.file, timeout=args.timeout)
     if args.json:
-        print(json.dumps(status_json(rows), indent=2))
+        print(json.dumps(status_json(rows, drain), indent=2))
         return
     print(f"{'server':>6} {'state':<6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
           f"{'objects':>8} {'steps':>6} {'req/s':>8}")
@@ -182,6 +195,15 @@ def cmd_status(args: argparse.Namespace) -> None:
     if rec["pending_objects"]:
         late = f", {rec['overdue_s']:.1f} s past its deadline" if rec["overdue_s"] > 0 else ""
         print(f"recovery: {rec['pending_objects']} object(s) still to rebuild{late}")
+    if drain is not None:
+        steps = ", ".join(f"{d} {s}" for d, s in sorted(drain["steps"].items())) or "none yet"
+        cadence = f"every {drain['every']} step(s)"
+        if drain.get("interval_s"):
+            cadence += f" (auto: Young/Daly interval {drain['interval_s']:.1f} s)"
+        print(f"drain to {drain['path']}, {cadence}: newest drained {steps}; {_mib(drain['pending_bytes'])} MiB pending, "
+              f"{drain['MBps']:.0f} MB/s")
+        if drain["error"]:
+            print(f"drain error: {drain['error']}")
     if args.objects:
         print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
         for r in rows:
@@ -230,6 +252,7 @@ def add(sub: Any) -> None:
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
     sp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
+    sp.add_argument("--no-drain", action="store_true", help="stop at once, without draining the steps still owed to disk")
     sp.set_defaults(func=cmd_stop)
     rp = csub.add_parser("replace", help="give a server's ring slot to a spare (a view change); a live server's pieces "
                                          "are copied to the spare first, then it stops")

@@ -120,6 +120,37 @@ pub struct StagingConfig {
     pub recovery_rate: Option<String>,
     /// Clusters started from here: the mean time between server failures expected.
     pub mtbf: Option<Duration>,
+    /// Clusters started from here: drain every committed step to this folder in the background
+    /// (`PATH/<dataset>/`, a `file`-engine dataset); readers fall back to it.
+    pub drain: Option<PathBuf>,
+    /// Clusters started from here: drain the steps whose number is a multiple of this (default
+    /// 1), or `"auto"` (Young/Daly from the measured drain cost and `drain_mtbf`).
+    pub drain_every: Option<DrainEvery>,
+    /// Clusters started from here: mean time between losses of the memory level.
+    pub drain_mtbf: Option<Duration>,
+}
+
+/// `drain_every`: a step count, or `"auto"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DrainEvery {
+    /// Every this many steps.
+    Steps(u64),
+    /// `"auto"` (or a count written as text).
+    Text(String),
+}
+
+impl DrainEvery {
+    /// The cadence, checked: `None` for `auto`.
+    pub fn get(&self) -> Result<Option<u64>> {
+        let bad = || Error::Config(format!("[staging] drain_every = {self:?}: give a step count >= 1, or \"auto\""));
+        match self {
+            DrainEvery::Steps(0) => Err(bad()),
+            DrainEvery::Steps(n) => Ok(Some(*n)),
+            DrainEvery::Text(t) if t == "auto" => Ok(None),
+            DrainEvery::Text(t) => t.parse::<u64>().ok().filter(|n| *n > 0).map(Some).ok_or_else(bad),
+        }
+    }
 }
 
 /// A duration setting: seconds, or a string with a unit (`"5s"`, `"250ms"`).
@@ -211,6 +242,9 @@ impl Default for StagingConfig {
             recovery_deadline: None,
             recovery_rate: None,
             mtbf: None,
+            drain: None,
+            drain_every: None,
+            drain_mtbf: None,
         }
     }
 }
@@ -239,7 +273,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -278,7 +312,12 @@ impl Config {
         if let Some(d) = &self.staging.failure_timeout {
             d.get().map_err(|e| Error::Config(format!("[staging] failure_timeout: {e}")))?;
         }
-        for (key, d) in [("recovery_deadline", &self.staging.recovery_deadline), ("mtbf", &self.staging.mtbf)] {
+        if let Some(e) = &self.staging.drain_every {
+            e.get()?;
+        }
+        for (key, d) in
+            [("recovery_deadline", &self.staging.recovery_deadline), ("mtbf", &self.staging.mtbf), ("drain_mtbf", &self.staging.drain_mtbf)]
+        {
             if let Some(d) = d {
                 d.get().map_err(|e| Error::Config(format!("[staging] {key}: {e}")))?;
             }
@@ -387,6 +426,16 @@ impl Config {
             "recovery_rate" => {
                 cairn_proto::cluster::parse_size(value.trim_end_matches("/s"))?;
                 self.staging.recovery_rate = Some(value.to_string());
+            }
+            "drain" => self.staging.drain = Some(PathBuf::from(value)),
+            "drain_every" => {
+                let e = DrainEvery::Text(value.to_string());
+                e.get()?;
+                self.staging.drain_every = Some(e);
+            }
+            "drain_mtbf" => {
+                cairn_proto::cluster::parse_duration(value)?;
+                self.staging.drain_mtbf = Some(Duration::Text(value.to_string()));
             }
             "recovery" => {
                 if value != "lazy" && value != "aggressive" {

@@ -96,6 +96,11 @@ pub trait WriteEngine: Send {
     fn failed_servers(&self) -> Vec<u32> {
         Vec::new()
     }
+    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
+    /// drained to disk; see [`ReadEngine::wait_drained`].
+    fn wait_drained(&self, _step: Option<u64>, _timeout: Option<Duration>) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// The reading side of an engine.
@@ -153,4 +158,11 @@ pub trait ReadEngine: Send + Sync {
 
     /// Gives back every step `claimer` holds.
     fn unclaim(&self, claimer: &str) -> Result<()>;
+
+    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
+    /// on disk: true once it is, false at the timeout (none: no limit); the drain's error if it
+    /// failed. A file engine's committed steps are on disk already.
+    fn wait_drained(&self, _step: Option<u64>, _timeout: Option<Duration>) -> Result<bool> {
+        Ok(true)
+    }
 }

@@ -3,7 +3,7 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::ReadEngine;
 use crate::file::{FileReader, Layout};
-use crate::staging::{self, StagingReader};
+use crate::staging;
 use crate::writer::{check_name, unknown_var};
 use cairn_core::index::{BlockRecord, VarDef};
 use cairn_core::{DType, Error, Region, Result};
@@ -26,7 +26,7 @@ impl Reader {
         check_name(name)?;
         let engine: Box<dyn ReadEngine> = match cfg.engine {
             EngineKind::File => Box::new(FileReader::open(Layout::new(&cfg.file.path, name))?),
-            EngineKind::Staging => Box::new(StagingReader::open(staging::cluster(&cfg.staging)?, name)),
+            EngineKind::Staging => staging::reader(&cfg.staging, name)?,
         };
         Ok(Reader { engine })
     }
@@ -34,6 +34,13 @@ impl Reader {
     /// Committed steps, sorted.
     pub fn steps(&self) -> Result<Vec<u64>> {
         self.engine.steps()
+    }
+
+    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
+    /// drained to disk: true once it is, false at `timeout` (none: no limit), the drain's error
+    /// if it failed (a full disk: [`Error::Capacity`]). Always true for the file engine.
+    pub fn wait_drained(&self, step: Option<u64>, timeout: Option<std::time::Duration>) -> Result<bool> {
+        self.engine.wait_drained(step, timeout)
     }
 
     /// Waits until `step` is committed or `timeout` passes; returns whether it is.

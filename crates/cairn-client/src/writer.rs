@@ -145,6 +145,12 @@ impl Writer {
         self.next_step
     }
 
+    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
+    /// drained to disk (see [`crate::Reader::wait_drained`]).
+    pub fn wait_drained(&self, step: Option<u64>, timeout: Option<std::time::Duration>) -> Result<bool> {
+        self.engine.wait_drained(step, timeout)
+    }
+
     /// Attributes of the dataset this writer publishes.
     pub fn attrs(&self) -> &Attrs {
         &self.attrs

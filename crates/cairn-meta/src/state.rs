@@ -39,6 +39,18 @@ pub enum Cmd {
         session: String,
         /// Keep only this many newest committed steps.
         keep_last: Option<u64>,
+        /// With a drain to disk: its cadence (steps that are multiples of it are drained), so
+        /// `keep_last` releases none of those before it is drained.
+        #[serde(default)]
+        drain_every: Option<u64>,
+    },
+    /// Step `step` of a dataset (and every step before it the cadence drains) is on disk: the
+    /// steps `keep_last` held back for the drain may be released now.
+    Drained {
+        /// Dataset.
+        dataset: String,
+        /// The step now drained.
+        step: u64,
     },
     /// Leases the lowest free committed step of a dataset to a claimer (D²T claims), by the
     /// leader's clock.
@@ -132,6 +144,11 @@ pub enum Outcome {
         /// Steps of other datasets the commit consumed (released with it), by dataset.
         #[serde(default)]
         consumed: Vec<(String, Arc<StepIndex>)>,
+    },
+    /// A drained step recorded; these older steps `keep_last` held back are released now.
+    Drained {
+        /// Released indexes.
+        released: Vec<Arc<StepIndex>>,
     },
     /// What a claim got.
     Claimed(Claimed),
@@ -243,6 +260,14 @@ struct Dataset {
     /// is told so at once instead of waiting for a commit that will never come (issue 40).
     #[serde(default)]
     released: BTreeSet<u64>,
+    /// The newest step drained to disk (every earlier step the cadence names is, too).
+    #[serde(default)]
+    drained: Option<u64>,
+    /// The drain's cadence and `keep_last` as of the newest commit.
+    #[serde(default)]
+    drain_every: Option<u64>,
+    #[serde(default)]
+    keep_last: Option<u64>,
 }
 
 /// Compare-and-set call ids remembered (a retry comes within seconds of its first try).
@@ -268,6 +293,28 @@ impl Dataset {
         while self.released.len() > RELEASED_KEPT {
             self.released.pop_first();
         }
+    }
+
+    /// Whether the drain still owes `step` (its cadence names it and it is not on disk yet).
+    fn owed(&self, step: u64) -> bool {
+        self.drain_every.is_some_and(|every| step.is_multiple_of(every.max(1)) && self.drained.is_none_or(|d| step > d))
+    }
+
+    /// Releases the committed steps older than the newest `keep_last` that the drain does not
+    /// still owe; returns their indexes.
+    fn trim(&mut self) -> Vec<Arc<StepIndex>> {
+        let Some(k) = self.keep_last else { return Vec::new() };
+        let excess = (self.committed.len() as u64).saturating_sub(k.max(1)) as usize;
+        let old: Vec<u64> = self.committed.keys().take(excess).copied().filter(|s| !self.owed(*s)).collect();
+        old.into_iter()
+            .filter_map(|step| {
+                let index = self.committed.remove(&step)?;
+                self.committed_by.remove(&step);
+                self.mark_released(step);
+                self.claims.gone(step);
+                Some(index)
+            })
+            .collect()
     }
 
     /// Whether `step` was committed and released (and not committed again since).
@@ -320,7 +367,11 @@ impl MetaState {
     fn apply_one(&mut self, cmd: Cmd) -> Outcome {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
-            Cmd::Commit { dataset, step, session, keep_last } => self.commit(&dataset, step, &session, keep_last),
+            Cmd::Commit { dataset, step, session, keep_last, drain_every } => self.commit(&dataset, step, &session, keep_last, drain_every),
+            Cmd::Drained { dataset, step } => self.datasets.get_mut(&dataset).ok_or_else(|| no_dataset(&dataset)).map(|ds| {
+                ds.drained = ds.drained.max(Some(step));
+                Outcome::Drained { released: ds.trim() }
+            }),
             Cmd::Abort(Abort { dataset, step, session, reason }) => Ok(self.abort(&dataset, step, &session, reason)),
             Cmd::Release(Release { dataset, step }) => self.release(&dataset, step),
             Cmd::Claim { lease: ClaimLease { dataset, claimer, lease_ms }, now_ms } => {
@@ -427,7 +478,14 @@ impl MetaState {
         Ok(Outcome::Prepared { index, shares: total })
     }
 
-    fn commit(&mut self, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Outcome, Error> {
+    fn commit(
+        &mut self,
+        dataset: &str,
+        step: u64,
+        session: &str,
+        keep_last: Option<u64>,
+        drain_every: Option<u64>,
+    ) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
         // Two finishers of one step (the writer's coordinator and a new leader's sweep of
         // prepared steps) may both commit it: the second is told it is done.
@@ -452,17 +510,8 @@ impl MetaState {
         // Other sessions' fragments of this step (a crashed run) can never complete now.
         ds.pending.remove(&step);
         ds.prepared.remove(&step);
-        let mut released = Vec::new();
-        if let Some(k) = keep_last {
-            while ds.committed.len() as u64 > k.max(1) {
-                let (old, index) = ds.committed.pop_first().expect("non-empty");
-                ds.committed_by.remove(&old);
-                ds.mark_released(old);
-                ds.claims.gone(old);
-                released.push(index);
-            }
-        }
-        Ok(Outcome::Committed { released, consumed })
+        (ds.keep_last, ds.drain_every) = (keep_last, drain_every);
+        Ok(Outcome::Committed { released: ds.trim(), consumed })
     }
 
     /// Whether step `step` of every dataset in `consume` is committed, so a commit of `step` of
@@ -675,6 +724,18 @@ impl MetaState {
         ("unknown", None)
     }
 
+    /// The newest step of `dataset` drained to disk.
+    pub fn drained(&self, dataset: &str) -> Option<u64> {
+        self.datasets.get(dataset)?.drained
+    }
+
+    /// The oldest committed step of `dataset` the drain owes at cadence `every`.
+    pub fn to_drain(&self, dataset: &str, every: u64) -> Option<u64> {
+        let ds = self.datasets.get(dataset)?;
+        let after = ds.drained.map_or(0, |d| d + 1);
+        ds.committed.range(after..).map(|(s, _)| *s).find(|s| s.is_multiple_of(every.max(1)))
+    }
+
     /// The `NotFound` error of `step` of `dataset` if it was committed and released.
     pub fn released(&self, dataset: &str, step: u64) -> Option<Error> {
         let ds = self.datasets.get(dataset)?;
@@ -762,7 +823,7 @@ pub(crate) mod tests {
     }
 
     fn commit(s: &mut MetaState, step: u64, session: &str, keep_last: Option<u64>) -> Outcome {
-        s.apply(Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last })
+        s.apply(Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last, drain_every: None })
     }
 
     #[test]
@@ -873,12 +934,34 @@ pub(crate) mod tests {
         assert_eq!(s.datasets(), vec!["d".to_string()]);
     }
 
+    #[test]
+    fn keep_last_holds_back_the_steps_the_drain_owes_until_they_are_drained() {
+        let mut s = MetaState::default();
+        let steps = |r: &[Arc<StepIndex>]| r.iter().map(|i| i.step).collect::<Vec<_>>();
+        for step in 0..5 {
+            add(&mut s, step, 0, 1, "a");
+            let c = Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: Some(1), drain_every: Some(2) };
+            let Outcome::Committed { released, .. } = s.apply(c) else { panic!() };
+            // Odd steps are not drained at this cadence: released as keep_last says.
+            assert!(steps(&released).iter().all(|r| r % 2 == 1), "step {step}: {:?}", steps(&released));
+        }
+        assert_eq!(s.steps("d"), vec![0, 2, 4], "the drain owes 0 and 2 (4 is the newest)");
+        assert_eq!(s.to_drain("d", 2), Some(0));
+        let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 0 }) else { panic!() };
+        assert_eq!(steps(&released), vec![0]);
+        assert_eq!((s.drained("d"), s.to_drain("d", 2)), (Some(0), Some(2)));
+        let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 2 }) else { panic!() };
+        assert_eq!((steps(&released), s.steps("d")), (vec![2], vec![4]));
+        assert_eq!(s.to_drain("d", 2), Some(4));
+        assert_eq!(s.apply(Cmd::Drained { dataset: "x".into(), step: 0 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+    }
+
     /// `session`'s one-writer commit of `step` into dataset `dst`, consuming `step` of `src`.
     fn produce(s: &mut MetaState, dst: &str, step: u64, session: &str, src: &str) -> Result<Outcome, Error> {
         let (mut fragment, shares) = frag(step, 0, 1, session);
         fragment.consume = vec![src.into()];
         s.apply(Cmd::AddFragment { dataset: dst.into(), fragment, shares }).into_result()?;
-        s.apply(Cmd::Commit { dataset: dst.into(), step, session: session.into(), keep_last: None }).into_result()
+        s.apply(Cmd::Commit { dataset: dst.into(), step, session: session.into(), keep_last: None, drain_every: None }).into_result()
     }
 
     fn claim(s: &mut MetaState, claimer: &str, now_ms: u64) -> Claimed {
@@ -909,7 +992,10 @@ pub(crate) mod tests {
         late.consume = vec!["d".into()];
         assert!(matches!(s.apply(Cmd::AddFragment { dataset: "stats".into(), fragment: late, shares }), Outcome::Prepared { .. }));
         produce(&mut s, "stats2", 1, "c", "d").unwrap();
-        let e = s.apply(Cmd::Commit { dataset: "stats".into(), step: 1, session: "b".into(), keep_last: None }).into_result().unwrap_err();
+        let e = s
+            .apply(Cmd::Commit { dataset: "stats".into(), step: 1, session: "b".into(), keep_last: None, drain_every: None })
+            .into_result()
+            .unwrap_err();
         assert!(e.kind() == ErrorKind::Conflict && e.to_string().contains("no longer committed"), "{e}");
         assert_eq!(s.steps("stats"), vec![0], "refused: nothing changed");
         assert_eq!(produce(&mut s, "stats", 1, "x", "d").unwrap_err().kind(), ErrorKind::Conflict, "refused at prepare too");
@@ -933,7 +1019,7 @@ pub(crate) mod tests {
                 memory: 1,
             })
             .collect();
-        let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers, redundancy: Default::default() });
+        let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers, redundancy: Default::default(), drain: None });
         let mut s = MetaState::default();
         assert_eq!(s.apply(Cmd::SetView(ViewChange { view: v1.clone() })), Outcome::ViewSet);
         assert_eq!(s.apply(Cmd::SetView(ViewChange { view: v1.clone() })).into_result().unwrap_err().kind(), ErrorKind::Conflict);
@@ -974,13 +1060,14 @@ pub(crate) mod tests {
         /// commands; a snapshot (JSON) restores the state exactly; no command sequence commits a
         /// step before every fragment of one session is in.
         #[test]
-        fn replicas_agree_and_snapshots_restore(ops in proptest::collection::vec((0u8..5, 0u64..3, 0u32..3, 0u8..2), 0..60)) {
+        fn replicas_agree_and_snapshots_restore(ops in proptest::collection::vec((0u8..6, 0u64..3, 0u32..3, 0u8..2), 0..60)) {
             let (mut a, mut b) = (MetaState::default(), MetaState::default());
             for (op, step, w, sess) in ops {
                 let session = if sess == 0 { "a" } else { "b" };
                 let cmd = match op {
                     0 | 1 => { let (fragment, shares) = frag(step, w, 3, session); Cmd::AddFragment { dataset: "d".into(), fragment, shares } }
-                    2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2) },
+                    2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2), drain_every: Some(u64::from(w) + 1) },
+                    5 => Cmd::Drained { dataset: "d".into(), step },
                     3 => Cmd::Abort(Abort { dataset: "d".into(), step, session: session.into(), reason: "r".into() }),
                     _ => Cmd::Release(Release { dataset: "d".into(), step }),
                 };

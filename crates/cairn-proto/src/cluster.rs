@@ -39,6 +39,24 @@ pub struct ClusterFile {
     /// Redundancy settings: the default level of variables and how objects are kept.
     #[serde(default)]
     pub redundancy: cairn_core::corec::Policy,
+    /// Where committed steps are drained to disk, if anywhere: readers find the steps there
+    /// when no server answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
+}
+
+/// The drain of a cluster's committed steps to disk (multi-level checkpoints).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrainSpec {
+    /// Folder of the drained datasets: `PATH/<dataset>/`, each a `file`-engine dataset.
+    pub path: PathBuf,
+    /// Steps whose number is a multiple of this are drained; `None`: the cadence is chosen
+    /// from Young/Daly with the measured cost of a step's drain and `mtbf_s`.
+    #[serde(default)]
+    pub every: Option<u64>,
+    /// Mean time between losses of the memory level, in seconds (for the automatic cadence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtbf_s: Option<f64>,
 }
 
 impl ClusterFile {

@@ -5,6 +5,7 @@ use crate::view::ClusterView;
 use cairn_core::index::{Fragment, StepIndex};
 use cairn_core::{Error, ErrorKind, Reason, Region};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Most objects one `put_many` may carry.
 pub const MAX_PUT_MANY: usize = 1024;
@@ -499,6 +500,19 @@ pub enum Request {
         /// Milliseconds to wait at most.
         timeout_ms: u64,
     },
+    /// The drain to disk: waits until `step` of `dataset` is drained (default: the newest
+    /// committed step the cadence drains), the drain fails, or `timeout_ms` passes; answered by
+    /// the leader with [`Response::Drain`]. Without a dataset, the drain's state at once.
+    WaitDrained {
+        /// Dataset name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dataset: Option<String>,
+        /// Step.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u64>,
+        /// Milliseconds to wait at most.
+        timeout_ms: u64,
+    },
     /// What became of a step a writer session ended: answered with [`Response::Outcome`]
     /// (ranks that were not last learn whether it committed or aborted, and why).
     StepOutcome {
@@ -703,6 +717,30 @@ pub struct ServerStatus {
     pub recovery_overdue_s: f64,
 }
 
+/// The leader's drain of committed steps to disk (`cairn cluster status`, `wait_drained`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainStatus {
+    /// Folder the datasets are drained to (none: no drain).
+    pub path: Option<String>,
+    /// Steps whose number is a multiple of this are drained (the cadence in use).
+    pub every: u64,
+    /// The automatic cadence: the checkpoint interval Young/Daly gives, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_s: Option<f64>,
+    /// The newest drained step of each dataset.
+    pub steps: BTreeMap<String, u64>,
+    /// Bytes of committed steps still to drain.
+    pub pending_bytes: u64,
+    /// Drain throughput so far, in MB/s.
+    #[serde(rename = "MBps")]
+    pub mbps: f64,
+    /// Why the last drain failed (a full or read-only disk), until one succeeds again.
+    pub error: Option<String>,
+    /// The kind of that error (`capacity` for a full disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<ErrorKind>,
+}
+
 /// Time spent in each phase of the step commits one server coordinated, summed over `steps`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CommitTimes {
@@ -888,6 +926,15 @@ pub enum Response {
     Status {
         /// Counters.
         status: ServerStatus,
+    },
+    /// The drain to disk, and whether the step waited for is drained.
+    Drain {
+        /// Its state.
+        drain: DrainStatus,
+        /// The step waited for (none when the dataset has no step the cadence drains).
+        step: Option<u64>,
+        /// Whether it is on disk.
+        drained: bool,
     },
     /// Objects held.
     Objects {

@@ -271,7 +271,7 @@ mod tests {
                 memory: 1,
             })
             .collect();
-        ClusterFile { secret: "s".into(), servers, redundancy: Default::default() }
+        ClusterFile { secret: "s".into(), servers, redundancy: Default::default(), drain: None }
     }
 
     #[test]

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 
 /// A block: (writer, offset, count, min, max, mean, checksum, raw bytes, stored bytes, codec).
 /// A block: (writer, offset, count, min, max, mean, checksum, bytes, stored, codec, redundancy, state).
-type BlockTuple = (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>, u32, &'static str);
+type BlockTuple =
+    (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>, u32, (&'static str, &'static str));
 
 /// A variable's description: (name, dtype name, shape or None, dims or None, attributes as JSON).
 type VarTuple = (String, String, Option<Vec<u64>>, Option<Vec<String>>, String);
@@ -35,6 +36,12 @@ impl PyReader {
     fn wait_step(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<bool> {
         let t = clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;
         py.detach(|| self.inner.wait_step(step, t)).map_err(to_py)
+    }
+
+    #[pyo3(signature = (step, timeout_s))]
+    fn wait_drained(&self, py: Python<'_>, step: Option<u64>, timeout_s: f64) -> PyResult<bool> {
+        let t = clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;
+        py.detach(|| self.inner.wait_drained(step, Some(t))).map_err(to_py)
     }
 
     fn release(&self, py: Python<'_>, step: u64) -> PyResult<()> {
@@ -101,7 +108,9 @@ impl PyReader {
                     stored,
                     b.codec,
                     level,
-                    state,
+                    // Its state, and where it is read from: a drained block (or a file engine's)
+                    // names its data file, one in memory its objects.
+                    (state, if b.objects.is_empty() { "disk" } else { "memory" }),
                 )
             })
             .collect())

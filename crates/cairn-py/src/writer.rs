@@ -162,6 +162,14 @@ impl PyWriter {
         py.detach(|| self.with(|w| w.take_aborted()))
     }
 
+    /// Waits up to `timeout_s` for `step` (default: the newest the drain's cadence names) to be
+    /// drained to disk; whether it is.
+    #[pyo3(signature = (step, timeout_s))]
+    fn wait_drained(&self, py: Python<'_>, step: Option<u64>, timeout_s: f64) -> PyResult<bool> {
+        let timeout = crate::reader::clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;
+        py.detach(|| self.with(|w| w.wait_drained(step, Some(timeout))))
+    }
+
     /// Waits up to `timeout_s` for `step` to commit: ("committed" | "pending" | "aborted", why).
     fn wait_committed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<(String, String)> {
         let timeout = crate::reader::clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;

@@ -70,14 +70,15 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
         let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
         let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
-        let ctl = crate::control::Control::new(state, meta);
+        let ctl = crate::control::Control::new(state, meta, opts.drain_spec());
         ctl.start();
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
             let mut policy = opts.redundancy.clone();
             policy.redundancy = policy.redundancy.min(opts.servers.saturating_sub(1));
+            let drain = opts.drain_spec();
             tokio::task::spawn_blocking(move || {
-                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout, policy) {
+                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout, policy, drain) {
                     eprintln!("cairn server 0: {e}");
                 }
             });
@@ -102,7 +103,15 @@ fn previous_port(cluster: &Path, id: u32) -> u16 {
 }
 
 /// Waits for `n` entries in `dir`, then writes the cluster file.
-fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration, redundancy: cairn_core::corec::Policy) -> Result<()> {
+fn assemble(
+    dir: &Path,
+    cluster: &Path,
+    secret: &str,
+    n: u32,
+    timeout: Duration,
+    redundancy: cairn_core::corec::Policy,
+    drain: Option<cairn_proto::cluster::DrainSpec>,
+) -> Result<()> {
     let servers = wait_for(&format!("{n} servers to publish their entries in {}", dir.display()), timeout, || {
         (0..n)
             .map(|id| {
@@ -111,7 +120,7 @@ fn assemble(dir: &Path, cluster: &Path, secret: &str, n: u32, timeout: Duration,
             })
             .collect::<Option<Vec<_>>>()
     })?;
-    let file = ClusterFile { secret: secret.to_string(), servers, redundancy };
+    let file = ClusterFile { secret: secret.to_string(), servers, redundancy, drain };
     write_private(cluster, &serde_json::to_vec_pretty(&file).expect("serializes"))
 }
 

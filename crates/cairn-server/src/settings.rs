@@ -37,6 +37,12 @@ pub struct ServeOptions {
     /// Redundancy settings server 0 writes into the cluster file (the level is lowered to what
     /// the active servers can give: a level `r` needs `r + 1` of them).
     pub redundancy: Policy,
+    /// Folder committed steps are drained to (none: no drain).
+    pub drain: Option<PathBuf>,
+    /// Steps whose number is a multiple of this are drained; `None`: Young/Daly (`auto`).
+    pub drain_every: Option<u64>,
+    /// Mean time between losses of the memory level (for `drain_every = "auto"`).
+    pub drain_mtbf: Option<Duration>,
 }
 
 impl Default for ServeOptions {
@@ -56,6 +62,9 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             meta: 3,
             redundancy: Policy { redundancy: 1, ..Default::default() },
+            drain: None,
+            drain_every: Some(1),
+            drain_mtbf: None,
         }
     }
 }
@@ -67,7 +76,8 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--scheme corec|replicate|erasure|hybrid|none] [--rs-data K] [--min-efficiency S]
                     [--hot-steps W] [--failure-timeout DURATION] [--recovery lazy|aggressive]
                     [--recovery-deadline DURATION] [--recovery-rate SIZE] [--mtbf DURATION]
-                    [--same-node-other-users true|false]
+                    [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
+                    [--drain-mtbf DURATION]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -75,6 +85,8 @@ A server the control plane's leader has not heard from for --failure-timeout (de
 and a spare takes its slot; its objects are rebuilt there within --recovery-deadline (default a quarter of
 --mtbf when given, else 60s; lazy) or at once (aggressive), sending at most --recovery-rate bytes per second
 (default 256MiB; 0: no limit). Durations are \"5s\", \"250ms\", \"2m\" or seconds; sizes \"4GiB\", \"512MiB\" or bytes.
+With --drain, the leader writes every committed step whose number is a multiple of --drain-every (default 1;
+auto: Young/Daly from the measured drain cost and --drain-mtbf) to PATH/<dataset>/, a file-engine dataset.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
 
 impl ServeOptions {
@@ -123,9 +135,29 @@ impl ServeOptions {
             "rs_data" => self.redundancy.rs_data = count("a number of data shards")?,
             "min_efficiency" => self.redundancy.min_efficiency = value.trim().parse().map_err(|_| bad("give a fraction, e.g. 0.6"))?,
             "hot_steps" => self.redundancy.hot_steps = count("a step count")?,
+            "drain" => {
+                let p = PathBuf::from(value);
+                self.drain = Some(std::path::absolute(&p).map_err(|e| bad(&format!("not a usable path: {e}")))?);
+            }
+            "drain_every" => {
+                self.drain_every = match value.trim() {
+                    "auto" => None,
+                    n => Some(n.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| bad("give a step count >= 1, or \"auto\""))?),
+                }
+            }
+            "drain_mtbf" => self.drain_mtbf = Some(parse_duration(value)?),
             _ => return Err(Error::Config(format!("unknown server setting {key:?}\n{USAGE}"))),
         }
         Ok(())
+    }
+
+    /// The drain the options ask for, as the cluster file records it.
+    pub fn drain_spec(&self) -> Option<cairn_proto::cluster::DrainSpec> {
+        Some(cairn_proto::cluster::DrainSpec {
+            path: self.drain.clone()?,
+            every: self.drain_every,
+            mtbf_s: self.drain_mtbf.map(|d| d.as_secs_f64()),
+        })
     }
 
     /// The options `settings` (key and value, e.g. the server keys of a `[staging]` table) and

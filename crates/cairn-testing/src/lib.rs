@@ -86,7 +86,7 @@ impl TestCluster {
             });
             listeners.push((addr, l));
         }
-        let cluster = ClusterFile { secret: secret.clone(), servers: entries, redundancy };
+        let cluster = ClusterFile { secret: secret.clone(), servers: entries, redundancy, drain: None };
         write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
         let meta = MetaOptions { servers: meta, ..Default::default() };
         let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };
@@ -110,7 +110,7 @@ impl TestCluster {
         }
         let addr = self.addrs[id as usize];
         let state = State::new(id, self.secret.clone(), self.file.clone(), self.memory, self.limits.clone());
-        let ctl = Control::new(state, meta);
+        let ctl = Control::new(state, meta, None);
         let (stop, stopped) = oneshot::channel::<()>();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

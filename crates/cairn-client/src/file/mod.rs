@@ -5,17 +5,20 @@
 //! data file and rank 0 merges fragments gathered over MPI (N→M, `aggregate`).
 //! Claims of committed steps are lease files (`lease`); consume-and-produce commits a step and
 //! releases it in its sources as one transaction (`consume`).
+//! A staging step is written out as a file-engine step by `drain` (multi-level checkpoints).
 //! Layout and format: `docs/format.md`.
 
 mod aggregate;
 mod claim;
 mod consume;
+mod drain;
 mod layout;
 mod lease;
 mod reader;
 mod writer;
 
 pub use aggregate::{AggWriter, Collective, Exchange, Groups, Received};
+pub use drain::{drain_step, DrainOptions, Drained};
 pub use layout::Layout;
 pub use reader::FileReader;
 pub use writer::FileWriter;

@@ -261,6 +261,11 @@ impl Cluster {
         &self.file.redundancy
     }
 
+    /// Where the cluster drains committed steps to disk, if it does.
+    pub(crate) fn drain(&self) -> Option<&cairn_proto::cluster::DrainSpec> {
+        self.file.drain.as_ref()
+    }
+
     /// The current view.
     pub(crate) fn view(&self) -> Arc<ClusterView> {
         self.view.read().unwrap_or_else(|p| p.into_inner()).clone()

@@ -4,6 +4,7 @@
 
 mod conn;
 mod kv;
+mod levels;
 pub mod local;
 mod reader;
 mod shm;
@@ -32,6 +33,45 @@ pub(crate) fn cluster(cfg: &StagingConfig) -> Result<Arc<Cluster>> {
         )
     })?;
     Cluster::open(path, cfg.deadline()?, Transport::parse(&cfg.transport)?)
+}
+
+/// Longest wait one `wait_drained` request asks of the leader; longer waits ask again.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until `step` of `dataset` (default: the newest committed step the drain's cadence
+/// names) is on disk: true once it is, false at `timeout` (none: no limit); the drain's error
+/// (a full disk: capacity) when it failed.
+pub(crate) fn wait_drained(c: &Cluster, dataset: &str, step: Option<u64>, timeout: Option<std::time::Duration>) -> Result<bool> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        let left = deadline.map_or(DRAIN_WAIT, |d| d.saturating_duration_since(std::time::Instant::now())).min(DRAIN_WAIT);
+        let req = Request::WaitDrained { dataset: Some(dataset.to_string()), step, timeout_ms: left.as_millis() as u64 };
+        match c.coord_waiting(&req, left)? {
+            Response::Drain { drained: true, .. } => return Ok(true),
+            Response::Drain { drain, .. } => {
+                if let Some(message) = drain.error {
+                    let kind = drain.error_kind.unwrap_or(cairn_core::ErrorKind::Unavailable);
+                    return Err(Error::from_wire(kind, None, format!("the drain to disk failed: {message}")));
+                }
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Ok(false);
+                }
+            }
+            other => return Err(unexpected("wait_drained", &other)),
+        }
+    }
+}
+
+/// A reader of `dataset` in the cluster `cfg` names: from memory, and from the drained copy of
+/// the steps when the cluster drains to disk.
+pub(crate) fn reader(cfg: &StagingConfig, dataset: &str) -> Result<Box<dyn crate::engine::ReadEngine>> {
+    let c = cluster(cfg)?;
+    let drain = c.drain().map(|d| crate::file::Layout::new(&d.path, dataset));
+    let memory = StagingReader::open(c, dataset);
+    Ok(match (drain, &cfg.cluster) {
+        (Some(layout), Some(file)) => Box::new(levels::Levels::new(memory, layout, file.clone())),
+        _ => Box::new(memory),
+    })
 }
 
 /// Committed steps of `dataset`; `followers`: see [`listing_of`].
@@ -122,19 +162,25 @@ pub fn retire_server(cluster: &std::path::Path, id: u32, timeout: std::time::Dur
 }
 
 /// Sends one administrative request, given as JSON (`{"op": "status"}`, `objects`, `datasets`,
-/// `view`, `set_view`, `shutdown`), to server `server` of the cluster in `cluster` (`set_view` and `datasets` to
-/// the control plane's leader), within `timeout`; returns the reply as JSON.
+/// `view`, `set_view`, `shutdown`, `wait_drained`), to server `server` of the cluster in `cluster`
+/// (`set_view`, `datasets` and `wait_drained` to the control plane's leader), within `timeout`;
+/// returns the reply as JSON.
 pub fn admin_request(cluster: &std::path::Path, server: u32, request: &str, timeout: std::time::Duration) -> Result<String> {
     let req: Request =
         serde_json::from_str(request).map_err(|e| Error::InvalidArgument(format!("request {request:?} does not parse: {e}")))?;
-    if !matches!(req, Request::Status | Request::Objects | Request::Datasets | Request::View | Request::SetView(_) | Request::Shutdown) {
+    let leader = matches!(req, Request::SetView(_) | Request::Datasets | Request::WaitDrained { .. });
+    if !leader && !matches!(req, Request::Status | Request::Objects | Request::View | Request::Shutdown) {
         return Err(Error::InvalidArgument(format!(
-            "{request:?} is not an administrative request (status, objects, datasets, view, set_view, shutdown)"
+            "{request:?} is not an administrative request (status, objects, datasets, view, set_view, shutdown, wait_drained)"
         )));
     }
     let c = Cluster::open(cluster, timeout, Transport::Auto)?;
     // A view change is a log entry, and the dataset list the log's state: both go to the control
     // plane's leader, whichever server is named (asked again through an election).
-    let resp = if matches!(req, Request::SetView(_) | Request::Datasets) { c.coord(&req)? } else { c.call(server, &req)? };
+    let resp = match &req {
+        Request::WaitDrained { timeout_ms, .. } => c.coord_waiting(&req, std::time::Duration::from_millis(*timeout_ms))?,
+        _ if leader => c.coord(&req)?,
+        _ => c.call(server, &req)?,
+    };
     Ok(serde_json::to_string(&resp).expect("responses serialize"))
 }

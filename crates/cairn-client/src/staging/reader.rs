@@ -576,6 +576,10 @@ impl ReadEngine for StagingReader {
         self.cluster.view().down.clone()
     }
 
+    fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
+        super::wait_drained(&self.cluster, &self.dataset, step, timeout)
+    }
+
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
         let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis().min(u64::MAX.into()) as u64 };
         match self.cluster.coord_waiting(&req, timeout)? {
@@ -648,6 +652,7 @@ mod tests {
             secret: "s".into(),
             servers: (0..servers).map(entry).collect(),
             redundancy: Default::default(),
+            drain: None,
         })
     }
 

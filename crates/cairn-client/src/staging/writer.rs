@@ -20,7 +20,7 @@ use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Puts in flight per server before waiting for acknowledgements (bounded so neither side's
 /// socket buffer fills with unread replies).
@@ -155,6 +155,84 @@ impl StagingWriter {
             unreached: BTreeSet::new(),
             refused: Vec::new(),
         })
+    }
+
+    /// Places and puts `blocks` by the current view, again by a newer one when the view changes.
+    fn put_placed(&mut self, blocks: &[(u64, BlockData<'_>)]) -> Result<()> {
+        // A view change is not a failure (docs/protocol.md): what the old placement stored was
+        // dropped by `put_once`, so the blocks are placed again by the newer view, within the
+        // deadline and the documented number of redirects.
+        let deadline = Instant::now() + self.cluster.timeout;
+        let mut placed = 0usize;
+        loop {
+            let view = self.cluster.view();
+            placed += 1;
+            let e = match self.put_once(&view, blocks) {
+                // Refused as `stale_epoch` (the reply installed the newer view).
+                Err(e) if self.cluster.view().epoch != view.epoch => {
+                    if placed >= REDIRECTS || Instant::now() >= deadline {
+                        return Err(Error::Unavailable(format!(
+                            "the cluster view changed under every one of {placed} placements of this step's puts (now view {}): \
+                             {e}; retry once the cluster settles (`cairn cluster status`)",
+                            self.cluster.view().epoch
+                        )));
+                    }
+                    if self.cluster.view().epoch == view.epoch {
+                        self.cluster.await_view_after(view.epoch);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                r => return r,
+            };
+            // A server failed. The index names every object's servers, so the copies need not wait
+            // for the control plane to declare it down: they go around it at once, to the next live
+            // servers of the ring, at the same level (measured under `cairn chaos`, waiting for the
+            // view change held each write that met a dead server for the failure timeout).
+            let mut around = (*view).clone();
+            around.down.extend(std::mem::take(&mut self.unreached).into_iter().filter(|s| !view.down.contains(s)));
+            let policy = self.cluster.policy().clone();
+            let needed = blocks
+                .iter()
+                .map(|(_, b)| match policy.scheme {
+                    Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
+                    _ => b.def.redundancy as usize + 1,
+                })
+                .max()
+                .unwrap_or(1);
+            if around.down.len() > view.down.len() && around.live().len() >= needed {
+                match self.put_once(&around, blocks) {
+                    // Placed around by a view that is stale now: place again by the newer one.
+                    Err(_) if self.cluster.view().epoch != view.epoch && placed < REDIRECTS => continue,
+                    Err(e) if e.kind() == ErrorKind::Unavailable => {}
+                    r => return r,
+                }
+            }
+            // Not enough servers left around it (or another failed too): place again once the
+            // control plane has declared it down (a spare in its slot, or placement passing over it).
+            if placed < REDIRECTS && Instant::now() < deadline && self.cluster.await_view_after(view.epoch) {
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// A put's capacity error, with what the drain to disk still owes (when the cluster drains).
+    fn with_backlog(&self, e: Error) -> Error {
+        if self.cluster.drain().is_none() {
+            return e;
+        }
+        let req = Request::WaitDrained { dataset: None, step: None, timeout_ms: 0 };
+        match self.cluster.coord(&req) {
+            Ok(Response::Drain { drain, .. }) => Error::Capacity(format!(
+                "{e} (waited {:.1} s for room: the drain to {} still owes {:.1} MiB{})",
+                self.cluster.timeout.as_secs_f64(),
+                drain.path.unwrap_or_default(),
+                drain.pending_bytes as f64 / (1u64 << 20) as f64,
+                drain.error.map_or(String::new(), |m| format!(" and failed: {m}"))
+            )),
+            _ => e,
+        }
     }
 
     /// Puts the large whole copies of `objects` into segments the server on this host leases
@@ -528,10 +606,26 @@ impl StagingWriter {
 
 impl WriteEngine for StagingWriter {
     fn last_index(&self) -> Result<Option<StepIndex>> {
-        steps_of(&self.cluster, &self.dataset, false)?
-            .last()
-            .map(|&last| index_of(&self.cluster, &self.dataset, last, false).map(|(i, _)| i))
-            .transpose()
+        let memory = steps_of(&self.cluster, &self.dataset, false)?.last().copied();
+        // A new cluster draining where an earlier one did (a new allocation, after every server
+        // died): the run goes on after the newest drained step.
+        let drained = match self.cluster.drain() {
+            Some(d) => {
+                let layout = crate::file::Layout::new(&d.path, &self.dataset);
+                let last = if layout.require().is_ok() { layout.steps()?.last().copied() } else { None };
+                last.map(|s| (s, layout))
+            }
+            None => None,
+        };
+        match (memory, drained) {
+            (m, Some((d, layout))) if m.is_none_or(|m| d > m) => layout.read_step(d).map(Some),
+            (Some(m), _) => index_of(&self.cluster, &self.dataset, m, false).map(|(i, _)| Some(i)),
+            (None, _) => Ok(None),
+        }
+    }
+
+    fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
+        super::wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {
@@ -539,61 +633,20 @@ impl WriteEngine for StagingWriter {
     }
 
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
-        // A view change is not a failure (docs/protocol.md): what the old placement stored was
-        // dropped by `put_once`, so the blocks are placed again by the newer view, within the
-        // deadline and the documented number of redirects.
+        // Flow control: servers full of steps not yet drained (keep_last holds those) or not
+        // released get room back as the drain and releases go on, so a full server is waited
+        // for, within the deadline, before the put fails.
         let deadline = Instant::now() + self.cluster.timeout;
-        let mut placed = 0usize;
+        let mut pause = Duration::from_millis(10);
         loop {
-            let view = self.cluster.view();
-            placed += 1;
-            let e = match self.put_once(&view, &blocks) {
-                // Refused as `stale_epoch` (the reply installed the newer view).
-                Err(e) if self.cluster.view().epoch != view.epoch => {
-                    if placed >= REDIRECTS || Instant::now() >= deadline {
-                        return Err(Error::Unavailable(format!(
-                            "the cluster view changed under every one of {placed} placements of this step's puts (now view {}): \
-                             {e}; retry once the cluster settles (`cairn cluster status`)",
-                            self.cluster.view().epoch
-                        )));
-                    }
-                    if self.cluster.view().epoch == view.epoch {
-                        self.cluster.await_view_after(view.epoch);
-                    }
-                    continue;
+            match self.put_placed(&blocks) {
+                Err(e) if e.kind() == ErrorKind::Capacity && Instant::now() + pause < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(250));
                 }
-                Err(e) if e.kind() == ErrorKind::Unavailable => e,
+                Err(e) if e.kind() == ErrorKind::Capacity => return Err(self.with_backlog(e)),
                 r => return r,
-            };
-            // A server failed. The index names every object's servers, so the copies need not wait
-            // for the control plane to declare it down: they go around it at once, to the next live
-            // servers of the ring, at the same level (measured under `cairn chaos`, waiting for the
-            // view change held each write that met a dead server for the failure timeout).
-            let mut around = (*view).clone();
-            around.down.extend(std::mem::take(&mut self.unreached).into_iter().filter(|s| !view.down.contains(s)));
-            let policy = self.cluster.policy().clone();
-            let needed = blocks
-                .iter()
-                .map(|(_, b)| match policy.scheme {
-                    Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
-                    _ => b.def.redundancy as usize + 1,
-                })
-                .max()
-                .unwrap_or(1);
-            if around.down.len() > view.down.len() && around.live().len() >= needed {
-                match self.put_once(&around, &blocks) {
-                    // Placed around by a view that is stale now: place again by the newer one.
-                    Err(_) if self.cluster.view().epoch != view.epoch && placed < REDIRECTS => continue,
-                    Err(e) if e.kind() == ErrorKind::Unavailable => {}
-                    r => return r,
-                }
             }
-            // Not enough servers left around it (or another failed too): place again once the
-            // control plane has declared it down (a spare in its slot, or placement passing over it).
-            if placed < REDIRECTS && Instant::now() < deadline && self.cluster.await_view_after(view.epoch) {
-                continue;
-            }
-            return Err(e);
         }
     }
 

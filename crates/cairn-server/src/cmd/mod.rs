@@ -50,6 +50,7 @@ fn family(req: &Request) -> Family {
         | R::AbortStep(_)
         | R::Release(_)
         | R::WaitStep { .. }
+        | R::WaitDrained { .. }
         | R::StepOutcome { .. }
         | R::Steps { .. }
         | R::Index { .. }

@@ -22,6 +22,9 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
             }
             fragment.validate()
         }
+        Request::WaitDrained { dataset: Some(d), .. } if d.is_empty() || d.len() > MAX_KEY => {
+            Err(Error::InvalidArgument(format!("a dataset is named by 1 to {MAX_KEY} bytes")))
+        }
         Request::Touch { ids, .. } if ids.len() > MAX_KEYS => {
             Err(Error::InvalidArgument(format!("{} object ids in one touch; send at most {MAX_KEYS}", ids.len())))
         }
@@ -40,6 +43,9 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::AbortStep(a) => ctl.commits.abort_step(&a.dataset, a.step, &a.session, &a.reason).await,
         Request::Release(r) => ctl.commits.release(&r.dataset, r.step).await,
         Request::WaitStep { dataset, step, timeout_ms } => wait_step(ctl, &dataset, step, timeout_ms).await,
+        Request::WaitDrained { dataset, step, timeout_ms } => {
+            ctl.drain.wait(dataset.as_deref(), step, Duration::from_millis(timeout_ms).min(MAX_WAIT)).await
+        }
         Request::StepOutcome { dataset, step, session } => gate.leader().map(|log| {
             let (outcome, reason) = meta.outcome(log, &dataset, step, &session);
             Response::Outcome { outcome: outcome.into(), reason }

@@ -3,20 +3,32 @@
 //! visible at once; abort, release, and the sweeps and frees that follow.
 
 use super::corec::Corec;
+use super::drain::Drain;
+use super::fanout::{free, on_all, on_each};
 use super::gate::Gate;
 use super::meta::{Meta, Ready};
 use super::recovery::Recovery;
 use super::worker::{Next, Worker};
-use crate::objects::seal_or_drop;
-use crate::peer;
 use crate::state::State;
 use crate::sync::lock;
 use cairn_core::index::{Fragment, Redundancy, StepIndex};
 use cairn_core::{Error, ErrorKind, Result};
-use cairn_proto::message::{PeerRequest, Request, Response, ServerRequest, Share};
+use cairn_proto::message::{PeerRequest, Request, Response, Share};
 use cairn_proto::ClusterView;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
+
+/// The leader's services told of every commit and release: the CoREC encoder (what turned
+/// cold), recovery (what a lost server held) and the drain to disk (what to write out).
+#[derive(Debug)]
+pub struct Told {
+    /// The CoREC encoder.
+    pub corec: Arc<Corec>,
+    /// Recovery onto spares.
+    pub recovery: Arc<Recovery>,
+    /// The drain to disk.
+    pub drain: Arc<Drain>,
+}
 
 /// The coordinator of step commits.
 #[derive(Debug)]
@@ -24,8 +36,7 @@ pub struct Commits {
     state: Arc<State>,
     gate: Arc<Gate>,
     meta: Arc<Meta>,
-    corec: Arc<Corec>,
-    recovery: Arc<Recovery>,
+    told: Told,
     /// Drops of what other sessions left of committed steps, and the worker sending them.
     sweeps: Mutex<VecDeque<Sweep>>,
     sweeper: Worker,
@@ -39,37 +50,6 @@ struct Sweep {
     step: u64,
     session: String,
     servers: Vec<u32>,
-}
-
-/// Sends `req` (a seal or drop) to server `to`, or applies it here when `to` is this server.
-async fn on(state: &Arc<State>, to: u32, req: ServerRequest) -> Result<()> {
-    if to == state.id {
-        seal_or_drop(state, req)
-    } else {
-        peer::call(state, to, &req).await.map(|_| ())
-    }
-}
-
-/// Runs `req(server)` on every server in `servers` at once; returns each server's result.
-async fn on_each(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> ServerRequest) -> Vec<(u32, Result<()>)> {
-    let mut set = tokio::task::JoinSet::new();
-    for s in servers {
-        let (state, r) = (state.clone(), req(s));
-        set.spawn(async move { (s, on(&state, s, r).await) });
-    }
-    let mut out = Vec::new();
-    while let Some(r) = set.join_next().await {
-        match r {
-            Ok(x) => out.push(x),
-            Err(e) => out.push((u32::MAX, Err(Error::Unavailable(format!("commit task failed: {e}"))))),
-        }
-    }
-    out
-}
-
-/// Runs `req(server)` on every server in `servers` at once; returns the first error.
-async fn on_all(state: &Arc<State>, servers: impl IntoIterator<Item = u32>, req: impl Fn(u32) -> ServerRequest) -> Result<()> {
-    on_each(state, servers, req).await.into_iter().map(|(_, r)| r).find(Result::is_err).unwrap_or(Ok(()))
 }
 
 /// With servers `failed` gone at commit time, whether every object of the step still has its
@@ -124,8 +104,8 @@ fn keys_by_server(index: &StepIndex) -> BTreeMap<u32, Vec<(u64, u32)>> {
 
 impl Commits {
     /// The coordinator of the leader on `gate`.
-    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, corec: Arc<Corec>, recovery: Arc<Recovery>) -> Commits {
-        Commits { state, gate, meta, corec, recovery, sweeps: Mutex::default(), sweeper: Worker::default() }
+    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, told: Told) -> Commits {
+        Commits { state, gate, meta, told, sweeps: Mutex::default(), sweeper: Worker::default() }
     }
 
     /// Records a writer's fragment; the last one commits the step. Only the control plane's leader
@@ -188,7 +168,7 @@ impl Commits {
             return Err(e);
         }
         let seal = started.elapsed();
-        let done = match self.meta.commit(log, dataset, step, &session, keep_last).await {
+        let done = match self.meta.commit(log, dataset, step, &session, keep_last, self.told.drain.every()).await {
             // Refused (what it consumes is gone): it will never commit, so it is aborted like a step
             // whose seal failed.
             Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::InvalidArgument) => {
@@ -199,13 +179,14 @@ impl Commits {
         };
         self.meta.timed(seal, started.elapsed() - seal);
         self.sweep(dataset, step, &session, &view, ready.shares.keys().copied().collect());
-        self.recovery.committed(dataset, &ready.index);
-        self.corec.committed(dataset, &ready.index, &done.released.iter().map(|i| i.step).collect::<Vec<_>>());
+        self.told.recovery.committed(dataset, &ready.index);
+        self.told.drain.committed();
+        self.told.corec.committed(dataset, &ready.index, &done.released.iter().map(|i| i.step).collect::<Vec<_>>());
         for old in done.released {
             free(state, dataset, &old).await;
         }
         for (src, index) in done.consumed {
-            self.corec.released(&src, index.step);
+            self.told.corec.released(&src, index.step);
             free(state, &src, &index).await;
         }
         Ok(())
@@ -291,23 +272,8 @@ impl Commits {
     /// Releases a committed step.
     pub async fn release(&self, dataset: &str, step: u64) -> Result<Response> {
         let index = self.meta.release(self.gate.leader()?, dataset, step).await?;
-        self.corec.released(dataset, step);
+        self.told.corec.released(dataset, step);
         free(&self.state, dataset, &index).await;
         Ok(Response::Ok)
-    }
-}
-
-/// Frees the objects of a released step on every server that holds some, before the commit or
-/// release that released it is answered (so the writer's next step finds the space), but without
-/// failing it: the step is gone from the index already, and a server that is down only keeps its
-/// share until it restarts empty.
-async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
-    let servers: BTreeSet<u32> = index.blocks.iter().flat_map(|b| b.objects.iter().flat_map(|o| o.servers())).collect();
-    let step = index.step;
-    let drop = |_| {
-        Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None }.into()
-    };
-    if let Err(e) = on_all(state, servers, drop).await {
-        eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
     }
 }

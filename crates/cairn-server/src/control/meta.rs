@@ -91,8 +91,17 @@ impl Meta {
     }
 
     /// Makes a prepared step visible. Returns the steps that `keep_last` now releases.
-    pub async fn commit(&self, log: &dyn MetaLog, dataset: &str, step: u64, session: &str, keep_last: Option<u64>) -> Result<Committed> {
-        let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last };
+    /// `drain_every` is the drain's cadence, whose steps `keep_last` holds until drained.
+    pub async fn commit(
+        &self,
+        log: &dyn MetaLog,
+        dataset: &str,
+        step: u64,
+        session: &str,
+        keep_last: Option<u64>,
+        drain_every: Option<u64>,
+    ) -> Result<Committed> {
+        let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last, drain_every };
         let (released, consumed) = match self.batcher.propose(log, cmd).await? {
             Outcome::Committed { released, consumed } => (released, consumed),
             other => return Err(unexpected_outcome("commit", &other)),
@@ -188,6 +197,17 @@ impl Meta {
         };
         self.changed(dataset);
         Ok(index)
+    }
+
+    /// Records `step` of `dataset` as drained to disk; returns the steps `keep_last` released
+    /// with it (held back until then).
+    pub async fn drained(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Vec<Arc<StepIndex>>> {
+        let released = match self.batcher.propose(log, Cmd::Drained { dataset: dataset.to_string(), step }).await? {
+            Outcome::Drained { released } => released,
+            other => return Err(unexpected_outcome("drained", &other)),
+        };
+        self.changed(dataset);
+        Ok(released)
     }
 
     /// Records that objects of a committed step were encoded; returns how many entries changed.

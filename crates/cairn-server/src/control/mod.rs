@@ -6,7 +6,8 @@
 //!   compare-and-set values.
 //! - [`meta`]: commits as commands of the log; [`commit`]: the coordinator's protocol (seal,
 //!   commit or abort, release, sweeps).
-//! - [`corec`]: the leader's CoREC encoder; [`recovery`]: its queue of rebuilds onto spares.
+//! - [`corec`]: the leader's CoREC encoder; [`recovery`]: its queue of rebuilds onto spares;
+//!   [`drain`]: its drain of committed steps to disk; [`fanout`]: calls to several servers.
 //! - [`detect`]: failure detection; [`views`]: view changes and how servers learn them;
 //!   [`rehome`]: keyed values following a view change.
 //! - [`worker`]: the one shape of their background tasks.
@@ -19,6 +20,8 @@
 pub mod commit;
 pub mod corec;
 pub mod detect;
+pub mod drain;
+pub mod fanout;
 pub mod gate;
 pub mod meta;
 pub mod raft;
@@ -51,6 +54,8 @@ pub struct Control {
     pub corec: Arc<corec::Corec>,
     /// The leader's recovery of lost servers' objects onto the servers that took their slots.
     pub recovery: Arc<recovery::Recovery>,
+    /// The leader's drain of committed steps to disk.
+    pub drain: Arc<drain::Drain>,
     /// View changes.
     pub views: Arc<views::Views>,
     /// Failure detection (while leading).
@@ -60,15 +65,17 @@ pub struct Control {
 impl Control {
     /// The services of the server with `state`, taking part in the control plane as `options`
     /// says; nothing runs until [`Control::start`].
-    pub fn new(state: Arc<State>, options: MetaOptions) -> Arc<Control> {
+    pub fn new(state: Arc<State>, options: MetaOptions, drain: Option<cairn_proto::cluster::DrainSpec>) -> Arc<Control> {
         let gate = Arc::new(Gate::new(state.id, options));
         let meta = Arc::new(meta::Meta::default());
         let recovery = Arc::new(recovery::Recovery::new(state.clone(), gate.clone(), meta.clone()));
         let corec = Arc::new(corec::Corec::new(state.clone(), gate.clone(), meta.clone()));
-        let commits = Arc::new(commit::Commits::new(state.clone(), gate.clone(), meta.clone(), corec.clone(), recovery.clone()));
+        let drain = Arc::new(drain::Drain::new(state.clone(), gate.clone(), meta.clone(), corec.clone(), drain));
+        let told = commit::Told { corec: corec.clone(), recovery: recovery.clone(), drain: drain.clone() };
+        let commits = Arc::new(commit::Commits::new(state.clone(), gate.clone(), meta.clone(), told));
         let views = Arc::new(views::Views::new(state.clone(), gate.clone(), recovery.clone()));
         let detector = Arc::new(detect::Detector::new(state.clone(), gate.clone(), views.clone(), recovery.clone()));
-        Arc::new(Control { state, gate, meta, commits, corec, recovery, views, detector })
+        Arc::new(Control { state, gate, meta, commits, corec, recovery, drain, views, detector })
     }
 
     /// Starts this server's replica once the cluster view is known, if it is a meta server, or
@@ -166,6 +173,7 @@ impl Control {
                 // Once per term: recovery a previous leader left under way.
                 if !resumed {
                     self.recovery.resume();
+                    self.drain.resume();
                     resumed = true;
                 }
             }
@@ -209,6 +217,6 @@ pub(crate) mod tests {
                 memory: 1,
             })
             .collect();
-        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default() })
+        ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default(), drain: None })
     }
 }

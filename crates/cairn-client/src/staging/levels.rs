@@ -1,0 +1,175 @@
+//! Reading a staging dataset whose cluster drains to disk: each step from the level that has it.
+//! Steps in memory are read there; steps staging released (`keep_last`, `release`) or lost
+//! come from their drained copy; when no server of the cluster answers, every read goes to the
+//! drain (with one warning naming the cluster file). `steps()` is the union of both levels.
+
+use super::reader::StagingReader;
+use crate::engine::ReadEngine;
+use crate::file::{FileReader, Layout};
+use cairn_core::attrs::Attrs;
+use cairn_core::index::{BlockRecord, VarDef};
+use cairn_core::{Error, ErrorKind, Region, Result};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A staging reader with the drained copy of its dataset behind it.
+pub(crate) struct Levels {
+    memory: StagingReader,
+    layout: Layout,
+    /// Opened once the drained dataset exists (the first drain may come after this reader).
+    disk: OnceLock<FileReader>,
+    /// No server answered: the memory level is not asked again by this reader.
+    gone: AtomicBool,
+    cluster: PathBuf,
+}
+
+impl Levels {
+    pub(crate) fn new(memory: StagingReader, layout: Layout, cluster: PathBuf) -> Levels {
+        Levels { memory, layout, disk: OnceLock::new(), gone: AtomicBool::new(false), cluster }
+    }
+
+    fn disk(&self) -> Option<&FileReader> {
+        if let Some(d) = self.disk.get() {
+            return Some(d);
+        }
+        let opened = FileReader::open(self.layout.clone()).ok()?;
+        Some(self.disk.get_or_init(|| opened))
+    }
+
+    /// `f` of the memory level, or `None` once no server answers (then, the first time, a
+    /// warning); other errors are the caller's.
+    fn memory<T>(&self, f: impl FnOnce(&StagingReader) -> Result<T>) -> Option<Result<T>> {
+        if self.gone.load(Ordering::Relaxed) {
+            return None;
+        }
+        match f(&self.memory) {
+            // Servers unreachable (not an election or a lost quorum, which say so).
+            Err(e) if e.kind() == ErrorKind::Unavailable && e.reason().is_none() => {
+                if !self.gone.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "cairn: no server of the cluster in {} answered ({e}); reading the steps drained to {}",
+                        self.cluster.display(),
+                        self.layout.root.display()
+                    );
+                }
+                None
+            }
+            r => Some(r),
+        }
+    }
+
+    /// `f` of the level that has `step`: memory, else the drained copy when memory does not
+    /// hold it (released, lost, or no server answers).
+    fn at<T>(&self, step: u64, f: impl Fn(&dyn ReadEngine) -> Result<T>) -> Result<T> {
+        let mem = match self.memory(|m| f(m)) {
+            Some(Ok(v)) => return Ok(v),
+            Some(Err(e)) if !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLoss) => return Err(e),
+            m => m,
+        };
+        match self.disk() {
+            Some(d) if d.steps()?.contains(&step) => f(d),
+            _ => match mem {
+                Some(Err(e)) => Err(e),
+                _ => Err(Error::NotFound(format!(
+                    "step {step} is neither in the cluster's memory (no server answers) nor drained to {}",
+                    self.layout.root.display()
+                ))),
+            },
+        }
+    }
+
+    fn disk_steps(&self) -> Result<Vec<u64>> {
+        self.disk().map_or(Ok(Vec::new()), |d| d.steps())
+    }
+}
+
+impl ReadEngine for Levels {
+    fn steps(&self) -> Result<Vec<u64>> {
+        let mut steps = match self.memory(|m| m.steps()) {
+            Some(r) => r?,
+            None if self.disk().is_some() => Vec::new(),
+            None => {
+                return Err(Error::Unavailable(format!(
+                    "no server of the cluster in {} answered, and nothing of this dataset is drained to {} yet",
+                    self.cluster.display(),
+                    self.layout.root.display()
+                )))
+            }
+        };
+        steps.extend(self.disk_steps()?);
+        steps.sort_unstable();
+        steps.dedup();
+        Ok(steps)
+    }
+
+    fn step_vars(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
+        self.at(step, |e| e.step_vars(step))
+    }
+
+    fn step_attrs(&self, step: u64) -> Result<Attrs> {
+        self.at(step, |e| e.step_attrs(step))
+    }
+
+    fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
+        self.at(step, |e| e.blocks(var, step))
+    }
+
+    fn read_into(&self, step: u64, block: &BlockRecord, elem: usize, isect: &Region, dst: &Region, out: &mut [u8]) -> Result<()> {
+        // A drained block names its data file; a block in memory, its objects.
+        if block.objects.is_empty() && !block.file.is_empty() {
+            let d = self.disk().ok_or_else(|| Error::NotFound(format!("no drained dataset at {}", self.layout.root.display())))?;
+            return d.read_into(step, block, elem, isect, dst, out);
+        }
+        self.memory.read_into(step, block, elem, isect, dst, out)
+    }
+
+    fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
+        match self.memory(|m| m.wait_step(step, timeout)) {
+            Some(r) => r,
+            None => Ok(self.disk_steps()?.contains(&step)),
+        }
+    }
+
+    fn forget(&self, step: u64) {
+        self.memory.forget(step);
+    }
+
+    fn down_servers(&self) -> Vec<u32> {
+        if self.gone.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        self.memory.down_servers()
+    }
+
+    fn release(&self, step: u64) -> Result<()> {
+        self.memory.release(step)
+    }
+
+    fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
+        self.memory(|m| m.pending()).unwrap_or(Ok(Vec::new()))
+    }
+
+    fn listing(&self) -> Result<(Vec<u64>, bool)> {
+        let finished = self.memory(|m| m.listing()).transpose()?.is_some_and(|(_, f)| f);
+        Ok((self.steps()?, finished))
+    }
+
+    fn claim(&self, claimer: &str, lease: Duration) -> Result<(Option<u64>, bool)> {
+        self.memory.claim(claimer, lease)
+    }
+
+    fn renew(&self, claimer: &str, lease: Duration) -> Result<Vec<u64>> {
+        self.memory.renew(claimer, lease)
+    }
+
+    fn unclaim(&self, claimer: &str) -> Result<()> {
+        self.memory.unclaim(claimer)
+    }
+
+    fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
+        self.memory.wait_drained(step, timeout)
+    }
+}

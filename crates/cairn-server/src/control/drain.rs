@@ -1,0 +1,266 @@
+//! The drain to disk (multi-level checkpoints): the leader writes every committed step its
+//! cadence names, oldest first in each dataset, into `PATH/<dataset>/` as a `file`-engine step
+//! (the file engine's codecs, layout and atomic commit), then records it in the log
+//! ([`Cmd::Drained`]), which lets `keep_last` release it. The leader reads the step as any
+//! reader does (degraded reads included), so a server lost mid-drain costs a retry, not the
+//! step. A new leader continues from the log's record: a step a killed leader half wrote is
+//! written again (its index was never committed, so no reader saw it); one it committed but did
+//! not record is found on disk and recorded.
+//!
+//! The cadence is `drain_every` steps, or (`auto`) the Young/Daly interval
+//! `sqrt(2 × C × MTBF)` over the time between commits, with `C` the measured time to drain a step.
+
+use super::corec::Corec;
+use super::fanout::free;
+use super::gate::Gate;
+use super::meta::Meta;
+use super::worker::{Next, Worker};
+use crate::state::State;
+use crate::sync::lock;
+use cairn_client::file::{drain_step, DrainOptions, Drained, Layout};
+use cairn_core::index::StepIndex;
+use cairn_core::{Error, Result};
+use cairn_meta::log::query;
+use cairn_meta::MetaLog;
+use cairn_proto::cluster::DrainSpec;
+use cairn_proto::message::{DrainStatus, Response};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long after a failed drain (a full disk, a server gone) it tries again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Weight of the newest measurement in the running means of drain cost and commit period.
+const EWMA: f64 = 0.3;
+
+/// The leader's drain (see the module comment); idle on other servers and without a drain.
+#[derive(Debug)]
+pub struct Drain {
+    state: Arc<State>,
+    gate: Arc<Gate>,
+    meta: Arc<Meta>,
+    corec: Arc<Corec>,
+    spec: Option<DrainSpec>,
+    worker: Worker,
+    progress: Mutex<Progress>,
+    /// Bumped whenever a step is drained or the drain's error changes; waiters watch it.
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    error: Option<Error>,
+    bytes: u64,
+    busy: Duration,
+    /// Running mean of the seconds one step's drain takes.
+    cost_s: Option<f64>,
+    /// Running mean of the seconds between commits, and the last commit.
+    period_s: Option<f64>,
+    last_commit: Option<Instant>,
+}
+
+impl Drain {
+    /// The drain of the server with `state` (none when `spec` is none).
+    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, corec: Arc<Corec>, spec: Option<DrainSpec>) -> Drain {
+        Drain { state, gate, meta, corec, spec, worker: Worker::default(), progress: Mutex::default(), changes: watch::channel(0).0 }
+    }
+
+    /// The cadence the leader passes with each commit, so `keep_last` holds the steps it names
+    /// until they are drained; none without a drain.
+    pub fn every(&self) -> Option<u64> {
+        self.spec.as_ref().map(|s| s.every.unwrap_or_else(|| self.auto().0))
+    }
+
+    /// The automatic cadence and the interval it comes from (1 step until both the drain's
+    /// cost and the time between commits were measured, or without an MTBF).
+    fn auto(&self) -> (u64, Option<f64>) {
+        let p = lock(&self.progress);
+        let interval = self.interval(&p);
+        match (interval, p.period_s) {
+            (Some(i), Some(period)) if period > 0.0 => (((i / period).round() as u64).max(1), interval),
+            _ => (1, interval),
+        }
+    }
+
+    /// Young/Daly's checkpoint interval `sqrt(2 × C × MTBF)`, once the cost `C` was measured.
+    fn interval(&self, p: &Progress) -> Option<f64> {
+        Some((2.0 * p.cost_s? * self.spec.as_ref()?.mtbf_s?).sqrt())
+    }
+
+    /// A step of `dataset` committed: measures the time between commits and wakes the drain.
+    pub fn committed(self: &Arc<Self>) {
+        if self.spec.is_none() {
+            return;
+        }
+        {
+            let mut p = lock(&self.progress);
+            let now = Instant::now();
+            if let Some(last) = p.last_commit.replace(now) {
+                let s = now.duration_since(last).as_secs_f64();
+                p.period_s = Some(p.period_s.map_or(s, |m| m * (1.0 - EWMA) + s * EWMA));
+            }
+        }
+        self.resume();
+    }
+
+    /// Starts (or wakes) the drain: at each commit, and when this server starts to lead.
+    pub fn resume(self: &Arc<Self>) {
+        if self.spec.is_none() {
+            return;
+        }
+        let me = self.clone();
+        self.worker.run(self.state.shutdown.subscribe(), move || {
+            let me = me.clone();
+            async move { me.round().await }
+        });
+    }
+
+    /// Drains the oldest step owed, if this server leads.
+    async fn round(self: &Arc<Self>) -> Next {
+        let (Some(spec), Ok(log)) = (&self.spec, self.gate.leader()) else { return Next::Idle };
+        let every = self.every().unwrap_or(1);
+        let owed = query(log, |s| s.datasets().into_iter().find_map(|d| s.to_drain(&d, every).map(|step| (d, step))));
+        let Some((dataset, step)) = owed else { return Next::Idle };
+        // Released meanwhile (an explicit release): nothing left to drain of it.
+        let Ok(index) = self.meta.index(log, &dataset, step) else { return Next::Again };
+        let started = Instant::now();
+        let (state, path) = (self.state.clone(), spec.path.clone());
+        let written = tokio::task::spawn_blocking(move || write(&state, &path, &dataset, &index).map(|d| (dataset, d)))
+            .await
+            .unwrap_or_else(|e| Err(Error::Corrupt(format!("the drain's task failed: {e}"))));
+        let (dataset, d) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("cairn server {}: draining step {step}: {e}", self.state.id);
+                self.failed(e);
+                return Next::After(RETRY);
+            }
+        };
+        match self.meta.drained(log, &dataset, step).await {
+            Ok(released) => {
+                let took = started.elapsed();
+                {
+                    let mut p = lock(&self.progress);
+                    p.error = None;
+                    p.bytes += d.bytes;
+                    p.busy += took;
+                    if !d.found {
+                        let s = took.as_secs_f64();
+                        p.cost_s = Some(p.cost_s.map_or(s, |m| m * (1.0 - EWMA) + s * EWMA));
+                    }
+                }
+                for index in released {
+                    self.corec.released(&dataset, index.step);
+                    free(&self.state, &dataset, &index).await;
+                }
+                self.changes.send_modify(|n| *n += 1);
+                Next::Again
+            }
+            // Lost the lead: the next leader finds the step on disk and records it.
+            Err(_) => Next::Idle,
+        }
+    }
+
+    fn failed(&self, e: Error) {
+        lock(&self.progress).error = Some(e);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The drain's state as `cairn cluster status` shows it (the leader's; others answer
+    /// not-leader).
+    pub fn status(&self, log: &dyn MetaLog) -> DrainStatus {
+        let Some(spec) = &self.spec else { return DrainStatus::default() };
+        let every = self.every().unwrap_or(1);
+        let (steps, pending_bytes) = query(log, |s| {
+            let mut steps = std::collections::BTreeMap::new();
+            let mut pending = 0u64;
+            for d in s.datasets() {
+                if let Some(done) = s.drained(&d) {
+                    steps.insert(d.clone(), done);
+                }
+                let after = s.drained(&d).map_or(0, |x| x + 1);
+                for step in s.steps(&d).into_iter().filter(|st| *st >= after && st.is_multiple_of(every)) {
+                    pending += s.index(&d, step).map_or(0, |i| i.blocks.iter().map(|b| b.len).sum());
+                }
+            }
+            (steps, pending)
+        });
+        let p = lock(&self.progress);
+        DrainStatus {
+            path: Some(spec.path.display().to_string()),
+            every,
+            interval_s: if spec.every.is_none() { self.interval(&p) } else { None },
+            steps,
+            pending_bytes,
+            mbps: if p.busy.is_zero() { 0.0 } else { p.bytes as f64 / 1e6 / p.busy.as_secs_f64() },
+            error: p.error.as_ref().map(|e| e.to_string()),
+            error_kind: p.error.as_ref().map(|e| e.kind()),
+        }
+    }
+
+    /// Waits until `step` of `dataset` (default: its newest committed step the cadence drains) is
+    /// drained, the drain fails, or `timeout` passes.
+    pub async fn wait(&self, dataset: Option<&str>, step: Option<u64>, timeout: Duration) -> Result<Response> {
+        if self.spec.is_none() {
+            return Err(Error::Config(
+                "this cluster drains nothing to disk; start it with `cairn cluster start --drain PATH` (or [staging] drain = \"PATH\")"
+                    .into(),
+            ));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.changes.subscribe();
+        // An error is reported once an attempt made during this wait failed too: one left from
+        // before (a disk since given room) may be cleared by the retry under way.
+        let began = *rx.borrow_and_update();
+        let mut commits = dataset.map(|d| self.meta.watch(d));
+        loop {
+            let log = self.gate.leader()?;
+            let every = self.every().unwrap_or(1);
+            let (target, done) = match dataset {
+                None => (None, true),
+                Some(d) => query(log, |s| {
+                    let target = step.or_else(|| s.steps(d).into_iter().filter(|st| st.is_multiple_of(every)).max());
+                    (target, target.is_none_or(|t| s.drained(d).is_some_and(|x| x >= t)))
+                }),
+            };
+            let status = self.status(log);
+            let failed = status.error.is_some() && (*rx.borrow() != began || timeout.is_zero());
+            if done || failed || tokio::time::Instant::now() >= deadline {
+                return Ok(Response::Drain { drain: status, step: target, drained: done });
+            }
+            let commit = async {
+                match commits.as_mut() {
+                    Some(c) => c.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Re-checked at least every second: a new leader's drains do not ring here.
+            let tick = deadline.min(tokio::time::Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = commit => {}
+                _ = tokio::time::sleep_until(tick) => {}
+            }
+        }
+    }
+}
+
+/// Reads step `index` of `dataset` from the cluster (as a reader, degraded reads included) and
+/// writes it under `path`.
+fn write(state: &State, path: &std::path::Path, dataset: &str, index: &StepIndex) -> Result<Drained> {
+    let mut cfg = cairn_client::Config { engine: cairn_client::config::EngineKind::Staging, ..Default::default() };
+    cfg.staging.cluster = Some(state.cluster_path.clone());
+    let reader = cairn_client::Reader::open(dataset, &cfg)?;
+    let opts = DrainOptions { compression: cfg.file.compression()?, chunk: cfg.file.chunk_size, fsync: true, tag: state.id };
+    drain_step(&Layout::new(path, dataset), index, opts, |b| {
+        let mut out = vec![0u8; b.len as usize];
+        let local = index.vars.get(&b.var).is_some_and(|d| d.shape.is_none());
+        if local {
+            reader.get_local(&b.var, index.step, b.writer, &mut out)?;
+        } else {
+            reader.get(&b.var, index.step, &b.region.offset, &b.region.count, &mut out)?;
+        }
+        Ok(out)
+    })
+}
