@@ -34,6 +34,7 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench pack
 	$(PY) -m cairn.bench skel
 	$(PY) -m cairn.bench dad
+	$(PY) -m cairn.bench drain
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh

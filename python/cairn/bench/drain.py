@@ -14,7 +14,10 @@ time from memory against disk. Saves ``bench/results/drain.json`` and ``drain.pn
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,11 +72,42 @@ def _drop_cache(root: Path) -> None:
                 os.close(fd)
 
 
-def _read_newest(opts: dict[str, Any], name: str) -> tuple[float, int]:
-    t = time.perf_counter()
-    r = cairn.open(name, "r", **opts)
-    a = r.get("u", r.steps()[-1])
-    return time.perf_counter() - t, a.nbytes
+#: A restarted process: opens the dataset and reads its newest step whole (the time printed, from
+#: after ``import cairn``, which both levels pay alike).
+RESTART = """
+import json, sys, time
+import cairn
+t = time.perf_counter()
+r = cairn.open(sys.argv[1], "r", **json.loads(sys.argv[2]))
+a = r.get("u", r.steps()[-1])
+print(json.dumps({"s": time.perf_counter() - t, "bytes": a.nbytes}))
+"""
+
+
+def _restart(opts: dict[str, Any], name: str, drop: Path | None = None, runs: int = 5) -> tuple[float, int]:
+    """Median time of ``runs`` restarts, each a new process (the page cache of ``drop`` dropped
+    before each)."""
+    times, nbytes = [], 0
+    for _ in range(runs):
+        if drop is not None:
+            _drop_cache(drop)
+        out = subprocess.run([sys.executable, "-c", RESTART, name, json.dumps(opts)], capture_output=True, text=True,
+                             check=True, timeout=300)
+        rec = json.loads(out.stdout.strip().splitlines()[-1])
+        times.append(rec["s"])
+        nbytes = rec["bytes"]
+    return float(np.median(times)), nbytes
+
+
+def _device_read(root: Path) -> float:
+    """MB/s of a plain read of the drained files with their pages dropped: what the disk gives."""
+    _drop_cache(root)
+    total, t = 0, time.perf_counter()
+    for p in root.rglob("*.bin"):
+        with p.open("rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                total += len(chunk)
+    return total / 1e6 / (time.perf_counter() - t)
 
 
 def main(argv: list[str]) -> None:
@@ -109,14 +143,13 @@ def main(argv: list[str]) -> None:
                 assert w.wait_drained(timeout=600), "the drain did not catch up"
                 runs[label]["drain_tail_s"] = time.perf_counter() - t
                 runs[label]["drain"] = cluster.drain_status(c.file)
-                mem_s, nbytes = _read_newest(sopts, "sim")
+                mem_s, nbytes = _restart(sopts, "sim")
                 for proc in c.procs:
                     proc.kill()
                 for proc in c.procs:
                     proc.wait(10)
-                _drop_cache(drain)
-                disk_s, _ = _read_newest(sopts, "sim")
-                runs["restart"] = {"memory_s": mem_s, "disk_s": disk_s, "bytes": nbytes}
+                disk_s, _ = _restart(sopts, "sim", drop=drain)
+                runs["restart"] = {"memory_s": mem_s, "disk_s": disk_s, "bytes": nbytes, "device_MBps": _device_read(drain)}
         finally:
             if drain is None or any(pr.poll() is None for pr in c.procs):
                 c.stop()
@@ -130,14 +163,16 @@ def main(argv: list[str]) -> None:
         "drain_MBps": drain_mbps, "file_write_MBps": probe["ckpt_MBps"], "drain_vs_file": drain_mbps / probe["ckpt_MBps"],
         "restart_memory_s": runs["restart"]["memory_s"], "restart_disk_s": runs["restart"]["disk_s"],
         "restart_disk_vs_memory": runs["restart"]["disk_s"] / runs["restart"]["memory_s"],
+        "disk_read_MBps": runs["restart"]["device_MBps"],
         "drain_tail_s": runs["staging+drain"]["drain_tail_s"],
     }
     rows.append({"setup": "summary", **summary})
     print(table(rows[:3], ["setup", "compute_ms", "app_s", "ckpt_ms_median", "ckpt_MBps"]))
     print(f"application time, staging+drain / staging: {summary['app_ratio_drain_vs_staging']:.3f} (target <= 1.05)")
     print(f"drain {drain_mbps:.0f} MB/s vs file engine write {probe['ckpt_MBps']:.0f} MB/s: {summary['drain_vs_file']:.2f} (target >= 0.8)")
-    print(f"restart, newest step: memory {summary['restart_memory_s'] * 1e3:.0f} ms, disk (cold cache) "
-          f"{summary['restart_disk_s'] * 1e3:.0f} ms: {summary['restart_disk_vs_memory']:.1f}x (target >= 3)")
+    print(f"restart (a new process reading the newest step): memory {summary['restart_memory_s'] * 1e3:.0f} ms, disk (pages "
+          f"dropped) {summary['restart_disk_s'] * 1e3:.0f} ms: {summary['restart_disk_vs_memory']:.1f}x (target >= 3; the disk "
+          f"here reads at {runs['restart']['device_MBps']:.0f} MB/s)")
     params = {"ranks": a.ranks, "steps": a.steps, "mib": a.mib, "servers": a.servers, "compute_s": compute,
               "note": "compute emulated by sleeping (cores the servers do not share); 2-core machine"}
     print(f"saved {save('drain', rows, params)}")
@@ -156,7 +191,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for row in rows:
         ax.plot(range(len(row["step_s"])), [s * 1e3 for s in row["step_s"]], marker="o", ms=3, label=row["setup"])
     ax.set_xlabel("step")
-    ax.set_ylabel("application time per step (ms): compute + checkpoint")
+    ax.set_ylabel("ms per step (compute + checkpoint)")
     ax.set_title("Checkpoint cost: file engine, staging, staging draining to disk")
     ax.legend()
     fig.tight_layout()

@@ -39,12 +39,14 @@ pub struct DrainOptions {
 }
 
 /// Writes committed staging step `index` into `layout` (created if need be), the bytes of each
-/// block from `fetch`. A step already on disk is left as it is.
+/// block from `fetch`. A step already on disk is left as it is. The next block is fetched while
+/// one is written (the read from memory took a tenth of a step's drain, measured by
+/// `python -m cairn.bench drain`).
 pub fn drain_step(
     layout: &Layout,
     index: &StepIndex,
     opts: DrainOptions,
-    mut fetch: impl FnMut(&BlockRecord) -> Result<Vec<u8>>,
+    fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
 ) -> Result<Drained> {
     if layout.step_path(index.step).exists() {
         return Ok(Drained { found: true, ..Drained::default() });
@@ -56,12 +58,24 @@ pub fn drain_step(
     let data_rel = format!("data/drain-{:012}.s{:06}.{nonce:016x}.bin", index.step, opts.tag);
     let path = layout.root.join(&data_rel);
     let mut data = OpenOptions::new().create_new(true).append(true).open(&path).ctx(|| format!("creating {}", path.display()))?;
-    let written = (|| {
+    let written = std::thread::scope(|scope| {
+        // One block ahead: a fetched block waits while the one before it is written.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
+        let fetch = &fetch;
+        scope.spawn(move || {
+            for b in &index.blocks {
+                let r = fetch(b);
+                let failed = r.is_err();
+                if tx.send(r).is_err() || failed {
+                    return;
+                }
+            }
+        });
         let mut out = StepIndex { blocks: Vec::with_capacity(index.blocks.len()), ..index.clone() };
         let (mut end, mut bytes) = (0u64, 0u64);
         for b in &index.blocks {
             let def = index.vars.get(&b.var).ok_or_else(|| Error::Corrupt(format!("step {} names no variable {}", index.step, b.var)))?;
-            let raw = fetch(b)?;
+            let raw = rx.recv().map_err(|_| Error::Corrupt("the drain's reader stopped early".into()))??;
             if raw.len() as u64 != b.len {
                 return Err(Error::Corrupt(format!(
                     "block of {} (writer {}) of step {}: {} bytes fetched, {} expected",
@@ -85,7 +99,7 @@ pub fn drain_step(
             data.sync_data().map_err(|e| disk_error(&path, e))?;
         }
         Ok((out, bytes, end))
-    })();
+    });
     let (out, bytes, stored) = match written {
         Ok(w) => w,
         Err(e) => {
@@ -152,12 +166,7 @@ mod tests {
         let layout = Layout::new(dir.path(), "d");
         let (index, bytes) = staged(3);
         let opts = DrainOptions { compression: Some(Policy::parse("zstd").unwrap()), chunk: 1 << 20, fsync: false, tag: 7 };
-        let mut i = 0;
-        let d = drain_step(&layout, &index, opts, |_| {
-            i += 1;
-            Ok(bytes[i - 1].clone())
-        })
-        .unwrap();
+        let d = drain_step(&layout, &index, opts, |b| Ok(bytes[b.writer as usize].clone())).unwrap();
         assert_eq!((d.bytes, d.found), (64, false));
         let r = FileReader::open(layout.clone()).unwrap();
         assert_eq!(r.steps().unwrap(), vec![3]);
@@ -181,10 +190,8 @@ mod tests {
         let layout = Layout::new(dir.path(), "d");
         let (index, bytes) = staged(0);
         let opts = DrainOptions { compression: None, chunk: 1 << 20, fsync: false, tag: 0 };
-        let mut n = 0;
-        let e = drain_step(&layout, &index, opts, |_| {
-            n += 1;
-            if n == 2 {
+        let e = drain_step(&layout, &index, opts, |b| {
+            if b.writer == 1 {
                 Err(Error::Unavailable("server gone".into()))
             } else {
                 Ok(bytes[0].clone())
