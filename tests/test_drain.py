@@ -18,6 +18,7 @@ import cairn
 from cairn import cluster
 
 from .conftest import PY, ROOT
+from .test_staging import wait_for
 
 N = 64  # rows of the field; each of 2 writers puts half
 
@@ -151,6 +152,61 @@ def test_keep_last_with_a_slow_drain_holds_the_writer_instead_of_failing_it(tmp_
         c.stop()
 
 
+def test_keep_last_holds_a_writer_while_the_drain_is_stuck_and_lets_it_go_when_the_drain_moves(tmp_path):
+    # The drain cannot write (a full disk) while the writer fills the servers: keep_last may not
+    # release what the drain owes, so the writer waits for room, without an error, until the disk
+    # gets room (here 3 s later, from another thread), the drain catches up and steps are released.
+    import threading
+
+    drain = tmp_path / "slow"
+    if not _tmpfs(drain, "1m"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        c = cluster.start(tmp_path / "h.json", servers=3, memory="8MiB", redundancy=1, drain=drain)
+        try:
+            w = cairn.open("h", "w", engine="staging", cluster=c.file, object_size=1 << 20, keep_last=1, timeout=60.0)
+            w.define("t", "f8", (1 << 18,))  # 2 MiB a step, 4 MiB with its copies: the servers hold 5
+            room = threading.Timer(3.0, lambda: subprocess.run(["mount", "-o", "remount,size=256m", str(drain)], check=True))
+            started = time.monotonic()
+            room.start()
+            for s in range(12):
+                with w.step(s):
+                    w.put("t", np.full(1 << 18, float(s)))
+            waited = time.monotonic() - started
+            room.join()
+            assert waited >= 2.5, f"the writer was never held ({waited:.1f} s)"
+            assert w.wait_drained(timeout=60)
+            f = cairn.open("h", "r", engine="file", path=drain)
+            assert f.steps() == list(range(12)) and all((f.get("t", s) == s).all() for s in range(12))
+        finally:
+            c.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(drain)], capture_output=True)
+
+
+def test_drain_every_auto_takes_the_young_daly_interval(tmp_path):
+    # MTBF 1 h: with a drain of a few ms a step, Young/Daly's interval sqrt(2 C MTBF) is seconds,
+    # many steps of 20 ms: most steps stay in memory only.
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "auto.json", servers=2, memory="64MiB", redundancy=1, drain=drain, drain_every="auto",
+                      drain_mtbf="1h")
+    try:
+        w = cairn.open("a", "w", engine="staging", cluster=c.file)
+        w.define("t", "f8", (1 << 12,))
+        for s in range(40):
+            with w.step(s):
+                w.put("t", np.full(1 << 12, float(s)))
+            time.sleep(0.02)
+        st = _status(c.file)["drain"]
+        assert st["interval_s"] is not None and st["interval_s"] > 0.1, st
+        assert st["every"] >= 2, st
+        assert w.wait_drained(timeout=60)
+        drained = cairn.open("a", "r", engine="file", path=drain).steps()
+        assert 0 in drained and len(drained) < 40, drained
+    finally:
+        c.stop()
+
+
 def test_drain_every_drains_the_cadences_steps_only(tmp_path):
     drain = tmp_path / "drain"
     c = cluster.start(tmp_path / "e.json", servers=2, memory="64MiB", redundancy=1, drain=drain, drain_every=3)
@@ -192,6 +248,8 @@ def test_a_full_disk_is_a_named_error_loses_nothing_and_the_drain_resumes_when_r
             assert "disk is full" in st["error"] and st["pending_bytes"] == 2 * (2 << 20)
             r = cairn.open("full", "r", engine="staging", cluster=c.file)
             assert all((r.get("t", s) == s).all() for s in range(2)), "nothing in memory was dropped"
+            with pytest.raises(cairn.ConflictError, match="not on disk yet"):
+                r.release(0)  # its only copy: refused while the drain owes it
             subprocess.run(["mount", "-o", "remount,size=64m", str(drain)], check=True)
             assert w.wait_drained(timeout=60), "the drain resumes once there is room"
             f = cairn.open("full", "r", engine="file", path=drain)
@@ -223,3 +281,39 @@ def test_cluster_stop_drains_first_and_a_cluster_without_a_drain_says_so(tmp_pat
         assert _status(plain.file)["drain"] is None
     finally:
         plain.stop()
+
+
+def test_a_writer_running_ahead_into_full_servers_leaves_room_for_the_step_the_others_owe(tmp_path):
+    # Rank 0 runs many steps ahead of rank 1, into servers that hold about a dozen of its blocks:
+    # without room kept for the oldest step, it would fill them with steps that cannot commit
+    # before step 0, which rank 1 could then never put (both waiting for room the other holds).
+    import threading
+
+    c = cluster.start(tmp_path / "w.json", servers=2, memory="8MiB", redundancy=0)
+    try:
+        n, steps = 1 << 16, 40  # 512 KiB a block: the servers hold 28 of them (less the room kept)
+        ws = [cairn.open("run", "w", engine="staging", cluster=c.file, rank=r, nranks=2, session="ahead", keep_last=1,
+                         timeout=30.0) for r in range(2)]
+        for w in ws:
+            w.define("t", "f8", (2 * n,))
+        errors: list[BaseException] = []
+
+        def write(r: int) -> None:
+            try:
+                for s in range(steps):
+                    with ws[r].step(s):
+                        ws[r].put("t", np.full(n, float(s)), offset=(r * n,))
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                errors.append(e)
+
+        ahead = threading.Thread(target=write, args=(0,))
+        ahead.start()
+        # Rank 0 is blocked once the servers are full of its steps.
+        wait_for(lambda: sum(r["memory_used"] or 0 for r in cluster.status(c.file)) >= 13 << 20, "rank 0 to fill the servers", 30)
+        write(1)
+        ahead.join(60)
+        assert not ahead.is_alive() and errors == []
+        r = cairn.open("run", "r", engine="staging", cluster=c.file)
+        assert r.steps() == [steps - 1] and (r.get("t", steps - 1) == steps - 1).all()
+    finally:
+        c.stop()

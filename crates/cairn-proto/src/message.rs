@@ -739,6 +739,13 @@ pub struct DrainStatus {
     /// The kind of that error (`capacity` for a full disk).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<ErrorKind>,
+    /// Steps' drains attempted so far: an error is news to a waiter once an attempt started
+    /// after its wait began failed.
+    #[serde(default)]
+    pub attempts: u64,
+    /// The attempt that failed with `error`.
+    #[serde(default)]
+    pub failed_attempt: u64,
 }
 
 /// Time spent in each phase of the step commits one server coordinated, summed over `steps`.
@@ -935,6 +942,9 @@ pub enum Response {
         step: Option<u64>,
         /// Whether it is on disk.
         drained: bool,
+        /// The drain failed during the wait (its error is `drain.error`): the caller raises it.
+        #[serde(default)]
+        failed: bool,
     },
     /// Objects held.
     Objects {

@@ -54,6 +54,10 @@ pub struct Which<'a> {
     pub shard: Option<u32>,
 }
 
+/// A server keeps 1/this of its memory for the oldest step still being written of a dataset
+/// (see [`Store::headroom`]).
+const HEADROOM_SHARE: u64 = 8;
+
 /// Upper bound of a built reply (see [`Store::max_reply`]).
 pub const MAX_REPLY: u64 = 256 << 20;
 
@@ -160,6 +164,11 @@ impl Store {
 
     /// Reserves `bytes`, or fails with [`Error::Capacity`] naming the server and the sizes.
     pub fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
+        self.reserve_keeping(bytes, 0)
+    }
+
+    /// [`Store::reserve`] that leaves `keep` bytes free (see [`Store::headroom`]).
+    fn reserve_keeping(&self, bytes: u64, keep: u64) -> Result<Reservation<'_>> {
         let mut cur = self.used.load(Ordering::Acquire);
         let over = cur.saturating_add(bytes).saturating_add(self.pool.bytes.load(Ordering::Acquire)).saturating_sub(self.limit);
         if over > 0 {
@@ -167,9 +176,14 @@ impl Store {
         }
         loop {
             let next = cur.saturating_add(bytes);
-            if next > self.limit {
+            if next.saturating_add(keep) > self.limit {
+                let kept = if keep > 0 {
+                    format!(" ({keep} bytes are kept for an older step other writers still owe: this put is for a later one)")
+                } else {
+                    String::new()
+                };
                 return Err(Error::Capacity(format!(
-                    "server {} is full: {} of {} bytes in use, a put of {} bytes does not fit; release old steps \
+                    "server {} is full: {} of {} bytes in use, a put of {} bytes does not fit{kept}; release old steps \
                      (f.release(step) or keep_last) and retry, or start servers with more --memory",
                     self.server, cur, self.limit, bytes
                 )));
@@ -205,13 +219,33 @@ impl Store {
     /// Reserves `len` bytes and a zeroed-or-recycled buffer of exactly that size to receive a
     /// payload into (its old contents are overwritten entirely by the payload).
     pub fn reserve_buffer(&self, len: usize) -> Result<(Reservation<'_>, Vec<u8>)> {
-        self.reserve_pooled(&self.pool.bufs, len, len, |len| Ok(vec![0u8; len]))
+        self.reserve_pooled(&self.pool.bufs, len, len, 0, |len| Ok(vec![0u8; len]))
+    }
+
+    /// [`Store::reserve_buffer`] for a writer's object of `step` of `dataset`, which leaves the
+    /// [`Store::headroom`] free.
+    pub fn reserve_buffer_for(&self, dataset: &str, step: u64, len: usize) -> Result<(Reservation<'_>, Vec<u8>)> {
+        let keep = self.headroom(dataset, step);
+        self.reserve_pooled(&self.pool.bufs, len, len, keep, |len| Ok(vec![0u8; len]))
+    }
+
+    /// Bytes a put of `step` of `dataset` must leave free: a share of the memory while an older
+    /// step of the dataset is still being written here. A writer running several steps ahead
+    /// then cannot fill the server with steps that commit only after that one, which the other
+    /// writers could no longer put (each waiting for room the others hold).
+    pub fn headroom(&self, dataset: &str, step: u64) -> u64 {
+        let behind = lock(&self.steps).iter().any(|((d, s), held)| *s < step && d == dataset && held.values().any(|o| !o.sealed));
+        if behind {
+            self.limit / HEADROOM_SHARE
+        } else {
+            0
+        }
     }
 
     /// Reserves `len` bytes and a pooled or new shared segment of exactly that size for a
     /// same-node writer of user `owner` to fill: only a segment that user leased before is reused.
     pub fn reserve_segment(&self, len: usize, owner: u32) -> Result<(Reservation<'_>, Segment)> {
-        self.reserve_pooled(&self.pool.segs, (owner, len), len, |len| Segment::new(len, owner))
+        self.reserve_pooled(&self.pool.segs, (owner, len), len, 0, |len| Segment::new(len, owner))
     }
 
     /// The pooled memory of `len` bytes is taken before the reservation, so a full server reuses
@@ -221,10 +255,11 @@ impl Store {
         pool: &Mutex<HashMap<K, Vec<T>>>,
         key: K,
         len: usize,
+        keep: u64,
         new: impl FnOnce(usize) -> Result<T>,
     ) -> Result<(Reservation<'_>, T)> {
         let pooled = self.pooled(pool, &key, len);
-        match self.reserve(len as u64) {
+        match self.reserve_keeping(len as u64, keep) {
             Ok(r) => Ok((r, pooled.map_or_else(|| new(len), Ok)?)),
             Err(e) => {
                 if let Some(m) = pooled {
@@ -477,6 +512,26 @@ mod tests {
             sealed: false,
             copy: 0,
         }
+    }
+
+    #[test]
+    fn a_writer_running_ahead_leaves_room_for_the_step_the_others_still_owe() {
+        let s = Store::new(0, 800);
+        // Step 0 is being written (unsealed here); the fast writer's steps 1.. may not take the
+        // last eighth, which step 0 (and other datasets) still may.
+        s.insert("d", 0, (1, 0), obj("a", 100), s.reserve(100).unwrap()).unwrap();
+        assert_eq!(s.headroom("d", 1), 100);
+        let (r, _) = s.reserve_buffer_for("d", 1, 600).unwrap();
+        r.keep();
+        let e = s.reserve_buffer_for("d", 2, 100).unwrap_err();
+        assert!(e.to_string().contains("older step"), "{e}");
+        let (r0, _) = s.reserve_buffer_for("d", 0, 100).unwrap();
+        assert_eq!((s.headroom("other", 5), s.headroom("d", 0)), (0, 0));
+        drop(r0);
+        // Once step 0 is sealed (committed), nothing is behind: the room is anyone's.
+        s.seal("d", 0, "a", &[(1, 0)], 100).unwrap();
+        assert_eq!(s.headroom("d", 2), 0);
+        assert!(s.reserve_buffer_for("d", 2, 100).is_ok());
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub fn drain_step(
     fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
 ) -> Result<Drained> {
     if layout.step_path(index.step).exists() {
-        return Ok(Drained { found: true, ..Drained::default() });
+        return found(layout, index);
     }
     layout.create()?;
     // One file per step and drainer, never appended to by another: a new leader that drains the
@@ -113,13 +113,38 @@ pub fn drain_step(
         // Another drainer (a leader before this one) committed the step meanwhile: it is on disk.
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
             let _ = std::fs::remove_file(&path);
-            Ok(Drained { found: true, ..Drained::default() })
+            found(layout, index)
         }
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             Err(e)
         }
     }
+}
+
+/// The step is on disk already: drained by an earlier leader (the same blocks), or written by
+/// another run into the same folder, which is refused rather than taken for this step.
+fn found(layout: &Layout, index: &StepIndex) -> Result<Drained> {
+    let disk = layout.read_step(index.step)?;
+    let shape = |i: &StepIndex| -> Vec<(String, u32, cairn_core::Region, u64)> {
+        let mut v: Vec<_> = i.blocks.iter().map(|b| (b.var.clone(), b.writer, b.region.clone(), b.len)).collect();
+        v.sort_by(|a, b| (&a.0, a.1, &a.2.offset).cmp(&(&b.0, b.1, &b.2.offset)));
+        v
+    };
+    // Compared as printed: statistics of the same bytes are equal, NaNs included.
+    let same_stats = disk.blocks.iter().all(|d| {
+        let stats = format!("{:?}", d.stats);
+        index.blocks.iter().any(|b| b.var == d.var && b.writer == d.writer && b.region == d.region && format!("{:?}", b.stats) == stats)
+    });
+    if shape(&disk) != shape(index) || !same_stats {
+        return Err(Error::AlreadyExists(format!(
+            "step {} is on disk in {} already, with other blocks than the cluster's: another run wrote there; drain \
+             to another folder (--drain) or move that dataset away",
+            index.step,
+            layout.root.display()
+        )));
+    }
+    Ok(Drained { found: true, ..Drained::default() })
 }
 
 /// A write error of the drain: a full disk or quota is a capacity error, named as such.
@@ -182,6 +207,11 @@ mod tests {
         // Again (a new leader): found on disk, nothing written.
         let again = drain_step(&layout, &index, opts, |_| panic!("not fetched")).unwrap();
         assert!(again.found);
+        // Another run's step 3 (other values) is refused, not taken for this one.
+        let (other, _) = staged(4);
+        let other = StepIndex { step: 3, ..other };
+        let e = drain_step(&layout, &other, opts, |_| panic!("not fetched")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
     }
 
     #[test]

@@ -48,8 +48,8 @@ pub(crate) fn wait_drained(c: &Cluster, dataset: &str, step: Option<u64>, timeou
         let req = Request::WaitDrained { dataset: Some(dataset.to_string()), step, timeout_ms: left.as_millis() as u64 };
         match c.coord_waiting(&req, left)? {
             Response::Drain { drained: true, .. } => return Ok(true),
-            Response::Drain { drain, .. } => {
-                if let Some(message) = drain.error {
+            Response::Drain { drain, failed, .. } => {
+                if let (true, Some(message)) = (failed, drain.error) {
                     let kind = drain.error_kind.unwrap_or(cairn_core::ErrorKind::Unavailable);
                     return Err(Error::from_wire(kind, None, format!("the drain to disk failed: {message}")));
                 }

@@ -143,7 +143,11 @@ pub async fn apply<S: AsyncRead + Unpin>(
 
 /// Stores one object (checked by [`super::check`]). On a refusal the payload is read and discarded so the connection stays usable.
 pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, h: ObjectPut, sealed: bool) -> Result<Response> {
-    let (reservation, mut data) = match state.store.reserve_buffer(len as usize) {
+    // A writer's object leaves room for older steps other writers still owe; a committed
+    // step's piece (encoding, recovery) does not need to.
+    let reserved =
+        if sealed { state.store.reserve_buffer(len as usize) } else { state.store.reserve_buffer_for(&h.dataset, h.step, len as usize) };
+    let (reservation, mut data) = match reserved {
         Ok(r) => r,
         Err(e) => {
             discard(stream, len).await?;
@@ -165,7 +169,7 @@ pub async fn put<S: AsyncRead + Unpin>(state: &State, stream: &mut S, len: u64, 
 pub fn put_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], h: ObjectPut) -> Result<Response> {
     let peer = local.ok_or_else(crate::cma::not_local)?;
     let len: u64 = runs.iter().map(|r| r.1).sum(); // bounded by check::request
-    let (reservation, mut data) = state.store.reserve_buffer(len as usize)?;
+    let (reservation, mut data) = state.store.reserve_buffer_for(&h.dataset, h.step, len as usize)?;
     let mut crc = 0u32;
     peer.read(runs, &mut data, &mut |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
     state.same_node_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed);

@@ -18,6 +18,9 @@ use cairn_proto::ClusterView;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
+/// How long a release of a step the drain still owes waits for it before it is refused.
+const RELEASE_WAITS_FOR_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The leader's services told of every commit and release: the CoREC encoder (what turned
 /// cold), recovery (what a lost server held) and the drain to disk (what to write out).
 #[derive(Debug)]
@@ -269,8 +272,18 @@ impl Commits {
         Ok(Response::Ok)
     }
 
-    /// Releases a committed step.
+    /// Releases a committed step; one the drain to disk still owes once it is drained (waited
+    /// for a few seconds, else refused: its only copy would go).
     pub async fn release(&self, dataset: &str, step: u64) -> Result<Response> {
+        if self.told.drain.owes(self.gate.leader()?, dataset, step) {
+            self.told.drain.wait(Some(dataset), Some(step), RELEASE_WAITS_FOR_DRAIN).await?;
+            if self.told.drain.owes(self.gate.leader()?, dataset, step) {
+                return Err(Error::Conflict(format!(
+                    "step {step} of '{dataset}' is not on disk yet (the drain owes it, and its copy in memory is the only one); \
+                     release it once wait_drained({step}) is true, or let keep_last release it after its drain"
+                )));
+            }
+        }
         let index = self.meta.release(self.gate.leader()?, dataset, step).await?;
         self.told.corec.released(dataset, step);
         free(&self.state, dataset, &index).await;

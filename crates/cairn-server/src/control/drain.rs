@@ -51,6 +51,9 @@ pub struct Drain {
 #[derive(Debug, Default)]
 struct Progress {
     error: Option<Error>,
+    /// Attempts started, and the one that failed with `error`.
+    attempts: u64,
+    failed_attempt: u64,
     bytes: u64,
     busy: Duration,
     /// Running mean of the seconds one step's drain takes.
@@ -70,6 +73,13 @@ impl Drain {
     /// until they are drained; none without a drain.
     pub fn every(&self) -> Option<u64> {
         self.spec.as_ref().map(|s| s.every.unwrap_or_else(|| self.auto().0))
+    }
+
+    /// Whether the drain still owes committed `step` of `dataset` (its cadence names it and it is
+    /// not on disk yet).
+    pub fn owes(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> bool {
+        let Some(every) = self.every() else { return false };
+        step.is_multiple_of(every) && query(log, |s| s.is_committed(dataset, step) && s.drained(dataset).is_none_or(|d| d < step))
     }
 
     /// The automatic cadence and the interval it comes from (1 step until both the drain's
@@ -125,6 +135,11 @@ impl Drain {
         // Released meanwhile (an explicit release): nothing left to drain of it.
         let Ok(index) = self.meta.index(log, &dataset, step) else { return Next::Again };
         let started = Instant::now();
+        let attempt = {
+            let mut p = lock(&self.progress);
+            p.attempts += 1;
+            p.attempts
+        };
         let (state, path) = (self.state.clone(), spec.path.clone());
         let written = tokio::task::spawn_blocking(move || write(&state, &path, &dataset, &index).map(|d| (dataset, d)))
             .await
@@ -132,8 +147,8 @@ impl Drain {
         let (dataset, d) = match written {
             Ok(w) => w,
             Err(e) => {
-                eprintln!("cairn server {}: draining step {step}: {e}", self.state.id);
-                self.failed(e);
+                eprintln!("cairn server {}: draining step {step} (attempt {attempt}): {e}", self.state.id);
+                self.failed(e, attempt);
                 return Next::After(RETRY);
             }
         };
@@ -162,8 +177,12 @@ impl Drain {
         }
     }
 
-    fn failed(&self, e: Error) {
-        lock(&self.progress).error = Some(e);
+    fn failed(&self, e: Error, attempt: u64) {
+        {
+            let mut p = lock(&self.progress);
+            p.error = Some(e);
+            p.failed_attempt = attempt;
+        }
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -196,6 +215,8 @@ impl Drain {
             mbps: if p.busy.is_zero() { 0.0 } else { p.bytes as f64 / 1e6 / p.busy.as_secs_f64() },
             error: p.error.as_ref().map(|e| e.to_string()),
             error_kind: p.error.as_ref().map(|e| e.kind()),
+            attempts: p.attempts,
+            failed_attempt: p.failed_attempt,
         }
     }
 
@@ -210,9 +231,9 @@ impl Drain {
         }
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = self.changes.subscribe();
-        // An error is reported once an attempt made during this wait failed too: one left from
-        // before (a disk since given room) may be cleared by the retry under way.
-        let began = *rx.borrow_and_update();
+        // An error is reported once an attempt started during this wait failed too: one left
+        // from before (a disk given room since) may be cleared by the next retry.
+        let began = lock(&self.progress).attempts;
         let mut commits = dataset.map(|d| self.meta.watch(d));
         loop {
             let log = self.gate.leader()?;
@@ -225,9 +246,9 @@ impl Drain {
                 }),
             };
             let status = self.status(log);
-            let failed = status.error.is_some() && (*rx.borrow() != began || timeout.is_zero());
+            let failed = status.error.is_some() && status.failed_attempt > began;
             if done || failed || tokio::time::Instant::now() >= deadline {
-                return Ok(Response::Drain { drain: status, step: target, drained: done });
+                return Ok(Response::Drain { drain: status, step: target, drained: done, failed: failed && !done });
             }
             let commit = async {
                 match commits.as_mut() {
