@@ -28,9 +28,12 @@ def source_args(cfg):
 
 
 def assert_same(got, want):
-    """Equal values, dims, coordinates and attributes (lists read back from netCDF/HDF5 as arrays)."""
+    """Equal values, dims, coordinates and attributes (lists read back from netCDF/HDF5 as arrays);
+    the export adds the CF ``Conventions`` and a ``history`` line."""
     xr.testing.assert_equal(got, want)
-    assert got.attrs == want.attrs
+    extra = {k: got.attrs[k] for k in ("Conventions", "history") if k in got.attrs and k not in want.attrs}
+    assert extra.get("Conventions") == "CF-1.8" and "cairn export" in extra.get("history", "")
+    assert {k: v for k, v in got.attrs.items() if k not in extra} == want.attrs
     for n in want.data_vars:
         assert got[n].dims == want[n].dims
         assert {k: np.asarray(v).tolist() for k, v in got[n].attrs.items()} == want[n].attrs

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import _check, _native, metadata
+from . import _check, cf, _native, metadata
 from ._mpi import Exchange, node_ids
 from .exceptions import (CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, StepsMissedWarning,
                          UnavailableError, step_aborted, step_error)
@@ -261,6 +261,7 @@ class Writer:
             raise InvalidArgumentError(f"'{name}': a local variable has no global shape; drop shape= or local=True")
         if not local and shape is None:
             raise InvalidArgumentError(f"'{name}': give a global shape, or local=True for per-writer blocks")
+        cf.check(name, _dtype(dtype), attrs)
         names_rule = "give a sequence of names, one per dimension, e.g. ('y', 'x')"
         if dims is not None and (isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable)):
             raise InvalidArgumentError(f"'{name}': dims={_check.show(dims)}; {names_rule}")
@@ -682,7 +683,8 @@ def _little_endian_c(data: Any) -> np.ndarray:
                                    "lists of numbers of one shape") from None
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and np.little_endian is False):
         return arr.astype(arr.dtype.newbyteorder("<"), order="C")
-    return np.ascontiguousarray(arr)
+    # Not np.ascontiguousarray: it makes a 0-d array (a per-step scalar) 1-d.
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _np_name(dtype: str) -> str:

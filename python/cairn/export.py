@@ -6,6 +6,8 @@ dimension, so that ``xr.open_zarr`` / ``xr.open_dataset`` of the result equals
 
 from __future__ import annotations
 
+import base64
+import datetime
 import json
 import os
 import shutil
@@ -15,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from . import cf
 from ._api import Reader
 from .exceptions import AlreadyExistsError, ConfigError, InvalidArgumentError
 from .step_array import StepArray
@@ -26,40 +29,62 @@ _NC_DIM_ONLY = "This is a netCDF dimension but not a netCDF variable."
 
 @dataclass(frozen=True)
 class Plan:
-    """What to export: the steps, and each variable's lazy array, dims and attributes."""
+    """What to export: the steps, and each variable's lazy array, dims and attributes (typed:
+    ``_FillValue`` and the like in the variable's type), the dataset's attributes (with
+    ``Conventions`` and a ``history`` line), and the variable that is the ``time`` coordinate."""
 
     steps: list[int]
     arrays: dict[str, StepArray]
     dims: dict[str, tuple[str, ...]]
     attrs: dict[str, Any]
     skipped: list[str]
+    var_attrs: dict[str, dict[str, Any]]
+    time: str | None = None
 
 
-def plan(reader: Reader, steps: list[int], names: list[str] | None) -> Plan:
+def plan(reader: Reader, steps: list[int], names: list[str] | None, source: str = "") -> Plan:
     """The global variables ``names`` (default: all) over ``steps``; dimension names shared by
     variables must have one length."""
     variables = reader.variables()
     unknown = sorted(set(names or ()) - set(variables))
     if unknown:
         raise InvalidArgumentError(f"--vars names {', '.join(unknown)}, not in the dataset; it has {', '.join(variables)}")
+    cf.check_steps(steps)
     chosen = [n for n in variables if names is None or n in names]
-    arrays, dims, sizes = {}, {}, {"step": len(steps)}
+    arrays, dims, sizes, var_attrs = {}, {}, {"step": len(steps)}, {}
     for n in chosen:
         info = variables[n]
         if info.local:
             continue
         arrays[n], dims[n] = StepArray(reader, n, steps, info), ("step", *dims_of(n, info))
+        var_attrs[n] = cf.attrs_of(n, info.dtype, info.attrs)
         for d, size in zip(dims[n], arrays[n].shape):
             if sizes.setdefault(d, size) != size:
                 raise InvalidArgumentError(f"dimension {d!r} is {sizes[d]} long in one variable but {size} in '{n}'; "
                                            "export them separately (--vars)")
     skipped = [n for n in chosen if variables[n].local]
-    return Plan(steps, arrays, dims, reader.attrs, skipped)
+    if not arrays:
+        what = f"only local (per-writer, ragged) variables: {', '.join(skipped)}" if skipped else "no global variable"
+        raise InvalidArgumentError(f"nothing to export: the selection has {what}; netCDF, HDF5 and Zarr hold arrays "
+                                   "of one shape (read local variables with `cairn get --writer`)")
+    time = cf.time_variable({n: variables[n] for n in arrays})
+    attrs = dict(reader.attrs)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    line = f"{stamp} cairn export {source}".rstrip()
+    attrs["history"] = f"{attrs['history']}\n{line}" if isinstance(attrs.get("history"), str) else line
+    attrs.setdefault("Conventions", cf.CONVENTIONS)
+    if time is not None:
+        for n in arrays:
+            if n != time:
+                var_attrs[n].setdefault("coordinates", time)
+    return Plan(steps, arrays, dims, attrs, skipped, var_attrs, time)
 
 
 def _flat(value: Any) -> Any:
-    """An attribute value netCDF-4 and HDF5 can hold: strings, numbers, flat lists of numbers;
-    anything else (booleans, None, mappings, nested lists) as JSON text."""
+    """An attribute value netCDF-4 and HDF5 can hold: strings, numbers, flat lists of numbers,
+    typed numpy values; anything else (booleans, None, mappings, nested lists) as JSON text."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return value
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
@@ -77,22 +102,27 @@ class Sink(Protocol):
 
 class ZarrSink:
     """A Zarr v3 group: one array per variable chunked one step at a time, ``dimension_names``
-    and attributes in its metadata, consolidated at the end."""
+    and attributes in its metadata (a ``_FillValue`` becomes the array's fill value, as xarray
+    writes it), consolidated at the end."""
 
     def __init__(self, out: str, p: Plan) -> None:
         import zarr
 
         self.out = out
         self.group = zarr.open_group(out, mode="w", zarr_format=3)
-        self.group.attrs.update(p.attrs)
-        step = self.group.create_array("step", shape=(len(p.steps),), dtype="u8", dimension_names=["step"])
-        step[:] = np.asarray(p.steps, dtype="u8")
+        self.group.attrs.update({k: _json(v) for k, v in p.attrs.items()})
+        step = self.group.create_array("step", shape=(len(p.steps),), dtype="i8", dimension_names=["step"], fill_value=None)
+        step[:] = cf.check_steps(p.steps)
+        step.attrs.update(cf.STEP_ATTRS)
         self.arrays = {}
         for n, a in p.arrays.items():
-            fill = np.nan if a.dtype.kind in "fc" else 0
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", None)
             z = self.group.create_array(n, shape=a.shape, chunks=(1, *[max(1, s) for s in a.shape[1:]]), dtype=a.dtype,
                                         dimension_names=list(p.dims[n]), fill_value=fill)
-            z.attrs.update(a.info.attrs)
+            if fill is not None:
+                attrs["_FillValue"] = _zarr_fill(fill)
+            z.attrs.update({k: _json(v) for k, v in attrs.items()})
             self.arrays[n] = z
 
     def write(self, name: str, i: int, values: np.ndarray) -> None:
@@ -108,8 +138,26 @@ class ZarrSink:
             zarr.consolidate_metadata(self.out)
 
 
+def _zarr_fill(fill: Any) -> Any:
+    """A ``_FillValue`` attribute as xarray writes and reads it in Zarr: floats as the base64 of
+    their float64 bytes (so NaN and infinities survive JSON), integers as numbers."""
+    v = np.asarray(fill)
+    if v.dtype.kind in "fc":
+        return base64.b64encode(np.asarray(v, dtype="<f8").tobytes()).decode()
+    return v.item()
+
+
+def _json(value: Any) -> Any:
+    """An attribute value as JSON holds it (numpy values as Python numbers and lists)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        v = value.tolist()
+        return None if isinstance(v, float) and np.isnan(v) else v
+    return value
+
+
 class NetCDFSink:
-    """A netCDF-4 file: ``step`` unlimited, the other dimensions fixed, no fill values."""
+    """A netCDF-4 file: ``step`` unlimited, the other dimensions fixed, a variable's fill value
+    only where its attributes give one (in its type)."""
 
     def __init__(self, out: str, p: Plan) -> None:
         import netCDF4
@@ -127,11 +175,20 @@ class NetCDFSink:
                 if d not in made:
                     self.nc.createDimension(d, size)
                     made.add(d)
-        self.nc.createVariable("step", "u8", ("step",))[:] = np.asarray(p.steps, dtype="u8")
+        # CF-1.8 (§2.2) has no 64-bit integers: int32 while the steps fit, as they nearly always do.
+        steps = cf.check_steps(p.steps)
+        narrow = steps.size == 0 or int(steps.max()) < 2**31
+        step = self.nc.createVariable("step", "i4" if narrow else "i8", ("step",))
+        step.setncatts(cf.STEP_ATTRS)
+        step[:] = steps
         self.vars = {}
         for n, a in p.arrays.items():
-            v = self.nc.createVariable(n, a.dtype, p.dims[n], fill_value=False)
-            v.setncatts({k: _flat(x) for k, x in a.info.attrs.items()})
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", False)
+            v = _named(n, lambda: self.nc.createVariable(n, a.dtype, p.dims[n], fill_value=fill))
+            _named(n, lambda: v.setncatts({k: _flat(x) for k, x in attrs.items()}))
+            # The values are stored as they are: not packed again by scale_factor/add_offset.
+            v.set_auto_maskandscale(False)
             self.vars[n] = v
 
     def write(self, name: str, i: int, values: np.ndarray) -> None:
@@ -142,23 +199,35 @@ class NetCDFSink:
 
 
 class H5Sink:
-    """An HDF5 file netCDF-4 readers (and so xarray) understand: dimensions are HDF5 dimension
-    scales, ``step`` a coordinate, the others dimensions without a variable."""
+    """An HDF5 file laid out as netCDF-4 lays out its own, so netCDF readers (and xarray) read it
+    as they read a ``.nc``: dimensions are HDF5 dimension scales, ``step`` an unlimited int64
+    coordinate, the others dimensions without a variable; string attributes fixed-length ASCII
+    (netCDF's char), ``_FillValue`` in the variable's type; a variable named like one of its
+    dimensions but not its coordinate (``x(step, x)``) is stored as netCDF-4 stores it,
+    ``_nc4_non_coord_x``."""
 
     def __init__(self, out: str, p: Plan) -> None:
         import h5py
 
-        self.f = h5py.File(out, "w")
-        self.f.attrs.update({k: _flat(v) for k, v in p.attrs.items()})
-        self.f.create_dataset("step", data=np.asarray(p.steps, dtype="u8")).make_scale("step")
+        self.f = h5py.File(out, "w", track_order=True)
+        _h5_attrs(self.f.attrs, p.attrs)
+        step = self.f.create_dataset("step", data=cf.check_steps(p.steps), maxshape=(None,), chunks=(max(1, min(len(p.steps), 1024)),))
+        step.make_scale("step")
+        _h5_attrs(step.attrs, cf.STEP_ATTRS)
         self.sets = {}
         for n, a in p.arrays.items():
             for d, size in zip(p.dims[n][1:], a.shape[1:]):
                 if d not in self.f:
                     self.f.create_dataset(d, shape=(size,), dtype="f4").make_scale(f"{_NC_DIM_ONLY}{size:10d}")
-            chunks = (1, *a.shape[1:]) if all(a.shape) else None
-            ds = self.f.create_dataset(n, shape=a.shape, dtype=a.dtype, chunks=chunks)
-            ds.attrs.update({k: _flat(x) for k, x in a.info.attrs.items()})
+            stored = f"_nc4_non_coord_{n}" if n in p.dims[n] or n in self.f else n
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", None)
+            chunks = (1, *a.shape[1:]) if all(a.shape[1:]) and a.shape[0] else None
+            ds = _named(n, lambda: self.f.create_dataset(stored, shape=a.shape, dtype=a.dtype, chunks=chunks,
+                                                         maxshape=(None, *a.shape[1:]) if chunks else None, fillvalue=fill))
+            if fill is not None:
+                ds.attrs.create("_FillValue", np.asarray(fill, dtype=a.dtype).reshape(1))
+            _h5_attrs(ds.attrs, attrs)
             for axis, d in enumerate(p.dims[n]):
                 ds.dims[axis].attach_scale(self.f[d])
             self.sets[n] = ds
@@ -170,39 +239,75 @@ class H5Sink:
         self.f.close()
 
 
+def _h5_attrs(target: Any, attrs: dict[str, Any]) -> None:
+    """Attributes as netCDF-4 writes them: text as fixed-length strings (netCDF's char), numbers
+    as 1-element arrays."""
+    for k, v in attrs.items():
+        v = _flat(v)
+        if isinstance(v, str):
+            target.create(k, np.bytes_(v.encode()))
+        else:
+            target.create(k, np.atleast_1d(np.asarray(v)))
+
+
+def _named(name: str, make: Callable[[], Any]) -> Any:
+    """``make()``, with a format library's error as one line naming the variable."""
+    try:
+        return make()
+    except (ValueError, TypeError, RuntimeError, KeyError, OSError) as e:
+        raise InvalidArgumentError(f"variable '{name}': {str(e).strip() or type(e).__name__}") from None
+
+
 SINKS: dict[str, Callable[[str, Plan], Sink]] = {".zarr": ZarrSink, ".nc": NetCDFSink, ".h5": H5Sink, ".hdf5": H5Sink}
 
 
 def export(reader: Reader, out: str, steps: list[int], names: list[str] | None = None, *, force: bool = False,
-           progress: bool | None = None) -> Plan:
+           progress: bool | None = None, source: str = "") -> Plan:
     """Writes ``names`` (default: every global variable) of ``steps`` to ``out``, whose suffix
-    picks the format; returns what was written. ``progress`` shows a bar (``None``: on a terminal)."""
+    picks the format; returns what was written. The file is written under a temporary name next
+    to ``out`` and renamed at the end: an error leaves nothing behind. ``progress`` shows a bar
+    (``None``: on a terminal)."""
     from tqdm import tqdm
 
-    suffix = os.path.splitext(out.rstrip("/"))[1].lower()
+    out = out.rstrip("/")
+    suffix = os.path.splitext(out)[1].lower()
     if suffix not in SINKS:
         raise InvalidArgumentError(f"-o {out}: name the output .zarr (Zarr v3), .nc (netCDF-4) or .h5 (HDF5)")
     if os.path.exists(out) and not force:
         raise AlreadyExistsError(f"{out} exists; remove it or pass --force to replace it")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise InvalidArgumentError(f"-o {out}: folder {os.path.dirname(os.path.abspath(out))} does not exist")
-    p = plan(reader, steps, names)
-    if os.path.exists(out):
-        shutil.rmtree(out) if os.path.isdir(out) else os.remove(out)
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(f"-o {out}: folder {folder} does not exist")
+    p = plan(reader, steps, names, source)
+    tmp = os.path.join(folder, f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    _remove(tmp)
     try:
-        sink = SINKS[suffix](out, p)
-    except ImportError as e:
-        raise ConfigError(f"writing {suffix} needs the Python package {e.name}: pip install {e.name} "
-                          "(or cairn[xarray])") from None
-    total = sum(a.dtype.itemsize * int(np.prod(a.shape)) for a in p.arrays.values())
-    try:
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"exporting to {os.path.basename(out)}",
-                  disable=None if progress is None else not progress) as bar:
-            for i in range(len(p.steps)):
-                for n, a in p.arrays.items():
-                    values = a[i]
-                    sink.write(n, i, values)
-                    bar.update(values.nbytes)
-    finally:
-        sink.close()
+        try:
+            sink = SINKS[suffix](tmp, p)
+        except ImportError as e:
+            raise ConfigError(f"writing {suffix} needs the Python package {e.name}: pip install {e.name} "
+                              "(or cairn[xarray])") from None
+        total = sum(a.dtype.itemsize * int(np.prod(a.shape)) for a in p.arrays.values())
+        try:
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"exporting to {os.path.basename(out)}",
+                      disable=None if progress is None else not progress) as bar:
+                for i in range(len(p.steps)):
+                    for n, a in p.arrays.items():
+                        values = a[i]
+                        _named(n, lambda: sink.write(n, i, values))
+                        bar.update(values.nbytes)
+        finally:
+            sink.close()
+        _remove(out)
+        os.replace(tmp, out)
+    except BaseException:
+        _remove(tmp)
+        raise
     return p
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)

@@ -35,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     reader = open_reader(args.dataset, args.cluster)
     steps = parse_steps(args.steps, reader.steps())
     names = [n.strip() for n in args.vars.split(",") if n.strip()] if args.vars else None
-    p = export(reader, args.output, steps, names, force=args.force)
+    p = export(reader, args.output, steps, names, force=args.force, source=args.dataset)
     print(f"wrote {args.output}: {len(p.arrays)} variables ({', '.join(p.arrays)}), {len(p.steps)} steps "
           f"{p.steps[0]}..{p.steps[-1]}")
     if p.skipped:

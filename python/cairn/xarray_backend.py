@@ -1,10 +1,14 @@
 """The xarray backend: ``xr.open_dataset("out/run1", engine="cairn")``.
 
 Every global variable becomes a data variable with a ``step`` dimension first (coordinate: the
-committed step numbers), then its dimension names (``define(..., dims=...)``, else
-``<name>_dim<i>``), with its attributes; the dataset's attributes are the Dataset's. Values are
-read lazily, only the boxes indexed; ``chunks={}`` gives Dask arrays with one chunk per step and
-per written block. Local (ragged, per-writer) variables are left out.
+committed step numbers, int64), then its dimension names (``define(..., dims=...)``, else
+``<name>_dim<i>``), with its attributes; the dataset's attributes are the Dataset's. A per-step
+scalar variable with ``axis: "T"`` and CF time units is a ``time`` coordinate along ``step``.
+CF decoding is xarray's own, as for netCDF files: ``mask_and_scale`` (``_FillValue``,
+``missing_value``, ``scale_factor``, ``add_offset``), ``decode_times``, ``decode_timedelta``,
+``use_cftime``, ``concat_characters``, ``decode_coords``. Values are read lazily, only the boxes
+indexed; ``chunks={}`` gives Dask arrays with one chunk per step and per written block. Local
+(ragged, per-writer) variables are left out.
 
 A staging dataset is opened by name with ``backend_kwargs={"cluster": "cluster.json"}``; any
 ``cairn.toml`` with ``backend_kwargs={"config": "cairn.toml"}``.
@@ -20,6 +24,7 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
+from . import cf
 from ._api import Reader
 from .locate import open_reader
 from .step_array import StepArray
@@ -38,20 +43,26 @@ class CairnBackendArray(BackendArray):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self.array.__getitem__)
 
 
-def to_dataset(reader: Reader, drop_variables: Iterable[str] = ()) -> xr.Dataset:
-    """The xarray Dataset of ``reader``'s global variables over its committed steps."""
+def to_dataset(reader: Reader, drop_variables: Iterable[str] = (), **decode: Any) -> xr.Dataset:
+    """The xarray Dataset of ``reader``'s global variables over its committed steps, decoded as
+    ``decode`` (``xr.decode_cf``'s options) says."""
     steps = reader.steps()
     drop = set(drop_variables)
     variables = {}
-    for name, info in reader.variables().items():
-        if info.local or name in drop:
-            continue
+    infos = {n: i for n, i in reader.variables().items() if not i.local and n not in drop}
+    for name, info in infos.items():
         array = StepArray(reader, name, steps, info)
         dims = ("step", *dims_of(name, info))
         data = indexing.LazilyIndexedArray(CairnBackendArray(array))
         preferred = dict(zip(dims, array.chunks()))
-        variables[name] = xr.Variable(dims, data, attrs=info.attrs, encoding={"preferred_chunks": preferred})
-    ds = xr.Dataset(variables, coords={"step": np.asarray(steps, dtype="u8")}, attrs=reader.attrs)
+        variables[name] = xr.Variable(dims, data, attrs=cf.attrs_of(name, info.dtype, info.attrs),
+                                      encoding={"preferred_chunks": preferred})
+    step = xr.Variable(("step",), cf.check_steps(steps), attrs=cf.STEP_ATTRS)
+    ds = xr.Dataset(variables, coords={"step": step}, attrs=reader.attrs)
+    time = cf.time_variable(infos)
+    if time is not None:
+        ds = ds.set_coords(time)
+    ds = xr.decode_cf(ds, **decode)
     ds.set_close(reader.close)
     return ds
 
@@ -60,17 +71,26 @@ class CairnBackendEntrypoint(BackendEntrypoint):
     """``engine="cairn"``: Cairn datasets (file engine folders, or staging datasets by name)."""
 
     description = "Open Cairn datasets (file or staging engine) in xarray"
-    open_dataset_parameters = ("filename_or_obj", "drop_variables", "cluster", "config")
+    open_dataset_parameters = ("filename_or_obj", "drop_variables", "mask_and_scale", "decode_times", "decode_timedelta",
+                               "use_cftime", "concat_characters", "decode_coords", "cluster", "config")
 
     def open_dataset(  # type: ignore[override]
         self,
         filename_or_obj: Any,
         *,
         drop_variables: Iterable[str] | None = None,
+        mask_and_scale: bool = True,
+        decode_times: bool = True,
+        decode_timedelta: bool | None = None,
+        use_cftime: bool | None = None,
+        concat_characters: bool = True,
+        decode_coords: bool | str = True,
         cluster: str | os.PathLike[str] | None = None,
         config: str | os.PathLike[str] | None = None,
     ) -> xr.Dataset:
-        return to_dataset(open_reader(filename_or_obj, cluster, config), drop_variables or ())
+        decode = {"mask_and_scale": mask_and_scale, "decode_times": decode_times, "decode_timedelta": decode_timedelta,
+                  "use_cftime": use_cftime, "concat_characters": concat_characters, "decode_coords": decode_coords}
+        return to_dataset(open_reader(filename_or_obj, cluster, config), drop_variables or (), **decode)
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
         try:

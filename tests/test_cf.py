@@ -1,0 +1,143 @@
+"""Data netCDF and xarray users can trust (issue 43): CF attributes in the variable's type, the
+xarray backend's CF decoding, and exports checked by the tools people run on them: ncdump,
+h5dump, the IOOS compliance-checker, xarray and zarr-python."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import cairn
+
+from .conftest import ROOT
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
+    if path is None:
+        pytest.skip(f"{name} is not installed (make setup installs it)")
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cairn", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+@pytest.fixture
+def cf_run(tmp_path: Path) -> Path:
+    """A dataset with the common netCDF patterns: an f4 variable with a _FillValue, a packed
+    integer (scale_factor/add_offset), and a per-step time variable."""
+    w = cairn.open("run", "w", engine="file", path=tmp_path)
+    w.attrs["title"] = "CF test"
+    w.define("temp", "f4", (4, 3), dims=("y", "x"), attrs={"units": "K", "_FillValue": -999.0, "long_name": "temperature",
+                                                             "standard_name": "air_temperature"})
+    w.define("pres", "i2", (4, 3), dims=("y", "x"), attrs={"units": "hPa", "scale_factor": 0.01, "add_offset": 1000.0,
+                                                             "_FillValue": -32768, "standard_name": "air_pressure"})
+    w.define("time", "f8", (), attrs={"units": "days since 2000-01-01", "axis": "T", "standard_name": "time",
+                                      "calendar": "standard"})
+    for s in range(3):
+        with w.step(s):
+            t = np.full((4, 3), 280 + s, "f4")
+            t[0, 0] = -999.0
+            w.put("temp", t)
+            p = np.full((4, 3), 1234 + s, "i2")
+            p[1, 1] = -32768
+            w.put("pres", p)
+            w.put("time", np.array(0.5 * s))
+    w.close()
+    return tmp_path / "run"
+
+
+def _same(a: xr.Dataset, b: xr.Dataset) -> None:
+    assert sorted(a.variables) == sorted(b.variables) and sorted(a.coords) == sorted(b.coords)
+    for v in a.variables:
+        assert a[v].dims == b[v].dims, v
+        np.testing.assert_array_equal(a[v].values, b[v].values, err_msg=v)
+
+
+def test_the_backend_decodes_cf_as_the_netcdf_engine_does(cf_run):
+    ds = xr.open_dataset(cf_run, engine="cairn")
+    assert np.isnan(ds["temp"].values[0, 0, 0]) and ds["temp"].values[0, 0, 1] == 280
+    assert np.isnan(ds["pres"].values[0, 1, 1]) and ds["pres"].values[1, 0, 0] == pytest.approx(1012.35)
+    assert ds["time"].values[1] == np.datetime64("2000-01-01T12:00") and "time" in ds.coords
+    assert ds["step"].dtype == np.int64 and ds["step"].attrs["long_name"] == "step number"
+    raw = xr.open_dataset(cf_run, engine="cairn", mask_and_scale=False, decode_times=False, drop_variables=["temp"])
+    assert raw["pres"].dtype == np.int16 and raw["pres"].values[0, 1, 1] == -32768 and raw["pres"].attrs["_FillValue"] == -32768
+    assert raw["time"].values[2] == 1.0 and "temp" not in raw
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".h5", ".zarr"])
+def test_each_export_opens_in_xarray_equal_to_the_cairn_engine(cf_run, tmp_path, suffix):
+    out = tmp_path / f"out{suffix}"
+    p = _cli("export", str(cf_run), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+    _same(xr.open_dataset(cf_run, engine="cairn"), back)
+    assert back.attrs["Conventions"] == "CF-1.8" and "cairn export" in back.attrs["history"]
+
+
+def test_ncdump_h5dump_and_the_cf_checker_accept_the_exports(cf_run, tmp_path):
+    ncdump, h5dump, checker = _tool("ncdump"), _tool("h5dump"), _tool("compliance-checker")
+    for suffix in (".nc", ".h5"):
+        assert _cli("export", str(cf_run), "-o", str(tmp_path / f"out{suffix}")).returncode == 0
+    head = subprocess.run([ncdump, "-h", str(tmp_path / "out.nc")], capture_output=True, text=True, check=True).stdout
+    assert "float temp(step, y, x)" in head and "temp:_FillValue = -999.f" in head and "pres:_FillValue = -32768s" in head
+    assert "step = UNLIMITED" in head and ':Conventions = "CF-1.8"' in head
+    # netCDF reads the HDF5 export as it reads its own files: same variables, typed fill values.
+    h5head = subprocess.run([ncdump, "-h", str(tmp_path / "out.h5")], capture_output=True, text=True, check=True).stdout
+    assert "temp:_FillValue = -999.f" in h5head and "step = UNLIMITED" in h5head and ':title = "CF test"' in h5head
+    dump = subprocess.run([h5dump, "-H", "-d", "temp", str(tmp_path / "out.h5")], capture_output=True, text=True, check=True).stdout
+    fill = dump[dump.index('ATTRIBUTE "_FillValue"'):]
+    assert "H5T_IEEE_F32LE" in fill.split("}")[0], "the _FillValue has the variable's type"
+    report = subprocess.run([checker, "--test=cf:1.8", str(tmp_path / "out.nc")], capture_output=True, text=True, timeout=300)
+    assert "Errors" not in report.stdout.split("Warnings")[0], report.stdout
+
+
+def test_define_refuses_a_fill_value_its_type_cannot_hold(tmp_path):
+    w = cairn.open("bad", "w", engine="file", path=tmp_path)
+    with pytest.raises(cairn.InvalidArgumentError, match="_FillValue = 300 does not fit its type int8"):
+        w.define("a", "i1", (4,), attrs={"_FillValue": 300})
+    with pytest.raises(cairn.InvalidArgumentError, match="missing_value = -999.5 does not fit"):
+        w.define("b", "i4", (4,), attrs={"missing_value": -999.5})
+    w.define("c", "f4", (4,), attrs={"_FillValue": -999.0, "valid_range": [0, 100]})
+
+
+def test_an_export_that_fails_leaves_nothing_and_says_why_in_one_line(tmp_path):
+    w = cairn.open("mix", "w", engine="file", path=tmp_path)
+    w.define("z", "c16", (2,))
+    w.define("walkers", "f8", local=True)
+    with w.step(0):
+        w.put("z", np.array([1 + 2j, 3j]))
+        w.put("walkers", np.ones(3))
+    w.close()
+    for args, message in ((["-o", str(tmp_path / "z.nc")], "netCDF-4 has no complex numbers"),
+                          (["-o", str(tmp_path / "w.nc"), "--vars", "walkers"], "nothing to export")):
+        p = _cli("export", str(tmp_path / "mix"), *args)
+        assert p.returncode == 1 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    left = sorted(n for n in os.listdir(tmp_path) if n != "mix")
+    assert left == [], f"no partial or temporary file: {left}"
+
+
+def test_a_variable_named_like_its_dimension_exports_to_every_format(tmp_path):
+    w = cairn.open("co", "w", engine="file", path=tmp_path)
+    w.define("x", "f8", (4,), dims=("x",), attrs={"units": "m"})
+    w.define("u", "f4", (4,), dims=("x",))
+    for s in range(2):
+        with w.step(s):
+            w.put("x", np.linspace(0, 1, 4))
+            w.put("u", np.arange(4, dtype="f4") + s)
+    w.close()
+    for suffix in (".nc", ".h5", ".zarr"):
+        out = tmp_path / f"co{suffix}"
+        p = _cli("export", str(tmp_path / "co"), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+        _same(xr.open_dataset(tmp_path / "co", engine="cairn"), back)
