@@ -141,3 +141,73 @@ def test_a_variable_named_like_its_dimension_exports_to_every_format(tmp_path):
         assert p.returncode == 0, p.stderr
         back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
         _same(xr.open_dataset(tmp_path / "co", engine="cairn"), back)
+
+
+def test_ls_lists_steps_exactly_sizes_with_units_and_attributes_as_json(tmp_path):
+    w = cairn.open("gaps", "w", engine="file", path=tmp_path)
+    w.attrs["title"] = "gaps"
+    w.define("u", "f8", (1 << 12,), attrs={"units": "m"})
+    for s in (0, 2, 4, 5, 6):
+        with w.step(s):
+            w.put("u", np.zeros(1 << 12))
+    w.close()
+    p = _cli("ls", str(tmp_path / "gaps"))
+    assert p.returncode == 0, p.stderr
+    assert "5 committed: 0, 2, 4..6" in p.stdout and "32.0 KiB" in p.stdout
+    assert 'attrs   {"title": "gaps"}' in p.stdout and '{"units": "m"}' in p.stdout
+    missing = _cli("ls", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and "no dataset" in missing.stderr
+
+
+def test_a_committed_step_is_refused_at_begin_step_naming_rm_and_mode_a_and_rm_removes_the_dataset(tmp_path):
+    w = cairn.open("done", "w", engine="file", path=tmp_path)
+    w.define("u", "f8", (4,))
+    with w.step(0):
+        w.put("u", np.ones(4))
+    w.close()
+    before = sorted(os.listdir(tmp_path / "done" / "data"))
+    again = cairn.open("done", "w", engine="file", path=tmp_path)
+    again.define("u", "f8", (4,))
+    with pytest.raises(cairn.AlreadyExistsError, match=r'mode "a".*`cairn rm done`'):
+        again.begin_step(0)
+    again.close()
+    assert sorted(os.listdir(tmp_path / "done" / "data")) == before, "no orphan data file"
+    p = _cli("rm", str(tmp_path / "done"))
+    assert p.returncode == 0 and "1 committed steps" in p.stdout and not (tmp_path / "done").exists()
+
+
+def test_rm_of_a_staging_dataset_keeps_its_drained_copy_unless_all(tmp_path):
+    from cairn import cluster
+
+    c = cluster.start(tmp_path / "c.json", servers=2, memory="64MiB", drain=tmp_path / "disk")
+    try:
+        for name in ("a", "b"):
+            w = cairn.open(name, "w", engine="staging", cluster=c.file)
+            w.define("u", "f8", (4,))
+            with w.step(0):
+                w.put("u", np.ones(4))
+            assert w.wait_drained(timeout=30)
+        p = _cli("rm", "a", "--cluster", str(c.file))
+        assert p.returncode == 0 and "1 committed steps released" in p.stdout and "is kept" in p.stdout, p.stdout + p.stderr
+        assert (tmp_path / "disk" / "a").is_dir()
+        p = _cli("rm", "b", "--cluster", str(c.file), "--all")
+        assert p.returncode == 0 and "removed its drained copy" in p.stdout and not (tmp_path / "disk" / "b").exists()
+        # cairn.toml names the engine and the cluster: ls finds a dataset by name, and the
+        # cluster commands take --cluster as every other command does.
+        (tmp_path / "cairn.toml").write_text(f'engine = "staging"\n[staging]\ncluster = "{c.file}"\n')
+        ls = subprocess.run([sys.executable, "-m", "cairn", "ls", "a"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert ls.returncode == 0 and "dataset a" in ls.stdout, ls.stderr
+        st = _cli("cluster", "status", "--cluster", str(c.file), "--json")
+        assert st.returncode == 0 and '"drain"' in st.stdout
+    finally:
+        c.stop()
+
+
+def test_cluster_start_says_where_the_server_logs_are(tmp_path):
+    file = tmp_path / "logs.json"
+    p = _cli("cluster", "start", "--servers", "1", "--memory", "64MiB", "--cluster", str(file))
+    try:
+        assert p.returncode == 0, p.stderr
+        assert f"server logs in {file}.d/server-<id>.log" in p.stdout and (tmp_path / "logs.json.d" / "server-0.log").exists()
+    finally:
+        assert _cli("cluster", "stop", "--cluster", str(file)).returncode == 0

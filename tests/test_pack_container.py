@@ -480,7 +480,8 @@ def test_ls_verify_reports_damage_and_whether_it_is_repairable(small_set, tmp_pa
     raw[off + n - 1] ^= 1  # in the first slice: a frame's bytes
     with open(path, "wb") as f:
         f.write(raw)
-    pack_cli.ls(str(tmp_path / "packed"), verify=True)
+    with pytest.raises(cairn.CorruptError, match="all of it repairable: `cairn unpack` restores every member"):
+        pack_cli.ls(str(tmp_path / "packed"), verify=True)
     out = capsys.readouterr().out
     assert "1 damaged" in out and "damaged, repairable: frame" in out and ": repairable" in out
     for off, n in _data_slices(path)[1:3]:  # two more damaged slices in the group (which has parity for one)

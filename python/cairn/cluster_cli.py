@@ -123,7 +123,8 @@ def cmd_start(args: argparse.Namespace) -> None:
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
                       **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS},
                       config=args.config)
-    print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}")
+    print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}; server logs in "
+          f"{cluster.entries_dir(c.file)}/server-<id>.log")
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
@@ -245,13 +246,14 @@ def add(sub: Any) -> None:
     st.add_argument("--topology", help="TOML/JSON file: [[server]] id, node, rack")
     st.add_argument("--memory", type=_MEMORY, default="4GiB", help="memory per server, >= 1MiB")
     st.add_argument("--host", "--bind", dest="host", default="127.0.0.1", help="address servers listen on (0.0.0.0 for other nodes)")
-    st.add_argument("--file", default="cluster.json", help="cluster file to write (clients and other commands read it)")
+    st.add_argument("--cluster", "--file", dest="file", default="cluster.json",
+                    help="cluster file to write (clients and other commands read it)")
     st.add_argument("--meta", type=int, default=3, choices=range(1, 6), metavar="M",
                     help="servers running the control plane (1-5, default 3; all when fewer)")
     _redundancy_flags(st)
     st.set_defaults(func=cmd_start)
     sp = csub.add_parser("stop", help="shut the servers down and remove the cluster file")
-    sp.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
+    sp.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     sp.add_argument("--no-drain", action="store_true", help="stop at once, without draining the steps still owed to disk")
     sp.set_defaults(func=cmd_stop)
     rp = csub.add_parser("replace", help="give a server's ring slot to a spare (a view change); a live server's pieces "
@@ -265,13 +267,14 @@ def add(sub: Any) -> None:
     rt.add_argument("server", type=_ID, help="the server to retire")
     rt.set_defaults(func=cmd_retire)
     for p in (rp, ad, rt):
-        p.add_argument("--file", default="cluster.json", help="cluster file of the cluster (default cluster.json)")
+        p.add_argument("--cluster", "--file", dest="file", default="cluster.json",
+                       help="cluster file of the cluster (default cluster.json)")
         p.add_argument("--timeout", type=_SECONDS, default=10.0, help="seconds to wait for the control plane (default 10)")
     for p in (rp, rt):
         p.add_argument("--wait", type=_SECONDS, default=300.0, help="seconds to wait for the pieces to move (default 300)")
     rp.set_defaults(func=cmd_replace)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
-    ss.add_argument("--file", default="cluster.json", help="cluster file of the cluster")
+    ss.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
     ss.add_argument("--json", action="store_true", help="print {epoch, leader, servers: [...]} as JSON")
     ss.add_argument("--timeout", type=_SECONDS, default=5.0, help="seconds to wait for each server (default 5)")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import numpy as np
@@ -12,7 +13,7 @@ from . import pack_cli
 from ._check import output_folder
 from ._api import Reader
 from .exceptions import InvalidArgumentError, NotFoundError
-from .locate import open_reader
+from .locate import configured, open_reader
 
 #: Reads larger than this are done in slabs with a progress bar.
 _SLAB_BYTES = 64 << 20
@@ -22,8 +23,33 @@ def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
+def _size(n: float) -> str:
+    """Bytes with the binary unit that fits: ``512 B``, ``3.2 KiB``, ``48.0 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def steps_text(steps: list[int], most: int = 12) -> str:
+    """The steps exactly: runs of consecutive steps as ``a..b``, the rest listed (``0, 2, 4``);
+    past ``most`` parts, the first and last few."""
+    parts: list[str] = []
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts.append(str(steps[i]) if i == j else f"{steps[i]}..{steps[j]}")
+        i = j + 1
+    if len(parts) > most:
+        parts = parts[: most // 2] + ["..."] + parts[-most // 2:]
+    return ", ".join(parts)
+
+
 def _span(steps: list[int]) -> str:
-    return f"{len(steps)} committed: {steps[0]}..{steps[-1]}" if steps else "none committed"
+    return f"{len(steps)} committed: {steps_text(steps)}" if steps else "none committed"
 
 
 def _pending(f: Reader) -> str:
@@ -49,23 +75,30 @@ def cmd_ls(args: argparse.Namespace) -> None:
     if args.cluster is None and pack_cli.is_packed(args.path):
         pack_cli.ls(args.path, verify=args.verify)
         return
-    if args.cluster is None and not os.path.isdir(os.path.join(args.path, "steps")):
+    named = args.cluster is None and not os.path.isdir(os.path.join(args.path, "steps"))
+    if named and os.path.isdir(args.path):
         names = datasets_in(args.path)
         if not names:
-            raise NotFoundError(f"no Cairn dataset or pack containers at {args.path}; give a dataset folder (the [file] path "
+            raise NotFoundError(f"no dataset or pack containers at {args.path}; give a dataset folder (the [file] path "
                                 "joined with the name), a folder of datasets, or a staging dataset's name with --cluster")
         ls_folder(args.path, names)
         return
+    if named and configured() is None:
+        raise NotFoundError(f"no dataset {args.path}: no such folder, and no cairn.toml (or $CAIRN_CONFIG) names an engine "
+                            "to find it by name; give a dataset folder, or a staging dataset's name with --cluster")
     f = open_reader(args.path, args.cluster)
     steps = f.steps()
+    if not steps and not f.variables() and not f.pending():
+        raise NotFoundError(f"no dataset {args.path}: nothing was ever committed under that name"
+                            f"{' in ' + args.cluster if args.cluster else ''}")
     print(f"dataset {args.path}\nsteps   {_span(steps)}")
     pending = _pending(f)
     if pending:
         print(f"pending {pending}")
     if f.attrs:
-        print(f"attrs   {f.attrs}")
+        print(f"attrs   {json.dumps(f.attrs, default=_json_default)}")
     variables = f.variables()
-    print(f"\n{'variable':<20} {'dtype':<8} {'shape':<24} {'blocks':>6} {'stored':>12} {'ratio':>7}  codec (last step)")
+    print(f"\n{'variable':<20} {'dtype':<8} {'shape':<24} {'blocks':>6} {'stored':>11} {'ratio':>7}  codec (last step)")
     raw = stored = 0
     for name, v in variables.items():
         shape = "local" if v.local else "x".join(map(str, v.shape or ()))
@@ -78,9 +111,11 @@ def cmd_ls(args: argparse.Namespace) -> None:
         n, k = sum(b.nbytes for b in blocks), sum(b.stored for b in blocks)
         raw, stored = raw + n, stored + k
         codecs = sorted({b.codec.split(":")[0] if b.codec else "raw" for b in blocks})
-        print(f"{name:<20} {v.dtype.str[1:]:<8} {shape:<24} {len(blocks):>6} {k / 1e6:>9.2f} MB {n / max(k, 1):>7.2f}  {'/'.join(codecs)}")
+        print(f"{name:<20} {v.dtype.str[1:]:<8} {shape:<24} {len(blocks):>6} {_size(k):>11} {n / max(k, 1):>7.2f}  {'/'.join(codecs)}")
+        if v.attrs:
+            print(f"{'':<20} attrs {json.dumps(v.attrs, default=_json_default)}")
     if raw:
-        print(f"{'total':<55} {stored / 1e6:>9.2f} MB {raw / max(stored, 1):>7.2f}")
+        print(f"{'total':<55} {_size(stored):>11} {raw / max(stored, 1):>7.2f}")
     shown = steps if args.blocks else steps[-1:]
     for s in shown:
         print(f"\nstep {s}")
@@ -93,6 +128,11 @@ def cmd_ls(args: argparse.Namespace) -> None:
             for b in blocks:
                 print(f"  {name:<18} {b.writer:>6} {str(b.offset):<18} {str(b.count):<18} "
                       f"{_fmt(b.min):>12} {_fmt(b.max):>12} {_fmt(b.mean):>12}")
+
+
+def _json_default(v: object) -> object:
+    """numpy values in attributes, as JSON numbers and lists."""
+    return v.tolist() if isinstance(v, (np.ndarray, np.generic)) else str(v)
 
 
 def parse_box(text: str, shape: tuple[int, ...]) -> tuple[int | slice, ...]:
@@ -177,6 +217,40 @@ def cmd_get(args: argparse.Namespace) -> None:
             print(out)
 
 
+def cmd_rm(args: argparse.Namespace) -> None:
+    """Removes a dataset: its folder (file engine), or every committed step of it in the cluster
+    (staging), whose drained copy on disk is named and kept unless ``--all``."""
+    import shutil
+
+    from . import cluster as cluster_mod
+
+    path = args.path.rstrip("/")
+    if args.cluster is None and os.path.isdir(os.path.join(path, "steps")):
+        n = len(open_reader(path).steps())
+        shutil.rmtree(path)
+        print(f"removed dataset {path} ({n} committed steps)")
+        return
+    if args.cluster is None and configured() is None:
+        raise NotFoundError(f"no dataset {path}: no such folder; give a dataset folder, or a staging dataset's name with --cluster")
+    f = open_reader(path, args.cluster)
+    gone = 0
+    for step in f.steps():
+        try:
+            f.release(step)
+            gone += 1
+        except NotFoundError:
+            pass  # only on disk (drained, released from memory before)
+    print(f"removed dataset {os.path.basename(path)} from the cluster ({gone} committed steps released)")
+    drain = cluster_mod.document(args.cluster).get("drain") if args.cluster else None
+    copy = os.path.join(drain["path"], os.path.basename(path)) if drain else None
+    if copy and os.path.isdir(copy):
+        if args.all:
+            shutil.rmtree(copy)
+            print(f"removed its drained copy {copy}")
+        else:
+            print(f"its drained copy {copy} is kept (`cairn rm --all` removes it too)")
+
+
 def add(sub: argparse._SubParsersAction) -> None:
     ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, the datasets of a folder, "
                                    "or packed containers")
@@ -196,3 +270,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     get.add_argument("-o", "--output", help="write a .npy file instead of printing (its folder must exist)")
     get.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
     get.set_defaults(func=cmd_get)
+    rm = sub.add_parser("rm", help="remove a dataset: its folder (file engine), or its steps in a staging cluster "
+                                   "(a drained copy on disk is kept unless --all)")
+    rm.add_argument("path", help="dataset folder, or with --cluster a staging dataset's name")
+    rm.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
+    rm.add_argument("--all", action="store_true", help="also remove the copy the cluster drained to disk")
+    rm.set_defaults(func=cmd_rm)

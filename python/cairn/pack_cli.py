@@ -80,7 +80,7 @@ def ls(path: str, verify: bool = False) -> None:
     (by parity) or not."""
     print(f"{'container':<22} {'members':>7} {'raw':>14} {'packed':>14} {'ratio':>7}  scheme/codec, parity")
     raw = packed = 0
-    lost = False
+    lost = damaged = False
     for p in P.containers_in(path):
         try:
             c = P.open_container(p)
@@ -95,6 +95,7 @@ def ls(path: str, verify: bool = False) -> None:
                   f"{c.head['scheme']}/{c.head['codec']}, {_parity(c)}")
             lines = [f"{m['name']:<40} {_mb(int(m['size'])):>14}  {m['format']}" for m in c.members]
             lines += [f"damaged: {d}" for d in c.damage]
+            damaged = damaged or bool(c.damage)
             if verify:
                 v = P.verify(c)
                 state = "all sound" if not v.damaged and not v.lost else ("repairable" if v.repairable else "NOT repairable")
@@ -102,10 +103,14 @@ def ls(path: str, verify: bool = False) -> None:
                              f"{v.parity_damaged} parity records damaged: {state}")
                 lines += [f"damaged, repairable: {d}" for d in v.damaged] + [f"damaged, not repairable: {d}" for d in v.lost]
                 lost = lost or not v.repairable
+                damaged = damaged or bool(v.damaged or v.lost)
             print("\n".join(f"  {line}" for line in lines))
     print(f"{'total':<22} {'':>7} {_mb(raw):>14} {_mb(packed):>14} {raw / max(packed, 1):>7.3f}")
     if verify and lost:
         raise P.CorruptError(f"{path}: damage that parity cannot repair (listed above); `cairn unpack` restores every other member")
+    if verify and damaged:
+        raise P.CorruptError(f"{path}: damage found (listed above), all of it repairable: `cairn unpack` restores every member "
+                             "from parity")
 
 
 def add(sub: argparse._SubParsersAction) -> None:

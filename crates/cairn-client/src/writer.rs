@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Writes named n-D arrays, step after step, as rank `rank` of `nranks`.
 pub struct Writer {
+    /// The dataset's name.
+    name: String,
     engine: Box<dyn WriteEngine>,
     vars: BTreeMap<String, VarDef>,
     /// Attributes of the dataset, published with every step.
@@ -106,6 +108,7 @@ impl Writer {
         let next_step = last.as_ref().map_or(0, |i| i.step.saturating_add(1));
         let (vars, attrs) = last.map(|i| (i.vars, i.attrs)).unwrap_or_default();
         Ok(Writer {
+            name: name.to_string(),
             engine,
             vars,
             attrs,
@@ -219,8 +222,11 @@ impl Writer {
             )));
         }
         if self.engine.is_committed(step)? {
+            // Before anything of the step is written: nothing is left behind.
             return Err(Error::AlreadyExists(format!(
-                "step {step} is already committed; committed steps are immutable, write a new step number"
+                "step {step} of '{}' is already committed, and committed steps are immutable: write a new step number, \
+                 open the dataset with mode \"a\" to continue after its last step, or remove it first (`cairn rm {}`)",
+                self.name, self.name
             )));
         }
         self.step = Some(step);

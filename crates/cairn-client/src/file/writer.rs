@@ -154,6 +154,16 @@ impl FileWriter {
     }
 }
 
+impl Drop for FileWriter {
+    /// A writer that wrote nothing (a step refused at `begin_step`, a run that never put) leaves
+    /// no empty data file behind.
+    fn drop(&mut self) {
+        if self.end == 0 && self.blocks.is_empty() {
+            let _ = std::fs::remove_file(self.layout.root.join(&self.data_rel));
+        }
+    }
+}
+
 impl WriteEngine for FileWriter {
     fn last_index(&self) -> Result<Option<StepIndex>> {
         self.layout.steps()?.last().map(|&s| self.layout.read_step(s)).transpose()
