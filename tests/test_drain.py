@@ -4,12 +4,14 @@ real SIGKILLs, the drained copy read by the `file` engine as it is."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -158,10 +160,7 @@ def test_keep_last_holds_a_writer_while_the_drain_is_stuck_and_lets_it_go_when_t
     # gets room (here 3 s later, from another thread), the drain catches up and steps are released.
     import threading
 
-    drain = tmp_path / "slow"
-    if not _tmpfs(drain, "1m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with _small_disk(tmp_path / "slow", "1m") as drain:
         c = cluster.start(tmp_path / "h.json", servers=3, memory="8MiB", redundancy=1, drain=drain)
         try:
             w = cairn.open("h", "w", engine="staging", cluster=c.file, object_size=1 << 20, keep_last=1, timeout=60.0)
@@ -180,8 +179,6 @@ def test_keep_last_holds_a_writer_while_the_drain_is_stuck_and_lets_it_go_when_t
             assert f.steps() == list(range(12)) and all((f.get("t", s) == s).all() for s in range(12))
         finally:
             c.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(drain)], capture_output=True)
 
 
 def test_drain_every_auto_takes_the_young_daly_interval(tmp_path):
@@ -223,18 +220,21 @@ def test_drain_every_drains_the_cadences_steps_only(tmp_path):
         c.stop()
 
 
-def _tmpfs(path: Path, size: str) -> bool:
+@contextlib.contextmanager
+def _small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``path`` (a disk that fills up), unmounted afterwards."""
     path.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
+    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def test_a_full_disk_is_a_named_error_loses_nothing_and_the_drain_resumes_when_room_comes(tmp_path):
-    drain = tmp_path / "small"
-    if not _tmpfs(drain, "1m"):
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
+    with _small_disk(tmp_path / "small", "1m") as drain:
         c = cluster.start(tmp_path / "f.json", servers=2, memory="64MiB", redundancy=1, drain=drain)
         try:
             w = cairn.open("full", "w", engine="staging", cluster=c.file, object_size=1 << 20)
@@ -257,8 +257,6 @@ def test_a_full_disk_is_a_named_error_loses_nothing_and_the_drain_resumes_when_r
             assert _status(c.file)["drain"]["error"] is None
         finally:
             c.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(drain)], capture_output=True)
 
 
 def test_cluster_stop_drains_first_and_a_cluster_without_a_drain_says_so(tmp_path):

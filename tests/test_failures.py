@@ -476,3 +476,21 @@ def test_keyed_values_follow_view_changes_so_later_failures_lose_none(tmp_path):
         store.close()
     finally:
         c.stop()
+
+
+def test_cairn_chaos_keeps_to_its_duration_and_fails_when_its_workload_cannot_write(tmp_path):
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="64MiB", redundancy=1)
+    try:
+        out = tmp_path / "chaos.json"
+        args = [PY, "-m", "cairn", "chaos", "--cluster", str(c.file), "--mtbf", "1000s", "--workload", "--writers", "2",
+                "--readers", "0", "--n", "16", "--interval", "0.05s"]
+        run = subprocess.run([*args, "--duration", "4s", "--steps", "100000", "--json", str(out)], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        wl = json.loads(out.read_text())["workload"]
+        assert 3.6 <= wl["run_s"] <= 4.4 + 1.0 and 10 <= wl["steps_written"] < 100000, wl
+        # The workload's dataset already has its steps: the writers cannot write, and chaos says so.
+        bad = subprocess.run([*args, "--duration", "2s", "--steps", "3"], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and "the workload could not write" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    finally:
+        c.stop()

@@ -71,6 +71,11 @@ class Workload:
         self.counts = {"write_retries": 0, "degraded_reads": 0, "read_errors": 0, "lost_reads": 0, "wrong_reads": 0}
         self.lock = threading.Lock()
         self.done = threading.Event()
+        #: Writers stop after this step (set when the run's duration is up), all at the same one,
+        #: so the last step commits.
+        self.stop_after: int | None = None
+        self.at = [0] * writers  # the step each writer is at
+        self.written = 0  # steps written (by any rank)
         self.errors: list[str] = []
         self.ended: list[float] = []  # when each writer finished (the run's time)
 
@@ -92,6 +97,9 @@ class Workload:
             w = cairn.open(self.dataset, "w", rank=rank, nranks=self.writers, session=self.session, **self.opts)
             w.define("u", "f8", (self.n, self.n))
             for s in range(self.steps):
+                if self.stop_after is not None and s > self.stop_after:
+                    break
+                self.at[rank] = s
                 time.sleep(self.interval)  # the simulation computing
                 for attempt in range(10):
                     t = time.perf_counter()
@@ -99,6 +107,8 @@ class Workload:
                         with w.step(s):
                             w.put("u", _field(rank, self.writers, s, self.n), offset=(rank * rows, 0))
                         self._time("write", time.perf_counter() - t, f"rank {rank} step {s}")
+                        with self.lock:
+                            self.written += 1
                         break
                     except CairnError as e:
                         self._count("write_retries")
@@ -359,8 +369,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             next_kill = time.monotonic() + rng.expovariate(1 / mtbf)
         time.sleep(0.05)
     if wl:
+        # The duration is up: every writer ends the step the furthest one is at, then stops.
+        wl.stop_after = max(wl.at)
         for t in threads[: args.writers]:
-            t.join(timeout=duration + 60)
+            t.join(timeout=args.timeout + 60)
         run_s = max(wl.ended, default=time.monotonic()) - t0
         wl.done.set()
         for t in threads[args.writers:]:
@@ -387,7 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         both = {k: b[k] + c[k] for k in ("write", "read")}
         over = lambda k: round(float(100 * (np.mean(c[k]) / np.mean(b[k]) - 1)), 1) if b[k] and c[k] else None  # noqa: E731
         report["workload"] = {
-            "writers": args.writers, "readers": args.readers, "steps": args.steps, "run_s": round(run_s, 2), **wl.counts,
+            "writers": args.writers, "readers": args.readers, "steps": args.steps, "steps_written": wl.written // max(1, args.writers),
+            "run_s": round(run_s, 2), **wl.counts,
             "errors": wl.errors,
             "write_ms": {"baseline": _ms(b["write"]), "chaos": _ms(c["write"]), "all": _ms(both["write"]),
                          "overhead_%": over("write"), **_tail(both["write"])},
@@ -429,6 +442,8 @@ def options(argv: list[str]) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace) -> None:
+    from .exceptions import UnavailableError
+
     report = run(args)
     wl = report.get("workload")
     print(f"kills {report['kills']} (deferred {report['deferred']}, not made {report['skipped']}), blocks checked {report['blocks_checked']}, "
@@ -439,3 +454,6 @@ def main(args: argparse.Namespace) -> None:
               f"lost reads {wl['lost_reads']}, wrong reads {wl['wrong_reads']}, write retries {wl['write_retries']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    if wl and (wl["errors"] or not wl["steps_written"]):
+        why = "; ".join(wl["errors"]) or "no step was written"
+        raise UnavailableError(f"the workload could not write: {why}")
