@@ -211,10 +211,14 @@ def test_steps_are_integers_from_zero(file_cfg, bad):
                 pass
     with cairn.open("ok", "r", config=file_cfg) as f:
         assert np.array_equal(f.get("x", np.uint8(0)), [1, 1])
-        calls = [lambda: f.get("x", bad), lambda: f.get_local("x", bad, 0), lambda: f.get_trace("t", bad, 0),
+        calls = [lambda: f.get_local("x", bad, 0), lambda: f.get_trace("t", bad, 0),
                  lambda: f.blocks("x", bad), lambda: f.wait_step(bad, 0), lambda: f.release(bad)]
         if bad is not None:
-            calls.append(lambda: next(f.stream(bad, timeout=0)))
+            calls += [lambda: next(f.stream(bad, timeout=0)), lambda: f.get("x", bad)]
+        else:
+            # get's step is optional for constants only: a per-step variable asks for one.
+            with pytest.raises(cairn.InvalidArgumentError, match="'x' is written every step: give the step"):
+                f.get("x", bad)
         for call in calls:
             with pytest.raises(cairn.InvalidArgumentError, match=f"invalid step {re.escape(repr(bad))}: steps are integers >= 0"):
                 call()

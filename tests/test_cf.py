@@ -211,3 +211,64 @@ def test_cluster_start_says_where_the_server_logs_are(tmp_path):
         assert f"server logs in {file}.d/server-<id>.log" in p.stdout and (tmp_path / "logs.json.d" / "server-0.log").exists()
     finally:
         assert _cli("cluster", "stop", "--cluster", str(file)).returncode == 0
+
+
+def _with_coordinate(tmp_path: Path, **opts) -> None:
+    """Two ranks: a constant coordinate x (each rank puts half of it, in step 0) and a field u(x)."""
+    ws = [cairn.open("co", "w", rank=r, nranks=2, session="c", **opts) for r in range(2)]
+    for w in ws:
+        w.define("x", "f8", (8,), dims=("x",), attrs={"units": "m", "axis": "X"}, constant=True)
+        w.define("u", "f4", (8,), dims=("x",), attrs={"units": "K"})
+    for s in range(4):
+        for r, w in enumerate(ws):
+            with w.step(s):
+                if s == 0:
+                    w.put("x", np.linspace(0, 0.7, 8)[4 * r:4 * r + 4], offset=(4 * r,))
+                w.put("u", np.arange(4, dtype="f4")[None].repeat(1, 0)[0] + 10 * s + 4 * r, offset=(4 * r,))
+    with pytest.raises(cairn.ConflictError, match="'x' is constant: it was written in step 0"):
+        with ws[0].step(4):
+            ws[0].put("x", np.zeros(4), offset=(0,))
+    for w in ws:
+        w.close()
+
+
+def test_a_constant_is_written_once_read_without_a_step_and_an_index_coordinate(tmp_path):
+    _with_coordinate(tmp_path, engine="file", path=tmp_path)
+    r = cairn.open("co", "r", engine="file", path=tmp_path)
+    info = r.variables()
+    assert info["x"].constant and not info["u"].constant
+    np.testing.assert_array_equal(r.get("x"), np.linspace(0, 0.7, 8))
+    np.testing.assert_array_equal(r["x"][2:4], np.linspace(0, 0.7, 8)[2:4])
+    with pytest.raises(cairn.InvalidArgumentError, match="give the step"):
+        r.get("u")
+    ds = xr.open_dataset(tmp_path / "co", engine="cairn")
+    assert ds["x"].dims == ("x",) and "x" in ds.indexes and ds["u"].dims == ("step", "x")
+    assert float(ds["u"].sel(x=0.5, step=2, method="nearest")) == 20 + 4 + 1
+    # A restarted writer is refused a second write of it too (it looks the step up on disk).
+    again = cairn.open("co", "a", engine="file", path=tmp_path, rank=0, nranks=1, session="again")
+    with pytest.raises(cairn.ConflictError, match="written in step 0"):
+        with again.step(again.next_step):
+            again.put("x", np.zeros(8))
+    again.close()
+    for suffix in (".nc", ".h5", ".zarr"):
+        out = tmp_path / f"co{suffix}"
+        p = _cli("export", str(tmp_path / "co"), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+        _same(ds, back)
+        assert float(back["u"].sel(x=0.5, step=2, method="nearest")) == 25
+    head = subprocess.run([_tool("ncdump"), "-h", str(tmp_path / "co.nc")], capture_output=True, text=True, check=True).stdout
+    assert "double x(x)" in head and "float u(step, x)" in head
+
+
+def test_keep_last_keeps_the_step_that_holds_a_constant(tmp_path):
+    from cairn import cluster
+
+    c = cluster.start(tmp_path / "k.json", servers=2, memory="64MiB")
+    try:
+        _with_coordinate(tmp_path, engine="staging", cluster=c.file, keep_last=1)
+        r = cairn.open("co", "r", engine="staging", cluster=c.file)
+        assert r.steps() == [0, 3], "step 0 holds the constant: kept while the dataset is"
+        np.testing.assert_array_equal(r.get("x"), np.linspace(0, 0.7, 8))
+    finally:
+        c.stop()

@@ -23,13 +23,15 @@ from .variable import Variable
 @dataclass(frozen=True)
 class VariableInfo:
     """A variable's element type, global shape (``None`` if local), whether it is local, its
-    dimension names (``None`` if not given) and attributes."""
+    dimension names (``None`` if not given), attributes, and whether it is constant
+    (step-invariant: written in one step, read without one)."""
 
     dtype: np.dtype
     shape: tuple[int, ...] | None
     local: bool
     dims: tuple[str, ...] | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
+    constant: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ class Writer:
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
                redundancy: int | None = None, dims: Sequence[str] | None = None,
-               attrs: dict[str, Any] | None = None) -> None:
+               attrs: dict[str, Any] | None = None, constant: bool = False) -> None:
         """Define a variable: a global array of ``shape``, or with ``local=True`` a per-writer
         block of any size (ragged). Every rank must define it identically. ``dims`` names each
         dimension (``("z", "y", "x")``: xarray and the exported files use them) and ``attrs`` holds
@@ -251,8 +253,16 @@ class Writer:
         engine, ``redundancy=r`` (0 to 16) makes it survive any ``r`` server failures: its objects are
         written to ``r + 1`` servers in different failure domains, and the cluster's scheme may
         later erasure-code cold ones into ``rs_data + r`` shards (CoREC). Without it the level is
-        ``[staging] redundancy`` or the cluster's default (``cairn cluster start --redundancy``)."""
+        ``[staging] redundancy`` or the cluster's default (``cairn cluster start --redundancy``).
+        ``constant=True`` makes a global variable step-invariant (a coordinate, a mesh): it is written
+        in one step only, the first in which any rank puts it (ranks may put disjoint parts of it
+        there; a put in a later step raises :class:`ConflictError`), read without a step
+        (``r.get("x")``, ``r["x"][...]``), kept while any step of the dataset is kept, and exported
+        without the step axis (``x(x)``: a 1-D constant named like its dimension is an index
+        coordinate in xarray)."""
         name = _var(name)
+        if constant is not True and constant is not False:
+            raise InvalidArgumentError(f"'{name}': constant={_check.show(constant)}; give True or False")
         if redundancy is not None:
             redundancy = _check.integer(redundancy, "redundancy", 0, _check.MAX_REDUNDANCY,
                                         f"give the number of server failures '{name}' survives, an integer from 0 "
@@ -267,7 +277,7 @@ class Writer:
             raise InvalidArgumentError(f"'{name}': dims={_check.show(dims)}; {names_rule}")
         self._inner.define(name, _dtype(dtype), None if local else _check.extents(shape, "shape"),
                            redundancy, None if dims is None else [_check.text(d, "dimension name", names_rule) for d in dims],
-                           None if attrs is None else metadata.to_json(attrs, f"variable '{name}'"))
+                           None if attrs is None else metadata.to_json(attrs, f"variable '{name}'"), constant)
         self._local[name] = local
 
     @property
@@ -565,8 +575,8 @@ class Reader:
         """Variables of the committed steps: name -> :class:`VariableInfo` (with ``dims`` and
         ``attrs``)."""
         return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None,
-                                None if dims is None else tuple(dims), metadata.from_json(attrs))
-                for n, d, s, dims, attrs in self._inner.variables()}
+                                None if dims is None else tuple(dims), metadata.from_json(attrs), constant)
+                for n, d, s, dims, attrs, constant in self._inner.variables()}
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -600,11 +610,13 @@ class Reader:
                 for w, o, c, lo, hi, mean, crc, n, stored, codec, redundancy, (state, level)
                 in self._inner.blocks(_var(name), _step(step))]
 
-    def get(self, name: str, step: int, offset: Sequence[int] | None = None,
+    def get(self, name: str, step: int | None = None, offset: Sequence[int] | None = None,
             count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
-        assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill."""
-        name, step = _var(name), _step(step)
+        assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill.
+        A constant variable is read without a step (``get("x")``)."""
+        name = _var(name)
+        step = self.constant_step(name) if step is None else _step(step)
         dtype, shape = self._inner.var(name, step)
         if shape is None:
             raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
@@ -619,6 +631,11 @@ class Reader:
             raise InvalidArgumentError(f"out has shape {out.shape} {out.dtype}; need {tuple(cnt)} {_np_name(dtype)}")
         self._inner.get_into(name, step, off, cnt, out)
         return out
+
+    def constant_step(self, name: str) -> int:
+        """The step constant variable ``name`` was written in (the first kept step holding it);
+        :class:`InvalidArgumentError` for a per-step variable, which needs a step."""
+        return self._inner.constant_step(_var(name))
 
     def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
         """The block writer ``writer`` put for local variable ``name`` at ``step``."""

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -40,6 +40,8 @@ class Plan:
     skipped: list[str]
     var_attrs: dict[str, dict[str, Any]]
     time: str | None = None
+    #: Constant (step-invariant) variables: their values, exported without the step axis.
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def plan(reader: Reader, steps: list[int], names: list[str] | None, source: str = "") -> Plan:
@@ -52,18 +54,24 @@ def plan(reader: Reader, steps: list[int], names: list[str] | None, source: str 
     cf.check_steps(steps)
     chosen = [n for n in variables if names is None or n in names]
     arrays, dims, sizes, var_attrs = {}, {}, {"step": len(steps)}, {}
+    constants: dict[str, np.ndarray] = {}
     for n in chosen:
         info = variables[n]
         if info.local:
             continue
-        arrays[n], dims[n] = StepArray(reader, n, steps, info), ("step", *dims_of(n, info))
         var_attrs[n] = cf.attrs_of(n, info.dtype, info.attrs)
-        for d, size in zip(dims[n], arrays[n].shape):
+        if info.constant:
+            constants[n], dims[n] = reader.get(n), dims_of(n, info)
+            shape = constants[n].shape
+        else:
+            arrays[n], dims[n] = StepArray(reader, n, steps, info), ("step", *dims_of(n, info))
+            shape = arrays[n].shape
+        for d, size in zip(dims[n], shape):
             if sizes.setdefault(d, size) != size:
                 raise InvalidArgumentError(f"dimension {d!r} is {sizes[d]} long in one variable but {size} in '{n}'; "
                                            "export them separately (--vars)")
     skipped = [n for n in chosen if variables[n].local]
-    if not arrays:
+    if not arrays and not constants:
         what = f"only local (per-writer, ragged) variables: {', '.join(skipped)}" if skipped else "no global variable"
         raise InvalidArgumentError(f"nothing to export: the selection has {what}; netCDF, HDF5 and Zarr hold arrays "
                                    "of one shape (read local variables with `cairn get --writer`)")
@@ -77,7 +85,7 @@ def plan(reader: Reader, steps: list[int], names: list[str] | None, source: str 
         for n in arrays:
             if n != time:
                 var_attrs[n].setdefault("coordinates", time)
-    return Plan(steps, arrays, dims, attrs, skipped, var_attrs, time)
+    return Plan(steps, arrays, dims, attrs, skipped, var_attrs, time, constants)
 
 
 def _flat(value: Any) -> Any:
@@ -114,6 +122,14 @@ class ZarrSink:
         step = self.group.create_array("step", shape=(len(p.steps),), dtype="i8", dimension_names=["step"], fill_value=None)
         step[:] = cf.check_steps(p.steps)
         step.attrs.update(cf.STEP_ATTRS)
+        for n, values in p.constants.items():
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", None)
+            z = self.group.create_array(n, shape=values.shape, dtype=values.dtype, dimension_names=list(p.dims[n]), fill_value=fill)
+            if fill is not None:
+                attrs["_FillValue"] = _zarr_fill(fill)
+            z.attrs.update({k: _json(v) for k, v in attrs.items()})
+            z[...] = values
         self.arrays = {}
         for n, a in p.arrays.items():
             attrs = dict(p.var_attrs[n])
@@ -170,8 +186,9 @@ class NetCDFSink:
         self.nc.setncatts({k: _flat(v) for k, v in p.attrs.items()})
         self.nc.createDimension("step", None)
         made = {"step"}
-        for n, a in p.arrays.items():
-            for d, size in zip(p.dims[n][1:], a.shape[1:]):
+        shapes = {**{n: a.shape[1:] for n, a in p.arrays.items()}, **{n: v.shape for n, v in p.constants.items()}}
+        for n, shape in shapes.items():
+            for d, size in zip(p.dims[n][-len(shape):] if shape else (), shape):
                 if d not in made:
                     self.nc.createDimension(d, size)
                     made.add(d)
@@ -181,6 +198,13 @@ class NetCDFSink:
         step = self.nc.createVariable("step", "i4" if narrow else "i8", ("step",))
         step.setncatts(cf.STEP_ATTRS)
         step[:] = steps
+        for n, values in p.constants.items():
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", False)
+            v = _named(n, lambda: self.nc.createVariable(n, values.dtype, p.dims[n], fill_value=fill))
+            _named(n, lambda: v.setncatts({k: _flat(x) for k, x in attrs.items()}))
+            v.set_auto_maskandscale(False)
+            v[...] = values
         self.vars = {}
         for n, a in p.arrays.items():
             attrs = dict(p.var_attrs[n])
@@ -214,6 +238,24 @@ class H5Sink:
         step = self.f.create_dataset("step", data=cf.check_steps(p.steps), maxshape=(None,), chunks=(max(1, min(len(p.steps), 1024)),))
         step.make_scale("step")
         _h5_attrs(step.attrs, cf.STEP_ATTRS)
+        # Constants first: a 1-D one named like its dimension is that dimension's scale.
+        for n, values in p.constants.items():
+            attrs = dict(p.var_attrs[n])
+            fill = attrs.pop("_FillValue", None)
+            coord = p.dims[n] == (n,)
+            for d, size in zip(p.dims[n], values.shape):
+                if d not in self.f and d != n:
+                    self.f.create_dataset(d, shape=(size,), dtype="f4").make_scale(f"{_NC_DIM_ONLY}{size:10d}")
+            stored = n if coord or n not in self.f else f"_nc4_non_coord_{n}"
+            ds = _named(n, lambda: self.f.create_dataset(stored, data=values, fillvalue=fill))
+            if coord:
+                ds.make_scale(n)
+            if fill is not None:
+                ds.attrs.create("_FillValue", np.asarray(fill, dtype=values.dtype).reshape(1))
+            _h5_attrs(ds.attrs, attrs)
+            if not coord:
+                for axis, d in enumerate(p.dims[n]):
+                    ds.dims[axis].attach_scale(self.f[d])
         self.sets = {}
         for n, a in p.arrays.items():
             for d, size in zip(p.dims[n][1:], a.shape[1:]):

@@ -154,6 +154,10 @@ class Variable:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)
+        if self._info.constant:
+            # Step-invariant: indexed as the array itself, read from the step that holds it.
+            step = self._reader.constant_step(self.name)
+            return read_box(self._reader, self.name, step, normalize(key, self.shape), self.dtype)
         if not key or key[0] is Ellipsis:
             raise InvalidArgumentError(f"index {self.name!r} with the step first, e.g. [-1, ...] for the last step")
         step = self.step_of(key[0])

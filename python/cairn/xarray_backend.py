@@ -1,7 +1,8 @@
 """The xarray backend: ``xr.open_dataset("out/run1", engine="cairn")``.
 
 Every global variable becomes a data variable with a ``step`` dimension first (coordinate: the
-committed step numbers, int64), then its dimension names (``define(..., dims=...)``, else
+committed step numbers, int64), except constants (``define(..., constant=True)``), which have no
+step axis (a 1-D constant named like its dimension is an index coordinate); then its dimension names (``define(..., dims=...)``, else
 ``<name>_dim<i>``), with its attributes; the dataset's attributes are the Dataset's. A per-step
 scalar variable with ``axis: "T"`` and CF time units is a ``time`` coordinate along ``step``.
 CF decoding is xarray's own, as for netCDF files: ``mask_and_scale`` (``_FillValue``,
@@ -43,6 +44,18 @@ class CairnBackendArray(BackendArray):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self.array.__getitem__)
 
 
+class ConstantBackendArray(BackendArray):
+    """A constant (step-invariant) variable, indexed lazily: no step axis."""
+
+    def __init__(self, reader: Reader, name: str, info: Any) -> None:
+        self.variable = reader[name]
+        self.shape = info.shape
+        self.dtype = info.dtype
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self.variable.__getitem__)
+
+
 def to_dataset(reader: Reader, drop_variables: Iterable[str] = (), **decode: Any) -> xr.Dataset:
     """The xarray Dataset of ``reader``'s global variables over its committed steps, decoded as
     ``decode`` (``xr.decode_cf``'s options) says."""
@@ -51,12 +64,17 @@ def to_dataset(reader: Reader, drop_variables: Iterable[str] = (), **decode: Any
     variables = {}
     infos = {n: i for n, i in reader.variables().items() if not i.local and n not in drop}
     for name, info in infos.items():
+        attrs = cf.attrs_of(name, info.dtype, info.attrs)
+        if info.constant:
+            # Step-invariant: no step axis (a 1-D one named like its dimension is an index coordinate).
+            data = indexing.LazilyIndexedArray(ConstantBackendArray(reader, name, info))
+            variables[name] = xr.Variable(dims_of(name, info), data, attrs=attrs)
+            continue
         array = StepArray(reader, name, steps, info)
         dims = ("step", *dims_of(name, info))
         data = indexing.LazilyIndexedArray(CairnBackendArray(array))
         preferred = dict(zip(dims, array.chunks()))
-        variables[name] = xr.Variable(dims, data, attrs=cf.attrs_of(name, info.dtype, info.attrs),
-                                      encoding={"preferred_chunks": preferred})
+        variables[name] = xr.Variable(dims, data, attrs=attrs, encoding={"preferred_chunks": preferred})
     step = xr.Variable(("step",), cf.check_steps(steps), attrs=cf.STEP_ATTRS)
     ds = xr.Dataset(variables, coords={"step": step}, attrs=reader.attrs)
     time = cf.time_variable(infos)

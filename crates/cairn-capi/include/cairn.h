@@ -71,6 +71,25 @@ enum cairn_status cairn_define(struct cairn_file *f,
                                int ndim,
                                const uint64_t *shape);
 
+// Defines a step-invariant global variable (a coordinate, a mesh): written in one step only,
+// the first in which any rank puts it (a put in a later step is `CAIRN_ERR_CONFLICT`), and read
+// at the step [`cairn_constant_step`] gives. Arguments as [`cairn_define`] (`ndim` >= 0).
+//
+// # Safety
+// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
+enum cairn_status cairn_define_constant(struct cairn_file *f,
+                                        const char *name,
+                                        const char *dtype,
+                                        int ndim,
+                                        const uint64_t *shape);
+
+// The step constant variable `var` was written in, into `*step`: read it there with
+// [`cairn_get`]. A per-step variable is `CAIRN_ERR_INVALID_ARGUMENT`.
+//
+// # Safety
+// `f` is a read handle; `var` is NUL-terminated; `step` points to a `uint64_t`.
+enum cairn_status cairn_constant_step(struct cairn_file *f, const char *var, uint64_t *step);
+
 // Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
 //
 // # Safety

@@ -195,6 +195,57 @@ pub unsafe extern "C" fn cairn_define(
     })
 }
 
+/// Defines a step-invariant global variable (a coordinate, a mesh): written in one step only,
+/// the first in which any rank puts it (a put in a later step is `CAIRN_ERR_CONFLICT`), and read
+/// at the step [`cairn_constant_step`] gives. Arguments as [`cairn_define`] (`ndim` >= 0).
+///
+/// # Safety
+/// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_define_constant(
+    f: *mut CairnFile,
+    name: *const c_char,
+    dtype: *const c_char,
+    ndim: c_int,
+    shape: *const u64,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
+        if ndim < 0 {
+            return Err(invalid("a constant is a global array: give ndim >= 0 and its shape"));
+        }
+        let shape = unsafe { dims(shape, ndim, "shape")? }.to_vec();
+        w.define_constant(name, DType::parse(dtype)?, shape)
+    })
+}
+
+/// The step constant variable `var` was written in, into `*step`: read it there with
+/// [`cairn_get`]. A per-step variable is `CAIRN_ERR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `f` is a read handle; `var` is NUL-terminated; `step` points to a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_constant_step(f: *mut CairnFile, var: *const c_char, step: *mut u64) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = match unsafe { f.as_ref() } {
+            Some(CairnFile::R(r)) => r,
+            Some(CairnFile::W(_)) => return Err(invalid("this handle was opened for writing; open with \"r\" to read")),
+            None => return Err(invalid("file handle is NULL")),
+        };
+        if step.is_null() {
+            return Err(invalid("step is NULL"));
+        }
+        let var = unsafe { text(var, "var")? };
+        let s = r.constant_step(var)?;
+        // SAFETY: checked non-null; valid for a write per the contract.
+        unsafe { *step = s };
+        Ok(())
+    })
+}
+
 /// Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
 ///
 /// # Safety

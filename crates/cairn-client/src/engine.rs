@@ -53,6 +53,8 @@ pub trait WriteEngine: Send {
     }
     /// Whether a step is already committed (and so may not be written again).
     fn is_committed(&self, step: u64) -> Result<bool>;
+    /// The oldest committed step holding blocks of `var` (where a constant was written).
+    fn written_in(&self, var: &str) -> Result<Option<u64>>;
     /// Stores one block of an unpublished step.
     fn put(&mut self, step: u64, block: BlockData<'_>) -> Result<()> {
         self.put_batch(vec![(step, block)])

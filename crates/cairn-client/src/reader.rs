@@ -146,6 +146,23 @@ impl Reader {
         Ok((level, states))
     }
 
+    /// The step constant variable `var` was written in (the first kept step holding blocks of
+    /// it), to read it without naming a step. A per-step variable is refused: it needs a step.
+    pub fn constant_step(&self, var: &str) -> Result<u64> {
+        let def = self.variables()?.remove(var).ok_or_else(|| unknown_var(var, self.variables().unwrap_or_default().keys()))?;
+        if !def.constant {
+            return Err(Error::InvalidArgument(format!(
+                "'{var}' is written every step: give the step (get(name, step)); only constant variables are read without one"
+            )));
+        }
+        for step in self.steps()? {
+            if self.engine.step_vars(step)?.contains_key(var) && !self.engine.blocks(var, step)?.is_empty() {
+                return Ok(step);
+            }
+        }
+        Err(Error::NotFound(format!("constant '{var}' is defined but no kept step holds it: no rank has put it yet")))
+    }
+
     /// Blocks of `var` at `step`, sorted by writer then offset.
     pub fn blocks(&self, var: &str, step: u64) -> Result<Vec<BlockRecord>> {
         self.var(var, step)?;

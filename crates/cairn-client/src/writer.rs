@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct Writer {
     /// The dataset's name.
     name: String,
+    /// The step each constant variable was (or is being) written in.
+    constants: BTreeMap<String, u64>,
     engine: Box<dyn WriteEngine>,
     vars: BTreeMap<String, VarDef>,
     /// Attributes of the dataset, published with every step.
@@ -109,6 +111,7 @@ impl Writer {
         let (vars, attrs) = last.map(|i| (i.vars, i.attrs)).unwrap_or_default();
         Ok(Writer {
             name: name.to_string(),
+            constants: BTreeMap::new(),
             engine,
             vars,
             attrs,
@@ -171,6 +174,11 @@ impl Writer {
     /// Defining it again identically is allowed; differently is a conflict.
     pub fn define(&mut self, name: &str, dtype: DType, shape: Option<Vec<u64>>) -> Result<()> {
         self.define_var(VarDef::new(name, dtype, shape)?)
+    }
+
+    /// Defines a step-invariant global variable (see [`VarDef::constant`]).
+    pub fn define_constant(&mut self, name: &str, dtype: DType, shape: Vec<u64>) -> Result<()> {
+        self.define_var(VarDef::new(name, dtype, Some(shape))?.with_constant(true)?)
     }
 
     /// Redundancy level of variables that do not name one (the staging cluster's default, or
@@ -263,6 +271,20 @@ impl Writer {
         let step = self
             .step
             .ok_or_else(|| Error::Conflict(format!("put of '{var}' outside a step; call begin_step (Python: `with f.step(n):`) first")))?;
+        let def = self.vars.get(var).ok_or_else(|| unknown_var(var, self.vars.keys()))?;
+        if def.constant {
+            let written = match self.constants.get(var) {
+                Some(s) => Some(*s),
+                None => self.engine.written_in(var)?,
+            };
+            if let Some(first) = written.filter(|s| *s != step) {
+                return Err(Error::Conflict(format!(
+                    "'{var}' is constant: it was written in step {first}, and a constant is written in one step only; \
+                     read it with get(\"{var}\") (no step), or define a per-step variable"
+                )));
+            }
+            self.constants.insert(var.to_string(), step);
+        }
         let def = self.vars.get(var).ok_or_else(|| unknown_var(var, self.vars.keys()))?;
         if dtype != def.dtype {
             return Err(Error::InvalidArgument(format!(
@@ -545,6 +567,8 @@ impl Writer {
         match self.step.take() {
             Some(step) => {
                 self.traces.drop_step(step);
+                // A constant first put in the aborted step may be written in the next one.
+                self.constants.retain(|_, s| *s != step);
                 self.engine.abort_step(step)
             }
             None => Ok(()),

@@ -31,6 +31,10 @@ pub struct VarDef {
     /// The variable's attributes (units, long name, …).
     #[serde(default, skip_serializing_if = "Attrs::is_empty")]
     pub attrs: Attrs,
+    /// Step-invariant (a coordinate, a mesh): written in one step only, the first in which any
+    /// rank puts it, and read without a step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub constant: bool,
 }
 
 fn is_zero_u32(n: &u32) -> bool {
@@ -46,7 +50,7 @@ impl VarDef {
         if let Some(s) = &shape {
             Region::new(vec![0; s.len()], s.clone())?;
         }
-        Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0, dims: None, attrs: Attrs::new() })
+        Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0, dims: None, attrs: Attrs::new(), constant: false })
     }
 
     /// The definition with dimension names and attributes, checked (see [`VarDef::check_meta`]).
@@ -66,6 +70,18 @@ impl VarDef {
             check_dims(dims, dims.len(), &self.name)?;
         }
         check_attrs(&self.attrs, &format!("variable '{}'", self.name))
+    }
+
+    /// The definition of a step-invariant variable (see [`VarDef::constant`]): a global array.
+    pub fn with_constant(mut self, constant: bool) -> Result<VarDef> {
+        if constant && self.shape.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "'{}': a constant is a global array (a coordinate, a mesh); give it a shape, or drop constant=True",
+                self.name
+            )));
+        }
+        self.constant = constant;
+        Ok(self)
     }
 
     /// The definition with redundancy level `r` (server failures its objects survive).
@@ -91,6 +107,9 @@ impl VarDef {
         };
         if let Some(dims) = &self.dims {
             text += &format!(" dims ({})", dims.join(", "));
+        }
+        if self.constant {
+            text += " constant";
         }
         if !self.attrs.is_empty() {
             let json = serde_json::to_string(&self.attrs).unwrap_or_default();

@@ -301,11 +301,14 @@ impl Dataset {
     }
 
     /// Releases the committed steps older than the newest `keep_last` that the drain does not
-    /// still owe; returns their indexes.
+    /// still owe and that hold no constant's blocks; returns their indexes.
     fn trim(&mut self) -> Vec<Arc<StepIndex>> {
         let Some(k) = self.keep_last else { return Vec::new() };
         let excess = (self.committed.len() as u64).saturating_sub(k.max(1)) as usize;
-        let old: Vec<u64> = self.committed.keys().take(excess).copied().filter(|s| !self.owed(*s)).collect();
+        // A step holding a constant's blocks stays while the dataset is kept: they are its only copy.
+        let holds_constant = |i: &StepIndex| i.blocks.iter().any(|b| i.vars.get(&b.var).is_some_and(|d| d.constant));
+        let old: Vec<u64> =
+            self.committed.iter().take(excess).filter(|(s, i)| !self.owed(**s) && !holds_constant(i)).map(|(s, _)| *s).collect();
         old.into_iter()
             .filter_map(|step| {
                 let index = self.committed.remove(&step)?;

@@ -11,8 +11,9 @@ use pyo3::prelude::*;
 type BlockTuple =
     (u32, Vec<u64>, Vec<u64>, Option<f64>, Option<f64>, Option<f64>, u32, u64, u64, Option<String>, u32, (&'static str, &'static str));
 
-/// A variable's description: (name, dtype name, shape or None, dims or None, attributes as JSON).
-type VarTuple = (String, String, Option<Vec<u64>>, Option<Vec<String>>, String);
+/// A variable's description: (name, dtype name, shape or None, dims or None, attributes as JSON,
+/// whether it is constant).
+type VarTuple = (String, String, Option<Vec<u64>>, Option<Vec<String>>, String, bool);
 
 /// Native read handle; see `cairn.Reader` for the documented API.
 #[pyclass(name = "Reader", module = "cairn._native")]
@@ -73,7 +74,10 @@ impl PyReader {
     /// (name, dtype name, shape or None, dims or None, attributes JSON) of every variable.
     fn variables(&self, py: Python<'_>) -> PyResult<Vec<VarTuple>> {
         let vars = py.detach(|| self.inner.variables()).map_err(to_py)?;
-        Ok(vars.into_values().map(|v| (v.name, v.dtype.name().to_string(), v.shape, v.dims, crate::attrs::to_json(&v.attrs))).collect())
+        Ok(vars
+            .into_values()
+            .map(|v| (v.name, v.dtype.name().to_string(), v.shape, v.dims, crate::attrs::to_json(&v.attrs), v.constant))
+            .collect())
     }
 
     /// The dataset's attributes (as of the last committed step) as JSON.
@@ -85,6 +89,10 @@ impl PyReader {
     fn var(&self, py: Python<'_>, var: &str, step: u64) -> PyResult<(String, Option<Vec<u64>>)> {
         let v = py.detach(|| self.inner.var(var, step)).map_err(to_py)?;
         Ok((v.dtype.name().to_string(), v.shape))
+    }
+
+    fn constant_step(&self, py: Python<'_>, var: &str) -> PyResult<u64> {
+        py.detach(|| self.inner.constant_step(var)).map_err(to_py)
     }
 
     fn blocks(&self, py: Python<'_>, var: &str, step: u64) -> PyResult<Vec<BlockTuple>> {

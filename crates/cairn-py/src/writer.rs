@@ -66,8 +66,9 @@ impl PyWriter {
     }
 
     /// Defines a variable; without `redundancy` it gets the cluster's default level. `attrs` is
-    /// a JSON object.
-    #[pyo3(signature = (name, dtype, shape, redundancy=None, dims=None, attrs=None))]
+    /// a JSON object; `constant` makes it step-invariant.
+    #[pyo3(signature = (name, dtype, shape, redundancy=None, dims=None, attrs=None, constant=false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn define(
         &self,
         name: &str,
@@ -76,10 +77,14 @@ impl PyWriter {
         redundancy: Option<u32>,
         dims: Option<Vec<String>>,
         attrs: Option<&str>,
+        constant: bool,
     ) -> PyResult<()> {
         let dtype = DType::parse(dtype).map_err(to_py)?;
         let meta = crate::attrs::parse(attrs, &format!("variable '{name}'"))?;
-        let def = cairn_core::index::VarDef::new(name, dtype, shape).and_then(|d| d.with_meta(dims, meta)).map_err(to_py)?;
+        let def = cairn_core::index::VarDef::new(name, dtype, shape)
+            .and_then(|d| d.with_meta(dims, meta))
+            .and_then(|d| d.with_constant(constant))
+            .map_err(to_py)?;
         self.with(|w| {
             let level = redundancy.unwrap_or_else(|| w.default_redundancy());
             w.define_var(def.with_redundancy(level))

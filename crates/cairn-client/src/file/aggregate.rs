@@ -439,6 +439,10 @@ impl WriteEngine for AggWriter {
         self.committed.last().map(|&s| self.layout.read_step(s)).transpose()
     }
 
+    fn written_in(&self, var: &str) -> Result<Option<u64>> {
+        self.layout.written_in(var)
+    }
+
     fn is_committed(&self, step: u64) -> Result<bool> {
         Ok(self.committed.contains(&step))
     }

@@ -106,6 +106,20 @@ impl Layout {
         }
     }
 
+    /// The oldest committed step whose index holds blocks of `var` (each index read in turn:
+    /// once per constant and writer).
+    pub fn written_in(&self, var: &str) -> Result<Option<u64>> {
+        if self.require().is_err() {
+            return Ok(None);
+        }
+        for step in self.steps()? {
+            if self.read_step(step)?.blocks.iter().any(|b| b.var == var) {
+                return Ok(Some(step));
+            }
+        }
+        Ok(None)
+    }
+
     /// Committed steps, sorted (a directory listing: new commits show up without reopening).
     pub fn steps(&self) -> Result<Vec<u64>> {
         let dir = self.root.join("steps");

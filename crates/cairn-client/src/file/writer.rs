@@ -169,6 +169,10 @@ impl WriteEngine for FileWriter {
         self.layout.steps()?.last().map(|&s| self.layout.read_step(s)).transpose()
     }
 
+    fn written_in(&self, var: &str) -> Result<Option<u64>> {
+        self.layout.written_in(var)
+    }
+
     fn is_committed(&self, step: u64) -> Result<bool> {
         Ok(self.layout.step_path(step).exists())
     }

@@ -632,6 +632,15 @@ impl WriteEngine for StagingWriter {
         Ok(steps_of(&self.cluster, &self.dataset, false)?.contains(&step))
     }
 
+    fn written_in(&self, var: &str) -> Result<Option<u64>> {
+        for step in steps_of(&self.cluster, &self.dataset, false)? {
+            if index_of(&self.cluster, &self.dataset, step, false)?.0.blocks.iter().any(|b| b.var == var) {
+                return Ok(Some(step));
+            }
+        }
+        Ok(None)
+    }
+
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         // Flow control: servers full of steps not yet drained (keep_last holds those) or not
         // released get room back as the drain and releases go on, so a full server is waited
