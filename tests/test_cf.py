@@ -32,10 +32,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def cf_run(tmp_path: Path) -> Path:
-    """A dataset with the common netCDF patterns: an f4 variable with a _FillValue, a packed
-    integer (scale_factor/add_offset), and a per-step time variable."""
+    """A dataset with the common netCDF patterns: a constant coordinate, an f4 variable with a
+    _FillValue, a packed integer (scale_factor/add_offset), and a per-step time variable."""
     w = cairn.open("run", "w", engine="file", path=tmp_path)
     w.attrs["title"] = "CF test"
+    w.define("x", "f8", (3,), dims=("x",), constant=True, attrs={"units": "m", "axis": "X",
+                                                                 "standard_name": "projection_x_coordinate"})
     w.define("temp", "f4", (4, 3), dims=("y", "x"), attrs={"units": "K", "_FillValue": -999.0, "long_name": "temperature",
                                                              "standard_name": "air_temperature"})
     w.define("pres", "i2", (4, 3), dims=("y", "x"), attrs={"units": "hPa", "scale_factor": 0.01, "add_offset": 1000.0,
@@ -51,6 +53,8 @@ def cf_run(tmp_path: Path) -> Path:
             p[1, 1] = -32768
             w.put("pres", p)
             w.put("time", np.array(0.5 * s))
+            if s == 0:
+                w.put("x", np.array([0.0, 10.0, 20.0]))
     w.close()
     return tmp_path / "run"
 
@@ -68,6 +72,7 @@ def test_the_backend_decodes_cf_as_the_netcdf_engine_does(cf_run):
     assert np.isnan(ds["pres"].values[0, 1, 1]) and ds["pres"].values[1, 0, 0] == pytest.approx(1012.35)
     assert ds["time"].values[1] == np.datetime64("2000-01-01T12:00") and "time" in ds.coords
     assert ds["step"].dtype == np.int64 and ds["step"].attrs["long_name"] == "step number"
+    assert "x" in ds.indexes and float(ds["temp"].sel(x=10.0).isel(step=1, y=0)) == 281
     raw = xr.open_dataset(cf_run, engine="cairn", mask_and_scale=False, decode_times=False, drop_variables=["temp"])
     assert raw["pres"].dtype == np.int16 and raw["pres"].values[0, 1, 1] == -32768 and raw["pres"].attrs["_FillValue"] == -32768
     assert raw["time"].values[2] == 1.0 and "temp" not in raw
@@ -89,6 +94,7 @@ def test_ncdump_h5dump_and_the_cf_checker_accept_the_exports(cf_run, tmp_path):
         assert _cli("export", str(cf_run), "-o", str(tmp_path / f"out{suffix}")).returncode == 0
     head = subprocess.run([ncdump, "-h", str(tmp_path / "out.nc")], capture_output=True, text=True, check=True).stdout
     assert "float temp(step, y, x)" in head and "temp:_FillValue = -999.f" in head and "pres:_FillValue = -32768s" in head
+    assert "double x(x)" in head, "the constant coordinate has no step axis"
     assert "step = UNLIMITED" in head and ':Conventions = "CF-1.8"' in head
     # netCDF reads the HDF5 export as it reads its own files: same variables, typed fill values.
     h5head = subprocess.run([ncdump, "-h", str(tmp_path / "out.h5")], capture_output=True, text=True, check=True).stdout
