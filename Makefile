@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MPIRUN := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
-.PHONY: help setup build demo test test-rust test-python bench fuzz lint check clean
+.PHONY: help setup build demo test test-rust test-python install bench fuzz lint check clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ test-rust: ## Rust unit, property and integration tests, and the server's module
 
 test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
 	$(PY) -m pytest
+
+install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, pkg-config and CMake files
+	scripts/install.sh $(or $(PREFIX),/usr/local)
 
 bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench file
