@@ -15,6 +15,7 @@ setup: ## install system packages, the venv and build everything (idempotent)
 build: ## rebuild the Python extension and the C library after code changes
 	$(VENV)/bin/maturin develop --release -q
 	cargo build --release -q -p cairn-capi -p cairn-server
+	scripts/build_fortran.sh
 
 demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D field, 3 ranks read boxes back
 	$(PY) -m cairn.demo
@@ -28,7 +29,7 @@ test-rust: ## Rust unit, property and integration tests, and the server's module
 test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
 	$(PY) -m pytest
 
-install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, pkg-config and CMake files
+install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, the Fortran module, pkg-config and CMake files
 	scripts/install.sh $(or $(PREFIX),/usr/local)
 
 bench: setup ## benchmarks with same-run baselines; results in bench/results/

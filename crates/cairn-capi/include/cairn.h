@@ -90,6 +90,36 @@ enum cairn_status cairn_define_constant(struct cairn_file *f,
 // `f` is a read handle; `var` is NUL-terminated; `step` points to a `uint64_t`.
 enum cairn_status cairn_constant_step(struct cairn_file *f, const char *var, uint64_t *step);
 
+// [`cairn_define`] with dimension names (`dim_names`: NULL, or `ndim` NUL-terminated names in C
+// order), attributes (`attrs_json`: NULL, or a JSON object such as `{"units": "K"}`) and
+// `constant` (non-zero: step-invariant, see [`cairn_define_constant`]).
+//
+// # Safety
+// `f` is a write handle; strings are NUL-terminated; `shape` (and `dims`, unless NULL) hold
+// `ndim` values.
+enum cairn_status cairn_define_ex(struct cairn_file *f,
+                                  const char *name,
+                                  const char *dtype,
+                                  int ndim,
+                                  const uint64_t *shape,
+                                  const char *const *dim_names,
+                                  const char *attrs_json,
+                                  int constant);
+
+// [`cairn_put`] that first checks the data's element type `dtype` ("f8", "i4", …) against the
+// variable's (what typed bindings such as Fortran's pass), so a mismatch is an error, not a
+// misread buffer.
+//
+// # Safety
+// As [`cairn_put`]; `dtype` is NUL-terminated.
+enum cairn_status cairn_put_typed(struct cairn_file *f,
+                                  const char *var,
+                                  const char *dtype,
+                                  const void *data,
+                                  int ndim,
+                                  const uint64_t *offset,
+                                  const uint64_t *count);
+
 // Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
 //
 // # Safety

@@ -246,6 +246,82 @@ pub unsafe extern "C" fn cairn_constant_step(f: *mut CairnFile, var: *const c_ch
     })
 }
 
+/// [`cairn_define`] with dimension names (`dim_names`: NULL, or `ndim` NUL-terminated names in C
+/// order), attributes (`attrs_json`: NULL, or a JSON object such as `{"units": "K"}`) and
+/// `constant` (non-zero: step-invariant, see [`cairn_define_constant`]).
+///
+/// # Safety
+/// `f` is a write handle; strings are NUL-terminated; `shape` (and `dims`, unless NULL) hold
+/// `ndim` values.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_define_ex(
+    f: *mut CairnFile,
+    name: *const c_char,
+    dtype: *const c_char,
+    ndim: c_int,
+    shape: *const u64,
+    dim_names: *const *const c_char,
+    attrs_json: *const c_char,
+    constant: c_int,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
+        let shape = if ndim < 0 { None } else { Some(unsafe { dims(shape, ndim, "shape")? }.to_vec()) };
+        let names = if dim_names.is_null() {
+            None
+        } else {
+            let n = shape.as_ref().map_or(0, Vec::len);
+            // SAFETY: `dim_names` holds `ndim` pointers to NUL-terminated strings.
+            let ptrs = unsafe { std::slice::from_raw_parts(dim_names, n) };
+            Some(ptrs.iter().map(|p| unsafe { text(*p, "a dimension name") }.map(str::to_string)).collect::<Result<Vec<_>, _>>()?)
+        };
+        let attrs = if attrs_json.is_null() {
+            Default::default()
+        } else {
+            cairn_core::attrs::parse(unsafe { text(attrs_json, "attrs_json")? }, &format!("variable '{name}'"))?
+        };
+        let def =
+            cairn_core::index::VarDef::new(name, DType::parse(dtype)?, shape)?.with_meta(names, attrs)?.with_constant(constant != 0)?;
+        let level = w.default_redundancy();
+        w.define_var(def.with_redundancy(level))
+    })
+}
+
+/// [`cairn_put`] that first checks the data's element type `dtype` ("f8", "i4", …) against the
+/// variable's (what typed bindings such as Fortran's pass), so a mismatch is an error, not a
+/// misread buffer.
+///
+/// # Safety
+/// As [`cairn_put`]; `dtype` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_put_typed(
+    f: *mut CairnFile,
+    var: *const c_char,
+    dtype: *const c_char,
+    data: *const c_void,
+    ndim: c_int,
+    offset: *const u64,
+    count: *const u64,
+) -> Status {
+    let checked = guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let (name, given) = unsafe { (text(var, "var")?, DType::parse(text(dtype, "dtype")?)?) };
+        let defined = w.dtype_of(name)?;
+        if given != defined {
+            return Err(invalid(&format!("'{name}' is defined as {defined} but the data is {given}; pass an array of its type")));
+        }
+        Ok(())
+    });
+    if checked != Status::CairnOk {
+        return checked;
+    }
+    // SAFETY: per this function's contract.
+    unsafe { cairn_put(f, var, data, ndim, offset, count) }
+}
+
 /// Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
 ///
 /// # Safety

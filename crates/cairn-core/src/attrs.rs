@@ -18,6 +18,15 @@ fn bad_name(name: &str) -> bool {
     name.is_empty() || name.len() > MAX_NAME || name.chars().any(char::is_control)
 }
 
+/// The attributes of `owner` from a JSON object's text (what the C and Python bindings pass).
+pub fn parse(text: &str, owner: &str) -> Result<Attrs> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(Error::InvalidArgument(format!("attributes of {owner} must be a mapping of names to values, not {other}"))),
+        Err(e) => Err(Error::InvalidArgument(format!("attributes of {owner} are not JSON ({e})"))),
+    }
+}
+
 /// Checks `attrs` of `owner` (e.g. `variable 'p'`): printable names and at most
 /// [`MAX_ATTRS_BYTES`] once serialized.
 pub fn check_attrs(attrs: &Attrs, owner: &str) -> Result<()> {

@@ -2,17 +2,11 @@
 
 use crate::errors::to_py;
 use cairn_core::attrs::Attrs;
-use cairn_core::Error;
 use pyo3::PyResult;
 
 /// Parses the attributes of `owner` from a JSON object (none: empty).
 pub(crate) fn parse(text: Option<&str>, owner: &str) -> PyResult<Attrs> {
-    let Some(text) = text else { return Ok(Attrs::new()) };
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        Ok(other) => Err(to_py(Error::InvalidArgument(format!("attributes of {owner} must be a mapping of names to values, not {other}")))),
-        Err(e) => Err(to_py(Error::InvalidArgument(format!("attributes of {owner} are not JSON ({e})")))),
-    }
+    text.map_or(Ok(Attrs::new()), |t| cairn_core::attrs::parse(t, owner)).map_err(to_py)
 }
 
 /// The attributes as a JSON object.
