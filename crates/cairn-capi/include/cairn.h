@@ -120,6 +120,62 @@ enum cairn_status cairn_put_typed(struct cairn_file *f,
                                   const uint64_t *offset,
                                   const uint64_t *count);
 
+// Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every
+// step this writer ends from now on.
+//
+// # Safety
+// `f` is a write handle; `attrs_json` is NUL-terminated.
+enum cairn_status cairn_set_attrs(struct cairn_file *f, const char *attrs_json);
+
+// The committed steps, sorted: the first `cap` of them into `steps` (NULL with `cap` 0 to count),
+// and how many there are into `*n`.
+//
+// # Safety
+// `f` is a read handle; `steps` has room for `cap` values; `n` points to a `size_t`.
+enum cairn_status cairn_steps(struct cairn_file *f, uint64_t *steps, size_t cap, size_t *n);
+
+// Waits until `step` is committed or `timeout_s` seconds pass; `*committed` says which.
+//
+// # Safety
+// `f` is a read handle; `committed` points to an `int`.
+enum cairn_status cairn_wait_step(struct cairn_file *f,
+                                  uint64_t step,
+                                  double timeout_s,
+                                  int *committed);
+
+// A variable at committed `step`: its element type (NUL-terminated, into `dtype`, 8 bytes),
+// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for 32), and whether
+// it is constant (`*constant`).
+//
+// # Safety
+// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for 32 values;
+// `ndim` and `constant` point to `int`s.
+enum cairn_status cairn_var_info(struct cairn_file *f,
+                                 const char *var,
+                                 uint64_t step,
+                                 char *dtype,
+                                 int *ndim,
+                                 uint64_t *shape,
+                                 int *constant);
+
+// Reads the block writer `writer` put for local variable `var` at `step` into `out` (room for
+// `out_bytes` bytes, exactly the block's size).
+//
+// # Safety
+// `f` is a read handle; `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
+enum cairn_status cairn_get_local(struct cairn_file *f,
+                                  const char *var,
+                                  uint64_t step,
+                                  uint32_t writer,
+                                  void *out,
+                                  size_t out_bytes);
+
+// Frees committed step `step` for every reader (its data is gone; later reads of it fail).
+//
+// # Safety
+// `f` is a read handle.
+enum cairn_status cairn_release(struct cairn_file *f, uint64_t step);
+
 // Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
 //
 // # Safety

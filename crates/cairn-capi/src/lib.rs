@@ -230,11 +230,7 @@ pub unsafe extern "C" fn cairn_define_constant(
 pub unsafe extern "C" fn cairn_constant_step(f: *mut CairnFile, var: *const c_char, step: *mut u64) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let r = match unsafe { f.as_ref() } {
-            Some(CairnFile::R(r)) => r,
-            Some(CairnFile::W(_)) => return Err(invalid("this handle was opened for writing; open with \"r\" to read")),
-            None => return Err(invalid("file handle is NULL")),
-        };
+        let r = unsafe { reader(f)? };
         if step.is_null() {
             return Err(invalid("step is NULL"));
         }
@@ -320,6 +316,151 @@ pub unsafe extern "C" fn cairn_put_typed(
     }
     // SAFETY: per this function's contract.
     unsafe { cairn_put(f, var, data, ndim, offset, count) }
+}
+
+/// The reader of a read handle, or the error for another handle.
+///
+/// # Safety
+/// `f` is null or a handle from [`cairn_open`].
+unsafe fn reader<'a>(f: *mut CairnFile) -> Result<&'a Reader, Error> {
+    // SAFETY: per this function's contract.
+    match unsafe { f.as_ref() } {
+        Some(CairnFile::R(r)) => Ok(r),
+        Some(CairnFile::W(_)) => Err(invalid("this handle was opened for writing; open with \"r\" to read")),
+        None => Err(invalid("file handle is NULL")),
+    }
+}
+
+/// Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every
+/// step this writer ends from now on.
+///
+/// # Safety
+/// `f` is a write handle; `attrs_json` is NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_set_attrs(f: *mut CairnFile, attrs_json: *const c_char) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        w.set_attrs(cairn_core::attrs::parse(unsafe { text(attrs_json, "attrs_json")? }, "the dataset")?)
+    })
+}
+
+/// The committed steps, sorted: the first `cap` of them into `steps` (NULL with `cap` 0 to count),
+/// and how many there are into `*n`.
+///
+/// # Safety
+/// `f` is a read handle; `steps` has room for `cap` values; `n` points to a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_steps(f: *mut CairnFile, steps: *mut u64, cap: usize, n: *mut usize) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if n.is_null() || (steps.is_null() && cap > 0) {
+            return Err(invalid("n is NULL, or steps is NULL with cap > 0"));
+        }
+        let all = r.steps()?;
+        for (i, s) in all.iter().take(cap).enumerate() {
+            // SAFETY: `steps` has room for `cap` values.
+            unsafe { *steps.add(i) = *s };
+        }
+        // SAFETY: checked non-null.
+        unsafe { *n = all.len() };
+        Ok(())
+    })
+}
+
+/// Waits until `step` is committed or `timeout_s` seconds pass; `*committed` says which.
+///
+/// # Safety
+/// `f` is a read handle; `committed` points to an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_wait_step(f: *mut CairnFile, step: u64, timeout_s: f64, committed: *mut c_int) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if committed.is_null() {
+            return Err(invalid("committed is NULL"));
+        }
+        let t = std::time::Duration::try_from_secs_f64(timeout_s).map_err(|_| invalid("timeout_s must be a finite number >= 0"))?;
+        let done = r.wait_step(step, t)?;
+        // SAFETY: checked non-null.
+        unsafe { *committed = c_int::from(done) };
+        Ok(())
+    })
+}
+
+/// A variable at committed `step`: its element type (NUL-terminated, into `dtype`, 8 bytes),
+/// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for 32), and whether
+/// it is constant (`*constant`).
+///
+/// # Safety
+/// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for 32 values;
+/// `ndim` and `constant` point to `int`s.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_var_info(
+    f: *mut CairnFile,
+    var: *const c_char,
+    step: u64,
+    dtype: *mut c_char,
+    ndim: *mut c_int,
+    shape: *mut u64,
+    constant: *mut c_int,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if dtype.is_null() || ndim.is_null() || shape.is_null() || constant.is_null() {
+            return Err(invalid("dtype, ndim, shape and constant must not be NULL"));
+        }
+        let def = r.var(unsafe { text(var, "var")? }, step)?;
+        let name = def.dtype.name().as_bytes();
+        // SAFETY: the buffers have the sizes the contract gives (dtype names are at most 5 bytes).
+        unsafe {
+            std::ptr::copy_nonoverlapping(name.as_ptr().cast::<c_char>(), dtype, name.len().min(7));
+            *dtype.add(name.len().min(7)) = 0;
+            *ndim = def.shape.as_ref().map_or(-1, |s| s.len() as c_int);
+            for (i, e) in def.shape.iter().flatten().take(32).enumerate() {
+                *shape.add(i) = *e;
+            }
+            *constant = c_int::from(def.constant);
+        }
+        Ok(())
+    })
+}
+
+/// Reads the block writer `writer` put for local variable `var` at `step` into `out` (room for
+/// `out_bytes` bytes, exactly the block's size).
+///
+/// # Safety
+/// `f` is a read handle; `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_get_local(
+    f: *mut CairnFile,
+    var: *const c_char,
+    step: u64,
+    writer: u32,
+    out: *mut c_void,
+    out_bytes: usize,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if out.is_null() && out_bytes > 0 {
+            return Err(invalid("out is NULL"));
+        }
+        let out = if out_bytes == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(out as *mut u8, out_bytes) } };
+        r.get_local(unsafe { text(var, "var")? }, step, writer, out)
+    })
+}
+
+/// Frees committed step `step` for every reader (its data is gone; later reads of it fail).
+///
+/// # Safety
+/// `f` is a read handle.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_release(f: *mut CairnFile, step: u64) -> Status {
+    // SAFETY: per this function's contract.
+    guard(|| unsafe { reader(f) }?.release(step))
 }
 
 /// Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
@@ -452,11 +593,7 @@ pub unsafe extern "C" fn cairn_get(
 ) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let r = match unsafe { f.as_ref() } {
-            Some(CairnFile::R(r)) => r,
-            Some(CairnFile::W(_)) => return Err(invalid("this handle was opened for writing; open with \"r\" to read")),
-            None => return Err(invalid("file handle is NULL")),
-        };
+        let r = unsafe { reader(f)? };
         let var = unsafe { text(var, "var")? };
         let (offset, count) = unsafe { (dims(offset, ndim, "offset")?, dims(count, ndim, "count")?) };
         if out.is_null() && out_bytes > 0 {
