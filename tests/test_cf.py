@@ -59,6 +59,15 @@ def cf_run(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+def _exports(source: Path, tmp_path: Path):
+    """Each format's export of ``source``, reopened by xarray."""
+    for suffix in (".nc", ".h5", ".zarr"):
+        out = tmp_path / f"{source.name}{suffix}"
+        p = _cli("export", str(source), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        yield xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+
+
 def _same(a: xr.Dataset, b: xr.Dataset) -> None:
     assert sorted(a.variables) == sorted(b.variables) and sorted(a.coords) == sorted(b.coords)
     for v in a.variables:
@@ -141,11 +150,7 @@ def test_a_variable_named_like_its_dimension_exports_to_every_format(tmp_path):
             w.put("x", np.linspace(0, 1, 4))
             w.put("u", np.arange(4, dtype="f4") + s)
     w.close()
-    for suffix in (".nc", ".h5", ".zarr"):
-        out = tmp_path / f"co{suffix}"
-        p = _cli("export", str(tmp_path / "co"), "-o", str(out))
-        assert p.returncode == 0, p.stderr
-        back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+    for back in _exports(tmp_path / "co", tmp_path):
         _same(xr.open_dataset(tmp_path / "co", engine="cairn"), back)
 
 
@@ -256,11 +261,7 @@ def test_a_constant_is_written_once_read_without_a_step_and_an_index_coordinate(
         with again.step(again.next_step):
             again.put("x", np.zeros(8))
     again.close()
-    for suffix in (".nc", ".h5", ".zarr"):
-        out = tmp_path / f"co{suffix}"
-        p = _cli("export", str(tmp_path / "co"), "-o", str(out))
-        assert p.returncode == 0, p.stderr
-        back = xr.open_zarr(out) if suffix == ".zarr" else xr.open_dataset(out)
+    for back in _exports(tmp_path / "co", tmp_path):
         _same(ds, back)
         assert float(back["u"].sel(x=0.5, step=2, method="nearest")) == 25
     head = subprocess.run([_tool("ncdump"), "-h", str(tmp_path / "co.nc")], capture_output=True, text=True, check=True).stdout

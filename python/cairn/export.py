@@ -199,21 +199,18 @@ class NetCDFSink:
         step.setncatts(cf.STEP_ATTRS)
         step[:] = steps
         for n, values in p.constants.items():
-            attrs = dict(p.var_attrs[n])
-            fill = attrs.pop("_FillValue", False)
-            v = _named(n, lambda: self.nc.createVariable(n, values.dtype, p.dims[n], fill_value=fill))
-            _named(n, lambda: v.setncatts({k: _flat(x) for k, x in attrs.items()}))
-            v.set_auto_maskandscale(False)
-            v[...] = values
-        self.vars = {}
-        for n, a in p.arrays.items():
-            attrs = dict(p.var_attrs[n])
-            fill = attrs.pop("_FillValue", False)
-            v = _named(n, lambda: self.nc.createVariable(n, a.dtype, p.dims[n], fill_value=fill))
-            _named(n, lambda: v.setncatts({k: _flat(x) for k, x in attrs.items()}))
-            # The values are stored as they are: not packed again by scale_factor/add_offset.
-            v.set_auto_maskandscale(False)
-            self.vars[n] = v
+            self._variable(n, values.dtype, p)[...] = values
+        self.vars = {n: self._variable(n, a.dtype, p) for n, a in p.arrays.items()}
+
+    def _variable(self, n: str, dtype: np.dtype, p: Plan) -> Any:
+        """Variable ``n``, its fill value (if its attributes give one) and its other attributes."""
+        attrs = dict(p.var_attrs[n])
+        fill = attrs.pop("_FillValue", False)
+        v = _named(n, lambda: self.nc.createVariable(n, dtype, p.dims[n], fill_value=fill))
+        _named(n, lambda: v.setncatts({k: _flat(x) for k, x in attrs.items()}))
+        # The values are stored as they are: not packed again by scale_factor/add_offset.
+        v.set_auto_maskandscale(False)
+        return v
 
     def write(self, name: str, i: int, values: np.ndarray) -> None:
         self.vars[name][i] = values

@@ -62,6 +62,7 @@ enum cairn_status cairn_open(const char *name,
 
 // Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
 // `ndim` dimensions of extents `shape`; pass `ndim` = -1 for a local (per-writer, ragged) variable.
+// It survives the staging cluster's default number of server failures (as Python's `define`).
 //
 // # Safety
 // `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
@@ -70,18 +71,6 @@ enum cairn_status cairn_define(struct cairn_file *f,
                                const char *dtype,
                                int ndim,
                                const uint64_t *shape);
-
-// Defines a step-invariant global variable (a coordinate, a mesh): written in one step only,
-// the first in which any rank puts it (a put in a later step is `CAIRN_ERR_CONFLICT`), and read
-// at the step [`cairn_constant_step`] gives. Arguments as [`cairn_define`] (`ndim` >= 0).
-//
-// # Safety
-// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
-enum cairn_status cairn_define_constant(struct cairn_file *f,
-                                        const char *name,
-                                        const char *dtype,
-                                        int ndim,
-                                        const uint64_t *shape);
 
 // The step constant variable `var` was written in, into `*step`: read it there with
 // [`cairn_get`]. A per-step variable is `CAIRN_ERR_INVALID_ARGUMENT`.
@@ -92,7 +81,9 @@ enum cairn_status cairn_constant_step(struct cairn_file *f, const char *var, uin
 
 // [`cairn_define`] with dimension names (`dim_names`: NULL, or `ndim` NUL-terminated names in C
 // order), attributes (`attrs_json`: NULL, or a JSON object such as `{"units": "K"}`) and
-// `constant` (non-zero: step-invariant, see [`cairn_define_constant`]).
+// `constant` (non-zero: step-invariant, a coordinate or a mesh: written in one step only, the
+// first in which any rank puts it, a put in a later step being `CAIRN_ERR_CONFLICT`; read at the
+// step [`cairn_constant_step`] gives).
 //
 // # Safety
 // `f` is a write handle; strings are NUL-terminated; `shape` (and `dims`, unless NULL) hold

@@ -175,6 +175,7 @@ pub unsafe extern "C" fn cairn_open(
 
 /// Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
 /// `ndim` dimensions of extents `shape`; pass `ndim` = -1 for a local (per-writer, ragged) variable.
+/// It survives the staging cluster's default number of server failures (as Python's `define`).
 ///
 /// # Safety
 /// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
@@ -186,39 +187,8 @@ pub unsafe extern "C" fn cairn_define(
     ndim: c_int,
     shape: *const u64,
 ) -> Status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let w = unsafe { writer(f)? };
-        let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
-        let shape = if ndim < 0 { None } else { Some(unsafe { dims(shape, ndim, "shape")? }.to_vec()) };
-        w.define(name, DType::parse(dtype)?, shape)
-    })
-}
-
-/// Defines a step-invariant global variable (a coordinate, a mesh): written in one step only,
-/// the first in which any rank puts it (a put in a later step is `CAIRN_ERR_CONFLICT`), and read
-/// at the step [`cairn_constant_step`] gives. Arguments as [`cairn_define`] (`ndim` >= 0).
-///
-/// # Safety
-/// `f` is a write handle; strings are NUL-terminated; `shape` holds `ndim` values.
-#[no_mangle]
-pub unsafe extern "C" fn cairn_define_constant(
-    f: *mut CairnFile,
-    name: *const c_char,
-    dtype: *const c_char,
-    ndim: c_int,
-    shape: *const u64,
-) -> Status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let w = unsafe { writer(f)? };
-        let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
-        if ndim < 0 {
-            return Err(invalid("a constant is a global array: give ndim >= 0 and its shape"));
-        }
-        let shape = unsafe { dims(shape, ndim, "shape")? }.to_vec();
-        w.define_constant(name, DType::parse(dtype)?, shape)
-    })
+    // SAFETY: per this function's contract, which is cairn_define_ex's without dims or attributes.
+    unsafe { cairn_define_ex(f, name, dtype, ndim, shape, std::ptr::null(), std::ptr::null(), 0) }
 }
 
 /// The step constant variable `var` was written in, into `*step`: read it there with
@@ -244,7 +214,9 @@ pub unsafe extern "C" fn cairn_constant_step(f: *mut CairnFile, var: *const c_ch
 
 /// [`cairn_define`] with dimension names (`dim_names`: NULL, or `ndim` NUL-terminated names in C
 /// order), attributes (`attrs_json`: NULL, or a JSON object such as `{"units": "K"}`) and
-/// `constant` (non-zero: step-invariant, see [`cairn_define_constant`]).
+/// `constant` (non-zero: step-invariant, a coordinate or a mesh: written in one step only, the
+/// first in which any rank puts it, a put in a later step being `CAIRN_ERR_CONFLICT`; read at the
+/// step [`cairn_constant_step`] gives).
 ///
 /// # Safety
 /// `f` is a write handle; strings are NUL-terminated; `shape` (and `dims`, unless NULL) hold

@@ -1,9 +1,9 @@
-//! Step-invariant variables through the C API (issue 43): `cairn_define_constant`, a second
+//! Step-invariant variables through the C API (issue 43): `cairn_define_ex(..., constant)`, a second
 //! write refused with `CAIRN_ERR_CONFLICT`, and `cairn_constant_step` to find it for reading.
 
 use cairn::*;
 use std::ffi::CString;
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 
 #[test]
 fn a_constant_is_written_once_and_found_by_its_step() {
@@ -18,9 +18,9 @@ fn a_constant_is_written_once_and_found_by_its_step() {
     unsafe {
         let mut w: *mut CairnFile = null_mut();
         assert_eq!(cairn_open(c"grid".as_ptr(), c"w".as_ptr(), cfg.as_ptr(), 0, 1, &mut w), Status::CairnOk);
-        assert_eq!(cairn_define_constant(w, c"x".as_ptr(), c"f8".as_ptr(), 1, shape.as_ptr()), Status::CairnOk);
+        assert_eq!(cairn_define_ex(w, c"x".as_ptr(), c"f8".as_ptr(), 1, shape.as_ptr(), null(), null(), 1), Status::CairnOk);
         assert_eq!(cairn_define(w, c"u".as_ptr(), c"f8".as_ptr(), 1, shape.as_ptr()), Status::CairnOk);
-        assert_eq!(cairn_define_constant(w, c"bad".as_ptr(), c"f8".as_ptr(), -1, std::ptr::null()), Status::CairnErrInvalidArgument);
+        assert_eq!(cairn_define_ex(w, c"bad".as_ptr(), c"f8".as_ptr(), -1, null(), null(), null(), 1), Status::CairnErrInvalidArgument);
         for step in 0..2u64 {
             assert_eq!(cairn_begin_step(w, step), Status::CairnOk);
             if step == 0 {
