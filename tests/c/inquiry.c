@@ -1,5 +1,6 @@
 /* The C API beyond put and get (issue 44): cairn_define_ex (dims, attributes, constant),
- * cairn_set_attrs, cairn_steps, cairn_wait_step, cairn_var_info, cairn_get_local, cairn_release.
+ * cairn_set_attrs, cairn_steps, cairn_wait_step, cairn_var_info, cairn_blocks, cairn_get_local,
+ * cairn_release.
  * Usage: inquiry CAIRN_TOML; prints "C inquiry: ok" or the failed check. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,12 @@ int main(int argc, char **argv) {
   CHECK(cairn_var_info(r, "walkers", 1, dtype, &ndim, ext, &constant));
   EXPECT(ndim == -1);
   EXPECT(cairn_var_info(r, "nope", 1, dtype, &ndim, ext, &constant) == CAIRN_ERR_NOT_FOUND);
+  struct cairn_block blocks[4];
+  CHECK(cairn_blocks(r, "u", 2, blocks, 4, &n));
+  EXPECT(n == 1 && blocks[0].writer == 0 && blocks[0].ndim == 2 && blocks[0].count[0] == 2 && blocks[0].count[1] == 3);
+  EXPECT(blocks[0].min == 200.0 && blocks[0].max == 205.0 && blocks[0].mean == 202.5);
+  CHECK(cairn_blocks(r, "u", 2, NULL, 0, &n));
+  EXPECT(n == 1);
   uint64_t at = 99;
   CHECK(cairn_constant_step(r, "x", &at));
   EXPECT(at == 0);

@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+// Most dimensions of a variable (the extent arrays of [`CairnBlock`]).
+#define CAIRN_MAX_DIMS 8
+
 // Result of every call. `OK` is 0; other values name the kind of failure.
 typedef enum cairn_status {
   // Success.
@@ -40,6 +43,24 @@ typedef enum cairn_status {
 
 // An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 typedef struct cairn_file cairn_file;
+
+// One block a writer put: its box and statistics (NaN where undefined).
+typedef struct cairn_block {
+  // The writer rank that put it.
+  uint32_t writer;
+  // Dimensions (`offset` and `count` hold this many).
+  int ndim;
+  // Where the block starts in the global array.
+  uint64_t offset[CAIRN_MAX_DIMS];
+  // Its extents.
+  uint64_t count[CAIRN_MAX_DIMS];
+  // Smallest, largest and mean value.
+  double min;
+  // See `min`.
+  double max;
+  // See `min`.
+  double mean;
+} cairn_block;
 
 // The message of the last failed call on this thread (empty if none). Valid until the next call.
 const char *cairn_last_error(void);
@@ -135,11 +156,12 @@ enum cairn_status cairn_wait_step(struct cairn_file *f,
                                   int *committed);
 
 // A variable at committed `step`: its element type (NUL-terminated, into `dtype`, 8 bytes),
-// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for 32), and whether
-// it is constant (`*constant`).
+// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for
+// [`CAIRN_MAX_DIMS`]), and whether it is constant (`*constant`).
 //
 // # Safety
-// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for 32 values;
+// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
+// [`CAIRN_MAX_DIMS`] values;
 // `ndim` and `constant` point to `int`s.
 enum cairn_status cairn_var_info(struct cairn_file *f,
                                  const char *var,
@@ -160,6 +182,19 @@ enum cairn_status cairn_get_local(struct cairn_file *f,
                                   uint32_t writer,
                                   void *out,
                                   size_t out_bytes);
+
+// The blocks of `var` at committed `step`, sorted by writer then offset: the first `cap` into
+// `out` (NULL with `cap` 0 to count), how many there are into `*n`.
+//
+// # Safety
+// `f` is a read handle; `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
+// `size_t`.
+enum cairn_status cairn_blocks(struct cairn_file *f,
+                               const char *var,
+                               uint64_t step,
+                               struct cairn_block *out,
+                               size_t cap,
+                               size_t *n);
 
 // Frees committed step `step` for every reader (its data is gone; later reads of it fail).
 //

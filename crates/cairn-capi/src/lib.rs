@@ -362,11 +362,12 @@ pub unsafe extern "C" fn cairn_wait_step(f: *mut CairnFile, step: u64, timeout_s
 }
 
 /// A variable at committed `step`: its element type (NUL-terminated, into `dtype`, 8 bytes),
-/// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for 32), and whether
-/// it is constant (`*constant`).
+/// dimensions (`*ndim`, -1 for a local variable; extents into `shape`, room for
+/// [`CAIRN_MAX_DIMS`]), and whether it is constant (`*constant`).
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for 32 values;
+/// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
+/// [`CAIRN_MAX_DIMS`] values;
 /// `ndim` and `constant` point to `int`s.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_var_info(
@@ -391,7 +392,7 @@ pub unsafe extern "C" fn cairn_var_info(
             std::ptr::copy_nonoverlapping(name.as_ptr().cast::<c_char>(), dtype, name.len().min(7));
             *dtype.add(name.len().min(7)) = 0;
             *ndim = def.shape.as_ref().map_or(-1, |s| s.len() as c_int);
-            for (i, e) in def.shape.iter().flatten().take(32).enumerate() {
+            for (i, e) in def.shape.iter().flatten().take(CAIRN_MAX_DIMS).enumerate() {
                 *shape.add(i) = *e;
             }
             *constant = c_int::from(def.constant);
@@ -422,6 +423,72 @@ pub unsafe extern "C" fn cairn_get_local(
         }
         let out = if out_bytes == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(out as *mut u8, out_bytes) } };
         r.get_local(unsafe { text(var, "var")? }, step, writer, out)
+    })
+}
+
+/// Most dimensions of a variable (the extent arrays of [`CairnBlock`]).
+pub const CAIRN_MAX_DIMS: usize = 8;
+
+/// One block a writer put: its box and statistics (NaN where undefined).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CairnBlock {
+    /// The writer rank that put it.
+    pub writer: u32,
+    /// Dimensions (`offset` and `count` hold this many).
+    pub ndim: c_int,
+    /// Where the block starts in the global array.
+    pub offset: [u64; CAIRN_MAX_DIMS],
+    /// Its extents.
+    pub count: [u64; CAIRN_MAX_DIMS],
+    /// Smallest, largest and mean value.
+    pub min: f64,
+    /// See `min`.
+    pub max: f64,
+    /// See `min`.
+    pub mean: f64,
+}
+
+/// The blocks of `var` at committed `step`, sorted by writer then offset: the first `cap` into
+/// `out` (NULL with `cap` 0 to count), how many there are into `*n`.
+///
+/// # Safety
+/// `f` is a read handle; `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
+/// `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_blocks(
+    f: *mut CairnFile,
+    var: *const c_char,
+    step: u64,
+    out: *mut CairnBlock,
+    cap: usize,
+    n: *mut usize,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if n.is_null() || (out.is_null() && cap > 0) {
+            return Err(invalid("n is NULL, or out is NULL with cap > 0"));
+        }
+        let blocks = r.blocks(unsafe { text(var, "var")? }, step)?;
+        for (i, b) in blocks.iter().take(cap).enumerate() {
+            let mut c = CairnBlock {
+                writer: b.writer,
+                ndim: b.region.offset.len() as c_int,
+                offset: [0; CAIRN_MAX_DIMS],
+                count: [0; CAIRN_MAX_DIMS],
+                min: b.stats.min.unwrap_or(f64::NAN),
+                max: b.stats.max.unwrap_or(f64::NAN),
+                mean: b.stats.mean.unwrap_or(f64::NAN),
+            };
+            c.offset[..b.region.offset.len()].copy_from_slice(&b.region.offset);
+            c.count[..b.region.count.len()].copy_from_slice(&b.region.count);
+            // SAFETY: `out` has room for `cap` blocks.
+            unsafe { *out.add(i) = c };
+        }
+        // SAFETY: checked non-null.
+        unsafe { *n = blocks.len() };
+        Ok(())
     })
 }
 
