@@ -1,6 +1,6 @@
 /* The C API beyond put and get (issue 44): cairn_define_ex (dims, attributes, constant),
- * cairn_set_attrs, cairn_steps, cairn_wait_step, cairn_var_info, cairn_blocks, cairn_get_local,
- * cairn_release.
+ * cairn_set_attrs, cairn_attrs, cairn_steps, cairn_wait_step, cairn_var_info, cairn_blocks,
+ * cairn_get_local, cairn_release.
  * Usage: inquiry CAIRN_TOML; prints "C inquiry: ok" or the failed check. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +75,14 @@ int main(int argc, char **argv) {
   EXPECT(blocks[0].min == 200.0 && blocks[0].max == 205.0 && blocks[0].mean == 202.5);
   CHECK(cairn_blocks(r, "u", 2, NULL, 0, &n));
   EXPECT(n == 1);
+  char json[256];
+  size_t len = 0;
+  CHECK(cairn_attrs(r, NULL, 0, json, sizeof json, &len));
+  EXPECT(strcmp(json, "{\"title\":\"from C\"}") == 0 && len == strlen(json));
+  CHECK(cairn_attrs(r, "u", 1, NULL, 0, &len));
+  EXPECT(len == strlen("{\"units\":\"K\"}"));
+  CHECK(cairn_attrs(r, "u", 1, json, sizeof json, &len));
+  EXPECT(strcmp(json, "{\"units\":\"K\"}") == 0);
   uint64_t at = 99;
   CHECK(cairn_constant_step(r, "x", &at));
   EXPECT(at == 0);

@@ -196,6 +196,21 @@ enum cairn_status cairn_blocks(struct cairn_file *f,
                                size_t cap,
                                size_t *n);
 
+// Attributes as a JSON object: the dataset's (`var` NULL; as of the last committed step) or
+// variable `var`'s at committed `step`. The text (NUL-terminated) goes into `buf` when it fits
+// in `cap` bytes; `*len` is its length without the NUL either way, so a call with `cap` 0 sizes
+// the buffer.
+//
+// # Safety
+// `f` is a read handle; `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
+// points to a `size_t`.
+enum cairn_status cairn_attrs(struct cairn_file *f,
+                              const char *var,
+                              uint64_t step,
+                              char *buf,
+                              size_t cap,
+                              size_t *len);
+
 // Frees committed step `step` for every reader (its data is gone; later reads of it fail).
 //
 // # Safety

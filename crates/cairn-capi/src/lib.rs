@@ -492,6 +492,43 @@ pub unsafe extern "C" fn cairn_blocks(
     })
 }
 
+/// Attributes as a JSON object: the dataset's (`var` NULL; as of the last committed step) or
+/// variable `var`'s at committed `step`. The text (NUL-terminated) goes into `buf` when it fits
+/// in `cap` bytes; `*len` is its length without the NUL either way, so a call with `cap` 0 sizes
+/// the buffer.
+///
+/// # Safety
+/// `f` is a read handle; `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
+/// points to a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_attrs(
+    f: *mut CairnFile,
+    var: *const c_char,
+    step: u64,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let r = unsafe { reader(f)? };
+        if len.is_null() || (buf.is_null() && cap > 0) {
+            return Err(invalid("len is NULL, or buf is NULL with cap > 0"));
+        }
+        let attrs = if var.is_null() { r.attrs()? } else { r.var(unsafe { text(var, "var")? }, step)?.attrs };
+        let json = serde_json::to_string(&attrs).map_err(|e| Error::Corrupt(format!("attributes do not serialize: {e}")))?;
+        // SAFETY: checked non-null; `buf` has room for `cap` bytes.
+        unsafe {
+            *len = json.len();
+            if json.len() < cap {
+                std::ptr::copy_nonoverlapping(json.as_ptr().cast::<c_char>(), buf, json.len());
+                *buf.add(json.len()) = 0;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Frees committed step `step` for every reader (its data is gone; later reads of it fail).
 ///
 /// # Safety
