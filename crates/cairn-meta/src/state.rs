@@ -732,11 +732,12 @@ impl MetaState {
         self.datasets.get(dataset)?.drained
     }
 
-    /// The oldest committed step of `dataset` the drain owes at cadence `every`.
-    pub fn to_drain(&self, dataset: &str, every: u64) -> Option<u64> {
-        let ds = self.datasets.get(dataset)?;
+    /// The committed steps of `dataset` the drain owes at cadence `every` (past the newest
+    /// drained one), oldest first, with their indexes.
+    pub fn owed(&self, dataset: &str, every: u64) -> Vec<(u64, Arc<StepIndex>)> {
+        let Some(ds) = self.datasets.get(dataset) else { return Vec::new() };
         let after = ds.drained.map_or(0, |d| d + 1);
-        ds.committed.range(after..).map(|(s, _)| *s).find(|s| s.is_multiple_of(every.max(1)))
+        ds.committed.range(after..).filter(|(s, _)| s.is_multiple_of(every.max(1))).map(|(s, i)| (*s, i.clone())).collect()
     }
 
     /// The `NotFound` error of `step` of `dataset` if it was committed and released.
@@ -949,13 +950,14 @@ pub(crate) mod tests {
             assert!(steps(&released).iter().all(|r| r % 2 == 1), "step {step}: {:?}", steps(&released));
         }
         assert_eq!(s.steps("d"), vec![0, 2, 4], "the drain owes 0 and 2 (4 is the newest)");
-        assert_eq!(s.to_drain("d", 2), Some(0));
+        let first = |s: &MetaState| s.owed("d", 2).first().map(|(step, _)| *step);
+        assert_eq!(first(&s), Some(0));
         let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 0 }) else { panic!() };
         assert_eq!(steps(&released), vec![0]);
-        assert_eq!((s.drained("d"), s.to_drain("d", 2)), (Some(0), Some(2)));
+        assert_eq!((s.drained("d"), first(&s)), (Some(0), Some(2)));
         let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 2 }) else { panic!() };
         assert_eq!((steps(&released), s.steps("d")), (vec![2], vec![4]));
-        assert_eq!(s.to_drain("d", 2), Some(4));
+        assert_eq!(s.owed("d", 2).iter().map(|(step, _)| *step).collect::<Vec<_>>(), vec![4]);
         assert_eq!(s.apply(Cmd::Drained { dataset: "x".into(), step: 0 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
     }
 

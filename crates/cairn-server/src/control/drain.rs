@@ -34,6 +34,11 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Weight of the newest measurement in the running means of drain cost and commit period.
 const EWMA: f64 = 0.3;
 
+/// The running mean `mean` with measurement `s` taken in.
+fn ewma(mean: Option<f64>, s: f64) -> Option<f64> {
+    Some(mean.map_or(s, |m| m * (1.0 - EWMA) + s * EWMA))
+}
+
 /// The leader's drain (see the module comment); idle on other servers and without a drain.
 #[derive(Debug)]
 pub struct Drain {
@@ -79,7 +84,7 @@ impl Drain {
     /// not on disk yet).
     pub fn owes(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> bool {
         let Some(every) = self.every() else { return false };
-        step.is_multiple_of(every) && query(log, |s| s.is_committed(dataset, step) && s.drained(dataset).is_none_or(|d| d < step))
+        query(log, |s| s.owed(dataset, every).iter().any(|(owed, _)| *owed == step))
     }
 
     /// The automatic cadence and the interval it comes from (1 step until both the drain's
@@ -107,8 +112,7 @@ impl Drain {
             let mut p = lock(&self.progress);
             let now = Instant::now();
             if let Some(last) = p.last_commit.replace(now) {
-                let s = now.duration_since(last).as_secs_f64();
-                p.period_s = Some(p.period_s.map_or(s, |m| m * (1.0 - EWMA) + s * EWMA));
+                p.period_s = ewma(p.period_s, now.duration_since(last).as_secs_f64());
             }
         }
         self.resume();
@@ -130,10 +134,8 @@ impl Drain {
     async fn round(self: &Arc<Self>) -> Next {
         let (Some(spec), Ok(log)) = (&self.spec, self.gate.leader()) else { return Next::Idle };
         let every = self.every().unwrap_or(1);
-        let owed = query(log, |s| s.datasets().into_iter().find_map(|d| s.to_drain(&d, every).map(|step| (d, step))));
-        let Some((dataset, step)) = owed else { return Next::Idle };
-        // Released meanwhile (an explicit release): nothing left to drain of it.
-        let Ok(index) = self.meta.index(log, &dataset, step) else { return Next::Again };
+        let owed = query(log, |s| s.datasets().into_iter().find_map(|d| s.owed(&d, every).into_iter().next().map(|o| (d, o))));
+        let Some((dataset, (step, index))) = owed else { return Next::Idle };
         let started = Instant::now();
         let attempt = {
             let mut p = lock(&self.progress);
@@ -161,8 +163,7 @@ impl Drain {
                     p.bytes += d.bytes;
                     p.busy += took;
                     if !d.found {
-                        let s = took.as_secs_f64();
-                        p.cost_s = Some(p.cost_s.map_or(s, |m| m * (1.0 - EWMA) + s * EWMA));
+                        p.cost_s = ewma(p.cost_s, took.as_secs_f64());
                     }
                 }
                 for index in released {
@@ -198,10 +199,7 @@ impl Drain {
                 if let Some(done) = s.drained(&d) {
                     steps.insert(d.clone(), done);
                 }
-                let after = s.drained(&d).map_or(0, |x| x + 1);
-                for step in s.steps(&d).into_iter().filter(|st| *st >= after && st.is_multiple_of(every)) {
-                    pending += s.index(&d, step).map_or(0, |i| i.blocks.iter().map(|b| b.len).sum());
-                }
+                pending += s.owed(&d, every).iter().flat_map(|(_, i)| i.blocks.iter().map(|b| b.len)).sum::<u64>();
             }
             (steps, pending)
         });
@@ -245,10 +243,13 @@ impl Drain {
                     (target, target.is_none_or(|t| s.drained(d).is_some_and(|x| x >= t)))
                 }),
             };
-            let status = self.status(log);
-            let failed = status.error.is_some() && status.failed_attempt > began;
+            let failed = {
+                let p = lock(&self.progress);
+                p.error.is_some() && p.failed_attempt > began
+            };
             if done || failed || tokio::time::Instant::now() >= deadline {
-                return Ok(Response::Drain { drain: status, step: target, drained: done, failed: failed && !done });
+                // The status (a walk over every owed step's index) only for the answer.
+                return Ok(Response::Drain { drain: self.status(log), step: target, drained: done, failed: failed && !done });
             }
             let commit = async {
                 match commits.as_mut() {
