@@ -279,3 +279,15 @@ def test_keep_last_keeps_the_step_that_holds_a_constant(tmp_path):
         np.testing.assert_array_equal(r.get("x"), np.linspace(0, 0.7, 8))
     finally:
         c.stop()
+
+
+def test_a_constant_named_like_one_of_its_dimensions_but_not_a_coordinate_exports_everywhere(tmp_path):
+    w = cairn.open("mesh", "w", engine="file", path=tmp_path)
+    w.define("x", "f8", (2, 3), dims=("x", "y"), constant=True)  # 2-D: not x's coordinate variable
+    w.define("u", "f4", (2, 3), dims=("x", "y"))
+    with w.step(0):
+        w.put("x", np.arange(6.0).reshape(2, 3))
+        w.put("u", np.ones((2, 3), "f4"))
+    w.close()
+    for back in _exports(tmp_path / "mesh", tmp_path):
+        _same(xr.open_dataset(tmp_path / "mesh", engine="cairn"), back)

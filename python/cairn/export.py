@@ -240,9 +240,9 @@ class H5Sink:
             attrs = dict(p.var_attrs[n])
             fill = attrs.pop("_FillValue", None)
             coord = p.dims[n] == (n,)
-            for d, size in zip(p.dims[n], values.shape):
-                if d not in self.f and d != n:
-                    self.f.create_dataset(d, shape=(size,), dtype="f4").make_scale(f"{_NC_DIM_ONLY}{size:10d}")
+            if not coord:
+                for d, size in zip(p.dims[n], values.shape):
+                    self._dimension(d, size)
             stored = n if coord or n not in self.f else f"_nc4_non_coord_{n}"
             ds = _named(n, lambda: self.f.create_dataset(stored, data=values, fillvalue=fill))
             if coord:
@@ -256,8 +256,7 @@ class H5Sink:
         self.sets = {}
         for n, a in p.arrays.items():
             for d, size in zip(p.dims[n][1:], a.shape[1:]):
-                if d not in self.f:
-                    self.f.create_dataset(d, shape=(size,), dtype="f4").make_scale(f"{_NC_DIM_ONLY}{size:10d}")
+                self._dimension(d, size)
             stored = f"_nc4_non_coord_{n}" if n in p.dims[n] or n in self.f else n
             attrs = dict(p.var_attrs[n])
             fill = attrs.pop("_FillValue", None)
@@ -270,6 +269,11 @@ class H5Sink:
             for axis, d in enumerate(p.dims[n]):
                 ds.dims[axis].attach_scale(self.f[d])
             self.sets[n] = ds
+
+    def _dimension(self, d: str, size: int) -> None:
+        """Dimension ``d`` as netCDF-4 makes one without a variable, unless it exists."""
+        if d not in self.f:
+            self.f.create_dataset(d, shape=(size,), dtype="f4").make_scale(f"{_NC_DIM_ONLY}{size:10d}")
 
     def write(self, name: str, i: int, values: np.ndarray) -> None:
         self.sets[name][i] = values
