@@ -15,7 +15,7 @@ setup: ## install system packages, the venv and build everything (idempotent)
 build: ## rebuild the Python extension and the C library after code changes
 	$(VENV)/bin/maturin develop --release -q
 	cargo build --release -q -p cairn-capi -p cairn-server
-	scripts/build_fortran.sh
+	scripts/build_c.sh
 
 demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D field, 3 ranks read boxes back
 	$(PY) -m cairn.demo

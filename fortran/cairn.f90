@@ -2,7 +2,7 @@
 !
 !   use cairn
 !   type(cairn_file) :: f
-!   call cairn_open(f, "run1", "w", ierr, config="cairn.toml", rank=r, nranks=n)
+!   call cairn_open(f, "run1", "w", ierr, config="cairn.toml", comm=MPI_COMM_WORLD)  ! or rank=, nranks=
 !   call cairn_define(f, "T", "f8", shape, ierr, dims=["x", "y", "z"])
 !   call cairn_begin_step(f, step, ierr)
 !   call cairn_put(f, "T", block, offset, ierr)   ! real(8), real(4), integer(4), integer(8); any rank
@@ -45,6 +45,13 @@ module cairn
       integer(c_int), value :: rank, nranks
       type(c_ptr), intent(out) :: out
     end function c_open
+    integer(c_int) function c_open_mpi(name, mode, config, comm, out) bind(C, name="cairn_open_mpi")
+      import :: c_int, c_char, c_ptr, c_int64_t
+      character(kind=c_char), dimension(*), intent(in) :: name, mode
+      type(c_ptr), value :: config
+      integer(c_int64_t), value :: comm
+      type(c_ptr), intent(out) :: out
+    end function c_open_mpi
     integer(c_int) function c_define_ex(f, name, dtype, ndim, shape, dims, attrs, constant) bind(C, name="cairn_define_ex")
       import :: c_int, c_char, c_ptr, c_int64_t
       type(c_ptr), value :: f
@@ -118,13 +125,16 @@ contains
   end function reversed
 
   !> Opens dataset `name` with `mode` "w", "a" or "r"; `config` names a cairn.toml (default:
-  !> $CAIRN_CONFIG, ./cairn.toml); writers are `rank` of `nranks` (default 0 of 1).
-  subroutine cairn_open(f, name, mode, ierr, config, rank, nranks)
+  !> $CAIRN_CONFIG, ./cairn.toml). With `comm` (an MPI communicator, e.g. MPI_COMM_WORLD;
+  !> collective over it) writers take their rank and count from it and write as Python's `comm=`
+  !> does (N→M aggregation and a collective commit with the file engine); else they are `rank` of
+  !> `nranks` (default 0 of 1).
+  subroutine cairn_open(f, name, mode, ierr, config, rank, nranks, comm)
     type(cairn_file), intent(out) :: f
     character(*), intent(in) :: name, mode
     integer, intent(out) :: ierr
     character(*), intent(in), optional :: config
-    integer, intent(in), optional :: rank, nranks
+    integer, intent(in), optional :: rank, nranks, comm
     character(kind=c_char), allocatable, target :: cfg(:)
     type(c_ptr) :: p
     integer(c_int) :: r, n
@@ -138,7 +148,11 @@ contains
       cfg = cstr(config)
       p = c_loc(cfg)
     end if
-    ierr = int(c_open(cstr(name), cstr(mode), p, r, n, f%ptr))
+    if (present(comm)) then
+      ierr = int(c_open_mpi(cstr(name), cstr(mode), p, int(comm, c_int64_t), f%ptr))
+    else
+      ierr = int(c_open(cstr(name), cstr(mode), p, r, n, f%ptr))
+    end if
   end subroutine cairn_open
 
   !> Defines a global variable of element type `dtype` ("f8", "f4", "i4", "i8") and `shape`

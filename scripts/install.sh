@@ -11,9 +11,16 @@ mkdir -p "$PREFIX"
 PREFIX=$(cd "$PREFIX" && pwd)
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 cargo build --release -q -p cairn-capi -p cairn-server
-scripts/build_fortran.sh
+scripts/build_c.sh
 install -d "$PREFIX/lib" "$PREFIX/include" "$PREFIX/bin" "$PREFIX/lib/pkgconfig" "$PREFIX/lib/cmake/Cairn"
-install -m 755 target/release/libcairn.so "$PREFIX/lib/libcairn.so"
+MAJOR=${VERSION%%.*}
+# The real file, the soname link programs load and the link they are built with.
+install -m 755 target/release/libcairn.so "$PREFIX/lib/libcairn.so.$VERSION"
+ln -sf "libcairn.so.$VERSION" "$PREFIX/lib/libcairn.so.$MAJOR"
+ln -sf "libcairn.so.$MAJOR" "$PREFIX/lib/libcairn.so"
+for shim in target/release/libcairn_mpi_*.so; do  # cairn_open_mpi's, one per MPI
+  [ -e "$shim" ] && install -m 755 "$shim" "$PREFIX/lib/"
+done
 install -m 644 crates/cairn-capi/include/cairn.h "$PREFIX/include/cairn.h"
 install -m 755 target/release/cairn-server "$PREFIX/bin/cairn-server"
 sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@VERSION@|$VERSION|g" cmake/cairn.pc.in > "$PREFIX/lib/pkgconfig/cairn.pc"

@@ -6,14 +6,17 @@ cd "$(dirname "$0")/.."
 
 # iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`); netcdf-bin
 # and hdf5-tools: exports are checked by ncdump and h5dump; libudunits2: compliance-checker's units;
-# pkg-config and cmake: C programs build against `make install`'s files; gfortran: the Fortran module.
+# pkg-config and cmake: C programs build against `make install`'s files; gfortran: the Fortran module;
+# mpich beside Open MPI (which stays the default mpicc/mpirun): cairn_open_mpi is tested with both.
 if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! command -v ip >/dev/null \
    || ! command -v ncdump >/dev/null || ! command -v h5dump >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/libudunits2.so.0 ] \
-   || ! command -v pkg-config >/dev/null || ! command -v cmake >/dev/null || ! command -v gfortran >/dev/null; then
+   || ! command -v pkg-config >/dev/null || ! command -v cmake >/dev/null || ! command -v gfortran >/dev/null \
+   || ! command -v mpicc.mpich >/dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    libopenmpi-dev openmpi-bin redis-server iproute2 netcdf-bin hdf5-tools libudunits2-0 pkg-config cmake gfortran >/dev/null
+    libopenmpi-dev openmpi-bin mpich libmpich-dev redis-server iproute2 netcdf-bin hdf5-tools libudunits2-0 pkg-config cmake \
+    gfortran >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (https://rustup.rs) first" >&2
@@ -33,5 +36,5 @@ fi
 # Release build of the extension, installed editable into the venv (python/ is the package source).
 .venv/bin/maturin develop --release -q
 cargo build --release -q -p cairn-capi -p cairn-server
-scripts/build_fortran.sh
+scripts/build_c.sh
 echo "setup done: .venv ready, target/release/libcairn.so and target/release/cairn-server built"

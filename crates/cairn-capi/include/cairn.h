@@ -41,6 +41,9 @@ typedef enum cairn_status {
   CAIRN_ERR_DATA_LOSS = 10,
 } cairn_status;
 
+// A claimer over a read handle (see [`cairn_claims_open`]).
+typedef struct cairn_claims cairn_claims;
+
 // An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 typedef struct cairn_file cairn_file;
 
@@ -80,6 +83,24 @@ enum cairn_status cairn_open(const char *name,
                              int rank,
                              int nranks,
                              struct cairn_file **out);
+
+// Opens dataset `name` as [`cairn_open`] does, for the ranks of an MPI communicator: `comm` is
+// its Fortran handle (`MPI_Comm_c2f(comm)` in C, the integer itself in Fortran), so this header
+// needs no MPI. Collective: every rank of `comm` calls it (after `MPI_Init`). Writers take their
+// rank and count from `comm` and share a session rank 0 draws; with the `file` engine they write
+// as Python's `comm=` does: N→M aggregation (`[file] aggregation`, one data file per node by
+// default) and a collective commit (every rank calls [`cairn_end_step`], each returns once the
+// step is committed). [`cairn_close`] waits for every rank. Works with the MPI the program links
+// (Open MPI or MPICH): libcairn loads `libcairn_mpi_openmpi.so` or `libcairn_mpi_mpich.so` from
+// its own directory (or `$CAIRN_MPI_SHIM`). Readers (mode "r") ignore `comm`.
+//
+// # Safety
+// As [`cairn_open`]; `comm` is a valid communicator handle of the MPI in this process.
+enum cairn_status cairn_open_mpi(const char *name,
+                                 const char *mode,
+                                 const char *config,
+                                 int64_t comm,
+                                 struct cairn_file **out);
 
 // Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
 // `ndim` dimensions of extents `shape`; pass `ndim` = -1 for a local (per-writer, ragged) variable.
@@ -306,5 +327,43 @@ enum cairn_status cairn_cluster_start(const char *file, uint32_t servers, const 
 // # Safety
 // `file` is a NUL-terminated string.
 enum cairn_status cairn_cluster_stop(const char *file);
+
+// Starts a claimer on read handle `r` whose leases last `lease_s` seconds (0.001 to 86400)
+// without renewal; a background thread renews them every third of that while the claimer is
+// open. Close it with [`cairn_claims_close`] before closing `r`.
+//
+// # Safety
+// `r` is a read handle; `out` is valid for a write.
+enum cairn_status cairn_claims_open(struct cairn_file *r,
+                                    double lease_s,
+                                    struct cairn_claims **out);
+
+// The next step leased to claimer `c`, lowest first: `*got` is 1 and `*step` the step, or
+// `*got` is 0 when the writers closed the dataset and nothing is left for this claimer, or when
+// no step came for `timeout_s` seconds (negative: wait for ever).
+//
+// # Safety
+// `c` is a claimer from [`cairn_claims_open`]; `step` and `got` are valid for writes.
+enum cairn_status cairn_claims_next(struct cairn_claims *c,
+                                    double timeout_s,
+                                    uint64_t *step,
+                                    int *got);
+
+// Ends claimer `c` and frees it: its heartbeat stops and the steps it holds and did not
+// consume go back to the other claimers.
+//
+// # Safety
+// `c` is NULL or a claimer from [`cairn_claims_open`], not used afterwards.
+enum cairn_status cairn_claims_close(struct cairn_claims *c);
+
+// Makes the open step's commit release the same step of each of the `n` datasets named in
+// `datasets` (D²T consume-and-produce: both happen or neither), which live where this writer
+// writes (the same staging cluster or `file` engine path). If another claimer consumed that step
+// first (this one's lease lapsed), [`crate::cairn_end_step`] fails with CAIRN_ERR_CONFLICT and
+// nothing changes. Call it between [`crate::cairn_begin_step`] and [`crate::cairn_end_step`].
+//
+// # Safety
+// `f` is a write handle; `datasets` holds `n` NUL-terminated strings.
+enum cairn_status cairn_consume(struct cairn_file *f, const char *const *datasets, int n);
 
 #endif  /* CAIRN_H */

@@ -4,11 +4,16 @@
 //!
 //! # Layout
 //! - this file: the handle type, status codes, the last-error slot and the functions.
+//! - `claims`: D²T claimers and consume-and-produce commits.
+//! - `mpi`: the communicator of [`cairn_open_mpi`], through a shim built against the program's MPI.
 
 use cairn_client::{Config, DType, Error, ErrorKind, Reader, Writer};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub mod claims;
+pub mod mpi;
 
 /// Result of every call. `OK` is 0; other values name the kind of failure.
 #[repr(C)]
@@ -40,10 +45,10 @@ pub enum Status {
 
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 pub enum CairnFile {
-    /// Write handle.
-    W(Box<Writer>),
-    /// Read handle.
-    R(Reader),
+    /// Write handle, with the communicator of [`cairn_open_mpi`] (freed after the writer).
+    W(Box<Writer>, Option<std::sync::Arc<mpi::Comm>>),
+    /// Read handle (shared with its claimers' heartbeats).
+    R(std::sync::Arc<Reader>),
 }
 
 thread_local! {
@@ -76,20 +81,20 @@ fn status(r: Result<(), Error>) -> Status {
 }
 
 /// Runs `f`, converting errors and panics into a status.
-fn guard(f: impl FnOnce() -> Result<(), Error>) -> Status {
+pub(crate) fn guard(f: impl FnOnce() -> Result<(), Error>) -> Status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => status(r),
         Err(_) => fail(Status::CairnErrInternal, "internal error (panic) in Cairn; please report it".into()),
     }
 }
 
-fn invalid(msg: &str) -> Error {
+pub(crate) fn invalid(msg: &str) -> Error {
     Error::InvalidArgument(msg.to_string())
 }
 
 /// # Safety
 /// `p` is null or a NUL-terminated string.
-unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, Error> {
+pub(crate) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, Error> {
     if p.is_null() {
         return Err(invalid(&format!("{what} is NULL")));
     }
@@ -115,10 +120,10 @@ unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Err
 
 /// # Safety
 /// `f` is null or a handle from [`cairn_open`].
-unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
+pub(crate) unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
     // SAFETY: the caller passes a live handle.
     match unsafe { f.as_mut() } {
-        Some(CairnFile::W(w)) => Ok(&mut **w),
+        Some(CairnFile::W(w, _)) => Ok(&mut **w),
         Some(CairnFile::R(_)) => Err(invalid("this handle was opened for reading (mode \"r\"); open with \"w\" or \"a\" to write")),
         None => Err(invalid("file handle is NULL")),
     }
@@ -157,13 +162,73 @@ pub unsafe extern "C" fn cairn_open(
         }
         let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
         let file = match mode {
-            "r" => CairnFile::R(Reader::open(name, &cfg)?),
+            "r" => CairnFile::R(std::sync::Arc::new(Reader::open(name, &cfg)?)),
             "w" | "a" => {
                 if rank < 0 || nranks < 1 || rank >= nranks {
                     return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
                 }
                 let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
-                CairnFile::W(Box::new(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?))
+                CairnFile::W(Box::new(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?), None)
+            }
+            m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
+        };
+        // SAFETY: `out` was checked non-null and is valid for a write per the contract.
+        unsafe { *out = Box::into_raw(Box::new(file)) };
+        Ok(())
+    })
+}
+
+/// Opens dataset `name` as [`cairn_open`] does, for the ranks of an MPI communicator: `comm` is
+/// its Fortran handle (`MPI_Comm_c2f(comm)` in C, the integer itself in Fortran), so this header
+/// needs no MPI. Collective: every rank of `comm` calls it (after `MPI_Init`). Writers take their
+/// rank and count from `comm` and share a session rank 0 draws; with the `file` engine they write
+/// as Python's `comm=` does: N→M aggregation (`[file] aggregation`, one data file per node by
+/// default) and a collective commit (every rank calls [`cairn_end_step`], each returns once the
+/// step is committed). [`cairn_close`] waits for every rank. Works with the MPI the program links
+/// (Open MPI or MPICH): libcairn loads `libcairn_mpi_openmpi.so` or `libcairn_mpi_mpich.so` from
+/// its own directory (or `$CAIRN_MPI_SHIM`). Readers (mode "r") ignore `comm`.
+///
+/// # Safety
+/// As [`cairn_open`]; `comm` is a valid communicator handle of the MPI in this process.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_open_mpi(
+    name: *const c_char,
+    mode: *const c_char,
+    config: *const c_char,
+    comm: i64,
+    out: *mut *mut CairnFile,
+) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let (name, mode) = unsafe { (text(name, "name")?, text(mode, "mode")?) };
+        let cfg_path = if config.is_null() { None } else { Some(unsafe { text(config, "config") }?) };
+        if out.is_null() {
+            return Err(invalid("out (the handle pointer) is NULL"));
+        }
+        let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
+        let file = match mode {
+            "r" => CairnFile::R(std::sync::Arc::new(Reader::open(name, &cfg)?)),
+            "w" | "a" => {
+                let comm = mpi::Comm::attach(comm)?;
+                let session = comm.bcast(&if comm.rank == 0 { cairn_client::session::random_session() } else { String::new() })?;
+                let (rank, size, append) = (comm.rank, comm.size, mode == "a");
+                let w = if cfg.engine == cairn_client::config::EngineKind::File && cfg.file.aggregation != "none" && size > 1 {
+                    let (nodes, poll) = comm.nodes()?;
+                    let exchange = Box::new(mpi::MpiExchange { comm: comm.clone(), poll });
+                    let group = cairn_client::file::Collective { exchange, nodes };
+                    // Collective: the ranks agree on the outcome before returning.
+                    Writer::open_collective(name, &cfg, rank, size, append, &session, group)?
+                } else {
+                    let opened = Writer::open(name, &cfg, rank, size, append, &session);
+                    // Every rank learns whether all opened, so none goes on to a step alone.
+                    let all = comm.all(opened.is_ok())?;
+                    match opened {
+                        Ok(w) if all => w,
+                        Ok(_) => return Err(Error::Unavailable("another rank of the communicator failed to open the dataset; see its error".into())),
+                        Err(e) => return Err(e),
+                    }
+                };
+                CairnFile::W(Box::new(w), Some(comm))
             }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };
@@ -294,11 +359,11 @@ pub unsafe extern "C" fn cairn_put_typed(
 ///
 /// # Safety
 /// `f` is null or a handle from [`cairn_open`].
-unsafe fn reader<'a>(f: *mut CairnFile) -> Result<&'a Reader, Error> {
+pub(crate) unsafe fn reader<'a>(f: *mut CairnFile) -> Result<&'a std::sync::Arc<Reader>, Error> {
     // SAFETY: per this function's contract.
     match unsafe { f.as_ref() } {
         Some(CairnFile::R(r)) => Ok(r),
-        Some(CairnFile::W(_)) => Err(invalid("this handle was opened for writing; open with \"r\" to read")),
+        Some(CairnFile::W(..)) => Err(invalid("this handle was opened for writing; open with \"r\" to read")),
         None => Err(invalid("file handle is NULL")),
     }
 }
@@ -692,7 +757,15 @@ pub unsafe extern "C" fn cairn_close(f: *mut CairnFile) -> Status {
     // SAFETY: per this function's contract, `f` came from Box::into_raw in cairn_open.
     let file = unsafe { Box::from_raw(f) };
     guard(move || match *file {
-        CairnFile::W(w) => w.close(),
+        CairnFile::W(w, None) => w.close(),
+        CairnFile::W(w, Some(comm)) => {
+            // Every rank reaches the barrier, so one rank's error never leaves the others
+            // waiting; then every step any rank ended is committed. The writer (holding the
+            // exchange) goes before the communicator's last holder frees it.
+            let closed = w.close();
+            let met = comm.barrier();
+            closed.and(met)
+        }
         CairnFile::R(_) => Ok(()),
     })
 }

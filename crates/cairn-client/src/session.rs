@@ -45,7 +45,7 @@ fn from_env(var: impl Fn(&str) -> Option<String>) -> Option<String> {
 
 /// 128 random bits in hex. `RandomState` keys come from the operating system's generator; the
 /// process id and the time keep two processes apart even if that generator were to repeat.
-fn random_session() -> String {
+pub fn random_session() -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let half = |salt: u8| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
