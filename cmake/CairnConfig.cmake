@@ -7,7 +7,6 @@ if(NOT TARGET Cairn::cairn)
   add_library(Cairn::cairn SHARED IMPORTED)
   set_target_properties(Cairn::cairn PROPERTIES
     IMPORTED_LOCATION "${_cairn_prefix}/lib/libcairn.so"
-    IMPORTED_NO_SONAME TRUE
     INTERFACE_INCLUDE_DIRECTORIES "${_cairn_prefix}/include")
 endif()
 if(EXISTS "${_cairn_prefix}/lib/libcairn_fortran.so" AND NOT TARGET Cairn::cairn_fortran)

@@ -224,7 +224,11 @@ pub unsafe extern "C" fn cairn_open_mpi(
                     let all = comm.all(opened.is_ok())?;
                     match opened {
                         Ok(w) if all => w,
-                        Ok(_) => return Err(Error::Unavailable("another rank of the communicator failed to open the dataset; see its error".into())),
+                        Ok(_) => {
+                            return Err(Error::Unavailable(
+                                "another rank of the communicator failed to open the dataset; see its error".into(),
+                            ))
+                        }
                         Err(e) => return Err(e),
                     }
                 };

@@ -72,11 +72,15 @@ fn library_dir() -> Option<std::path::PathBuf> {
     file.parent().map(|p| p.to_path_buf())
 }
 
+// Each `sym!` transmutes to the type of the `Shim` field it fills.
+#[allow(clippy::missing_transmute_annotations)]
 fn load() -> std::result::Result<Shim, String> {
     let flavour = flavour()?;
     let path = match std::env::var_os("CAIRN_MPI_SHIM") {
         Some(p) => std::path::PathBuf::from(p),
-        None => library_dir().ok_or("cannot tell where libcairn was loaded from; set $CAIRN_MPI_SHIM")?.join(format!("libcairn_mpi_{flavour}.so")),
+        None => library_dir()
+            .ok_or("cannot tell where libcairn was loaded from; set $CAIRN_MPI_SHIM")?
+            .join(format!("libcairn_mpi_{flavour}.so")),
     };
     let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| "the shim's path holds NUL".to_string())?;
     // SAFETY: loading a library Cairn built; its initialisers only set up the C runtime.
@@ -178,7 +182,9 @@ impl Comm {
         let mut len = text.len().min(CAP) as i64;
         buf[..len as usize].copy_from_slice(&text.as_bytes()[..len as usize]);
         // SAFETY: `buf` holds CAP bytes.
-        self.check(unsafe { (self.shim.bcast)(self.h, buf.as_mut_ptr() as *mut c_char, &mut len, CAP as i64) }, || "broadcasting the session".into())?;
+        self.check(unsafe { (self.shim.bcast)(self.h, buf.as_mut_ptr() as *mut c_char, &mut len, CAP as i64) }, || {
+            "broadcasting the session".into()
+        })?;
         buf.truncate(len as usize);
         String::from_utf8(buf).map_err(|_| Error::Corrupt("rank 0 broadcast a session that is not UTF-8".into()))
     }
