@@ -126,11 +126,13 @@ class LocalCluster:
 _REDUNDANCY_KEYS = ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_steps")
 #: The drain to disk's keys (``[staging]`` table, ``cairn cluster start`` flags).
 DRAIN_KEYS = ("drain", "drain_every", "drain_mtbf")
+#: Memory settings of the servers (``[staging]`` table, ``cairn cluster start`` flags).
+MEMORY_KEYS = ("prefault",)
 
 
 def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
     """The redundancy keys of a ``[staging]`` table that are set."""
-    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS if settings and settings.get(k) is not None}
+    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS + MEMORY_KEYS if settings and settings.get(k) is not None}
 
 
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
@@ -143,7 +145,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
           mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
           drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
-          config: str | os.PathLike[str] | None = None) -> LocalCluster:
+          prefault: str | int | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -157,7 +159,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     ``recovery_rate`` bytes per second (``"256MiB"``, the default; 0: no limit). With ``drain``
     (a folder), every committed step whose number is a multiple of ``drain_every`` (default 1;
     ``"auto"``: Young/Daly from the measured cost of a step's drain and ``drain_mtbf``) is
-    written in the background to ``drain/<dataset>/``, a ``file``-engine dataset. The
+    written in the background to ``drain/<dataset>/``, a ``file``-engine dataset. From start-up
+    each server makes ``prefault`` bytes (``"1GiB"``; default ``min(memory, 1GiB)``; 0: none) of
+    shared memory ready for same-node writers, so the first steps run at the warm speed. The
     ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``servers``
     is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
     servers, spares = server_count(servers), server_count(spares, "spares", 0)
@@ -179,6 +183,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     failure = {k: v if v is not None else staging.get(k) for k, v in failure.items()}
     drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf}
     drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
+    drains["prefault"] = prefault if prefault is not None else staging.get("prefault")
     if drains["drain"] is not None:
         drains["drain"] = os.path.abspath(os.fspath(drains["drain"]))
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}

@@ -30,7 +30,7 @@ def _mib(n: int) -> str:
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
                                    "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
                                    "recovery_rate": "256MiB", "mtbf": None, "drain": None, "drain_every": 1,
-                                   "drain_mtbf": None}
+                                   "drain_mtbf": None, "prefault": None}
 #: The failure and recovery settings among them (the server parses their text).
 FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
@@ -68,6 +68,9 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
                         "measured drain cost and --drain-mtbf")
     p.add_argument("--drain-mtbf", default=None, metavar="DURATION",
                    help="mean time between losses of the memory level, for --drain-every auto")
+    p.add_argument("--prefault", default=None, metavar="SIZE",
+                   help="shared memory each server makes ready for same-node writers from start-up, so the first "
+                        "steps run warm (default min(--memory, 1GiB); 0: none)")
 
 
 def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
@@ -121,7 +124,7 @@ def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS},
+                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS + cluster.MEMORY_KEYS},
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}; server logs in "
           f"{cluster.entries_dir(c.file)}/server-<id>.log")
@@ -147,7 +150,11 @@ def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None)
         "leader": max(set(leaders), key=leaders.count) if leaders else None,
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
                      "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
-                     "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards")} for r in rows],
+                     "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards"),
+                     # Shared memory made ready ahead of same-node writers ([staging] prefault).
+                     "prefault": {"ready_bytes": r.get("prefault_ready"), "target_bytes": r.get("prefault_target"),
+                                  "taken_bytes": r.get("prefault_taken")}}
+                    for r in rows],
         # The leader's recovery of lost servers' objects, so scripts can wait for it.
         "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),
                      "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),

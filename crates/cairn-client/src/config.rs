@@ -128,6 +128,9 @@ pub struct StagingConfig {
     pub drain_every: Option<DrainEvery>,
     /// Clusters started from here: mean time between losses of the memory level.
     pub drain_mtbf: Option<Duration>,
+    /// Clusters started from here: bytes of shared memory each server makes ready for same-node
+    /// writers from start-up ("1GiB"; servers default to `min(memory, 1GiB)`; 0: none).
+    pub prefault: Option<String>,
 }
 
 /// `drain_every`: a step count, or `"auto"`.
@@ -245,6 +248,7 @@ impl Default for StagingConfig {
             drain: None,
             drain_every: None,
             drain_mtbf: None,
+            prefault: None,
         }
     }
 }
@@ -273,7 +277,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -325,6 +329,9 @@ impl Config {
         if let Some(r) = &self.staging.recovery_rate {
             cairn_proto::cluster::parse_size(r.trim_end_matches("/s"))
                 .map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
+        }
+        if let Some(p) = &self.staging.prefault {
+            cairn_proto::cluster::parse_size(p).map_err(|e| Error::Config(format!("[staging] prefault: {e}")))?;
         }
         if let Some(r) = &self.staging.recovery {
             if r != "lazy" && r != "aggressive" {
@@ -426,6 +433,10 @@ impl Config {
             "recovery_rate" => {
                 cairn_proto::cluster::parse_size(value.trim_end_matches("/s"))?;
                 self.staging.recovery_rate = Some(value.to_string());
+            }
+            "prefault" => {
+                cairn_proto::cluster::parse_size(value)?;
+                self.staging.prefault = Some(value.to_string());
             }
             "drain" => self.staging.drain = Some(PathBuf::from(value)),
             "drain_every" => {

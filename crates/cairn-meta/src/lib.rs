@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`state`]: the state machine: commands, outcomes, queries (pure; tested with no network).
 //! - [`claims`]: leases of committed steps to claimers (D²T claims), and the writers' close.
+//! - [`queue`]: the writers' queue limit and the streaming readers holding steps (backpressure).
 //! - [`log`]: the log trait, and the in-memory log of a single replica.
 //! - [`batch`]: group commit: commands proposed together go in one log entry.
 //! - [`raft`]: the log replicated by Raft (openraft), and an in-process network for tests.
@@ -16,6 +17,7 @@
 pub mod batch;
 pub mod claims;
 pub mod log;
+pub mod queue;
 pub mod raft;
 pub mod state;
 

@@ -83,7 +83,7 @@ mod tests {
         assert_eq!(add(0).unwrap(), Outcome::Pending { have: 1, want: 2 });
         assert!(matches!(add(1).unwrap(), Outcome::Prepared { .. }));
         assert!(query(&log, |s| s.steps("d").is_empty()), "prepared is not visible");
-        let commit = Cmd::Commit { dataset: "d".into(), step: 3, session: "s".into(), keep_last: None, drain_every: None };
+        let commit = Cmd::Commit { dataset: "d".into(), step: 3, session: "s".into(), keep_last: None, drain_every: None, now_ms: 0 };
         assert!(matches!(block_on(log.propose(commit.clone())).unwrap(), Outcome::Committed { .. }));
         assert_eq!(query(&log, |s| s.steps("d")), vec![3]);
         let e = block_on(log.propose(Cmd::Release(cairn_proto::message::Release { dataset: "d".into(), step: 4 }))).unwrap_err();

@@ -43,6 +43,35 @@ pub enum Cmd {
         /// `keep_last` releases none of those before it is drained.
         #[serde(default)]
         drain_every: Option<u64>,
+        /// The leader's clock (ms since the epoch): streaming readers whose registration lapsed
+        /// by then hold no step.
+        #[serde(default)]
+        now_ms: u64,
+    },
+    /// The writers' queue limit of a dataset (committed steps not yet released; 0: none) and its
+    /// policy (see [`crate::queue`]).
+    SetQueue {
+        /// Dataset.
+        dataset: String,
+        /// Limit.
+        limit: u64,
+        /// What happens at the limit.
+        policy: crate::queue::Policy,
+    },
+    /// A streaming reader registers, moves on (`next`: the first step it has not passed), renews
+    /// its registration for `lease_ms`, or (`lease_ms` 0) leaves; the steps every registered
+    /// reader has passed are released. Without `reader`, only drops lapsed registrations.
+    Stream {
+        /// Dataset.
+        dataset: String,
+        /// The reader's id.
+        reader: Option<String>,
+        /// The first step it has not passed (`None`: where it is, or the oldest kept step).
+        next: Option<u64>,
+        /// How long its registration lasts without renewal.
+        lease_ms: u64,
+        /// The leader's clock when it proposed this.
+        now_ms: u64,
     },
     /// Step `step` of a dataset (and every step before it the cadence drains) is on disk: the
     /// steps `keep_last` held back for the drain may be released now.
@@ -147,6 +176,11 @@ pub enum Outcome {
     },
     /// A drained step recorded; these older steps `keep_last` held back are released now.
     Drained {
+        /// Released indexes.
+        released: Vec<Arc<StepIndex>>,
+    },
+    /// A queue set or a reader moved: these steps are released now.
+    Trimmed {
         /// Released indexes.
         released: Vec<Arc<StepIndex>>,
     },
@@ -268,6 +302,9 @@ struct Dataset {
     drain_every: Option<u64>,
     #[serde(default)]
     keep_last: Option<u64>,
+    /// The writers' queue limit and the streaming readers registered.
+    #[serde(default)]
+    queue: crate::queue::Queue,
 }
 
 /// Compare-and-set call ids remembered (a retry comes within seconds of its first try).
@@ -300,15 +337,30 @@ impl Dataset {
         self.drain_every.is_some_and(|every| step.is_multiple_of(every.max(1)) && self.drained.is_none_or(|d| step > d))
     }
 
-    /// Releases the committed steps older than the newest `keep_last` that the drain does not
-    /// still owe and that hold no constant's blocks; returns their indexes.
+    /// Releases, of the committed steps the drain does not still owe and that hold no constant's
+    /// blocks: with streaming readers registered, those every one of them has passed; else those
+    /// older than the newest `keep_last`; and with a `discard_oldest` queue, the oldest while more
+    /// than its limit are kept (readers or not). Returns their indexes.
     fn trim(&mut self) -> Vec<Arc<StepIndex>> {
-        let Some(k) = self.keep_last else { return Vec::new() };
-        let excess = (self.committed.len() as u64).saturating_sub(k.max(1)) as usize;
         // A step holding a constant's blocks stays while the dataset is kept: they are its only copy.
         let holds_constant = |i: &StepIndex| i.blocks.iter().any(|b| i.vars.get(&b.var).is_some_and(|d| d.constant));
-        let old: Vec<u64> =
-            self.committed.iter().take(excess).filter(|(s, i)| !self.owed(**s) && !holds_constant(i)).map(|(s, _)| *s).collect();
+        let releasable: Vec<u64> = self.committed.iter().filter(|(s, i)| !self.owed(**s) && !holds_constant(i)).map(|(s, _)| *s).collect();
+        let mut old: BTreeSet<u64> = match (self.queue.passed(), self.keep_last) {
+            (Some(next), _) => releasable.iter().copied().filter(|s| *s < next).collect(),
+            (None, Some(k)) => {
+                let excess = (self.committed.len() as u64).saturating_sub(k.max(1)) as usize;
+                let cut = self.committed.keys().nth(excess).copied().unwrap_or(u64::MAX);
+                releasable.iter().copied().filter(|s| *s < cut).collect()
+            }
+            (None, None) => BTreeSet::new(),
+        };
+        if let Some((limit, crate::queue::Policy::DiscardOldest)) = self.queue.limit() {
+            let over = (self.queued() as usize).saturating_sub(old.len()).saturating_sub(limit as usize);
+            // Never the newest: the step just committed is what readers are waiting for.
+            let newest = self.committed.keys().next_back().copied();
+            let more: Vec<u64> = releasable.iter().copied().filter(|s| !old.contains(s) && Some(*s) != newest).take(over).collect();
+            old.extend(more);
+        }
         old.into_iter()
             .filter_map(|step| {
                 let index = self.committed.remove(&step)?;
@@ -318,6 +370,11 @@ impl Dataset {
                 Some(index)
             })
             .collect()
+    }
+
+    /// Committed steps not yet released, but those holding a constant's blocks (kept for good).
+    fn queued(&self) -> u64 {
+        self.committed.values().filter(|i| !i.blocks.iter().any(|b| i.vars.get(&b.var).is_some_and(|d| d.constant))).count() as u64
     }
 
     /// Whether `step` was committed and released (and not committed again since).
@@ -370,7 +427,26 @@ impl MetaState {
     fn apply_one(&mut self, cmd: Cmd) -> Outcome {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
-            Cmd::Commit { dataset, step, session, keep_last, drain_every } => self.commit(&dataset, step, &session, keep_last, drain_every),
+            Cmd::Commit { dataset, step, session, keep_last, drain_every, now_ms } => {
+                if let Some(ds) = self.datasets.get_mut(&dataset) {
+                    ds.queue.expire(now_ms);
+                }
+                self.commit(&dataset, step, &session, keep_last, drain_every)
+            }
+            Cmd::SetQueue { dataset, limit, policy } => {
+                let ds = self.datasets.entry(dataset).or_default();
+                ds.queue.set(limit, policy);
+                Ok(Outcome::Trimmed { released: ds.trim() })
+            }
+            Cmd::Stream { dataset, reader, next, lease_ms, now_ms } => {
+                let ds = self.datasets.entry(dataset).or_default();
+                ds.queue.expire(now_ms);
+                if let Some(r) = reader {
+                    let oldest = ds.committed.keys().next().copied().unwrap_or(0);
+                    ds.queue.mark(&r, next, lease_ms, now_ms, oldest);
+                }
+                Ok(Outcome::Trimmed { released: ds.trim() })
+            }
             Cmd::Drained { dataset, step } => self.datasets.get_mut(&dataset).ok_or_else(|| no_dataset(&dataset)).map(|ds| {
                 ds.drained = ds.drained.max(Some(step));
                 Outcome::Drained { released: ds.trim() }
@@ -827,7 +903,7 @@ pub(crate) mod tests {
     }
 
     fn commit(s: &mut MetaState, step: u64, session: &str, keep_last: Option<u64>) -> Outcome {
-        s.apply(Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last, drain_every: None })
+        s.apply(Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last, drain_every: None, now_ms: 0 })
     }
 
     #[test]
@@ -938,13 +1014,57 @@ pub(crate) mod tests {
         assert_eq!(s.datasets(), vec!["d".to_string()]);
     }
 
+    fn stream(s: &mut MetaState, reader: &str, next: Option<u64>, lease_ms: u64, now_ms: u64) -> Vec<u64> {
+        let cmd = Cmd::Stream { dataset: "d".into(), reader: Some(reader.into()), next, lease_ms, now_ms };
+        let Outcome::Trimmed { released } = s.apply(cmd) else { panic!("trimmed") };
+        released.iter().map(|i| i.step).collect()
+    }
+
+    #[test]
+    fn streaming_readers_hold_steps_keep_last_would_release_until_every_one_passed_them() {
+        let mut s = MetaState::default();
+        assert!(stream(&mut s, "slow", Some(0), 10_000, 0).is_empty());
+        assert!(stream(&mut s, "fast", Some(0), 10_000, 0).is_empty());
+        for step in 0..4 {
+            add(&mut s, step, 0, 1, "a");
+            let Outcome::Committed { released, .. } = commit(&mut s, step, "a", Some(1)) else { panic!() };
+            assert!(released.is_empty(), "step {step}: the readers have passed nothing");
+        }
+        assert!(stream(&mut s, "fast", Some(4), 10_000, 1).is_empty(), "the slow one still reads step 0");
+        assert_eq!(stream(&mut s, "slow", Some(2), 10_000, 1), vec![0, 1]);
+        assert_eq!(s.steps("d"), vec![2, 3]);
+        // A reader that stops renewing is dropped when its lease lapses; then keep_last rules.
+        add(&mut s, 4, 0, 1, "a");
+        let c = Cmd::Commit { dataset: "d".into(), step: 4, session: "a".into(), keep_last: Some(1), drain_every: None, now_ms: 20_000 };
+        let Outcome::Committed { released, .. } = s.apply(c) else { panic!() };
+        assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), vec![2, 3]);
+    }
+
+    #[test]
+    fn a_discard_oldest_queue_keeps_its_limit_whatever_the_readers_and_never_an_undrained_step() {
+        let mut s = MetaState::default();
+        let q = Cmd::SetQueue { dataset: "d".into(), limit: 2, policy: crate::queue::Policy::DiscardOldest };
+        assert_eq!(s.apply(q), Outcome::Trimmed { released: Vec::new() });
+        stream(&mut s, "slow", Some(0), 10_000, 0);
+        let mut gone = Vec::new();
+        for step in 0..5 {
+            add(&mut s, step, 0, 1, "a");
+            let c = Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: None, drain_every: Some(3), now_ms: 0 };
+            let Outcome::Committed { released, .. } = s.apply(c) else { panic!() };
+            gone.extend(released.iter().map(|i| i.step));
+        }
+        assert_eq!(gone, vec![1, 2], "0 and 3 are owed to the drain");
+        assert_eq!(s.steps("d"), vec![0, 3, 4]);
+        assert_eq!(s.datasets.get("d").unwrap().queued(), 3);
+    }
+
     #[test]
     fn keep_last_holds_back_the_steps_the_drain_owes_until_they_are_drained() {
         let mut s = MetaState::default();
         let steps = |r: &[Arc<StepIndex>]| r.iter().map(|i| i.step).collect::<Vec<_>>();
         for step in 0..5 {
             add(&mut s, step, 0, 1, "a");
-            let c = Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: Some(1), drain_every: Some(2) };
+            let c = Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: Some(1), drain_every: Some(2), now_ms: 0 };
             let Outcome::Committed { released, .. } = s.apply(c) else { panic!() };
             // Odd steps are not drained at this cadence: released as keep_last says.
             assert!(steps(&released).iter().all(|r| r % 2 == 1), "step {step}: {:?}", steps(&released));
@@ -966,7 +1086,8 @@ pub(crate) mod tests {
         let (mut fragment, shares) = frag(step, 0, 1, session);
         fragment.consume = vec![src.into()];
         s.apply(Cmd::AddFragment { dataset: dst.into(), fragment, shares }).into_result()?;
-        s.apply(Cmd::Commit { dataset: dst.into(), step, session: session.into(), keep_last: None, drain_every: None }).into_result()
+        s.apply(Cmd::Commit { dataset: dst.into(), step, session: session.into(), keep_last: None, drain_every: None, now_ms: 0 })
+            .into_result()
     }
 
     fn claim(s: &mut MetaState, claimer: &str, now_ms: u64) -> Claimed {
@@ -998,7 +1119,7 @@ pub(crate) mod tests {
         assert!(matches!(s.apply(Cmd::AddFragment { dataset: "stats".into(), fragment: late, shares }), Outcome::Prepared { .. }));
         produce(&mut s, "stats2", 1, "c", "d").unwrap();
         let e = s
-            .apply(Cmd::Commit { dataset: "stats".into(), step: 1, session: "b".into(), keep_last: None, drain_every: None })
+            .apply(Cmd::Commit { dataset: "stats".into(), step: 1, session: "b".into(), keep_last: None, drain_every: None, now_ms: 0 })
             .into_result()
             .unwrap_err();
         assert!(e.kind() == ErrorKind::Conflict && e.to_string().contains("no longer committed"), "{e}");
@@ -1071,7 +1192,7 @@ pub(crate) mod tests {
                 let session = if sess == 0 { "a" } else { "b" };
                 let cmd = match op {
                     0 | 1 => { let (fragment, shares) = frag(step, w, 3, session); Cmd::AddFragment { dataset: "d".into(), fragment, shares } }
-                    2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2), drain_every: Some(u64::from(w) + 1) },
+                    2 => Cmd::Commit { dataset: "d".into(), step, session: session.into(), keep_last: Some(2), drain_every: Some(u64::from(w) + 1), now_ms: 0 },
                     5 => Cmd::Drained { dataset: "d".into(), step },
                     3 => Cmd::Abort(Abort { dataset: "d".into(), step, session: session.into(), reason: "r".into() }),
                     _ => Cmd::Release(Release { dataset: "d".into(), step }),

@@ -108,7 +108,7 @@ fn fragment(step: u64, w: u32, n: u32) -> Cmd {
 }
 
 fn commit(step: u64) -> Cmd {
-    Cmd::Commit { dataset: "d".into(), step, session: "s".into(), keep_last: None, drain_every: None }
+    Cmd::Commit { dataset: "d".into(), step, session: "s".into(), keep_last: None, drain_every: None, now_ms: 0 }
 }
 
 /// Writes `step` with 2 writers through `log` and commits it.

@@ -715,6 +715,15 @@ pub struct ServerStatus {
     /// the machine cannot rebuild within the deadline, it shows here.
     #[serde(default)]
     pub recovery_overdue_s: f64,
+    /// Bytes of shared segments made ahead of leases and ready (see `[staging] prefault`).
+    #[serde(default)]
+    pub prefault_ready: u64,
+    /// Bytes of them the server aims to keep ready (lowered when its data needs the memory).
+    #[serde(default)]
+    pub prefault_target: u64,
+    /// Bytes of those segments same-node puts took since start.
+    #[serde(default)]
+    pub prefault_taken: u64,
 }
 
 /// The leader's drain of committed steps to disk (`cairn cluster status`, `wait_drained`).

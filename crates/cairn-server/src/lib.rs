@@ -23,6 +23,7 @@
 //!      [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
 //!    - [`objects`]: storing, sealing and dropping objects by request; [`encode`] and
 //!      [`rebuild`]: the holders' side of CoREC encoding and of recovery.
+//!    - [`prefault`]: shared segments made ahead, so a fresh server's first steps run warm.
 //!    - [`local`] and [`cma`]: same-node clients, their leases and copies straight between their
 //!      memory and object buffers.
 //!    - [`peer`]: calls to other servers, over [`pool`]ed connections; [`deadline`]: the progress deadline on a connection;
@@ -43,6 +44,7 @@ pub mod local;
 pub mod objects;
 pub mod peer;
 pub mod pool;
+pub mod prefault;
 pub mod rebuild;
 pub mod reply;
 pub mod segment;

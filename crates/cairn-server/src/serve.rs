@@ -70,6 +70,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
         let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
         let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
+        crate::prefault::spawn(std::sync::Arc::downgrade(&state), opts.prefault_bytes());
         let ctl = crate::control::Control::new(state, meta, opts.drain_spec());
         ctl.start();
         if opts.id == 0 {

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub drain_every: Option<u64>,
     /// Mean time between losses of the memory level (for `drain_every = "auto"`).
     pub drain_mtbf: Option<Duration>,
+    /// Bytes of shared segments to make ahead of leases (`None`: `min(memory, 1GiB)`).
+    pub prefault: Option<u64>,
 }
 
 impl Default for ServeOptions {
@@ -65,6 +67,7 @@ impl Default for ServeOptions {
             drain: None,
             drain_every: Some(1),
             drain_mtbf: None,
+            prefault: None,
         }
     }
 }
@@ -77,7 +80,7 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--hot-steps W] [--failure-timeout DURATION] [--recovery lazy|aggressive]
                     [--recovery-deadline DURATION] [--recovery-rate SIZE] [--mtbf DURATION]
                     [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
-                    [--drain-mtbf DURATION]
+                    [--drain-mtbf DURATION] [--prefault SIZE]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -87,6 +90,8 @@ and a spare takes its slot; its objects are rebuilt there within --recovery-dead
 (default 256MiB; 0: no limit). Durations are \"5s\", \"250ms\", \"2m\" or seconds; sizes \"4GiB\", \"512MiB\" or bytes.
 With --drain, the leader writes every committed step whose number is a multiple of --drain-every (default 1;
 auto: Young/Daly from the measured drain cost and --drain-mtbf) to PATH/<dataset>/, a file-engine dataset.
+From start-up the server makes --prefault bytes of shared memory ready for same-node writers in the
+background (default min(--memory, 1GiB); 0: none), so a fresh cluster's first steps run at the warm speed.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
 
 impl ServeOptions {
@@ -146,9 +151,15 @@ impl ServeOptions {
                 }
             }
             "drain_mtbf" => self.drain_mtbf = Some(parse_duration(value)?),
+            "prefault" => self.prefault = Some(parse_size(value)?),
             _ => return Err(Error::Config(format!("unknown server setting {key:?}\n{USAGE}"))),
         }
         Ok(())
+    }
+
+    /// Bytes of shared segments to make ahead: `prefault`, else `min(memory, 1GiB)`.
+    pub fn prefault_bytes(&self) -> u64 {
+        self.prefault.unwrap_or(self.memory.min(1 << 30)).min(self.memory)
     }
 
     /// The drain the options ask for, as the cluster file records it.

@@ -204,3 +204,21 @@ impl State {
         Ok(())
     }
 }
+
+impl crate::prefault::Filled for State {
+    fn fresh(&self) -> &Arc<crate::prefault::Fresh> {
+        self.store.fresh()
+    }
+
+    fn room(&self) -> u64 {
+        crate::prefault::room(self.store.limit(), self.store.used() + self.store.pooled_bytes())
+    }
+
+    fn add(&self, seg: crate::segment::Segment) {
+        self.store.add_fresh(seg);
+    }
+
+    fn id(&self) -> u32 {
+        self.id
+    }
+}

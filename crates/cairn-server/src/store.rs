@@ -2,6 +2,7 @@
 //! whole copy; shard `i + 1` is erasure-code shard `i` of an encoded object. Space is reserved
 //! before a payload is read, so a put that would pass the limit is refused without allocating.
 
+use crate::prefault::Fresh;
 use crate::segment::{Memory, Segment};
 use crate::sync::lock;
 use cairn_core::{Error, Region, Result};
@@ -84,6 +85,8 @@ struct Pool {
     /// Shared segments of same-node puts, likewise, by owner uid and size: a segment's first
     /// lessee may keep a mapping of it, so it is leased again only to that user (issue 40).
     segs: Mutex<HashMap<(u32, usize), Vec<Segment>>>,
+    /// Segments made ahead, never leased (see [`crate::prefault`]).
+    fresh: Arc<Fresh>,
     bytes: AtomicU64,
 }
 
@@ -211,6 +214,10 @@ impl Store {
             take_until(&mut bufs, bytes, &mut freed, &mut gone, |k| *k, Memory::Heap);
             take_until(&mut segs, bytes, &mut freed, &mut gone, |k| k.1, Memory::Shared);
         }
+        // Fresh segments last: recycled memory serves the same sizes again, they serve any.
+        if freed < bytes {
+            self.pool.fresh.evict(bytes, &mut freed, &mut gone);
+        }
         // Counted before being pushed, uncounted after being popped: never below what the maps hold.
         self.pool.bytes.fetch_sub(freed, Ordering::AcqRel);
         drop(gone);
@@ -244,8 +251,31 @@ impl Store {
 
     /// Reserves `len` bytes and a pooled or new shared segment of exactly that size for a
     /// same-node writer of user `owner` to fill: only a segment that user leased before is reused.
+    /// Else a fresh one made ahead is cut to size, else a new one is made.
     pub fn reserve_segment(&self, len: usize, owner: u32) -> Result<(Reservation<'_>, Segment)> {
-        self.reserve_pooled(&self.pool.segs, (owner, len), len, 0, |len| Segment::new(len, owner))
+        self.reserve_pooled(&self.pool.segs, (owner, len), len, 0, |len| match self.pool.fresh.take(len) {
+            Some(s) => {
+                self.pool.bytes.fetch_sub(s.len() as u64, Ordering::AcqRel);
+                s.claim(len, owner)
+            }
+            None => Segment::new(len, owner),
+        })
+    }
+
+    /// The segments made ahead of leases.
+    pub fn fresh(&self) -> &Arc<Fresh> {
+        &self.pool.fresh
+    }
+
+    /// Pools a segment made ahead of leases.
+    pub fn add_fresh(&self, seg: Segment) {
+        self.pool.bytes.fetch_add(seg.len() as u64, Ordering::AcqRel);
+        self.pool.fresh.put(seg);
+    }
+
+    /// Bytes of pooled memory (recycled buffers and segments, and segments made ahead).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pool.bytes.load(Ordering::Acquire)
     }
 
     /// The pooled memory of `len` bytes is taken before the reservation, so a full server reuses
@@ -547,6 +577,29 @@ mod tests {
         assert_eq!(s.used(), 60);
         assert_eq!(s.drop_objects("d", 1, &Which::default()), 60);
         assert_eq!((s.used(), s.counts()), (0, (0, 0)));
+    }
+
+    #[test]
+    fn a_fresh_segment_serves_a_lease_of_any_user_once_cut_to_its_size() {
+        let s = Store::new(0, 64 << 20);
+        s.fresh().set_target(8 << 20);
+        s.add_fresh(Segment::fresh(4 << 20).unwrap());
+        assert_eq!((s.fresh().progress(), s.pooled_bytes()), ((4 << 20, 8 << 20), 4 << 20));
+        let (r, seg) = s.reserve_segment(1 << 20, 1001).unwrap();
+        assert_eq!((seg.len(), seg.owner(), r.bytes), (1 << 20, 1001, 1 << 20));
+        assert_eq!((s.fresh().progress().0, s.pooled_bytes()), (0, 0), "taken, counted once as the lease's");
+        // Too big for any fresh one: made for it, and the next made ahead will be that big.
+        let (_r, big) = s.reserve_segment(6 << 20, 1001).unwrap();
+        assert_eq!(big.len(), 6 << 20);
+    }
+
+    #[test]
+    fn eviction_takes_fresh_segments_and_lowers_what_the_prefaulter_aims_for() {
+        let s = Store::new(0, 8 << 20);
+        s.fresh().set_target(6 << 20);
+        s.add_fresh(Segment::fresh(6 << 20).unwrap());
+        let _r = s.reserve(4 << 20).unwrap();
+        assert_eq!((s.fresh().progress(), s.pooled_bytes()), ((0, 0), 0), "the data needed the memory");
     }
 
     #[test]

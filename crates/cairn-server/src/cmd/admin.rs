@@ -39,6 +39,7 @@ fn status(ctl: &Control) -> Response {
     let (objects, steps) = state.store.counts();
     let (replicas, shards, data_bytes) = state.store.copies();
     let (meta, leader) = ctl.gate.get().map_or(("none", None), |c| c.role());
+    let (prefault_ready, prefault_target) = state.store.fresh().progress();
     Response::Status {
         status: ServerStatus {
             server: state.id,
@@ -62,6 +63,9 @@ fn status(ctl: &Control) -> Response {
             recovery_rebuilt: ctl.recovery.rebuilt(),
             recovery_lost: ctl.recovery.lost(),
             recovery_overdue_s: ctl.recovery.overdue(state.limits.recovery_deadline()),
+            prefault_ready,
+            prefault_target,
+            prefault_taken: state.store.fresh().served(),
         },
     }
 }

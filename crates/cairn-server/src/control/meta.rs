@@ -101,7 +101,8 @@ impl Meta {
         keep_last: Option<u64>,
         drain_every: Option<u64>,
     ) -> Result<Committed> {
-        let cmd = Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last, drain_every };
+        let cmd =
+            Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last, drain_every, now_ms: now_ms() };
         let (released, consumed) = match self.batcher.propose(log, cmd).await? {
             Outcome::Committed { released, consumed } => (released, consumed),
             other => return Err(unexpected_outcome("commit", &other)),
