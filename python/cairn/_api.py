@@ -383,6 +383,23 @@ class Writer:
         Always True for the ``file`` engine. A job script calls it before its allocation ends."""
         return _wait_drained(self._inner, step, timeout)
 
+    def define_queue(self, limit: int, policy: str = "block") -> None:
+        """Backpressure with streaming readers, as ADIOS2 SST's queue limit: at most ``limit``
+        committed steps of this dataset stay unreleased. ``"block"``: :meth:`begin_step` (and
+        :meth:`step`) waits until one is released (by readers iterating ``stream(release=True)``,
+        ``keep_last`` or ``release``), up to the staging ``timeout``, then raises
+        :class:`CapacityError` naming the queue; ``"discard_oldest"``: the oldest committed step
+        is released instead (never one the drain still owes; the newest stays), and readers that
+        missed it are told with :class:`StepsMissedWarning`. A policy of the dataset, set by its
+        writers (ranks may each call it alike); ``limit`` 0 removes it. ``[staging] queue_limit``
+        and ``queue_policy`` set it for the datasets writers open. The ``file`` engine keeps every
+        step on disk: there the call is checked and does nothing."""
+        limit = _check.integer(limit, "limit", 0, _check.U32, "give the committed steps that may stay unreleased, or 0 for no limit")
+        if policy not in ("block", "discard_oldest"):
+            raise InvalidArgumentError(f"policy {_check.show(policy)}: use 'block' (writers wait) or 'discard_oldest' "
+                                       "(the oldest step is released)")
+        self._inner.define_queue(limit, policy)
+
     def _settle(self) -> None:
         """Raises the :class:`StepError` of a step this rank ended that aborted since."""
         aborted = self._inner.take_aborted()
@@ -506,11 +523,28 @@ class Reader:
             if not forever and time.monotonic() >= deadline:
                 return False
 
-    def stream(self, start: int | None = None, timeout: float | None = None) -> Iterator[int]:
+    def stream(self, start: int | None = None, timeout: float | None = None, release: bool = False) -> Iterator[int]:
         """Yield committed steps in order as they commit, from ``start`` (default: the first kept
         step), for in-situ analysis. Ends once the writers closed the dataset and every step was
-        yielded, or once no new step has committed for ``timeout`` seconds (``None``: never)."""
-        return self._stream(None if start is None else _step(start), _timeout(timeout))
+        yielded, or once no new step has committed for ``timeout`` seconds (``None``: never).
+
+        With ``release=True`` (staging engine) this call registers the reader on the dataset until
+        the loop ends: a
+        step is released once every registered reader has passed it (asked for the next), and
+        ``keep_last`` keeps what they have not; with the writers' ``define_queue(limit,
+        "block")`` a slow reader then sees every step. A reader that dies is dropped after the
+        staging ``timeout``. Steps released before the loop got to them (``discard_oldest``,
+        ``keep_last`` without registration) are named by a :class:`StepsMissedWarning`. The
+        ``file`` engine keeps every step: ``release`` changes nothing there."""
+        start = None if start is None else _step(start)
+        steps = self._stream(start, _timeout(timeout))
+        if not isinstance(release, bool):
+            raise InvalidArgumentError(f"release={release!r}: give True (release what this loop passed) or False")
+        if release:
+            from ._queue import releasing
+
+            return releasing(self._inner, start, steps)
+        return steps
 
     def _stream(self, nxt: int | None, timeout: float | None) -> Iterator[int]:
         last = time.monotonic()

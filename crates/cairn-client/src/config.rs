@@ -76,6 +76,11 @@ pub struct StagingConfig {
     pub object_size: u64,
     /// Keep only this many newest committed steps; older ones are released at each commit.
     pub keep_last: Option<u64>,
+    /// The queue limit writers set on the datasets they open (committed steps not yet
+    /// released; see `define_queue`), and its policy: "block" (default) or "discard_oldest".
+    pub queue_limit: Option<u64>,
+    /// See `queue_limit`.
+    pub queue_policy: Option<String>,
     /// Embedded cluster: keep it running after the program ends (for readers in other processes).
     pub keep: bool,
     /// Embedded cluster: number of servers.
@@ -229,6 +234,8 @@ impl Default for StagingConfig {
             cluster: None,
             object_size: DEFAULT_OBJECT_SIZE,
             keep_last: None,
+            queue_limit: None,
+            queue_policy: None,
             keep: false,
             servers: 3,
             memory: "4GiB".into(),
@@ -277,7 +284,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, queue_limit, queue_policy, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -329,6 +336,9 @@ impl Config {
         if let Some(r) = &self.staging.recovery_rate {
             cairn_proto::cluster::parse_size(r.trim_end_matches("/s"))
                 .map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
+        }
+        if let Some(p) = &self.staging.queue_policy {
+            cairn_meta_policy(p)?;
         }
         if let Some(p) = &self.staging.prefault {
             cairn_proto::cluster::parse_size(p).map_err(|e| Error::Config(format!("[staging] prefault: {e}")))?;
@@ -434,6 +444,11 @@ impl Config {
                 cairn_proto::cluster::parse_size(value.trim_end_matches("/s"))?;
                 self.staging.recovery_rate = Some(value.to_string());
             }
+            "queue_limit" => self.staging.queue_limit = Some(value.parse().map_err(|_| bad("expected a step count (0: no limit)"))?),
+            "queue_policy" => {
+                cairn_meta_policy(value)?;
+                self.staging.queue_policy = Some(value.to_string());
+            }
             "prefault" => {
                 cairn_proto::cluster::parse_size(value)?;
                 self.staging.prefault = Some(value.to_string());
@@ -457,6 +472,16 @@ impl Config {
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
         Ok(())
+    }
+}
+
+/// Checks a queue policy's name ("block" or "discard_oldest").
+fn cairn_meta_policy(p: &str) -> Result<()> {
+    match p {
+        "block" | "discard_oldest" => Ok(()),
+        other => Err(Error::Config(format!(
+            "[staging] queue_policy = {other:?}: use \"block\" (writers wait) or \"discard_oldest\" (the oldest step is released)"
+        ))),
     }
 }
 

@@ -103,6 +103,15 @@ pub trait WriteEngine: Send {
     fn wait_drained(&self, _step: Option<u64>, _timeout: Option<Duration>) -> Result<bool> {
         Ok(true)
     }
+    /// Sets the dataset's queue limit (committed steps not yet released; 0: none) and its
+    /// policy, "block" or "discard_oldest". The file engine keeps every step: nothing to do.
+    fn define_queue(&mut self, _limit: u64, _policy: &str) -> Result<()> {
+        Ok(())
+    }
+    /// Under a `block` queue, waits until it has room (a capacity error at the timeout).
+    fn wait_queue(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The reading side of an engine.
@@ -166,5 +175,12 @@ pub trait ReadEngine: Send + Sync {
     /// failed. A file engine's committed steps are on disk already.
     fn wait_drained(&self, _step: Option<u64>, _timeout: Option<Duration>) -> Result<bool> {
         Ok(true)
+    }
+
+    /// Registers streaming reader `reader`, moves it to `next` (the first step it has not
+    /// passed), renews it (`next` none) or, with `leave`, ends its registration; returns how
+    /// long a registration lasts unrenewed. The file engine keeps every step: nothing to do.
+    fn stream_at(&self, _reader: &str, _next: Option<u64>, _leave: bool) -> Result<Duration> {
+        Ok(Duration::from_secs(10))
     }
 }

@@ -78,6 +78,14 @@ impl Reader {
         self.engine.renew(claimer, lease)
     }
 
+    /// Registers streaming reader `reader` of the dataset, moves it to `next` (the first step it
+    /// has not passed), renews it (`next` none), or with `leave` ends its registration; steps
+    /// every registered reader passed are released. Returns how long a registration lasts
+    /// unrenewed (renew well within it).
+    pub fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<std::time::Duration> {
+        self.engine.stream_at(reader, next, leave)
+    }
+
     /// Gives back every step `claimer` holds, for other claimers to take.
     pub fn unclaim(&self, claimer: &str) -> Result<()> {
         self.engine.unclaim(claimer)

@@ -219,6 +219,18 @@ impl Writer {
         self.vars.get(var).map(|d| d.dtype).ok_or_else(|| unknown_var(var, self.vars.keys()))
     }
 
+    /// Sets the dataset's queue limit (committed steps not yet released; 0: none) and policy:
+    /// "block" (`begin_step` waits for room, up to the staging timeout) or "discard_oldest"
+    /// (the oldest committed step is released). The file engine keeps every step: no effect.
+    pub fn define_queue(&mut self, limit: u64, policy: &str) -> Result<()> {
+        if policy != "block" && policy != "discard_oldest" {
+            return Err(Error::InvalidArgument(format!(
+                "queue policy {policy:?}: use \"block\" (writers wait) or \"discard_oldest\" (the oldest step is released)"
+            )));
+        }
+        self.engine.define_queue(limit, policy)
+    }
+
     /// Opens step `step`. Its blocks become visible only when every rank has ended it.
     pub fn begin_step(&mut self, step: u64) -> Result<()> {
         if let Some(open) = self.step {
@@ -229,6 +241,8 @@ impl Writer {
                 "step {step} was already ended and waits for its trace flush; write a new step number"
             )));
         }
+        // Backpressure: under a full `block` queue, wait for readers to release a step.
+        self.engine.wait_queue()?;
         if self.engine.is_committed(step)? {
             // Before anything of the step is written: nothing is left behind.
             return Err(Error::AlreadyExists(format!(

@@ -757,6 +757,12 @@ impl MetaState {
         self.datasets.get(dataset).map(|d| d.committed.keys().copied().collect()).unwrap_or_default()
     }
 
+    /// `dataset`'s queue at `now_ms`: committed steps not yet released (but those holding a
+    /// constant), its limit and policy if set, and whether a streaming reader's registration lapsed.
+    pub fn queue(&self, dataset: &str, now_ms: u64) -> (u64, Option<(u64, crate::queue::Policy)>, bool) {
+        self.datasets.get(dataset).map_or((0, None, false), |d| (d.queued(), d.queue.limit(), d.queue.lapsed(now_ms)))
+    }
+
     /// Steps of `dataset` some writer ranks ended that are not committed: each with the number of
     /// ranks of its most advanced session that ended it (all, once prepared and waiting for its
     /// seals) and the number it waits for.

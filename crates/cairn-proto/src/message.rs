@@ -535,6 +535,37 @@ pub enum Request {
     Unclaim(Unclaim),
     /// A writer rank closes the dataset.
     Close(Close),
+    /// The writers' queue limit of a dataset (committed steps not yet released; 0: none) and
+    /// its policy, "block" or "discard_oldest"; answered by the leader.
+    SetQueue {
+        /// Dataset name.
+        dataset: String,
+        /// Limit.
+        limit: u64,
+        /// Policy.
+        policy: String,
+    },
+    /// A streaming reader registers, moves on, renews or (`leave`) ends its registration (see
+    /// `cairn_meta::Cmd::Stream`); answered with [`Response::Queue`].
+    StreamAt {
+        /// Dataset name.
+        dataset: String,
+        /// The reader's id (at most [`MAX_KEY`] bytes).
+        reader: String,
+        /// The first step it has not passed (none: where it is, or the oldest kept step).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<u64>,
+        /// How long the registration lasts without renewal (ms, at most [`MAX_LEASE_MS`]); 0 leaves.
+        lease_ms: u64,
+    },
+    /// Waits until the dataset's queue has room (fewer committed steps not yet released than
+    /// its limit) or `timeout_ms` passes; answered by the leader with [`Response::Queue`].
+    WaitQueue {
+        /// Dataset name.
+        dataset: String,
+        /// Milliseconds to wait at most.
+        timeout_ms: u64,
+    },
     /// Sets each of `keys` to its piece of the payload (`sizes` back to back) or, with `member`,
     /// adds each piece to the set at its key (a member already there is kept once). One request
     /// and one reply per batch: all pieces are stored, or none. Keys live on the server their
@@ -959,6 +990,18 @@ pub enum Response {
     Objects {
         /// Objects.
         objects: Vec<ObjectInfo>,
+    },
+    /// A dataset's queue: whether it has room, the committed steps not yet released, and its
+    /// limit (0: none) and policy.
+    Queue {
+        /// Fewer steps than the limit are queued (or there is none).
+        room: bool,
+        /// Committed steps not yet released (but those holding a constant, kept for good).
+        queued: u64,
+        /// The limit.
+        limit: u64,
+        /// The policy at the limit.
+        policy: String,
     },
 }
 

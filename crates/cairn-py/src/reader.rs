@@ -57,6 +57,13 @@ impl PyReader {
         py.detach(|| self.inner.listing()).map_err(to_py)
     }
 
+    /// Registers, moves (`next`), renews or (`leave`) ends streaming reader `reader`; the
+    /// seconds a registration lasts unrenewed.
+    #[pyo3(signature = (reader, next, leave))]
+    fn stream_at(&self, py: Python<'_>, reader: &str, next: Option<u64>, leave: bool) -> PyResult<f64> {
+        py.detach(|| self.inner.stream_at(reader, next, leave)).map(|d| d.as_secs_f64()).map_err(to_py)
+    }
+
     fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {
         let lease = clamped_seconds(lease_s, "lease", 0.001, 86_400.0)?;
         py.detach(|| self.inner.claim(claimer, lease)).map_err(to_py)

@@ -175,6 +175,11 @@ impl PyWriter {
         py.detach(|| self.with(|w| w.wait_drained(step, Some(timeout))))
     }
 
+    /// Sets the dataset's queue limit (0: none) and policy ("block" or "discard_oldest").
+    fn define_queue(&self, py: Python<'_>, limit: u64, policy: &str) -> PyResult<()> {
+        py.detach(|| self.with(|w| w.define_queue(limit, policy)))
+    }
+
     /// Waits up to `timeout_s` for `step` to commit: ("committed" | "pending" | "aborted", why).
     fn wait_committed(&self, py: Python<'_>, step: u64, timeout_s: f64) -> PyResult<(String, String)> {
         let timeout = crate::reader::clamped_seconds(timeout_s, "timeout", 0.0, 1e9)?;

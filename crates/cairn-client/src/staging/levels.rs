@@ -172,4 +172,8 @@ impl ReadEngine for Levels {
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
         self.memory.wait_drained(step, timeout)
     }
+
+    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<Duration> {
+        self.memory.stream_at(reader, next, leave)
+    }
 }

@@ -6,6 +6,7 @@ mod conn;
 mod kv;
 mod levels;
 pub mod local;
+mod queue;
 mod reader;
 mod shm;
 mod writer;

@@ -580,6 +580,12 @@ impl ReadEngine for StagingReader {
         super::wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
+    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<Duration> {
+        // Registered for the cluster's timeout: a reader that dies holds steps that long.
+        super::queue::stream_at(&self.cluster, &self.dataset, reader, next, self.cluster.timeout, leave)?;
+        Ok(self.cluster.timeout)
+    }
+
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
         let req = Request::WaitStep { dataset: self.dataset.clone(), step, timeout_ms: timeout.as_millis().min(u64::MAX.into()) as u64 };
         match self.cluster.coord_waiting(&req, timeout)? {

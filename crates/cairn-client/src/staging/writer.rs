@@ -38,6 +38,8 @@ pub struct StagingWriter {
     /// Same-node objects of at least this many bytes go into leased shared segments.
     shared_min: u64,
     keep_last: Option<u64>,
+    /// The dataset's queue limit and policy as this writer set it (`define_queue`).
+    queue: Option<(u64, String)>,
     /// Level of variables that do not name one.
     default_level: u32,
     /// What this writer put in each unpublished step.
@@ -141,7 +143,7 @@ impl StagingWriter {
     pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, session: String) -> Result<StagingWriter> {
         let cluster = super::cluster(cfg)?;
         let default_level = cfg.redundancy.unwrap_or(cluster.policy().redundancy);
-        Ok(StagingWriter {
+        let mut w = StagingWriter {
             default_level,
             cluster,
             dataset: dataset.to_string(),
@@ -151,10 +153,15 @@ impl StagingWriter {
             object_size: cfg.object_size,
             shared_min: cfg.shared_min,
             keep_last: cfg.keep_last,
+            queue: None,
             open: BTreeMap::new(),
             unreached: BTreeSet::new(),
             refused: Vec::new(),
-        })
+        };
+        if let Some(limit) = cfg.queue_limit {
+            w.define_queue(limit, cfg.queue_policy.as_deref().unwrap_or("block"))?;
+        }
+        Ok(w)
     }
 
     /// Places and puts `blocks` by the current view, again by a newer one when the view changes.
@@ -626,6 +633,19 @@ impl WriteEngine for StagingWriter {
 
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
         super::wait_drained(&self.cluster, &self.dataset, step, timeout)
+    }
+
+    fn define_queue(&mut self, limit: u64, policy: &str) -> Result<()> {
+        super::queue::set(&self.cluster, &self.dataset, limit, policy)?;
+        self.queue = (limit > 0).then(|| (limit, policy.to_string()));
+        Ok(())
+    }
+
+    fn wait_queue(&self) -> Result<()> {
+        match &self.queue {
+            Some((_, policy)) if policy == "block" => super::queue::wait_room(&self.cluster, &self.dataset, self.cluster.timeout),
+            _ => Ok(()),
+        }
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {

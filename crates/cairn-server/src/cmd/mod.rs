@@ -1,11 +1,12 @@
 //! Requests, one module per family, each with its own `check` (stateless: every length, size
 //! and shape is consistent before anything is reserved, locked or allocated; the fuzz target runs
-//! them on arbitrary input) and `apply`. Clients' requests come in five families; servers send
+//! them on arbitrary input) and `apply`. Clients' requests come in six families; servers send
 //! each other peer and Raft requests too, which a client's connection cannot even name.
 //!
 //! - [`data`]: put, get, drop and same-node leases of objects (the data plane alone).
 //! - [`step`]: ends of steps, aborts, releases, and the queries of committed steps.
 //! - [`claims`]: claims of committed steps (leases) and the writers' close.
+//! - [`queue`]: the writers' queue limit and streaming readers' marks (backpressure).
 //! - [`kv`]: keyed values and sets (the task store), and compare-and-set values in the log.
 //! - [`admin`]: views, status, object listing, datasets, shutdown.
 //! - [`peer`]: a server's requests to another: CoREC encoding, recovery, seals, view pushes.
@@ -18,6 +19,7 @@ pub mod claims;
 pub mod data;
 pub mod kv;
 pub mod peer;
+pub mod queue;
 pub mod raft;
 pub mod step;
 
@@ -37,6 +39,7 @@ enum Family {
     Data,
     Step,
     Claims,
+    Queue,
     Kv,
     Admin,
 }
@@ -56,6 +59,7 @@ fn family(req: &Request) -> Family {
         | R::Index { .. }
         | R::Touch { .. } => Family::Step,
         R::Claim(_) | R::Renew(_) | R::Unclaim(_) | R::Close(_) => Family::Claims,
+        R::SetQueue { .. } | R::StreamAt { .. } | R::WaitQueue { .. } => Family::Queue,
         R::KvPut { .. } | R::KvGet { .. } | R::KvDelete { .. } | R::MetaCas { .. } | R::MetaGet { .. } => Family::Kv,
         R::Hello { .. } | R::View | R::SetView(_) | R::Datasets | R::Status | R::Objects | R::Shutdown => Family::Admin,
     }
@@ -68,6 +72,7 @@ pub fn check(req: &ServerRequest, payload_len: u64) -> Result<()> {
             Family::Data => data::check(r, payload_len),
             Family::Step => step::check(r, payload_len),
             Family::Claims => claims::check(r, payload_len),
+            Family::Queue => queue::check(r, payload_len),
             Family::Kv => kv::check(r, payload_len),
             Family::Admin => admin::check(r, payload_len),
         },
@@ -95,6 +100,7 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
             Family::Data => data::apply(&ctl.state, r, p, stream, local).await,
             Family::Step => step::apply(ctl, r).await,
             Family::Claims => claims::apply(ctl, r).await,
+            Family::Queue => queue::apply(ctl, r).await,
             Family::Kv => kv::apply(ctl, r, p, stream).await,
             Family::Admin => admin::apply(ctl, r).await,
         },

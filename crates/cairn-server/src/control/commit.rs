@@ -272,6 +272,17 @@ impl Commits {
         Ok(Response::Ok)
     }
 
+    /// Applies a queue command (the writers' limit, a streaming reader's mark) and frees the
+    /// steps it released.
+    pub async fn queue(&self, dataset: &str, cmd: cairn_meta::Cmd) -> Result<()> {
+        let released = self.meta.queue(self.gate.leader()?, dataset, cmd).await?;
+        for index in released {
+            self.told.corec.released(dataset, index.step);
+            free(&self.state, dataset, &index).await;
+        }
+        Ok(())
+    }
+
     /// Releases a committed step; one the drain to disk still owes once it is drained (waited
     /// for a few seconds, else refused: its only copy would go).
     pub async fn release(&self, dataset: &str, step: u64) -> Result<Response> {

@@ -211,6 +211,21 @@ impl Meta {
         Ok(released)
     }
 
+    /// Proposes a queue command ([`Cmd::SetQueue`], [`Cmd::Stream`]); returns the steps it released.
+    pub async fn queue(&self, log: &dyn MetaLog, dataset: &str, cmd: Cmd) -> Result<Vec<Arc<StepIndex>>> {
+        let released = match self.batcher.propose(log, cmd).await? {
+            Outcome::Trimmed { released } => released,
+            other => return Err(unexpected_outcome("queue", &other)),
+        };
+        self.changed(dataset);
+        Ok(released)
+    }
+
+    /// `dataset`'s queue now (see [`cairn_meta::MetaState::queue`]).
+    pub fn queued(&self, log: &dyn MetaLog, dataset: &str) -> (u64, Option<(u64, cairn_meta::queue::Policy)>, bool) {
+        query(log, |s| s.queue(dataset, now_ms()))
+    }
+
     /// Records that objects of a committed step were encoded; returns how many entries changed.
     pub async fn encoded(&self, log: &dyn MetaLog, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<u64> {
         match self.batcher.propose(log, Cmd::Encoded { dataset: dataset.to_string(), step, objects }).await? {
@@ -281,7 +296,7 @@ pub struct Committed {
 
 /// The leader's clock for leases: milliseconds since the epoch (servers of one cluster keep
 /// their clocks in step; leases are seconds long).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 

@@ -1,0 +1,56 @@
+"""Streaming readers that release what they passed (``Reader.stream(release=True)``): the reader
+registers on the dataset (issue 45's backpressure, with the writers' ``define_queue``); a step is
+released once every registered reader has passed it. A heartbeat renews the registration while
+the reader lives; one that dies is dropped after the staging ``timeout``."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any, Callable, Iterator
+
+from .exceptions import CairnError
+
+
+class _Heartbeat(threading.Thread):
+    """Calls ``beat`` every ``period`` seconds until stopped (a failed beat is retried at the next)."""
+
+    def __init__(self, beat: Callable[[], None], period: float) -> None:
+        super().__init__(name="cairn-stream", daemon=True)
+        self._beat, self._period = beat, period
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._beat()
+            except CairnError:
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def releasing(inner: Any, start: int | None, steps: Iterator[int]) -> Iterator[int]:
+    """Registers as a reader of the dataset now (at ``start``, or the oldest kept step) and
+    yields ``steps`` (a reader's stream from there): a step is passed once the loop asks for the
+    next, and released once every registered reader passed it. The registration ends with the
+    loop (or when the iterator is dropped)."""
+    reader = uuid.uuid4().hex
+    lease = inner.stream_at(reader, start, False)  # its lease in seconds
+    beat = _Heartbeat(lambda: inner.stream_at(reader, None, False), lease / 3)
+    beat.start()
+
+    def run() -> Iterator[int]:
+        try:
+            for s in steps:
+                yield s
+                inner.stream_at(reader, s + 1, False)
+        finally:
+            beat.stop()
+            try:
+                inner.stream_at(reader, None, True)
+            except CairnError:
+                pass  # unrenewed, the registration lapses by itself
+
+    return run()
