@@ -317,7 +317,12 @@ def main(argv: list[str]) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_field_args(p, steps=5)
     p.add_argument("--transports", default=",".join(TRANSPORTS), help=f"transports measured (default {','.join(TRANSPORTS)})")
+    p.add_argument("--first-only", action="store_true",
+                   help="only the first-steps table (cold and warm, 1-D and 3-D, 1 and 2 servers and processes)")
     args = p.parse_args(argv)
+    if args.first_only:
+        _first_steps(args)
+        return
     shape, nbytes, _, eighth = boxes(args.mib)
     transports = args.transports.split(",")
     rows: list[dict[str, Any]] = []
@@ -388,3 +393,15 @@ def main(argv: list[str]) -> None:
           + f"; raw socket round trip {rtt * 1e6:.0f} us, redis SET {rd_small * 1e6:.0f} us")
     path = save("staging", rows + [lat], vars(args))
     print(f"saved {path}")
+    _first_steps(args)
+
+
+def _first_steps(args: argparse.Namespace) -> None:
+    """The cold column and the 1-D rows (see :mod:`cairn.bench.staging_first`)."""
+    from . import staging_first
+
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
+        rows = staging_first.measure(args.mib, tmp)
+    print(f"staging, first steps: {args.mib} MiB per step, a cluster started {staging_first.COLD_DELAY:g} s before the job")
+    print(table(rows, staging_first.COLUMNS))
+    print(f"saved {save('staging_first', rows, vars(args))}")

@@ -478,7 +478,11 @@ impl StagingWriter {
             }
             return Err(e);
         }
-        drop(by_server);
+        // Shards computed here (erasure coding) were sent: their buffers serve the next objects.
+        cairn_core::erasure::recycle(by_server.into_values().flatten().flat_map(|o| o.parts).filter_map(|p| match p {
+            Cow::Owned(v) => Some(v),
+            Cow::Borrowed(_) => None,
+        }));
         for (((step, block), mut objs), objs_sums) in blocks.iter().zip(refs).zip(block_sums) {
             let elem = block.def.dtype.size() as u64;
             // Every object went out, so each one's sums were computed.
