@@ -39,6 +39,7 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench skel
 	$(PY) -m cairn.bench dad
 	$(PY) -m cairn.bench drain
+	$(PY) -m cairn.bench stream
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh

@@ -718,8 +718,10 @@ def _inside(name: str, shape: list[int], offset: list[int], count: list[int]) ->
 def _empty(name: str, count: list[int], dtype: str) -> np.ndarray:
     """The array a read of ``count`` elements fills, or :class:`InvalidArgumentError` if this
     process cannot hold it."""
+    from . import _reuse
+
     try:
-        return np.empty(count, dtype=dtype)
+        return _reuse.empty(tuple(count), dtype)
     except (ValueError, MemoryError) as e:
         raise InvalidArgumentError(f"reading box count {count} of '{name}' at once needs more memory than this process "
                                    f"can allocate ({e}); read smaller boxes, e.g. f['{name}'][step, i] row by row") from None

@@ -134,7 +134,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--compute", default="0,20", help="ms the writer computes between steps, one run each (default 0,20)")
     ap.add_argument("--min-efficiency", type=float, default=0.6)
     ap.add_argument("--repeat", type=int, default=15, help="encode timings, best of (default 15)")
+    ap.add_argument("--encode-only", action="store_true", help="only the encode throughput table (saved as redundancy_encode.json)")
     a = ap.parse_args(argv)
+    if a.encode_only:
+        enc = encode_rows(a.repeat)
+        print(table(enc, ["k", "m", "MiB", "cairn_MBps", "bare_MBps", "ratio"]))
+        print(f"saved {save('redundancy_encode', enc, vars(a))}")
+        return
     rows: list[dict[str, Any]] = []
     computes = [float(x) for x in a.compute.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
