@@ -6,23 +6,7 @@
  * Usage: claims CAIRN_TOML; prints "C claims: ok" or the failed check. */
 #include <stdio.h>
 #include <string.h>
-#include "cairn.h"
-
-#define CHECK(call)                                                           \
-  do {                                                                        \
-    enum cairn_status s_ = (call);                                            \
-    if (s_ != CAIRN_OK) {                                                     \
-      fprintf(stderr, "%s failed (%d): %s\n", #call, s_, cairn_last_error()); \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
-#define EXPECT(cond)                                \
-  do {                                              \
-    if (!(cond)) {                                  \
-      fprintf(stderr, "check failed: %s\n", #cond); \
-      return 1;                                     \
-    }                                               \
-  } while (0)
+#include "check.h"
 
 enum { STEPS = 6 };
 

@@ -5,23 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cairn.h"
-
-#define CHECK(call)                                                       \
-  do {                                                                    \
-    enum cairn_status s_ = (call);                                        \
-    if (s_ != CAIRN_OK) {                                                 \
-      fprintf(stderr, "%s failed (%d): %s\n", #call, s_, cairn_last_error()); \
-      return 1;                                                           \
-    }                                                                     \
-  } while (0)
-#define EXPECT(cond)                                       \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      fprintf(stderr, "check failed: %s\n", #cond);        \
-      return 1;                                            \
-    }                                                      \
-  } while (0)
+#include "check.h"
 
 int main(int argc, char **argv) {
   const char *config = argc > 1 ? argv[1] : NULL;

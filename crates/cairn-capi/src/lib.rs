@@ -153,6 +153,30 @@ pub unsafe extern "C" fn cairn_open(
     nranks: c_int,
     out: *mut *mut CairnFile,
 ) -> Status {
+    // SAFETY: per this function's contract.
+    unsafe {
+        open_with(name, mode, config, out, |name, cfg, append| {
+            if rank < 0 || nranks < 1 || rank >= nranks {
+                return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
+            }
+            let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
+            Ok(CairnFile::W(Box::new(Writer::open(name, cfg, rank as u32, nranks as u32, append, &session)?), None))
+        })
+    }
+}
+
+/// The checks and the reader of [`cairn_open`] and [`cairn_open_mpi`]; `writer` opens a
+/// writer (mode "w" or "a": `append`).
+///
+/// # Safety
+/// As [`cairn_open`].
+unsafe fn open_with(
+    name: *const c_char,
+    mode: *const c_char,
+    config: *const c_char,
+    out: *mut *mut CairnFile,
+    writer: impl FnOnce(&str, &Config, bool) -> Result<CairnFile, Error>,
+) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
         let (name, mode) = unsafe { (text(name, "name")?, text(mode, "mode")?) };
@@ -163,13 +187,7 @@ pub unsafe extern "C" fn cairn_open(
         let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
         let file = match mode {
             "r" => CairnFile::R(std::sync::Arc::new(Reader::open(name, &cfg)?)),
-            "w" | "a" => {
-                if rank < 0 || nranks < 1 || rank >= nranks {
-                    return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
-                }
-                let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
-                CairnFile::W(Box::new(Writer::open(name, &cfg, rank as u32, nranks as u32, mode == "a", &session)?), None)
-            }
+            "w" | "a" => writer(name, &cfg, mode == "a")?,
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };
         // SAFETY: `out` was checked non-null and is valid for a write per the contract.
@@ -198,48 +216,33 @@ pub unsafe extern "C" fn cairn_open_mpi(
     comm: i64,
     out: *mut *mut CairnFile,
 ) -> Status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let (name, mode) = unsafe { (text(name, "name")?, text(mode, "mode")?) };
-        let cfg_path = if config.is_null() { None } else { Some(unsafe { text(config, "config") }?) };
-        if out.is_null() {
-            return Err(invalid("out (the handle pointer) is NULL"));
-        }
-        let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
-        let file = match mode {
-            "r" => CairnFile::R(std::sync::Arc::new(Reader::open(name, &cfg)?)),
-            "w" | "a" => {
-                let comm = mpi::Comm::attach(comm)?;
-                let session = comm.bcast(&if comm.rank == 0 { cairn_client::session::random_session() } else { String::new() })?;
-                let (rank, size, append) = (comm.rank, comm.size, mode == "a");
-                let w = if cfg.engine == cairn_client::config::EngineKind::File && cfg.file.aggregation != "none" && size > 1 {
-                    let (nodes, poll) = comm.nodes()?;
-                    let exchange = Box::new(mpi::MpiExchange { comm: comm.clone(), poll });
-                    let group = cairn_client::file::Collective { exchange, nodes };
-                    // Collective: the ranks agree on the outcome before returning.
-                    Writer::open_collective(name, &cfg, rank, size, append, &session, group)?
-                } else {
-                    let opened = Writer::open(name, &cfg, rank, size, append, &session);
-                    // Every rank learns whether all opened, so none goes on to a step alone.
-                    let all = comm.all(opened.is_ok())?;
-                    match opened {
-                        Ok(w) if all => w,
-                        Ok(_) => {
-                            return Err(Error::Unavailable(
-                                "another rank of the communicator failed to open the dataset; see its error".into(),
-                            ))
-                        }
-                        Err(e) => return Err(e),
+    // SAFETY: per this function's contract.
+    unsafe {
+        open_with(name, mode, config, out, |name, cfg, append| {
+            let comm = mpi::Comm::attach(comm)?;
+            let session = comm.bcast(&if comm.rank == 0 { cairn_client::session::random_session() } else { String::new() })?;
+            let (rank, size) = (comm.rank, comm.size);
+            let w = if cfg.engine == cairn_client::config::EngineKind::File && cfg.file.aggregation != "none" && size > 1 {
+                let (nodes, poll) = comm.nodes()?;
+                let exchange = Box::new(mpi::MpiExchange { comm: comm.clone(), poll });
+                let group = cairn_client::file::Collective { exchange, nodes };
+                // Collective: the ranks agree on the outcome before returning.
+                Writer::open_collective(name, cfg, rank, size, append, &session, group)?
+            } else {
+                let opened = Writer::open(name, cfg, rank, size, append, &session);
+                // Every rank learns whether all opened, so none goes on to a step alone.
+                let all = comm.all(opened.is_ok())?;
+                match opened {
+                    Ok(w) if all => w,
+                    Ok(_) => {
+                        return Err(Error::Unavailable("another rank of the communicator failed to open the dataset; see its error".into()))
                     }
-                };
-                CairnFile::W(Box::new(w), Some(comm))
-            }
-            m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
-        };
-        // SAFETY: `out` was checked non-null and is valid for a write per the contract.
-        unsafe { *out = Box::into_raw(Box::new(file)) };
-        Ok(())
-    })
+                    Err(e) => return Err(e),
+                }
+            };
+            Ok(CairnFile::W(Box::new(w), Some(comm)))
+        })
+    }
 }
 
 /// Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
