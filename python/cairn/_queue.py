@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+import weakref
 from typing import Any, Callable, Iterator
 
 from .exceptions import CairnError
@@ -45,12 +46,22 @@ def releasing(inner: Any, start: int | None, steps: Iterator[int]) -> Iterator[i
         try:
             for s in steps:
                 yield s
-                inner.stream_at(reader, s + 1, False)
+                try:
+                    inner.stream_at(reader, s + 1, False)
+                except CairnError:
+                    pass  # a leader changing: the next step's mark moves it as far
         finally:
-            beat.stop()
-            try:
-                inner.stream_at(reader, None, True)
-            except CairnError:
-                pass  # unrenewed, the registration lapses by itself
+            done()
 
-    return run()
+    gen = run()
+    # Also when the loop never starts (its `finally` would not run): the registration ends with it.
+    done = weakref.finalize(gen, _leave, inner, reader, beat)
+    return gen
+
+
+def _leave(inner: Any, reader: str, beat: _Heartbeat) -> None:
+    beat.stop()
+    try:
+        inner.stream_at(reader, None, True)
+    except CairnError:
+        pass  # unrenewed, the registration lapses by itself

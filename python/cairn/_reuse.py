@@ -18,7 +18,9 @@ MIN_BYTES = 1 << 20
 #: Buffers kept for reuse at most, in bytes and in number per size.
 MAX_BYTES, PER_SIZE = 2 << 30, 4
 
-_lock = threading.Lock()
+# Re-entrant: a buffer comes back from a finaliser, which garbage collection may run on this
+# thread while it holds the lock.
+_lock = threading.RLock()
 _free: dict[int, list[np.ndarray]] = {}
 _held = 0
 
@@ -39,8 +41,9 @@ class _Lent:
 
 def _give(raw: np.ndarray) -> None:
     global _held
+    new: list[np.ndarray] = []  # made outside the lock (an allocation may run a collection)
     with _lock:
-        kept = _free.setdefault(raw.nbytes, [])
+        kept = _free.setdefault(raw.nbytes, new)
         if len(kept) < PER_SIZE and _held + raw.nbytes <= MAX_BYTES:
             kept.append(raw)
             _held += raw.nbytes

@@ -216,10 +216,19 @@ pub unsafe extern "C" fn cairn_open_mpi(
     comm: i64,
     out: *mut *mut CairnFile,
 ) -> Status {
+    // Writers attach to the communicator first (collective), and the ranks agree on the checks of
+    // the arguments and the configuration before any other collective call, so a rank whose
+    // checks fail never leaves the others waiting in one.
     // SAFETY: per this function's contract.
-    unsafe {
+    let writing = matches!(unsafe { text(mode, "mode") }, Ok("w" | "a"));
+    let attached = std::cell::Cell::new(if writing { Some(mpi::Comm::attach(comm)) } else { None });
+    // SAFETY: per this function's contract.
+    let status = unsafe {
         open_with(name, mode, config, out, |name, cfg, append| {
-            let comm = mpi::Comm::attach(comm)?;
+            let comm = attached.take().expect("attached for writers")?;
+            if !comm.all(true)? {
+                return Err(Error::Unavailable("another rank of the communicator failed to open the dataset; see its error".into()));
+            }
             let session = comm.bcast(&if comm.rank == 0 { cairn_client::session::random_session() } else { String::new() })?;
             let (rank, size) = (comm.rank, comm.size);
             let w = if cfg.engine == cairn_client::config::EngineKind::File && cfg.file.aggregation != "none" && size > 1 {
@@ -242,7 +251,12 @@ pub unsafe extern "C" fn cairn_open_mpi(
             };
             Ok(CairnFile::W(Box::new(w), Some(comm)))
         })
+    };
+    // This rank's checks failed before it got to the agreement: it tells the others.
+    if let Some(Ok(comm)) = attached.take() {
+        let _ = comm.all(false);
     }
+    status
 }
 
 /// Defines a variable of element type `dtype` ("f8", "i4", "u1", "c16", …). A global array has
@@ -766,10 +780,12 @@ pub unsafe extern "C" fn cairn_close(f: *mut CairnFile) -> Status {
     guard(move || match *file {
         CairnFile::W(w, None) => w.close(),
         CairnFile::W(w, Some(comm)) => {
-            // Every rank reaches the barrier, so one rank's error never leaves the others
-            // waiting; then every step any rank ended is committed. The writer (holding the
-            // exchange) goes before the communicator's last holder frees it.
-            let closed = w.close();
+            // Every rank reaches the barrier, so one rank's error (or a panic, caught here: an
+            // unwind would free the communicator while the others wait in the barrier) never
+            // leaves the others waiting; then every step any rank ended is committed. The writer
+            // (holding the exchange) goes before the communicator's last holder frees it.
+            let closed = catch_unwind(AssertUnwindSafe(|| w.close()))
+                .unwrap_or_else(|_| Err(Error::Corrupt("internal error (panic) in Cairn while closing; please report it".into())));
             let met = comm.barrier();
             closed.and(met)
         }

@@ -187,6 +187,12 @@ fn committed_steps_stay_readable_while_no_leader_is_confirmed_then_fail_when_alo
     assert!(step_of_four(&cfg, 0, 4, || {}).into_iter().any(|r| r.unwrap()));
     let old = c.leader(Duration::from_secs(10)).unwrap();
     let follower = (0..3).find(|s| *s != old).unwrap();
+    // The commit reaches the follower's state a moment after the writer is told.
+    let log = c.control(follower).unwrap().gate.get().unwrap();
+    c.until(Duration::from_secs(10), &format!("server {follower} to apply the commit"), |_| {
+        cairn_meta::log::query(log, |s| s.is_committed("f", 0))
+    })
+    .unwrap();
     // Asked for a follower read, a follower answers from its own state and says so; the leader
     // answers as the leader; a plain read is sent on to the leader.
     let ask = |at: u32, follower: bool| {

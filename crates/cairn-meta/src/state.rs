@@ -428,10 +428,7 @@ impl MetaState {
         let r = match cmd {
             Cmd::AddFragment { dataset, fragment, shares } => self.add_fragment(&dataset, fragment, &shares),
             Cmd::Commit { dataset, step, session, keep_last, drain_every, now_ms } => {
-                if let Some(ds) = self.datasets.get_mut(&dataset) {
-                    ds.queue.expire(now_ms);
-                }
-                self.commit(&dataset, step, &session, keep_last, drain_every)
+                self.commit(&dataset, step, &session, (keep_last, drain_every), now_ms)
             }
             Cmd::SetQueue { dataset, limit, policy } => {
                 let ds = self.datasets.entry(dataset).or_default();
@@ -443,6 +440,11 @@ impl MetaState {
                 ds.queue.expire(now_ms);
                 if let Some(r) = reader {
                     let oldest = ds.committed.keys().next().copied().unwrap_or(0);
+                    // A reader passes at most what is committed (a reader's start may lie ahead).
+                    let next = match ds.committed.keys().next_back() {
+                        Some(newest) => next.map(|n| n.min(newest + 1)),
+                        None => next,
+                    };
                     ds.queue.mark(&r, next, lease_ms, now_ms, oldest);
                 }
                 Ok(Outcome::Trimmed { released: ds.trim() })
@@ -557,14 +559,9 @@ impl MetaState {
         Ok(Outcome::Prepared { index, shares: total })
     }
 
-    fn commit(
-        &mut self,
-        dataset: &str,
-        step: u64,
-        session: &str,
-        keep_last: Option<u64>,
-        drain_every: Option<u64>,
-    ) -> Result<Outcome, Error> {
+    /// `kept`: `keep_last` and the drain's cadence; `now_ms`: the leader's clock (registered
+    /// readers that lapsed by then hold nothing).
+    fn commit(&mut self, dataset: &str, step: u64, session: &str, kept: (Option<u64>, Option<u64>), now_ms: u64) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
         // Two finishers of one step (the writer's coordinator and a new leader's sweep of
         // prepared steps) may both commit it: the second is told it is done.
@@ -589,7 +586,8 @@ impl MetaState {
         // Other sessions' fragments of this step (a crashed run) can never complete now.
         ds.pending.remove(&step);
         ds.prepared.remove(&step);
-        (ds.keep_last, ds.drain_every) = (keep_last, drain_every);
+        (ds.keep_last, ds.drain_every) = kept;
+        ds.queue.expire(now_ms);
         Ok(Outcome::Committed { released: ds.trim(), consumed })
     }
 

@@ -85,8 +85,9 @@ impl Fresh {
             return None;
         };
         let seg = segs.get_mut(&size).and_then(Vec::pop)?;
-        drop(segs);
+        // Counted under the lock, so `ready` never goes below what the pool holds.
         self.ready.fetch_sub(size as u64, Ordering::AcqRel);
+        drop(segs);
         self.served.fetch_add(size as u64, Ordering::AcqRel);
         self.taken.1.notify_one();
         Some(seg)
@@ -95,8 +96,9 @@ impl Fresh {
     /// Pools a segment the prefaulter made (through [`crate::store::Store::add_fresh`]).
     pub(crate) fn put(&self, seg: Segment) {
         let n = seg.len();
-        lock(&self.segs).entry(n).or_default().push(seg);
+        let mut segs = lock(&self.segs);
         self.ready.fetch_add(n as u64, Ordering::AcqRel);
+        segs.entry(n).or_default().push(seg);
     }
 
     /// Moves fresh segments into `gone` until `freed` reaches `bytes`, lowering the target by
@@ -112,9 +114,9 @@ impl Fresh {
             }
         }
         segs.retain(|_, v| !v.is_empty());
-        drop(segs);
         let took = *freed - start;
         self.ready.fetch_sub(took, Ordering::AcqRel);
+        drop(segs);
         let _ = self.target.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_sub(took)));
     }
 
@@ -140,7 +142,8 @@ pub trait Filled: Send + Sync + 'static {
     fn fresh(&self) -> &Arc<Fresh>;
     /// Bytes of memory free beyond what is used, pooled and the share kept free.
     fn room(&self) -> u64;
-    /// Pools a segment made ahead.
+    /// Pools a segment made ahead, if there is still room for it (reservations made while it
+    /// was being made come first).
     fn add(&self, seg: Segment);
     /// The server's id, for its log.
     fn id(&self) -> u32;

@@ -60,8 +60,17 @@ impl Segment {
             // after the writer's put (its checksum): unmapped pages then cost it a fault each
             // (measured: a cold 128 MiB step in 65 ms instead of 29). Shared memory that cannot
             // be allocated fails here, not later with SIGBUS.
-            if libc::fallocate(raw, 0, 0, len as libc::off_t) != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSPC) {
-                return Err(fail("allocate"));
+            // Any failure but "not supported" (then the populating mmap allocates) is one: ENOMEM
+            // under a memory cgroup must not become a SIGBUS or an OOM kill later.
+            loop {
+                if libc::fallocate(raw, 0, 0, len as libc::off_t) == 0 {
+                    break;
+                }
+                match std::io::Error::last_os_error().raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EOPNOTSUPP | libc::ENOSYS) => break,
+                    _ => return Err(fail("allocate")),
+                }
             }
             libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, raw, 0)
         };

@@ -215,7 +215,9 @@ impl crate::prefault::Filled for State {
     }
 
     fn add(&self, seg: crate::segment::Segment) {
-        self.store.add_fresh(seg);
+        if crate::prefault::Filled::room(self) >= seg.len() as u64 {
+            self.store.add_fresh(seg);
+        }
     }
 
     fn id(&self) -> u32 {

@@ -252,14 +252,23 @@ impl Store {
     /// Reserves `len` bytes and a pooled or new shared segment of exactly that size for a
     /// same-node writer of user `owner` to fill: only a segment that user leased before is reused.
     /// Else a fresh one made ahead is cut to size, else a new one is made.
+    /// Both are taken out of the pool before the reservation, so a lease near the limit never
+    /// evicts the very segment it would use.
     pub fn reserve_segment(&self, len: usize, owner: u32) -> Result<(Reservation<'_>, Segment)> {
-        self.reserve_pooled(&self.pool.segs, (owner, len), len, 0, |len| match self.pool.fresh.take(len) {
-            Some(s) => {
-                self.pool.bytes.fetch_sub(s.len() as u64, Ordering::AcqRel);
-                s.claim(len, owner)
+        let pooled = self.pooled(&self.pool.segs, &(owner, len), len).map(Ok).or_else(|| {
+            let s = self.pool.fresh.take(len)?;
+            self.pool.bytes.fetch_sub(s.len() as u64, Ordering::AcqRel);
+            Some(s.claim(len, owner))
+        });
+        match self.reserve_keeping(len as u64, 0) {
+            Ok(r) => Ok((r, pooled.unwrap_or_else(|| Segment::new(len, owner))?)),
+            Err(e) => {
+                if let Some(Ok(s)) = pooled {
+                    self.recycle_memory(s.into());
+                }
+                Err(e)
             }
-            None => Segment::new(len, owner),
-        })
+        }
     }
 
     /// The segments made ahead of leases.
@@ -591,6 +600,16 @@ mod tests {
         // Too big for any fresh one: made for it, and the next made ahead will be that big.
         let (_r, big) = s.reserve_segment(6 << 20, 1001).unwrap();
         assert_eq!(big.len(), 6 << 20);
+    }
+
+    #[test]
+    fn a_lease_near_the_limit_takes_the_fresh_segment_instead_of_evicting_it() {
+        let s = Store::new(0, 8 << 20);
+        s.fresh().set_target(6 << 20);
+        s.add_fresh(Segment::fresh(6 << 20).unwrap());
+        let (_r, seg) = s.reserve_segment(4 << 20, 1000).unwrap();
+        assert_eq!((seg.len(), s.fresh().served(), s.pooled_bytes()), (4 << 20, 6 << 20, 0));
+        assert_eq!(s.fresh().progress().1, 6 << 20, "nothing evicted: the target stays");
     }
 
     #[test]
