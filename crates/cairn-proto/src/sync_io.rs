@@ -116,8 +116,81 @@ pub fn read_payload(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<()> {
     Ok(())
 }
 
+/// [`read_payload`] that also returns the crc32c of what it read, computed on each piece as it
+/// arrives, while it is still in cache: checking the whole payload afterwards read it from memory
+/// once more.
+pub fn read_payload_crc(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<u32> {
+    let mut crc = 0u32;
+    let mut slices: Vec<IoSliceMut<'_>> = parts.iter_mut().filter(|p| !p.is_empty()).map(|p| IoSliceMut::new(p)).collect();
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        let n = slices.len().min(1024);
+        match r.read_vectored(&mut slices[..n]) {
+            Ok(0) => return Err(Error::io("reading a reply", std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(k) => {
+                let mut left = k;
+                for s in slices.iter() {
+                    let m = left.min(s.len());
+                    crc = cairn_core::checksum::crc_append(crc, &s[..m]);
+                    left -= m;
+                    if left == 0 {
+                        break;
+                    }
+                }
+                IoSliceMut::advance_slices(&mut slices, k)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("reading a reply")(e)),
+        }
+    }
+    Ok(crc)
+}
+
 /// Reads and discards `len` payload bytes.
 pub fn skip_payload(r: &mut impl Read, len: u64) -> Result<()> {
     std::io::copy(&mut r.take(len), &mut std::io::sink()).map_err(io("reading a reply"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A reader that hands out at most `step` bytes a call, as a socket does.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.1).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_crc_computed_while_reading_is_the_payloads(
+            data in proptest::collection::vec(any::<u8>(), 1..20_000),
+            cuts in proptest::collection::vec(0usize..20_000, 0..6),
+            step in 1usize..5000,
+        ) {
+            let mut at: Vec<usize> = cuts.into_iter().map(|c| c % data.len()).collect();
+            at.push(0);
+            at.push(data.len());
+            at.sort_unstable();
+            let mut out = vec![0u8; data.len()];
+            let mut parts: Vec<&mut [u8]> = Vec::new();
+            let mut rest = &mut out[..];
+            for w in at.windows(2) {
+                let (head, tail) = rest.split_at_mut(w[1] - w[0]);
+                parts.push(head);
+                rest = tail;
+            }
+            let crc = read_payload_crc(&mut Trickle(&data, step), &mut parts).unwrap();
+            prop_assert_eq!(crc, cairn_core::checksum::crc(&data));
+            prop_assert_eq!(out, data);
+        }
+    }
 }

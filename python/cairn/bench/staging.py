@@ -401,7 +401,7 @@ def _first_steps(args: argparse.Namespace) -> None:
     from . import staging_first
 
     with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
-        rows = staging_first.measure(args.mib, tmp)
+        rows = staging_first.measure(args.mib, tmp, args.repeat)
     print(f"staging, first steps: {args.mib} MiB per step, a cluster started {staging_first.COLD_DELAY:g} s before the job")
     print(table(rows, staging_first.COLUMNS))
     print(f"saved {save('staging_first', rows, vars(args))}")

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import tempfile
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -126,7 +128,8 @@ def _sst_reader(plane: str, path: str, n: int, steps: int, reuse: bool, ready, q
 
 def sst_run(plane: str, mib: int, steps: int, readers: int, reuse: bool, tmp: str) -> tuple[float, int]:
     n = mib << 17
-    path = os.path.join(tmp, f"sst-{plane}-{readers}-{int(reuse)}")
+    # A name of its own per run: a contact file a run left behind would be met by the next.
+    path = os.path.join(tmp, f"sst-{plane}-{readers}-{int(reuse)}-{uuid.uuid4().hex[:8]}")
     return _run(_sst_writer, (plane, path, n, steps, readers), _sst_reader, (plane, path, n, steps, reuse), readers)
 
 
@@ -144,11 +147,17 @@ def _run(writer, wargs: tuple, reader, rargs: tuple, readers: int) -> tuple[floa
         p.start()
     ps.append(ctx.Process(target=writer, args=(*wargs, ready, q)))
     ps[-1].start()
-    got = [q.get(timeout=600) for _ in ps]
-    for p in ps:
-        p.join(timeout=60)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a benchmark process failed (exit {p.exitcode})")
+    try:
+        got = [q.get(timeout=300) for _ in ps]
+    except queue.Empty:
+        raise RuntimeError("a benchmark process hung for 5 minutes") from None
+    finally:
+        for p in ps:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    if any(p.exitcode != 0 for p in ps):
+        raise RuntimeError(f"a benchmark process failed (exits {[p.exitcode for p in ps]})")
     t0 = next(g[1] for g in got if g[0] == "w")
     ends = [g for g in got if g[0] == "r"]
     return max(g[1] for g in ends) - t0, min(g[2] for g in ends)

@@ -7,7 +7,7 @@
 use cairn_core::{Error, ErrorKind, Reason, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, ObjectPut, Request, Response, MAX_RUNS};
-use cairn_proto::sync_io::{read_head, read_payload, skip_payload, write_frame, Stream};
+use cairn_proto::sync_io::{read_head, read_payload, read_payload_crc, skip_payload, write_frame, Stream};
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -125,6 +125,11 @@ impl Conn {
     /// Reads a reply's payload into `parts`.
     pub(crate) fn read_payload(&mut self, parts: &mut [&mut [u8]], op: &str) -> Result<()> {
         read_payload(&mut self.stream, parts).map_err(|e| self.fail(op, e))
+    }
+
+    /// [`Conn::read_payload`] that returns the payload's crc32c, computed as it arrives.
+    pub(crate) fn read_payload_crc(&mut self, parts: &mut [&mut [u8]], op: &str) -> Result<u32> {
+        read_payload_crc(&mut self.stream, parts).map_err(|e| self.fail(op, e))
     }
 
     /// Reads and drops a reply's payload.

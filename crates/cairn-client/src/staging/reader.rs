@@ -173,10 +173,11 @@ impl StagingReader {
                 let (resp, len) = c.recv(if local { 0 } else { want }, "get")?;
                 match self.cluster.settle(resp) {
                     Ok(Response::Data { checksum }) if len == want || (local && len == 0) => {
-                        if !local {
-                            c.read_payload(&mut f.parts, "get")?;
-                        }
-                        let got = f.parts.iter().fold(0u32, |c, p| cairn_core::checksum::crc_append(c, p));
+                        let got = if local {
+                            f.parts.iter().fold(0u32, |c, p| cairn_core::checksum::crc_append(c, p))
+                        } else {
+                            c.read_payload_crc(&mut f.parts, "get")?
+                        };
                         if got != checksum {
                             first_err.get_or_insert(Error::Corrupt(format!(
                                 "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
