@@ -338,7 +338,7 @@ impl Config {
                 .map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
         }
         if let Some(p) = &self.staging.queue_policy {
-            cairn_meta_policy(p)?;
+            queue_policy(p)?;
         }
         if let Some(p) = &self.staging.prefault {
             cairn_proto::cluster::parse_size(p).map_err(|e| Error::Config(format!("[staging] prefault: {e}")))?;
@@ -446,7 +446,7 @@ impl Config {
             }
             "queue_limit" => self.staging.queue_limit = Some(value.parse().map_err(|_| bad("expected a step count (0: no limit)"))?),
             "queue_policy" => {
-                cairn_meta_policy(value)?;
+                queue_policy(value)?;
                 self.staging.queue_policy = Some(value.to_string());
             }
             "prefault" => {
@@ -475,14 +475,9 @@ impl Config {
     }
 }
 
-/// Checks a queue policy's name ("block" or "discard_oldest").
-fn cairn_meta_policy(p: &str) -> Result<()> {
-    match p {
-        "block" | "discard_oldest" => Ok(()),
-        other => Err(Error::Config(format!(
-            "[staging] queue_policy = {other:?}: use \"block\" (writers wait) or \"discard_oldest\" (the oldest step is released)"
-        ))),
-    }
+/// The `[staging] queue_policy` named `p` ("block" or "discard_oldest").
+pub fn queue_policy(p: &str) -> Result<cairn_core::queue::Policy> {
+    cairn_core::queue::Policy::parse(p).map_err(|e| Error::Config(format!("[staging] queue_policy: {e}")))
 }
 
 #[cfg(test)]

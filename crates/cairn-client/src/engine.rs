@@ -105,7 +105,7 @@ pub trait WriteEngine: Send {
     }
     /// Sets the dataset's queue limit (committed steps not yet released; 0: none) and its
     /// policy, "block" or "discard_oldest". The file engine keeps every step: nothing to do.
-    fn define_queue(&mut self, _limit: u64, _policy: &str) -> Result<()> {
+    fn define_queue(&mut self, _limit: u64, _policy: cairn_core::queue::Policy) -> Result<()> {
         Ok(())
     }
     /// Under a `block` queue, waits until it has room (a capacity error at the timeout).

@@ -223,12 +223,7 @@ impl Writer {
     /// "block" (`begin_step` waits for room, up to the staging timeout) or "discard_oldest"
     /// (the oldest committed step is released). The file engine keeps every step: no effect.
     pub fn define_queue(&mut self, limit: u64, policy: &str) -> Result<()> {
-        if policy != "block" && policy != "discard_oldest" {
-            return Err(Error::InvalidArgument(format!(
-                "queue policy {policy:?}: use \"block\" (writers wait) or \"discard_oldest\" (the oldest step is released)"
-            )));
-        }
-        self.engine.define_queue(limit, policy)
+        self.engine.define_queue(limit, cairn_core::queue::Policy::parse(policy)?)
     }
 
     /// Opens step `step`. Its blocks become visible only when every rank has ended it.

@@ -16,6 +16,7 @@
 //! - [`attrs`]: dimension names and attributes of variables and datasets, checked and merged.
 //! - [`index`]: variable definitions, block records and the committed step index (the on-disk schema).
 //! - [`index_file`]: the bytes of a committed step index: format 2 (binary, crcs apart) written, format 1 (JSON) read.
+//! - [`queue`]: a dataset's queue policy (backpressure with streaming readers).
 //! - [`error`]: the crate's error type and the small public set of error kinds.
 
 pub mod assemble;
@@ -30,6 +31,7 @@ pub mod index;
 pub mod index_file;
 pub mod partition;
 pub mod placement;
+pub mod queue;
 pub mod region;
 pub mod stats;
 

@@ -8,36 +8,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// What happens when a dataset's queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// The writers' next step waits until a step is released.
-    Block,
-    /// The oldest committed step is released (readers that had not read it miss it).
-    DiscardOldest,
-}
-
-impl Policy {
-    /// Parses "block" or "discard_oldest".
-    pub fn parse(s: &str) -> Result<Policy, cairn_core::Error> {
-        match s {
-            "block" => Ok(Policy::Block),
-            "discard_oldest" => Ok(Policy::DiscardOldest),
-            other => Err(cairn_core::Error::InvalidArgument(format!(
-                "queue policy {other:?}: use \"block\" (writers wait) or \"discard_oldest\" (the oldest step is released)"
-            ))),
-        }
-    }
-
-    /// Its name, as [`Policy::parse`] takes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Block => "block",
-            Policy::DiscardOldest => "discard_oldest",
-        }
-    }
-}
+pub use cairn_core::queue::Policy;
 
 /// One registered reader: the first step it has not passed, and when its registration lapses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

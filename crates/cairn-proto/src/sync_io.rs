@@ -102,18 +102,7 @@ pub fn read_head<T: DeserializeOwned>(r: &mut impl Read, max_payload: u64) -> Re
 
 /// Reads a payload scattered into `parts` (whose lengths sum to the payload length).
 pub fn read_payload(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<()> {
-    let mut slices: Vec<IoSliceMut<'_>> = parts.iter_mut().filter(|p| !p.is_empty()).map(|p| IoSliceMut::new(p)).collect();
-    let mut slices = &mut slices[..];
-    while !slices.is_empty() {
-        let n = slices.len().min(1024);
-        match r.read_vectored(&mut slices[..n]) {
-            Ok(0) => return Err(Error::io("reading a reply", std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(k) => IoSliceMut::advance_slices(&mut slices, k),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io("reading a reply")(e)),
-        }
-    }
-    Ok(())
+    read_scattered(r, parts, |_| {})
 }
 
 /// [`read_payload`] that also returns the crc32c of what it read, computed on each piece as it
@@ -121,6 +110,12 @@ pub fn read_payload(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<()> {
 /// once more.
 pub fn read_payload_crc(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<u32> {
     let mut crc = 0u32;
+    read_scattered(r, parts, |piece| crc = cairn_core::checksum::crc_append(crc, piece))?;
+    Ok(crc)
+}
+
+/// Reads into `parts` until they are full, handing `seen` each piece of them as it is read.
+fn read_scattered(r: &mut impl Read, parts: &mut [&mut [u8]], mut seen: impl FnMut(&[u8])) -> Result<()> {
     let mut slices: Vec<IoSliceMut<'_>> = parts.iter_mut().filter(|p| !p.is_empty()).map(|p| IoSliceMut::new(p)).collect();
     let mut slices = &mut slices[..];
     while !slices.is_empty() {
@@ -128,14 +123,15 @@ pub fn read_payload_crc(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<u3
         match r.read_vectored(&mut slices[..n]) {
             Ok(0) => return Err(Error::io("reading a reply", std::io::ErrorKind::UnexpectedEof.into())),
             Ok(k) => {
+                // The `k` bytes just read fill the first slices, in order.
                 let mut left = k;
                 for s in slices.iter() {
-                    let m = left.min(s.len());
-                    crc = cairn_core::checksum::crc_append(crc, &s[..m]);
-                    left -= m;
                     if left == 0 {
                         break;
                     }
+                    let m = left.min(s.len());
+                    seen(&s[..m]);
+                    left -= m;
                 }
                 IoSliceMut::advance_slices(&mut slices, k)
             }
@@ -143,7 +139,7 @@ pub fn read_payload_crc(r: &mut impl Read, parts: &mut [&mut [u8]]) -> Result<u3
             Err(e) => return Err(io("reading a reply")(e)),
         }
     }
-    Ok(crc)
+    Ok(())
 }
 
 /// Reads and discards `len` payload bytes.

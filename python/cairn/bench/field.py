@@ -43,15 +43,21 @@ def add_field_args(p: argparse.ArgumentParser, steps: int) -> None:
 def run_writers(fn: Callable[..., None], where: Any, shape, steps: int, nw: int) -> float:
     """Runs ``fn(where, shape, steps, rank, nw, barrier, queue)`` in nw spawned processes, each
     putting its elapsed seconds on the queue; returns the slowest."""
+    return max(run_processes(fn, lambda r: (where, shape, steps, r, nw), nw))
+
+
+def run_processes(fn: Callable[..., None], args_for: Callable[[int], tuple], n: int) -> list[Any]:
+    """Runs ``fn(*args_for(rank), barrier, queue)`` in n spawned processes sharing the barrier,
+    each putting one result on the queue; returns the results (in arrival order)."""
     ctx = mp.get_context("spawn")
-    barrier, q = ctx.Barrier(nw), ctx.Queue()
-    ps = [ctx.Process(target=fn, args=(where, shape, steps, r, nw, barrier, q)) for r in range(nw)]
+    barrier, q = ctx.Barrier(n), ctx.Queue()
+    ps = [ctx.Process(target=fn, args=(*args_for(r), barrier, q)) for r in range(n)]
     for p in ps:
         p.start()
-    times = []
-    while len(times) < nw:  # a writer that died puts nothing: fail instead of waiting for ever
+    got = []
+    while len(got) < n:  # a process that died puts nothing: fail instead of waiting for ever
         try:
-            times.append(q.get(timeout=5))
+            got.append(q.get(timeout=5))
         except queue.Empty:
             if any(p.exitcode not in (None, 0) for p in ps):
                 for p in ps:
@@ -61,4 +67,4 @@ def run_writers(fn: Callable[..., None], where: Any, shape, steps: int, nw: int)
         p.join()
         if p.exitcode:
             raise RuntimeError(f"{fn.__name__} exited with {p.exitcode}")
-    return max(times)
+    return got

@@ -11,9 +11,7 @@ Each time is the best of ``--repeat`` runs.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import time
 from typing import Any, Callable
 
@@ -21,6 +19,8 @@ import numpy as np
 
 import cairn
 from cairn import cluster
+
+from .field import run_processes
 
 #: Seconds between the cluster's start and the job's first put.
 COLD_DELAY = 3.0
@@ -85,23 +85,7 @@ def _copies(a: np.ndarray, new: bool, barrier, q) -> None:
 
 def _run(fn: Callable[..., None], args_for: Callable[[int], tuple], nw: int) -> list[float]:
     """Per step, the slowest of ``nw`` spawned processes' times."""
-    ctx = mp.get_context("spawn")
-    barrier, q = ctx.Barrier(nw), ctx.Queue()
-    ps = [ctx.Process(target=fn, args=(*args_for(r), barrier, q)) for r in range(nw)]
-    for p in ps:
-        p.start()
-    got: list[list[float]] = []
-    while len(got) < nw:
-        try:
-            got.append(q.get(timeout=5))
-        except queue.Empty:
-            if any(p.exitcode not in (None, 0) for p in ps):
-                for p in ps:
-                    p.kill()
-                raise RuntimeError("a benchmark process failed")
-    for p in ps:
-        p.join()
-    return [max(col) for col in zip(*got)]
+    return [max(col) for col in zip(*run_processes(fn, args_for, nw))]
 
 
 def measure(mib: int, tmp: str, repeat: int = 2) -> list[dict[str, Any]]:

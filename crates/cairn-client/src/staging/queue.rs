@@ -3,6 +3,7 @@
 //! control plane's leader.
 
 use super::conn::Cluster;
+use cairn_core::queue::Policy;
 use cairn_core::{Error, Result};
 use cairn_proto::message::{Request, Response};
 use std::time::{Duration, Instant};
@@ -14,9 +15,9 @@ fn unexpected(what: &str, got: &Response) -> Error {
     Error::Corrupt(format!("the cluster answered {what} with {got:?}; please report this"))
 }
 
-/// Sets `dataset`'s queue limit (0: none) and policy ("block" or "discard_oldest").
-pub(crate) fn set(c: &Cluster, dataset: &str, limit: u64, policy: &str) -> Result<()> {
-    match c.coord(&Request::SetQueue { dataset: dataset.into(), limit, policy: policy.into() })? {
+/// Sets `dataset`'s queue limit (0: none) and policy.
+pub(crate) fn set(c: &Cluster, dataset: &str, limit: u64, policy: Policy) -> Result<()> {
+    match c.coord(&Request::SetQueue { dataset: dataset.into(), limit, policy: policy.name().into() })? {
         Response::Queue { .. } => Ok(()),
         other => Err(unexpected("set_queue", &other)),
     }

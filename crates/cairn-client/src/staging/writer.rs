@@ -13,6 +13,7 @@ use cairn_core::erasure::Code;
 use cairn_core::index::{BlockRecord, Fragment, ObjectRef, Redundancy, StepIndex, VarDef};
 use cairn_core::partition::{is_contiguous, split};
 use cairn_core::placement::place_key;
+use cairn_core::queue::Policy as QueuePolicy;
 use cairn_core::stats::Acc;
 use cairn_core::{Error, ErrorKind, Region, Result};
 use cairn_proto::message::{unexpected, Abort, Close, ObjectPut, PutItem, Request, Response, Share, MAX_PUT_MANY};
@@ -39,7 +40,7 @@ pub struct StagingWriter {
     shared_min: u64,
     keep_last: Option<u64>,
     /// The dataset's queue limit and policy as this writer set it (`define_queue`).
-    queue: Option<(u64, String)>,
+    queue: Option<(u64, QueuePolicy)>,
     /// Level of variables that do not name one.
     default_level: u32,
     /// What this writer put in each unpublished step.
@@ -159,7 +160,8 @@ impl StagingWriter {
             refused: Vec::new(),
         };
         if let Some(limit) = cfg.queue_limit {
-            w.define_queue(limit, cfg.queue_policy.as_deref().unwrap_or("block"))?;
+            let policy = cfg.queue_policy.as_deref().map_or(Ok(QueuePolicy::Block), crate::config::queue_policy)?;
+            w.define_queue(limit, policy)?;
         }
         Ok(w)
     }
@@ -639,15 +641,15 @@ impl WriteEngine for StagingWriter {
         super::wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
-    fn define_queue(&mut self, limit: u64, policy: &str) -> Result<()> {
+    fn define_queue(&mut self, limit: u64, policy: QueuePolicy) -> Result<()> {
         super::queue::set(&self.cluster, &self.dataset, limit, policy)?;
-        self.queue = (limit > 0).then(|| (limit, policy.to_string()));
+        self.queue = (limit > 0).then_some((limit, policy));
         Ok(())
     }
 
     fn wait_queue(&self) -> Result<()> {
         match &self.queue {
-            Some((_, policy)) if policy == "block" => super::queue::wait_room(&self.cluster, &self.dataset, self.cluster.timeout),
+            Some((_, QueuePolicy::Block)) => super::queue::wait_room(&self.cluster, &self.dataset, self.cluster.timeout),
             _ => Ok(()),
         }
     }
