@@ -35,6 +35,10 @@ if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then
 fi
 # Release build of the extension, installed editable into the venv (python/ is the package source).
 .venv/bin/maturin develop --release -q
+# The tests' server with fail points (`CAIRN_FAILPOINTS`, tests/test_drain_seams.py): the
+# same build with the `failpoints` feature, kept beside the real one under its own name.
+cargo build --release -q -p cairn-capi -p cairn-server --features cairn-server/failpoints
+cp target/release/cairn-server target/release/cairn-server-failpoints.tmp && mv target/release/cairn-server-failpoints.tmp target/release/cairn-server-failpoints
 cargo build --release -q -p cairn-capi -p cairn-server
 scripts/build_c.sh
 echo "setup done: .venv ready, target/release/libcairn.so and target/release/cairn-server built"

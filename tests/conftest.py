@@ -76,3 +76,12 @@ def cfg(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 PY = sys.executable
+
+
+def stopped_or_gone(file) -> bool:
+    """Whether no cluster runs with ``file``: it is gone, or `cairn cluster stop` marked it stopped."""
+    import json as _json
+    from pathlib import Path as _Path
+
+    p = _Path(file)
+    return not p.exists() or _json.loads(p.read_text()).get("state") == "stopped"

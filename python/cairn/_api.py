@@ -537,14 +537,13 @@ class Reader:
         ``keep_last`` without registration) are named by a :class:`StepsMissedWarning`. The
         ``file`` engine keeps every step: ``release`` changes nothing there."""
         start = None if start is None else _step(start)
-        steps = self._stream(start, _timeout(timeout))
         if not isinstance(release, bool):
             raise InvalidArgumentError(f"release={release!r}: give True (release what this loop passed) or False")
         if release:
             from ._queue import releasing
 
-            return releasing(self._inner, start, steps)
-        return steps
+            return releasing(self._inner, start, lambda at: self._stream(at, _timeout(timeout)), self._warn_missed)
+        return self._stream(start, _timeout(timeout))
 
     def _stream(self, nxt: int | None, timeout: float | None) -> Iterator[int]:
         last = time.monotonic()
@@ -563,7 +562,14 @@ class Reader:
                 return
             # Wake at once when the next step number commits; re-list now and then for gaps.
             slice_ = 0.5 if timeout is None else max(0.0, min(0.5, timeout - (time.monotonic() - last)))
-            self._inner.wait_step(0 if nxt is None else nxt, slice_)
+            try:
+                self._inner.wait_step(0 if nxt is None else nxt, slice_)
+            except NotFoundError:
+                # Committed and released meanwhile (another reader, the queue's policy): the
+                # next listing shows the gap, and the warning names it.
+                if nxt is None:
+                    nxt = 0
+
 
     def _warn_missed(self, lo: int, hi: int) -> None:
         """Warns of the steps in ``lo..hi`` that were committed and released unread (a gap may

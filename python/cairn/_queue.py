@@ -1,7 +1,10 @@
 """Streaming readers that release what they passed (``Reader.stream(release=True)``): the reader
 registers on the dataset (issue 45's backpressure, with the writers' ``define_queue``); a step is
 released once every registered reader has passed it. A heartbeat renews the registration while
-the reader lives; one that dies is dropped after the staging ``timeout``."""
+the reader lives; one that dies or hangs is dropped after the staging ``timeout``, and one that
+comes back (SIGCONT) is registered again at the oldest kept step: it goes on from there, with a
+:class:`StepsMissedWarning` naming what was released past its mark. The stream starts at the
+reader's mark, never below it, so it never yields a step another reader may release."""
 
 from __future__ import annotations
 
@@ -32,19 +35,24 @@ class _Heartbeat(threading.Thread):
         self._stop.set()
 
 
-def releasing(inner: Any, start: int | None, steps: Iterator[int]) -> Iterator[int]:
+def releasing(inner: Any, start: int | None, stream: Callable[[int | None], Iterator[int]],
+              warn_missed: Callable[[int, int], None]) -> Iterator[int]:
     """Registers as a reader of the dataset now (at ``start``, or the oldest kept step) and
-    yields ``steps`` (a reader's stream from there): a step is passed once the loop asks for the
-    next, and released once every registered reader passed it. The registration ends with the
+    yields ``stream(mark)`` (a reader's stream from its mark): a step is passed once the loop asks
+    for the next, and released once every registered reader passed it. Steps from ``start`` up
+    to the mark were released before it registered (warned of). The registration ends with the
     loop (or when the iterator is dropped)."""
     reader = uuid.uuid4().hex
-    lease = inner.stream_at(reader, start, False)  # its lease in seconds
+    lease, mark = inner.stream_at(reader, start, False)  # its lease in seconds, the first step it holds
     beat = _Heartbeat(lambda: inner.stream_at(reader, None, False), lease / 3)
     beat.start()
+    at = start if mark is None else mark if start is None else max(start, mark)
+    if start is not None and at > start:
+        warn_missed(start, at)
 
     def run() -> Iterator[int]:
         try:
-            for s in steps:
+            for s in stream(at):
                 yield s
                 try:
                     inner.stream_at(reader, s + 1, False)

@@ -145,7 +145,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
           mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
           drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
-          prefault: str | int | None = None, config: str | os.PathLike[str] | None = None) -> LocalCluster:
+          prefault: str | int | None = None, config: str | os.PathLike[str] | None = None,
+          command: list[str] | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -162,7 +163,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     written in the background to ``drain/<dataset>/``, a ``file``-engine dataset. From start-up
     each server makes ``prefault`` bytes (``"1GiB"``; default ``min(memory, 1GiB)``; 0: none) of
     shared memory ready for same-node writers, so the first steps run at the warm speed. The
-    ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``servers``
+    ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``command``
+    runs each server (default ``python -m cairn serve``; e.g. ``["target/release/cairn-server"]``),
+    its flags appended. ``servers``
     is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
     servers, spares = server_count(servers), server_count(spares, "spares", 0)
     if servers + spares > MAX_SERVERS:
@@ -199,7 +202,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
             extra += ["--" + key.replace("_", "-"), str(value)]
     file = Path(file).absolute()
     pids = _native.cluster_start(str(file), servers, spares, None if topology is None else _check.path(topology, "topology"),
-                                 memory, bind, timeout, [sys.executable, "-m", "cairn", "serve"], extra)
+                                 memory, bind, timeout, command or [sys.executable, "-m", "cairn", "serve"], extra)
     c = LocalCluster(file, [Server(p) for p in pids])
     try:
         _await_control_plane(file, min(meta, servers), timeout)
@@ -230,6 +233,16 @@ def request(file: str | os.PathLike[str], server: int, op: str, timeout: float =
     return json.loads(_native.cluster_request(os.fspath(file), server, json.dumps({"op": op}), timeout))
 
 
+def stopped(file: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The stopped cluster file ``cairn cluster stop`` left (``{"state": "stopped", "drain":
+    {...}}``), or None when ``file`` is not one."""
+    try:
+        doc = json.loads(Path(file).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("state") == "stopped" else None
+
+
 def document(file: str | os.PathLike[str]) -> dict[str, Any]:
     """The cluster file's contents; :class:`UnavailableError` if there is none (no cluster runs)
     or it cannot be read as one."""
@@ -240,6 +253,9 @@ def document(file: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise UnavailableError(f"cannot read cluster file {file} ({e}); give the file `cairn cluster start` "
                                "wrote") from None
+    if isinstance(doc, dict) and doc.get("state") == "stopped":
+        raise UnavailableError(f"the cluster of {file} is stopped (`cairn cluster stop`); start one with `cairn cluster start "
+                               f"--file {file}`")
     if not isinstance(doc, dict) or not isinstance(doc.get("servers"), list):
         raise UnavailableError(f"{file} is not a cluster file (it names no servers); give the file `cairn cluster start` wrote")
     return doc
@@ -448,7 +464,7 @@ def drain_status(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str
     """The leader's drain to disk: ``{"path", "every", "steps": {dataset: newest drained step},
     "pending_bytes", "MBps", "error"}`` (and ``interval_s`` for ``drain_every = "auto"``), or
     None when the cluster drains nothing or no leader answers within ``timeout`` seconds."""
-    if not Path(file).exists() or not document(file).get("drain"):
+    if not Path(file).exists() or stopped(file) is not None or not document(file).get("drain"):
         return None
     try:
         reply = _native.cluster_request(os.fspath(file), 0, json.dumps({"op": "wait_drained", "timeout_ms": 0}), timeout)
@@ -493,17 +509,23 @@ def drain(file: str | os.PathLike[str], timeout: float | None = None, progress: 
 
 
 def stop(file: str | os.PathLike[str], procs: list[Server] | None = None, timeout: float = 10.0,
-         drain_first: bool = True, progress: bool = False) -> None:
+         drain_first: bool = True, progress: bool = False) -> int:
     """Shut every server down (by request; servers that do not answer, or linger, are killed),
-    then remove the cluster file and its folder. A cluster that drains to disk first drains every
-    committed step it owes (``drain_first``; with a progress bar when ``progress``)."""
+    then mark the cluster file stopped (``{"state": "stopped", "drain": {...}}``: readers of
+    ``cairn.open(name, "r", cluster=FILE)`` still find the drained steps) and keep only the
+    servers' logs in its folder. A cluster that drains to disk first drains every committed step
+    it owes (``drain_first``; with a progress bar when ``progress``). Returns how many servers
+    were running; a stopped cluster is left as it is (0)."""
     if not Path(file).exists():
         raise UnavailableError(f"no cluster file {file}; start one with `cairn cluster start --file {file}`")
+    if stopped(file) is not None:
+        return 0
     if drain_first:
         drain(file, progress=progress)
-    _native.cluster_stop(os.fspath(file), timeout)
+    n = _native.cluster_stop(os.fspath(file), timeout)
     for p in procs or []:
         p.wait(timeout)
+    return n
 
 
 _embedded: LocalCluster | None = None
@@ -518,7 +540,7 @@ def embedded(servers: int, memory: str, keep: bool, settings: dict[str, Any] | N
         return _embedded.file
     if keep:
         file = Path("cluster.json").absolute()
-        if file.exists() and any(r["state"] != "down" for r in status(file, timeout=2.0)):
+        if file.exists() and stopped(file) is None and any(r["state"] != "down" for r in status(file, timeout=2.0)):
             return file
         _embedded = start(file, servers=servers, memory=memory, **_redundancy_of(settings))
         return _embedded.file

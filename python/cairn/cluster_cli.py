@@ -131,9 +131,11 @@ def cmd_start(args: argparse.Namespace) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
-    n = len(cluster.servers_of(args.file))
-    cluster.stop(args.file, drain_first=not args.no_drain, progress=True)
-    print(f"stopped {n} servers of {args.file}")
+    if cluster.stopped(args.file) is not None:
+        print(f"the cluster of {args.file} is stopped already")
+        return
+    n = cluster.stop(args.file, drain_first=not args.no_drain, progress=True)
+    print(f"stopped {n} servers of {args.file}; their logs stay in {cluster.entries_dir(args.file)}")
 
 
 def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -183,6 +185,14 @@ def cmd_retire(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
+    done = cluster.stopped(args.file)
+    if done is not None:
+        if args.json:
+            print(json.dumps({"state": "stopped", "drain": done.get("drain")}, indent=2))
+        else:
+            where = f"; its drained steps are in {done['drain']['path']}" if done.get("drain") else ""
+            print(f"stopped{where}")
+        return
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
     drain = cluster.drain_status(args.file, timeout=args.timeout)
     if args.json:

@@ -233,13 +233,9 @@ def cmd_rm(args: argparse.Namespace) -> None:
     if args.cluster is None and configured() is None:
         raise NotFoundError(f"no dataset {path}: no such folder; give a dataset folder, or a staging dataset's name with --cluster")
     f = open_reader(path, args.cluster)
-    gone = 0
-    for step in f.steps():
-        try:
-            f.release(step)
-            gone += 1
-        except NotFoundError:
-            pass  # only on disk (drained, released from memory before)
+    # One control-plane command: steps, queue, readers, claims, released steps and the drained
+    # mark go together, so the name behaves as one never used.
+    gone = f._inner.remove()
     print(f"removed dataset {os.path.basename(path)} from the cluster ({gone} committed steps released)")
     drain = cluster_mod.document(args.cluster).get("drain") if args.cluster else None
     copy = os.path.join(drain["path"], os.path.basename(path)) if drain else None

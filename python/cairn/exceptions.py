@@ -1,5 +1,9 @@
 """Exceptions Cairn raises: all derive from :class:`CairnError`, and each also from the built-in
-that fits (``NotFoundError`` is a ``KeyError``, ``InvalidArgumentError`` a ``ValueError`` …)."""
+that fits (``NotFoundError`` is a ``KeyError``, ``InvalidArgumentError`` a ``ValueError`` …).
+
+``e.code`` is the typed reason where one applies, else None: ``"step_in_flight"``,
+``"lost_quorum"``, ``"stale_epoch"``, ``"released"``, ``"server_gone"``, ``"foreign_drain"``
+(a drain folder holds another run's committed steps)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from ._native import (
     UnavailableError,
 )
 
+
+# The typed reason of an error (set on instances by the native layer); None where none applies.
+CairnError.code = None
 
 
 class StepError(CairnError):

@@ -19,6 +19,14 @@ int main(int argc, char **argv) {
   CHECK(cairn_define_ex(w, "x", "f8", 1, x_shape, x_dims, "{\"units\": \"m\"}", 1));
   CHECK(cairn_define(w, "walkers", "f8", -1, NULL));
   EXPECT(cairn_define_ex(w, "bad", "f8", 1, x_shape, x_dims, "not json", 0) == CAIRN_ERR_INVALID_ARGUMENT);
+  /* Only -1 (local) and 0..CAIRN_MAX_DIMS dimensions, and no shape past 2^64 bytes (issue 52). */
+  const uint64_t huge[2] = {(uint64_t)1 << 62, (uint64_t)1 << 62}, wide[1] = {(uint64_t)1 << 62};
+  EXPECT(cairn_define(w, "neg", "f8", -2, shape) == CAIRN_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(cairn_last_error(), "ndim -2") != NULL);
+  EXPECT(cairn_define(w, "deep", "f8", CAIRN_MAX_DIMS + 1, shape) == CAIRN_ERR_INVALID_ARGUMENT);
+  EXPECT(cairn_define(w, "huge", "f8", 2, huge) == CAIRN_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(cairn_last_error(), "2^64") != NULL);
+  EXPECT(cairn_define(w, "wide", "f8", 1, wide) == CAIRN_ERR_INVALID_ARGUMENT);
   for (uint64_t s = 0; s < 3; s++) {
     for (int i = 0; i < 6; i++) field[i] = 100.0 * s + i;
     for (int i = 0; i < 4; i++) walkers[i] = s + 0.25 * i;

@@ -322,7 +322,10 @@ pub unsafe extern "C" fn cairn_define_ex(
         // SAFETY: per this function's contract.
         let w = unsafe { writer(f)? };
         let (name, dtype) = unsafe { (text(name, "name")?, text(dtype, "dtype")?) };
-        let shape = if ndim < 0 { None } else { Some(unsafe { dims(shape, ndim, "shape")? }.to_vec()) };
+        if ndim < -1 || ndim > CAIRN_MAX_DIMS as c_int {
+            return Err(invalid(&format!("ndim {ndim}: give -1 (a local variable) or 0 to CAIRN_MAX_DIMS ({CAIRN_MAX_DIMS}) dimensions")));
+        }
+        let shape = if ndim == -1 { None } else { Some(unsafe { dims(shape, ndim, "shape")? }.to_vec()) };
         let names = if dim_names.is_null() {
             None
         } else {
@@ -825,6 +828,6 @@ pub unsafe extern "C" fn cairn_cluster_stop(file: *const c_char) -> Status {
     guard(|| {
         // SAFETY: the caller passes a NUL-terminated string.
         let file = unsafe { text(file, "file")? };
-        cairn_client::staging::local::LocalCluster::stop(std::path::Path::new(file), std::time::Duration::from_secs(10))
+        cairn_client::staging::local::LocalCluster::stop(std::path::Path::new(file), std::time::Duration::from_secs(10)).map(|_| ())
     })
 }

@@ -3,7 +3,7 @@
 
 use cairn_core::attrs::Attrs;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
-use cairn_core::{Region, Result};
+use cairn_core::{Error, Region, Result};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -177,10 +177,24 @@ pub trait ReadEngine: Send + Sync {
         Ok(true)
     }
 
+    /// What a reader should add to "step not committed" errors (a stopped cluster's note of the
+    /// steps its drain kept), if anything.
+    fn note(&self) -> Option<&str> {
+        None
+    }
+
+    /// Removes the dataset whole from the staging cluster (`cairn rm`): every committed step and
+    /// what the control plane knows of it; returns how many committed steps it had. The file
+    /// engine's dataset is a folder: remove that.
+    fn remove(&self) -> Result<u64> {
+        Err(Error::InvalidArgument("a file-engine dataset is its folder: remove that (`cairn rm PATH`)".into()))
+    }
+
     /// Registers streaming reader `reader`, moves it to `next` (the first step it has not
     /// passed), renews it (`next` none) or, with `leave`, ends its registration; returns how
-    /// long a registration lasts unrenewed. The file engine keeps every step: nothing to do.
-    fn stream_at(&self, _reader: &str, _next: Option<u64>, _leave: bool) -> Result<Duration> {
-        Ok(Duration::from_secs(10))
+    /// long a registration lasts unrenewed and the reader's mark (the first step it holds; none
+    /// once it left). The file engine keeps every step: nothing to do.
+    fn stream_at(&self, _reader: &str, next: Option<u64>, _leave: bool) -> Result<(Duration, Option<u64>)> {
+        Ok((Duration::from_secs(10), next))
     }
 }

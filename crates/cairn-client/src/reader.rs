@@ -78,11 +78,18 @@ impl Reader {
         self.engine.renew(claimer, lease)
     }
 
+    /// Removes the dataset whole from its staging cluster (see [`crate::engine::ReadEngine::remove`]);
+    /// returns how many committed steps it had.
+    pub fn remove(&self) -> Result<u64> {
+        self.engine.remove()
+    }
+
     /// Registers streaming reader `reader` of the dataset, moves it to `next` (the first step it
     /// has not passed), renews it (`next` none), or with `leave` ends its registration; steps
     /// every registered reader passed are released. Returns how long a registration lasts
-    /// unrenewed (renew well within it).
-    pub fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<std::time::Duration> {
+    /// unrenewed (renew well within it) and the reader's mark: the first step it holds (a new
+    /// registration, or one that lapsed and came back, starts at the oldest kept step).
+    pub fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<(std::time::Duration, Option<u64>)> {
         self.engine.stream_at(reader, next, leave)
     }
 
@@ -123,7 +130,10 @@ impl Reader {
                     (Some(a), Some(b)) => format!("committed: {} steps, {a}..={b}", steps.len()),
                     _ => "no step is committed yet".into(),
                 };
-                Error::NotFound(format!("step {step} is not committed ({have}); wait for the writers to end it"))
+                match self.engine.note() {
+                    Some(note) => Error::NotFound(format!("step {step} is not there: {note}; {have}")),
+                    None => Error::NotFound(format!("step {step} is not committed ({have}); wait for the writers to end it")),
+                }
             }
             e => e,
         }

@@ -103,7 +103,7 @@ impl Writer {
                     _ => Box::new(FileWriter::open(layout, rank, nranks, append, &cfg.file, session.to_string())?),
                 }
             }
-            EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, session.to_string())?),
+            EngineKind::Staging => Box::new(StagingWriter::open(&cfg.staging, name, rank, nranks, session.to_string(), append)?),
         };
         // A restart carries on with the definitions and attributes of the last committed step.
         let last = if append { engine.last_index()? } else { None };

@@ -96,6 +96,9 @@ fn every_object_has_its_copies_in_other_domains_and_reads_survive_a_lost_server(
     // A second failure (server 2) loses the objects whose two copies were on 2 and 3, by name;
     // a box elsewhere still reads.
     c.kill(2);
+    for s in [3, 2] {
+        c.declared_down(s, Duration::from_secs(30)).unwrap();
+    }
     let lost = check_all(&r, |o| o.holders().iter().all(|s| [2, 3].contains(s)));
     assert!(lost > 0, "with 4 servers some object had its copies on exactly 2 and 3");
 }
@@ -146,6 +149,9 @@ fn cold_objects_are_encoded_and_read_through_one_failure_then_lost_by_name_past_
     assert_eq!(check_all(&r, |_| false), 0);
     // Server 4 too: objects with pieces on both are lost by name; everything else still reads.
     c.kill(4);
+    for s in [5, 4] {
+        c.declared_down(s, Duration::from_secs(30)).unwrap();
+    }
     let lost = check_all(&r, |o| o.servers().contains(&4) && o.servers().contains(&5));
     assert!(lost > 0, "some object had pieces on both 4 and 5");
 }

@@ -289,14 +289,18 @@ fn a_killed_server_is_named_and_a_restarted_one_serves_again() {
     cl.c.kill(victim);
     let mut out = vec![0u8; data.len()];
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "gone, but not declared down yet: {e}");
+    assert!(e.to_string().contains(&format!("server {victim}")), "{e}");
+    cl.c.declared_down(victim, Duration::from_secs(30)).unwrap();
+    let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DataLoss, "its one copy died with it: {e}");
     assert!(e.to_string().contains(&format!("server {victim}")), "{e}");
     cl.c.restart(victim).unwrap();
-    // Its memory is gone (one copy): the block is lost, and the error names the server that
-    // answered without it.
+    // Its memory is gone (one copy): the block is lost, and the error names the server (declared
+    // down, it rejoins empty).
     let e = r.get("x", 0, &[0], &[data.len() as u64], &mut out).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::DataLoss, "{e}");
-    assert!(e.to_string().contains(&format!("server {victim} holds no copy")), "{e}");
+    assert!(e.to_string().contains(&format!("server {victim}")) && e.to_string().contains("is lost"), "{e}");
     assert!(write_step(&cfg, "k", 1, "s", &data, true));
     r.get("x", 1, &[0], &[data.len() as u64], &mut out).unwrap();
     assert!(out == data);

@@ -51,6 +51,23 @@ pub enum Reason {
     /// The server is not there: it refused or dropped the connection, or was declared down and
     /// holds nothing. (Not hung: a missed deadline may still be answered.)
     ServerGone,
+    /// A dataset's drain folder holds committed steps this cluster did not drain (another run's,
+    /// or without a drain's identity): a `"w"` open is refused, and the drain never takes them.
+    ForeignDrain,
+}
+
+impl Reason {
+    /// The reason's snake_case name, as exceptions' `code` and the wire carry it.
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::StepInFlight => "step_in_flight",
+            Reason::LostQuorum => "lost_quorum",
+            Reason::StaleEpoch => "stale_epoch",
+            Reason::Released => "released",
+            Reason::ServerGone => "server_gone",
+            Reason::ForeignDrain => "foreign_drain",
+        }
+    }
 }
 
 /// Errors raised by Cairn's core logic. Messages say what was wrong and what to do.
@@ -104,6 +121,9 @@ pub enum Error {
     /// A server is not there ([`Reason::ServerGone`]; unavailable).
     #[error("{0}")]
     ServerGone(String),
+    /// Drained steps that are not this cluster's ([`Reason::ForeignDrain`]; already exists).
+    #[error("{0}")]
+    ForeignDrain(String),
     /// An operating-system I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -133,6 +153,7 @@ impl Error {
             Error::StepInFlight(_) => ErrorKind::Conflict,
             Error::Released(_) => ErrorKind::NotFound,
             Error::ServerGone(_) => ErrorKind::Unavailable,
+            Error::ForeignDrain(_) => ErrorKind::AlreadyExists,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
@@ -173,6 +194,7 @@ impl Error {
             Error::LostQuorum(_) => Some(Reason::LostQuorum),
             Error::Released(_) => Some(Reason::Released),
             Error::ServerGone(_) => Some(Reason::ServerGone),
+            Error::ForeignDrain(_) => Some(Reason::ForeignDrain),
             _ => None,
         }
     }
@@ -184,6 +206,7 @@ impl Error {
             Some(Reason::LostQuorum) => Error::LostQuorum(message),
             Some(Reason::Released) => Error::Released(message),
             Some(Reason::ServerGone) => Error::ServerGone(message),
+            Some(Reason::ForeignDrain) => Error::ForeignDrain(message),
             Some(Reason::StaleEpoch) | None => Error::from_kind(kind, message),
         }
     }

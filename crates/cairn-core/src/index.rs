@@ -49,6 +49,13 @@ impl VarDef {
         }
         if let Some(s) = &shape {
             Region::new(vec![0; s.len()], s.clone())?;
+            let elements = s.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
+            if elements.and_then(|n| n.checked_mul(dtype.size() as u64)).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "'{name}': shape {s:?} of {dtype} holds more than 2^64 bytes (its element count or byte size overflows 64 \
+                     bits); give a smaller shape"
+                )));
+            }
         }
         Ok(VarDef { name: name.to_string(), dtype, shape, redundancy: 0, dims: None, attrs: Attrs::new(), constant: false })
     }
@@ -385,6 +392,44 @@ pub struct StepIndex {
     /// The consume-and-produce transaction whose commit this is (file engine), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumed: Option<Consumed>,
+    /// A step a staging cluster drained: which cluster, and the objects each block was staged as
+    /// (how a drain knows a step on disk for its own, docs/format.md *Drained steps*).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged: Option<Staged>,
+}
+
+/// The identity of a drained step: the cluster that drained it and, per block (in the index's
+/// order), the staged objects' ids, boxes and crc32c. A drain takes a step it finds on disk for
+/// the one it owes only when all of these match; statistics or sizes never decide it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staged {
+    /// The cluster's id (`ClusterFile::id`, made at `cluster start`).
+    pub cluster: String,
+    /// Per block, its objects.
+    pub blocks: Vec<Vec<StagedObject>>,
+}
+
+/// One staged object of a drained block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagedObject {
+    /// Object id within the step.
+    pub id: u64,
+    /// Its box.
+    pub region: Region,
+    /// crc32c of its bytes.
+    pub checksum: u32,
+}
+
+impl Staged {
+    /// The identity of committed staging step `index` as cluster `cluster` drains it.
+    pub fn of(cluster: &str, index: &StepIndex) -> Staged {
+        let blocks = index
+            .blocks
+            .iter()
+            .map(|b| b.objects.iter().map(|o| StagedObject { id: o.id, region: o.region.clone(), checksum: o.checksum }).collect())
+            .collect();
+        Staged { cluster: cluster.to_string(), blocks }
+    }
 }
 
 /// A step committed by a consume-and-produce transaction of the file engine: the source
@@ -443,6 +488,7 @@ impl StepIndex {
             blocks: frags.into_iter().flat_map(|f| f.blocks).collect(),
             attrs,
             consumed: None,
+            staged: None,
         };
         index.validate()?;
         Ok(index)

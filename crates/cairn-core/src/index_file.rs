@@ -10,7 +10,7 @@
 
 use crate::attrs::Attrs;
 use crate::error::{Error, Result};
-use crate::index::{from_json, BlockRecord, Consumed, ObjectRef, StepIndex, VarDef, FORMAT_VERSION};
+use crate::index::{from_json, BlockRecord, Consumed, ObjectRef, Staged, StepIndex, VarDef, FORMAT_VERSION};
 use crate::stats::Stats;
 use crate::{Region, MAX_DIMS};
 use serde::{Deserialize, Serialize};
@@ -47,6 +47,8 @@ struct MetaOut<'a> {
     attrs: &'a Attrs,
     #[serde(skip_serializing_if = "Option::is_none")]
     consumed: &'a Option<Consumed>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    staged: &'a Option<Staged>,
 }
 
 /// The meta section as read; also a format 1 document with its blocks skipped.
@@ -61,6 +63,8 @@ struct MetaIn {
     attrs: Attrs,
     #[serde(default)]
     consumed: Option<Consumed>,
+    #[serde(default)]
+    staged: Option<Staged>,
 }
 
 fn format_1() -> u32 {
@@ -77,6 +81,7 @@ impl MetaIn {
             blocks,
             attrs: self.attrs,
             consumed: self.consumed,
+            staged: self.staged,
         }
     }
 }
@@ -96,6 +101,7 @@ pub fn encode_with(index: &StepIndex, level: Option<i32>) -> Vec<u8> {
         vars: &index.vars,
         attrs: &index.attrs,
         consumed: &index.consumed,
+        staged: &index.staged,
     })
     .expect("index documents always serialize");
     let raw = encode_blocks(&index.blocks);
@@ -444,6 +450,7 @@ mod tests {
             blocks,
             attrs: Attrs::new(),
             consumed: None,
+            staged: None,
         }
     }
 
@@ -459,6 +466,8 @@ mod tests {
             checksum: 3,
             redundancy: Redundancy::Replicated { servers: vec![2, 4] },
         }];
+        idx.staged = Some(Staged::of("c0ffee", &idx));
+        assert_eq!(idx.staged.as_ref().unwrap().blocks[1].len(), 1);
         for level in [None, Some(1), Some(19)] {
             let bytes = encode_with(&idx, level);
             assert!(is_v2(&bytes));
@@ -469,6 +478,7 @@ mod tests {
             let meta = decode_meta(&bytes, "x").unwrap();
             assert!(meta.blocks.is_empty());
             assert_eq!((meta.step, &meta.vars, &meta.attrs, &meta.consumed), (idx.step, &idx.vars, &idx.attrs, &idx.consumed));
+            assert_eq!(meta.staged, idx.staged, "a drained step's identity is in the meta section");
         }
     }
 

@@ -53,6 +53,11 @@ impl Claims {
         self.held.get(&step).is_some_and(|l| l.expires_ms > now_ms && l.claimer == claimer)
     }
 
+    /// Whether some claimer holds a live lease at `now_ms`.
+    pub fn live(&self, now_ms: u64) -> bool {
+        self.held.values().any(|l| l.expires_ms > now_ms)
+    }
+
     /// The lowest of `committed` that is free at `now_ms` (unleased, or its lease lapsed).
     pub fn free(&self, committed: impl IntoIterator<Item = u64>, claimer: &str, now_ms: u64) -> Option<u64> {
         committed.into_iter().find(|&s| !self.taken(s, claimer, now_ms) && !self.mine(s, claimer, now_ms))

@@ -4,6 +4,12 @@
 //! is released). Readers that stream with release register here: a step is released once every
 //! registered reader has passed it, and `keep_last` waits for them too. A reader whose
 //! registration is not renewed within its lease (it died) is dropped.
+//!
+//! As SST's: a `Block` queue holds a step while a registered reader has not passed it (or a
+//! claimer holds a lease on it). Before any reader ever registered it blocks (a writer that
+//! starts first waits for its analysis); once the last registered reader closed or lapsed, with
+//! no claim lease live, it releases as `DiscardOldest` until a reader registers again, so a
+//! reader that died, hung or left never jams the writers.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -15,6 +21,9 @@ pub use cairn_core::queue::Policy;
 struct Mark {
     next: u64,
     expires_ms: u64,
+    /// Its lease: how long a writer may have to wait for it to lapse.
+    #[serde(default)]
+    lease_ms: u64,
 }
 
 /// A dataset's queue limit and its registered readers.
@@ -26,6 +35,10 @@ pub struct Queue {
     /// Registered readers by id.
     #[serde(default)]
     readers: BTreeMap<String, Mark>,
+    /// Some reader registered once (a `Block` queue with none left then releases as
+    /// `DiscardOldest`).
+    #[serde(default)]
+    ever: bool,
 }
 
 impl Queue {
@@ -48,9 +61,28 @@ impl Queue {
             return;
         }
         let expires_ms = now_ms.saturating_add(lease_ms);
-        let m = self.readers.entry(reader.to_string()).or_insert(Mark { next: next.unwrap_or(oldest), expires_ms });
+        let m = self.readers.entry(reader.to_string()).or_insert(Mark { next: next.unwrap_or(oldest), expires_ms, lease_ms });
         m.next = m.next.max(next.unwrap_or(m.next));
         m.expires_ms = expires_ms;
+        m.lease_ms = lease_ms;
+        self.ever = true;
+    }
+
+    /// Whether readers registered once and none is left: a `Block` queue then releases as
+    /// `DiscardOldest` (unless a claim lease is live, which the dataset knows).
+    pub fn abandoned(&self) -> bool {
+        self.ever && self.readers.is_empty()
+    }
+
+    /// The longest lease of a registered reader, in ms (0 without readers): a writer blocked by
+    /// one waits at most that long for it to lapse.
+    pub fn longest_lease_ms(&self) -> u64 {
+        self.readers.values().map(|m| m.lease_ms).max().unwrap_or(0)
+    }
+
+    /// Reader `reader`'s mark (the first step it has not passed), if registered.
+    pub fn mark_of(&self, reader: &str) -> Option<u64> {
+        self.readers.get(reader).map(|m| m.next)
     }
 
     /// Drops readers whose registration lapsed by `now_ms`.
@@ -89,6 +121,10 @@ mod tests {
         q.mark("c", Some(4), 10, 0, 0);
         q.mark("c", None, 0, 0, 0);
         assert_eq!(q.passed(), None, "a lease of 0 unregisters");
+        assert!(q.abandoned(), "readers came and went");
+        assert!(!Queue::default().abandoned(), "no reader ever came");
+        q.mark("d", None, 2500, 0, 0);
+        assert_eq!((q.abandoned(), q.longest_lease_ms()), (false, 2500));
     }
 
     #[test]

@@ -106,6 +106,13 @@ pub enum Cmd {
     Abort(Abort),
     /// Forgets a committed step.
     Release(Release),
+    /// Forgets a dataset whole (`cairn rm`): its committed steps, the queue and its readers,
+    /// the released-step memory, claims, the drained mark and constants, so its name behaves as
+    /// one never used. Refused while a step of it is ended by some ranks and not committed.
+    Remove {
+        /// Dataset.
+        dataset: String,
+    },
     /// Objects of a committed step were erasure coded (CoREC): their index entries now name
     /// their shards instead of their copies. Objects no longer replicated (or gone) are skipped.
     Encoded {
@@ -202,6 +209,11 @@ pub enum Outcome {
     Released {
         /// Its index.
         index: Arc<StepIndex>,
+    },
+    /// A dataset was removed: the indexes of the committed steps it had (free their objects).
+    Removed {
+        /// Their indexes.
+        released: Vec<Arc<StepIndex>>,
     },
     /// The view is installed.
     ViewSet,
@@ -305,6 +317,10 @@ struct Dataset {
     /// The writers' queue limit and the streaming readers registered.
     #[serde(default)]
     queue: crate::queue::Queue,
+    /// The leader's clock as of the newest command that carried it (claim leases are live
+    /// until then).
+    #[serde(default)]
+    clock_ms: u64,
 }
 
 /// Compare-and-set call ids remembered (a retry comes within seconds of its first try).
@@ -354,7 +370,7 @@ impl Dataset {
             }
             (None, None) => BTreeSet::new(),
         };
-        if let Some((limit, crate::queue::Policy::DiscardOldest)) = self.queue.limit() {
+        if let Some(limit) = self.discarding() {
             let over = (self.queued() as usize).saturating_sub(old.len()).saturating_sub(limit as usize);
             // Never the newest: the step just committed is what readers are waiting for.
             let newest = self.committed.keys().next_back().copied();
@@ -370,6 +386,15 @@ impl Dataset {
                 Some(index)
             })
             .collect()
+    }
+
+    /// The limit past which the oldest steps are released: a `DiscardOldest` queue's, or a
+    /// `Block` queue's once its readers all left (see [`crate::queue`]).
+    fn discarding(&self) -> Option<u64> {
+        match self.queue.limit()? {
+            (limit, crate::queue::Policy::DiscardOldest) => Some(limit),
+            (limit, crate::queue::Policy::Block) => (self.queue.abandoned() && !self.claims.live(self.clock_ms)).then_some(limit),
+        }
     }
 
     /// Committed steps not yet released, but those holding a constant's blocks (kept for good).
@@ -402,6 +427,25 @@ fn take<T>(m: &mut BTreeMap<u64, BTreeMap<String, T>>, step: u64, session: &str)
         m.remove(&step);
     }
     v
+}
+
+/// A dataset's queue as the writers' wait for room sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueState {
+    /// Committed steps not yet released (but those holding a constant).
+    pub queued: u64,
+    /// The limit and policy, if set.
+    pub limit: Option<(u64, crate::queue::Policy)>,
+    /// A streaming reader's registration lapsed (a command drops it).
+    pub lapsed: bool,
+    /// The oldest steps past the limit are released at each commit (`discard_oldest`, or a
+    /// `block` queue whose readers all left): a writer never waits.
+    pub discarding: bool,
+    /// The longest lease of a registered reader, in ms.
+    pub longest_lease_ms: u64,
+    /// Its readers all left but a claim lease was live at the last clock: a command with a
+    /// newer clock may find it lapsed.
+    pub held_by_claims: bool,
 }
 
 /// The replicated state: views, datasets' steps, keyed values.
@@ -437,6 +481,7 @@ impl MetaState {
             }
             Cmd::Stream { dataset, reader, next, lease_ms, now_ms } => {
                 let ds = self.datasets.entry(dataset).or_default();
+                ds.clock_ms = ds.clock_ms.max(now_ms);
                 ds.queue.expire(now_ms);
                 if let Some(r) = reader {
                     let oldest = ds.committed.keys().next().copied().unwrap_or(0);
@@ -455,8 +500,10 @@ impl MetaState {
             }),
             Cmd::Abort(Abort { dataset, step, session, reason }) => Ok(self.abort(&dataset, step, &session, reason)),
             Cmd::Release(Release { dataset, step }) => self.release(&dataset, step),
+            Cmd::Remove { dataset } => self.remove(&dataset),
             Cmd::Claim { lease: ClaimLease { dataset, claimer, lease_ms }, now_ms } => {
                 let ds = self.datasets.entry(dataset).or_default();
+                ds.clock_ms = ds.clock_ms.max(now_ms);
                 let committed: Vec<u64> = ds.committed.keys().copied().collect();
                 Ok(Outcome::Claimed(ds.claims.claim(&committed, &claimer, now_ms, lease_ms)))
             }
@@ -587,6 +634,7 @@ impl MetaState {
         ds.pending.remove(&step);
         ds.prepared.remove(&step);
         (ds.keep_last, ds.drain_every) = kept;
+        ds.clock_ms = ds.clock_ms.max(now_ms);
         ds.queue.expire(now_ms);
         Ok(Outcome::Committed { released: ds.trim(), consumed })
     }
@@ -645,6 +693,19 @@ impl MetaState {
         ds.mark_released(step);
         ds.claims.gone(step);
         Ok(Outcome::Released { index })
+    }
+
+    fn remove(&mut self, dataset: &str) -> Result<Outcome, Error> {
+        let Some(ds) = self.datasets.get(dataset) else { return Ok(Outcome::Removed { released: Vec::new() }) };
+        let begun = ds.pending.keys().chain(ds.prepared.keys()).min();
+        if let Some(step) = begun {
+            return Err(Error::Conflict(format!(
+                "step {step} of '{dataset}' is begun and not ended (some writer ranks ended it, others not yet): end or \
+                 abort it (or wait until its writers are done) before removing the dataset"
+            )));
+        }
+        let ds = self.datasets.remove(dataset).expect("looked up above");
+        Ok(Outcome::Removed { released: ds.committed.into_values().collect() })
     }
 
     fn encoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<Outcome, Error> {
@@ -755,10 +816,21 @@ impl MetaState {
         self.datasets.get(dataset).map(|d| d.committed.keys().copied().collect()).unwrap_or_default()
     }
 
-    /// `dataset`'s queue at `now_ms`: committed steps not yet released (but those holding a
-    /// constant), its limit and policy if set, and whether a streaming reader's registration lapsed.
-    pub fn queue(&self, dataset: &str, now_ms: u64) -> (u64, Option<(u64, crate::queue::Policy)>, bool) {
-        self.datasets.get(dataset).map_or((0, None, false), |d| (d.queued(), d.queue.limit(), d.queue.lapsed(now_ms)))
+    /// Streaming reader `reader`'s mark on `dataset`: the first step it holds.
+    pub fn reader_mark(&self, dataset: &str, reader: &str) -> Option<u64> {
+        self.datasets.get(dataset)?.queue.mark_of(reader)
+    }
+
+    /// `dataset`'s queue at `now_ms` (see [`QueueState`]).
+    pub fn queue(&self, dataset: &str, now_ms: u64) -> QueueState {
+        self.datasets.get(dataset).map_or_else(QueueState::default, |d| QueueState {
+            queued: d.queued(),
+            limit: d.queue.limit(),
+            lapsed: d.queue.lapsed(now_ms),
+            discarding: d.discarding().is_some(),
+            longest_lease_ms: d.queue.longest_lease_ms(),
+            held_by_claims: d.queue.abandoned() && d.claims.live(d.clock_ms),
+        })
     }
 
     /// Steps of `dataset` some writer ranks ended that are not committed: each with the number of

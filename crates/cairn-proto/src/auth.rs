@@ -42,6 +42,15 @@ pub fn answer(secret: &str, nonce: &str) -> String {
     hex(&mac.finalize().into_bytes())
 }
 
+/// The cluster's id: 16 hex digits derived from its secret (random, made at `cluster start`),
+/// so every launcher's cluster has one and it tells nothing of the secret. Drained steps carry it
+/// (a drain takes a step on disk for its own only when the ids match).
+pub fn cluster_id(secret: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(b"cairn-cluster-id\0");
+    hex(&mac.finalize().into_bytes()[..8])
+}
+
 /// Whether `given` answers `nonce` for `secret`, compared in time independent of where it differs.
 pub fn verify(secret: &str, nonce: &str, given: &str) -> bool {
     let expected = answer(secret, nonce);

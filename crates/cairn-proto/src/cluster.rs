@@ -59,6 +59,31 @@ pub struct DrainSpec {
     pub mtbf_s: Option<f64>,
 }
 
+/// What `cairn cluster stop` leaves in the cluster file: `{"state": "stopped", "drain": {...}}`
+/// (no secret, no servers), so readers still find the steps drained to disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoppedFile {
+    /// `"stopped"`.
+    pub state: String,
+    /// The stopped cluster's drain, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSpec>,
+}
+
+impl StoppedFile {
+    /// The stopped file at `path`, if the file there is one.
+    pub fn load(path: &Path) -> Option<StoppedFile> {
+        let f: StoppedFile = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        (f.state == "stopped").then_some(f)
+    }
+
+    /// Writes the stopped file of a cluster that drained to `drain` at `path`.
+    pub fn write(path: &Path, drain: Option<DrainSpec>) -> Result<()> {
+        let f = StoppedFile { state: "stopped".into(), drain };
+        write_private(path, &serde_json::to_vec_pretty(&f).expect("serializes"))
+    }
+}
+
 impl ClusterFile {
     /// Reads a cluster file.
     pub fn load(path: &Path) -> Result<ClusterFile> {
@@ -69,6 +94,14 @@ impl ClusterFile {
                 path.display()
             ))
         })?;
+        if StoppedFile::load(path).is_some() {
+            return Err(Error::Unavailable(format!(
+                "the cluster of {} is stopped (`cairn cluster stop`): readers find the steps it drained to disk; start a \
+                 cluster with `cairn cluster start --file {}`",
+                path.display(),
+                path.display()
+            )));
+        }
         let c: ClusterFile =
             serde_json::from_slice(&text).map_err(|e| Error::Corrupt(format!("cluster file {} does not parse: {e}", path.display())))?;
         if c.servers.iter().all(|s| s.spec.spare) {
@@ -82,6 +115,18 @@ impl ClusterFile {
         let mut p = path.as_os_str().to_owned();
         p.push(".d");
         PathBuf::from(p)
+    }
+
+    /// The cluster's id (see [`crate::auth::cluster_id`]; also written into the file as `"id"`).
+    pub fn id(&self) -> String {
+        crate::auth::cluster_id(&self.secret)
+    }
+
+    /// The file's JSON, with the cluster's id for people and tools that read it.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut doc = serde_json::to_value(self).expect("cluster files serialize");
+        doc["id"] = self.id().into();
+        serde_json::to_vec_pretty(&doc).expect("serializes")
     }
 
     /// The entry of server `id`.

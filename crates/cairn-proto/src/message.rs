@@ -527,6 +527,12 @@ pub enum Request {
     AbortStep(Abort),
     /// Forgets a committed step; its objects are freed.
     Release(Release),
+    /// Forgets a dataset whole (`cairn rm`): every committed step (objects freed), its queue,
+    /// readers, claims, released steps and drained mark; answered with [`Response::Removed`].
+    RemoveDataset {
+        /// Dataset name.
+        dataset: String,
+    },
     /// Leases the lowest free committed step to `claimer` (see [`ClaimLease`]).
     Claim(ClaimLease),
     /// Extends `claimer`'s leases; answers the steps it still holds.
@@ -779,6 +785,12 @@ pub struct DrainStatus {
     /// The kind of that error (`capacity` for a full disk).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<ErrorKind>,
+    /// Its typed reason (`foreign_drain`: another run's step is in the way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_reason: Option<Reason>,
+    /// Every dataset whose drain is failing, with why (each dataset's drain fails alone).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub errors: BTreeMap<String, String>,
     /// Steps' drains attempted so far: an error is news to a waiter once an attempt started
     /// after its wait began failed.
     #[serde(default)]
@@ -829,6 +841,11 @@ pub struct ObjectInfo {
 pub enum Response {
     /// Done.
     Ok,
+    /// A dataset was removed ([`Request::RemoveDataset`]).
+    Removed {
+        /// The committed steps it had.
+        steps: u64,
+    },
     /// The first frame on every connection, from the server: answer it with a hello.
     Challenge {
         /// The server's id.
@@ -1002,6 +1019,14 @@ pub enum Response {
         limit: u64,
         /// The policy at the limit.
         policy: String,
+        /// The longest lease of a registered reader, in ms: a writer blocked by readers waits
+        /// up to that (plus a second) for a dead or hung one to lapse, whatever its timeout.
+        #[serde(default)]
+        lease_ms: u64,
+        /// To a streaming reader's registration: its mark, the first step it holds (none once
+        /// it left).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mark: Option<u64>,
     },
 }
 

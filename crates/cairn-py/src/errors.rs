@@ -58,6 +58,8 @@ fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
                 let dict = PyDict::new(py);
                 dict.set_item("__doc__", *doc)?;
                 dict.set_item("__module__", "cairn")?;
+                // The typed reason's snake_case name (`foreign_drain`, `released`, …), or None.
+                dict.set_item("code", py.None())?;
                 // Keep the plain message: KeyError would otherwise quote it.
                 dict.set_item("__str__", py.get_type::<PyException>().getattr("__str__")?)?;
                 let bases = PyTuple::new(py, [root.as_any(), &builtins.getattr(*base)?])?;
@@ -77,10 +79,18 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Converts a Cairn error into the exception of its kind.
+/// Converts a Cairn error into the exception of its kind, its typed reason as `code`.
 pub(crate) fn to_py(e: Error) -> PyErr {
     Python::attach(|py| match types(py) {
-        Ok(t) => PyErr::from_type(t[class_index(e.kind())].bind(py).clone(), e.to_string()),
+        Ok(t) => {
+            let err = PyErr::from_type(t[class_index(e.kind())].bind(py).clone(), e.to_string());
+            if let Some(reason) = e.reason() {
+                if let Err(set) = err.value(py).setattr("code", reason.code()) {
+                    return set;
+                }
+            }
+            err
+        }
         Err(err) => err,
     })
 }

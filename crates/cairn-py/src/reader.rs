@@ -57,11 +57,16 @@ impl PyReader {
         py.detach(|| self.inner.listing()).map_err(to_py)
     }
 
+    /// Removes the dataset whole from its staging cluster; the committed steps it had.
+    fn remove(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.inner.remove()).map_err(to_py)
+    }
+
     /// Registers, moves (`next`), renews or (`leave`) ends streaming reader `reader`; the
-    /// seconds a registration lasts unrenewed.
+    /// seconds a registration lasts unrenewed and the reader's mark (the first step it holds).
     #[pyo3(signature = (reader, next, leave))]
-    fn stream_at(&self, py: Python<'_>, reader: &str, next: Option<u64>, leave: bool) -> PyResult<f64> {
-        py.detach(|| self.inner.stream_at(reader, next, leave)).map(|d| d.as_secs_f64()).map_err(to_py)
+    fn stream_at(&self, py: Python<'_>, reader: &str, next: Option<u64>, leave: bool) -> PyResult<(f64, Option<u64>)> {
+        py.detach(|| self.inner.stream_at(reader, next, leave)).map(|(d, m)| (d.as_secs_f64(), m)).map_err(to_py)
     }
 
     fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {

@@ -112,9 +112,10 @@ pub(crate) fn cluster_start(
     py.detach(|| LocalCluster::start(&opts)).map(|c| c.pids).map_err(to_py)
 }
 
-/// Stops the local cluster in `file` (see `cairn_client::staging::local::LocalCluster::stop`).
+/// Stops the local cluster in `file` (see `cairn_client::staging::local::LocalCluster::stop`);
+/// how many servers were running.
 #[pyfunction]
-pub(crate) fn cluster_stop(py: Python<'_>, file: PathBuf, timeout_s: f64) -> PyResult<()> {
+pub(crate) fn cluster_stop(py: Python<'_>, file: PathBuf, timeout_s: f64) -> PyResult<u32> {
     let timeout = seconds(timeout_s)?;
     py.detach(|| cairn_client::staging::local::LocalCluster::stop(&file, timeout)).map_err(to_py)
 }

@@ -27,7 +27,8 @@
 //!    - [`local`] and [`cma`]: same-node clients, their leases and copies straight between their
 //!      memory and object buffers.
 //!    - [`peer`]: calls to other servers, over [`pool`]ed connections; [`deadline`]: the progress deadline on a connection;
-//!      [`reply`]: what a request produces; [`sync`]: locks that outlive a panic.
+//!      [`reply`]: what a request produces; [`sync`]: locks that outlive a panic;
+//!      [`failpoint`]: the tests' fail points (`CAIRN_FAILPOINTS`, `failpoints` feature).
 //!
 //! Tests of this and other crates run servers in one process with `cairn-testing`, which uses
 //! only this public API.
@@ -38,6 +39,7 @@ pub mod cmd;
 pub mod control;
 pub mod deadline;
 pub mod encode;
+pub mod failpoint;
 pub mod handler;
 pub mod kv;
 pub mod local;

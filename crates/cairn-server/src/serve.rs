@@ -29,7 +29,8 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     opts.redundancy.validate()?;
     // A cluster file that exists before this server publishes its entry means it is restarting
     // into a running cluster: its control-plane replica rejoins under a new node id.
-    let rejoin = opts.cluster.exists();
+    // (A stopped cluster's file is no running cluster: this server starts a new one.)
+    let rejoin = opts.cluster.exists() && cairn_proto::cluster::StoppedFile::load(&opts.cluster).is_none();
     let dir = ClusterFile::entries_dir(&opts.cluster);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     let secret_path = dir.join("secret");
@@ -37,6 +38,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         std::fs::read_to_string(&secret_path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
     })?;
     raise_fd_limit();
+    crate::failpoint::arm(&dir);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| Error::io("starting the runtime", e))?;
     rt.block_on(async move {
         // A restarting server takes back its port when it is free, so the address every view
@@ -122,7 +124,7 @@ fn assemble(
             .collect::<Option<Vec<_>>>()
     })?;
     let file = ClusterFile { secret: secret.to_string(), servers, redundancy, drain };
-    write_private(cluster, &serde_json::to_vec_pretty(&file).expect("serializes"))
+    write_private(cluster, &file.to_json())
 }
 
 /// Raises this process's open-file limit to its hard limit: every connection is a descriptor, and

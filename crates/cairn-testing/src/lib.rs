@@ -87,7 +87,7 @@ impl TestCluster {
             listeners.push((addr, l));
         }
         let cluster = ClusterFile { secret: secret.clone(), servers: entries, redundancy, drain: None };
-        write_private(&file, &serde_json::to_vec_pretty(&cluster).expect("serializes"))?;
+        write_private(&file, &cluster.to_json())?;
         let meta = MetaOptions { servers: meta, ..Default::default() };
         let mut c = TestCluster { file, dir: dir.to_path_buf(), secret, memory, limits, meta, addrs: Vec::new(), servers: Vec::new() };
         for (id, (addr, l)) in listeners.into_iter().enumerate() {
@@ -179,6 +179,14 @@ impl TestCluster {
             let _ = r.stop.send(());
             let _ = r.thread.join();
         }
+    }
+
+    /// Waits until the control plane declared server `id` down (every running server's view
+    /// lists it): only then is what only it held lost, not merely unavailable.
+    pub fn declared_down(&self, id: u32, within: Duration) -> Result<()> {
+        self.until(within, &format!("server {id} to be declared down"), |c| {
+            (0..c.servers.len() as u32).filter_map(|s| c.state(s)).all(|st| st.view().is_ok_and(|v| v.down.contains(&id)))
+        })
     }
 
     /// The running server that leads the control plane, once one does within `within`.

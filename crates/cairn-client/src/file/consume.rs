@@ -289,7 +289,16 @@ mod tests {
 
     fn step_index(step: u64, txn: Option<&str>) -> StepIndex {
         let consumed = txn.map(|t| Consumed { txn: t.into(), datasets: vec!["src".into()] });
-        StepIndex { format: 1, step, nranks: 1, vars: Default::default(), blocks: vec![], attrs: Default::default(), consumed }
+        StepIndex {
+            format: 1,
+            step,
+            nranks: 1,
+            vars: Default::default(),
+            blocks: vec![],
+            attrs: Default::default(),
+            consumed,
+            staged: None,
+        }
     }
 
     fn index(step: u64, txn: Option<&str>) -> Vec<u8> {

@@ -1,16 +1,20 @@
 //! A staging step written out as a `file`-engine step (the drain of multi-level checkpoints):
 //! its blocks go into one data file of the drainer, encoded with the file engine's codecs, and
-//! its index (same step number, variables, attributes, writers, boxes and block statistics) is
+//! its index (same step number, variables, attributes, writers, boxes and block statistics, and
+//! the step's identity: the cluster's id and every block's staged objects with their crc32c) is
 //! committed as any file-engine step is: one no-replace link, so the step on disk is whole or
 //! absent. A drainer killed midway leaves only an unreferenced data file; the next one writes
-//! the step again.
+//! the step again. A step found on disk is this cluster's step only if its identity matches the
+//! committed index's; any other (another run's, one without an identity) is refused, never
+//! taken (docs/format.md, *Drained steps*).
 
-use super::layout::Layout;
-use super::writer::{commit_index, encode, stored_len, write_all_vectored};
+use super::layout::{publish_new_hooked, Layout};
+use super::writer::{encode, stored_len, write_all_vectored};
 use crate::engine::BlockData;
 use cairn_core::codec::Policy;
 use cairn_core::error::IoContext;
-use cairn_core::index::{BlockRecord, StepIndex};
+use cairn_core::index::{BlockRecord, Staged, StepIndex};
+use cairn_core::index_file;
 use cairn_core::{Error, ErrorKind, Result};
 use std::fs::OpenOptions;
 
@@ -21,13 +25,20 @@ pub struct Drained {
     pub bytes: u64,
     /// Bytes written to the data file (after compression).
     pub stored: u64,
-    /// The step was on disk already (an earlier drainer committed it): nothing was written.
+    /// The step was on disk already (an earlier drainer of this cluster committed it): nothing
+    /// was written.
     pub found: bool,
 }
 
+/// The points of a step's drain where a test may kill the drainer (`CAIRN_FAILPOINTS`, servers
+/// built with the `failpoints` feature): before its data file, after it, after the index's
+/// temporary file, after the index's link (the commit), and (the server's) before the record.
+pub const FAIL_POINTS: [&str; 5] =
+    ["drain.before_data", "drain.after_data", "drain.after_index_tmp", "drain.after_link", "drain.before_record"];
+
 /// How drained steps are written.
-#[derive(Debug, Clone, Copy)]
-pub struct DrainOptions {
+#[derive(Clone, Copy)]
+pub struct DrainOptions<'a> {
     /// The codec pipeline of `[file] compression` (none: raw).
     pub compression: Option<Policy>,
     /// Checksum chunk size (`[file] chunk_size`).
@@ -36,22 +47,33 @@ pub struct DrainOptions {
     pub fsync: bool,
     /// Tells this drainer's data files apart from others' (the server id).
     pub tag: u32,
+    /// The draining cluster's id, recorded in the step's identity.
+    pub cluster: &'a str,
+    /// Called at each of [`FAIL_POINTS`] this function passes (a no-op outside tests).
+    pub hook: &'a (dyn Fn(&'static str) + Sync),
+}
+
+impl std::fmt::Debug for DrainOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DrainOptions").field("chunk", &self.chunk).field("tag", &self.tag).field("cluster", &self.cluster).finish()
+    }
 }
 
 /// Writes committed staging step `index` into `layout` (created if need be), the bytes of each
-/// block from `fetch`. A step already on disk is left as it is. The next block is fetched while
-/// one is written (the read from memory took a tenth of a step's drain, measured by
-/// `python -m cairn.bench drain`).
+/// block from `fetch`. A step already on disk is taken only if it is this one (see
+/// [`is_this_step`]). The next block is fetched while one is written (the read from memory took
+/// a tenth of a step's drain, measured by `python -m cairn.bench drain`).
 pub fn drain_step(
     layout: &Layout,
     index: &StepIndex,
-    opts: DrainOptions,
+    opts: DrainOptions<'_>,
     fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
 ) -> Result<Drained> {
     if layout.step_path(index.step).exists() {
-        return found(layout, index);
+        return found(layout, index, opts.cluster);
     }
     layout.create()?;
+    (opts.hook)("drain.before_data");
     // One file per step and drainer, never appended to by another: a new leader that drains the
     // step again after a crash writes its own.
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
@@ -71,7 +93,8 @@ pub fn drain_step(
                 }
             }
         });
-        let mut out = StepIndex { blocks: Vec::with_capacity(index.blocks.len()), ..index.clone() };
+        let mut out =
+            StepIndex { blocks: Vec::with_capacity(index.blocks.len()), staged: Some(Staged::of(opts.cluster, index)), ..index.clone() };
         let (mut end, mut bytes) = (0u64, 0u64);
         for b in &index.blocks {
             let def = index.vars.get(&b.var).ok_or_else(|| Error::Corrupt(format!("step {} names no variable {}", index.step, b.var)))?;
@@ -108,12 +131,18 @@ pub fn drain_step(
             return Err(e);
         }
     };
-    match commit_index(layout, out, "drain", Vec::new(), opts.fsync, opts.tag) {
-        Ok(_) => Ok(Drained { bytes, stored, found: false }),
-        // Another drainer (a leader before this one) committed the step meanwhile: it is on disk.
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+    (opts.hook)("drain.after_data");
+    let dest = layout.step_path(index.step);
+    let placed = publish_new_hooked(&dest, &index_file::encode(&out), opts.fsync, opts.tag, &|| (opts.hook)("drain.after_index_tmp"));
+    match placed {
+        Ok(true) => {
+            (opts.hook)("drain.after_link");
+            Ok(Drained { bytes, stored, found: false })
+        }
+        // Another drainer (a leader before this one) committed the step meanwhile.
+        Ok(false) => {
             let _ = std::fs::remove_file(&path);
-            found(layout, index)
+            found(layout, index, opts.cluster)
         }
         Err(e) => {
             let _ = std::fs::remove_file(&path);
@@ -122,29 +151,54 @@ pub fn drain_step(
     }
 }
 
-/// The step is on disk already: drained by an earlier leader (the same blocks), or written by
-/// another run into the same folder, which is refused rather than taken for this step.
-fn found(layout: &Layout, index: &StepIndex) -> Result<Drained> {
-    let disk = layout.read_step(index.step)?;
-    let shape = |i: &StepIndex| -> Vec<(String, u32, cairn_core::Region, u64)> {
-        let mut v: Vec<_> = i.blocks.iter().map(|b| (b.var.clone(), b.writer, b.region.clone(), b.len)).collect();
-        v.sort_by(|a, b| (&a.0, a.1, &a.2.offset).cmp(&(&b.0, b.1, &b.2.offset)));
-        v
-    };
-    // Compared as printed: statistics of the same bytes are equal, NaNs included.
-    let same_stats = disk.blocks.iter().all(|d| {
-        let stats = format!("{:?}", d.stats);
-        index.blocks.iter().any(|b| b.var == d.var && b.writer == d.writer && b.region == d.region && format!("{:?}", b.stats) == stats)
-    });
-    if shape(&disk) != shape(index) || !same_stats {
-        return Err(Error::AlreadyExists(format!(
-            "step {} is on disk in {} already, with other blocks than the cluster's: another run wrote there; drain \
-             to another folder (--drain) or move that dataset away",
-            index.step,
-            layout.root.display()
-        )));
+/// Whether `disk`, a step found on disk, is committed staging step `index` as drained by cluster
+/// `cluster`: the same cluster id and, block by block in order, the same staged objects (ids,
+/// boxes, crc32c). A step without an identity (drained by an older Cairn, or written by the
+/// `file` engine) is never taken for one.
+pub fn is_this_step(disk: &StepIndex, index: &StepIndex, cluster: &str) -> bool {
+    disk.staged.as_ref().is_some_and(|s| *s == Staged::of(cluster, index))
+}
+
+/// The step is on disk already: drained by an earlier leader of this cluster (the same
+/// identity), or written by another run into the same folder, which is refused rather than
+/// taken for this step.
+fn found(layout: &Layout, index: &StepIndex, cluster: &str) -> Result<Drained> {
+    let disk = layout.read_step_meta(index.step)?;
+    if is_this_step(&disk, index, cluster) {
+        return Ok(Drained { found: true, ..Drained::default() });
     }
-    Ok(Drained { found: true, ..Drained::default() })
+    let whose = match &disk.staged {
+        Some(s) if s.cluster == cluster => "this cluster's, but of other bytes (the dataset was removed and written again?)".to_string(),
+        Some(s) => format!("cluster {}'s (another run)", s.cluster),
+        None => "without a drain's identity (an older Cairn's drain, or a `file`-engine writer)".to_string(),
+    };
+    Err(Error::ForeignDrain(format!(
+        "step {} of {} is on disk already, {whose}: it is not this cluster's step {} and is never taken for it; drain to \
+         another folder (--drain), or remove that dataset (`cairn rm {} --cluster FILE --all`)",
+        index.step,
+        layout.root.display(),
+        index.step,
+        layout.name(),
+    )))
+}
+
+/// The committed steps of the drained dataset at `layout` that cluster `cluster` did not drain
+/// (another run's, or without a drain's identity), oldest first.
+pub fn foreign_steps(layout: &Layout, cluster: &str) -> Result<Vec<u64>> {
+    let mut foreign = Vec::new();
+    if !layout.root.join("steps").is_dir() {
+        return Ok(foreign);
+    }
+    for step in layout.steps()? {
+        match layout.read_step_meta(step) {
+            Ok(i) if i.staged.as_ref().is_some_and(|s| s.cluster == cluster) => {}
+            Ok(_) => foreign.push(step),
+            // Removed meanwhile (`cairn rm`): not there.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(foreign)
 }
 
 /// A write error of the drain: a full disk or quota is a capacity error, named as such.
@@ -178,6 +232,14 @@ mod tests {
             let region = Region::new(vec![u64::from(w) * 4], vec![4]).unwrap();
             let (mut r, _) = encode(&BlockData { def: &def, region: region.clone(), bytes: &raw }, w, 1 << 20, None).unwrap();
             r.file.clear();
+            // As staging commits it: one object per block, its crc32c the block's.
+            r.objects = vec![cairn_core::index::ObjectRef {
+                id: u64::from(w) << 32,
+                region: region.clone(),
+                server: 0,
+                checksum: r.checksum,
+                redundancy: Default::default(),
+            }];
             blocks.push(r);
             bytes.push(raw);
         }
@@ -190,7 +252,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path(), "d");
         let (index, bytes) = staged(3);
-        let opts = DrainOptions { compression: Some(Policy::parse("zstd").unwrap()), chunk: 1 << 20, fsync: false, tag: 7 };
+        let opts = DrainOptions {
+            compression: Some(Policy::parse("zstd").unwrap()),
+            chunk: 1 << 20,
+            fsync: false,
+            tag: 7,
+            cluster: "c1",
+            hook: &|_| {},
+        };
         let d = drain_step(&layout, &index, opts, |b| Ok(bytes[b.writer as usize].clone())).unwrap();
         assert_eq!((d.bytes, d.found), (64, false));
         let r = FileReader::open(layout.clone()).unwrap();
@@ -211,7 +280,32 @@ mod tests {
         let (other, _) = staged(4);
         let other = StepIndex { step: 3, ..other };
         let e = drain_step(&layout, &other, opts, |_| panic!("not fetched")).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+        assert_eq!((e.kind(), e.reason()), (ErrorKind::AlreadyExists, Some(cairn_core::Reason::ForeignDrain)), "{e}");
+        // The same blocks drained by another cluster are not this cluster's step either.
+        let e = drain_step(&layout, &index, DrainOptions { cluster: "c2", ..opts }, |_| panic!("not fetched")).unwrap_err();
+        assert!(e.to_string().contains("cluster c1's"), "{e}");
+        assert_eq!(foreign_steps(&layout, "c2").unwrap(), vec![3]);
+        assert_eq!(foreign_steps(&layout, "c1").unwrap(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn identity_is_the_objects_crcs_not_the_statistics() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), "d");
+        let (index, bytes) = staged(1);
+        let points = std::sync::Mutex::new(Vec::new());
+        let hook = |p: &'static str| points.lock().unwrap().push(p);
+        let opts = DrainOptions { compression: None, chunk: 1 << 20, fsync: false, tag: 0, cluster: "c1", hook: &hook };
+        drain_step(&layout, &index, opts, |b| Ok(bytes[b.writer as usize].clone())).unwrap();
+        let mut want = FAIL_POINTS.to_vec();
+        want.pop();
+        assert_eq!(*points.lock().unwrap(), want, "every fail point of the writer is passed, in order");
+        assert!(drain_step(&layout, &index, opts, |_| panic!("not fetched")).unwrap().found);
+        // Same statistics and boxes, other bytes (one object's crc differs): refused.
+        let mut other = index.clone();
+        other.blocks[1].objects[0].checksum ^= 1;
+        let e = drain_step(&layout, &other, opts, |_| panic!("not fetched")).unwrap_err();
+        assert!(e.to_string().contains("this cluster's, but of other bytes"), "{e}");
     }
 
     #[test]
@@ -219,7 +313,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path(), "d");
         let (index, bytes) = staged(0);
-        let opts = DrainOptions { compression: None, chunk: 1 << 20, fsync: false, tag: 0 };
+        let opts = DrainOptions { compression: None, chunk: 1 << 20, fsync: false, tag: 0, cluster: "c1", hook: &|_| {} };
         let e = drain_step(&layout, &index, opts, |b| {
             if b.writer == 1 {
                 Err(Error::Unavailable("server gone".into()))

@@ -251,7 +251,14 @@ pub(super) fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Resul
 
 /// [`publish`], but only if `dest` does not exist: returns false if it does.
 pub(super) fn publish_new(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<bool> {
+    publish_new_hooked(dest, bytes, fsync, tag, &|| {})
+}
+
+/// [`publish_new`] calling `staged_hook` between writing the temporary file and renaming it (the
+/// drain's fail point `drain.after_index_tmp`).
+pub(super) fn publish_new_hooked(dest: &Path, bytes: &[u8], fsync: bool, tag: u32, staged_hook: &dyn Fn()) -> Result<bool> {
     let (tmp, _) = staged(dest, bytes, fsync, tag)?;
+    staged_hook();
     let placed = rename_new(&tmp, dest);
     if !matches!(placed, Ok(true)) {
         let _ = std::fs::remove_file(&tmp);

@@ -18,7 +18,7 @@ mod reader;
 mod writer;
 
 pub use aggregate::{AggWriter, Collective, Exchange, Groups, Received};
-pub use drain::{drain_step, DrainOptions, Drained};
+pub use drain::{drain_step, foreign_steps, is_this_step, DrainOptions, Drained, FAIL_POINTS};
 pub use layout::Layout;
 pub use reader::FileReader;
 pub use writer::FileWriter;

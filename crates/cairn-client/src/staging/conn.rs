@@ -108,6 +108,7 @@ impl Conn {
                 | Request::Index { .. }
                 | Request::WaitStep { .. }
                 | Request::Release(_)
+                | Request::RemoveDataset { .. }
                 | Request::KvPut { .. }
                 | Request::KvGet { .. }
                 | Request::KvDelete { .. }
@@ -269,6 +270,11 @@ impl Cluster {
     /// Where the cluster drains committed steps to disk, if it does.
     pub(crate) fn drain(&self) -> Option<&cairn_proto::cluster::DrainSpec> {
         self.file.drain.as_ref()
+    }
+
+    /// The cluster's id (drained steps carry it).
+    pub(crate) fn id(&self) -> String {
+        self.file.id()
     }
 
     /// The current view.

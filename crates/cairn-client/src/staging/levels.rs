@@ -2,6 +2,12 @@
 //! Steps in memory are read there; steps staging released (`keep_last`, `release`) or lost
 //! come from their drained copy; when no server of the cluster answers, every read goes to the
 //! drain (with one warning naming the cluster file). `steps()` is the union of both levels.
+//!
+//! A drained step is served as one this cluster committed only if it carries this cluster's
+//! identity: a step the cluster released or lost is read from disk only when the drain there is
+//! its own; steps the cluster never had (an earlier run's, continued with mode `"a"`) are the
+//! dataset's history and read as they are. With no server answering, another run's step is read
+//! only below this cluster's oldest drained step (the history before this run).
 
 use super::reader::StagingReader;
 use crate::engine::ReadEngine;
@@ -24,11 +30,42 @@ pub(crate) struct Levels {
     /// No server answered: the memory level is not asked again by this reader.
     gone: AtomicBool,
     cluster: PathBuf,
+    /// The cluster's id, which its drained steps carry.
+    id: String,
+    /// This cluster's oldest drained step, looked up once no server answers.
+    first_mine: OnceLock<Option<u64>>,
 }
 
 impl Levels {
-    pub(crate) fn new(memory: StagingReader, layout: Layout, cluster: PathBuf) -> Levels {
-        Levels { memory, layout, disk: OnceLock::new(), gone: AtomicBool::new(false), cluster }
+    pub(crate) fn new(memory: StagingReader, layout: Layout, cluster: PathBuf, id: String) -> Levels {
+        Levels { memory, layout, disk: OnceLock::new(), gone: AtomicBool::new(false), cluster, id, first_mine: OnceLock::new() }
+    }
+
+    /// Whether drained `step` carries this cluster's identity.
+    fn mine(&self, step: u64) -> Result<bool> {
+        Ok(self.layout.read_step_meta(step)?.staged.is_some_and(|s| s.cluster == self.id))
+    }
+
+    /// Whether drained `step` may be served with no server answering: this cluster's, or
+    /// history from before this cluster's first drained step.
+    fn servable_alone(&self, step: u64) -> Result<bool> {
+        if self.mine(step)? {
+            return Ok(true);
+        }
+        let first = match self.first_mine.get() {
+            Some(f) => *f,
+            None => {
+                let mut first = None;
+                for s in self.disk_steps()? {
+                    if self.mine(s)? {
+                        first = Some(s);
+                        break;
+                    }
+                }
+                *self.first_mine.get_or_init(|| first)
+            }
+        };
+        Ok(first.is_none_or(|f| step < f))
     }
 
     fn disk(&self) -> Option<&FileReader> {
@@ -69,8 +106,25 @@ impl Levels {
             Some(Err(e)) if !matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLoss) => return Err(e),
             m => m,
         };
+        // Committed here and then released or lost: only this cluster's own drain of it will do.
+        let committed_here = matches!(&mem, Some(Err(e)) if e.kind() == ErrorKind::DataLoss || e.reason().is_some());
         match self.disk() {
-            Some(d) if d.steps()?.contains(&step) => f(d),
+            Some(d) if d.steps()?.contains(&step) => {
+                let servable = match &mem {
+                    None => self.servable_alone(step)?,
+                    Some(_) if committed_here => self.mine(step)?,
+                    Some(_) => true,
+                };
+                match (servable, mem) {
+                    (true, _) => f(d),
+                    (false, Some(Err(e))) => Err(e),
+                    (false, _) => Err(Error::NotFound(format!(
+                        "step {step} drained to {} is another cluster's (another run's), not this cluster's step {step}; \
+                         no server of this cluster answers to give its own",
+                        self.layout.root.display()
+                    ))),
+                }
+            }
             _ => match mem {
                 Some(Err(e)) => Err(e),
                 _ => Err(Error::NotFound(format!(
@@ -99,7 +153,12 @@ impl ReadEngine for Levels {
                 )))
             }
         };
-        steps.extend(self.disk_steps()?);
+        let gone = self.gone.load(Ordering::Relaxed);
+        for s in self.disk_steps()? {
+            if !gone || self.servable_alone(s)? {
+                steps.push(s);
+            }
+        }
         steps.sort_unstable();
         steps.dedup();
         Ok(steps)
@@ -173,7 +232,11 @@ impl ReadEngine for Levels {
         self.memory.wait_drained(step, timeout)
     }
 
-    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<Duration> {
+    fn remove(&self) -> Result<u64> {
+        self.memory.remove()
+    }
+
+    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<(Duration, Option<u64>)> {
         self.memory.stream_at(reader, next, leave)
     }
 }

@@ -182,17 +182,28 @@ impl LocalCluster {
 
     /// Stops the cluster in `file`: a shutdown request to each server (a server that does not
     /// answer within 2 s is killed at once), a kill for any still running after `timeout`, then
-    /// the cluster file and its folder are removed. Works for any local cluster, whoever started it.
-    pub fn stop(file: &Path, timeout: Duration) -> Result<()> {
+    /// the cluster file becomes a stopped one (`{"state": "stopped", "drain": ...}`: readers
+    /// still find the drained steps) and its folder keeps only the servers' logs. Works for any
+    /// local cluster, whoever started it; a stopped one is left as it is. Returns how many
+    /// servers were running (answered or were killed).
+    pub fn stop(file: &Path, timeout: Duration) -> Result<u32> {
+        if cairn_proto::cluster::StoppedFile::load(file).is_some() {
+            return Ok(0);
+        }
         let c = Cluster::open(file, Duration::from_secs(2), Transport::Auto)?;
         let entries = c.view().servers.clone();
         let mut waiting = Vec::new();
+        let mut running = 0;
         for s in &entries {
             match c.call(s.spec.id, &Request::Shutdown) {
                 Ok(Response::Ok) => waiting.push(s.pid),
-                _ => kill(s.pid),
+                _ => {
+                    running += u32::from(s.pid > 0 && alive(s.pid));
+                    kill(s.pid);
+                }
             }
         }
+        running += waiting.len() as u32;
         let deadline = Instant::now() + timeout;
         for pid in waiting {
             while alive(pid) && Instant::now() < deadline {
@@ -202,9 +213,15 @@ impl LocalCluster {
                 kill(pid);
             }
         }
-        let _ = std::fs::remove_file(file);
-        let _ = std::fs::remove_dir_all(ClusterFile::entries_dir(file));
-        Ok(())
+        cairn_proto::cluster::StoppedFile::write(file, c.drain().cloned())?;
+        // The logs stay for whoever looks into what happened; the secret, entries and sockets go.
+        let dir = ClusterFile::entries_dir(file);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().contains(".log") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        Ok(running)
     }
 }
 

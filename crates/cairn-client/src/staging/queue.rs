@@ -23,21 +23,27 @@ pub(crate) fn set(c: &Cluster, dataset: &str, limit: u64, policy: Policy) -> Res
     }
 }
 
-/// Waits until `dataset`'s queue has room, up to `timeout`; then a capacity error naming it.
+/// Waits until `dataset`'s queue has room, up to `max(timeout, the longest registered reader's
+/// lease + 1 s)` (so a reader that died or hung costs a writer at most its lease, once); then a
+/// capacity error naming it.
 pub(crate) fn wait_room(c: &Cluster, dataset: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let mut deadline = started + timeout;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now()).min(WAIT_SLICE);
+        let left = deadline.saturating_duration_since(Instant::now()).min(WAIT_SLICE).max(Duration::from_millis(1));
         let req = Request::WaitQueue { dataset: dataset.into(), timeout_ms: left.as_millis() as u64 };
         match c.coord_waiting(&req, left)? {
             Response::Queue { room: true, .. } => return Ok(()),
+            Response::Queue { lease_ms, .. } if started + Duration::from_millis(lease_ms) + Duration::from_secs(1) > deadline => {
+                deadline = started + Duration::from_millis(lease_ms) + Duration::from_secs(1);
+            }
             Response::Queue { queued, limit, policy, .. } if Instant::now() >= deadline => {
                 return Err(Error::Capacity(format!(
                     "the queue of '{dataset}' is full: {queued} committed steps are not released, its limit \
                      (define_queue(limit={limit}, policy=\"{policy}\")), and none was released within {:.1} s; readers \
                      release what they passed with stream(release=True) (or release(step), keep_last), or use \
                      policy=\"discard_oldest\"",
-                    timeout.as_secs_f64()
+                    started.elapsed().as_secs_f64()
                 )))
             }
             Response::Queue { .. } => {}
@@ -47,11 +53,12 @@ pub(crate) fn wait_room(c: &Cluster, dataset: &str, timeout: Duration) -> Result
 }
 
 /// Registers streaming reader `reader` of `dataset`, moves it to `next`, or renews it (`next`
-/// none) for `lease`, or (`leave`) ends its registration.
-pub(crate) fn stream_at(c: &Cluster, dataset: &str, reader: &str, next: Option<u64>, lease: Duration, leave: bool) -> Result<()> {
+/// none) for `lease`, or (`leave`) ends its registration; returns its mark (the first step it
+/// holds).
+pub(crate) fn stream_at(c: &Cluster, dataset: &str, reader: &str, next: Option<u64>, lease: Duration, leave: bool) -> Result<Option<u64>> {
     let lease_ms = if leave { 0 } else { (lease.as_millis() as u64).max(1) };
     match c.coord(&Request::StreamAt { dataset: dataset.into(), reader: reader.into(), next, lease_ms })? {
-        Response::Queue { .. } => Ok(()),
+        Response::Queue { mark, .. } => Ok(mark),
         other => Err(unexpected("stream_at", &other)),
     }
 }

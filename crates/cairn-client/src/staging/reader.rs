@@ -204,7 +204,9 @@ impl StagingReader {
     /// objects are fetched again from their next copies, server by server.
     fn fetch_with_failover(&self, server: u32, fetches: Vec<Fetch<'_>>) -> Result<()> {
         let mut failed: Vec<u32> = Vec::new();
-        // Whether every failed server is gone (refuses connections), not merely hung.
+        // Whether every failed server was declared down by the control plane: only then is a
+        // piece lost. One that refuses connections but is not declared yet, or hangs, may be
+        // a restart or a pause away (hung is not lost).
         let mut all_gone = true;
         let mut todo = vec![(server, fetches)];
         // A holder that answers it has no such copy (dropped after encoding, or a server that
@@ -223,7 +225,7 @@ impl StagingReader {
             };
             failed.push(srv);
             self.server_refused(srv, &e);
-            all_gone &= server_gone(&e) || self.cluster.view().down.contains(&srv);
+            all_gone &= e.kind() == ErrorKind::NotFound || self.declared_down(srv);
             let mut next: BTreeMap<u32, Vec<Fetch<'_>>> = BTreeMap::new();
             for x in f {
                 match x.holders.iter().find(|h| !failed.contains(h)) {
@@ -466,8 +468,16 @@ impl StagingReader {
                     code.decode(&mut shards, st.len)?
                 } else if let Some(e) = &other {
                     return Err(e.duplicate());
+                } else if st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| failed[s].kind() == ErrorKind::NotFound) {
+                    // Every holder answered without its shard: the object moved or went with a
+                    // release, not with its servers; the caller reads the index again.
+                    return Err(Error::NotFound(format!("the shards of {} are not where the index says", what(o))));
                 } else {
-                    let gone = st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| server_gone(&failed[s]));
+                    let gone = st
+                        .servers
+                        .iter()
+                        .filter(|s| failed.contains_key(s))
+                        .all(|s| failed[s].kind() == ErrorKind::NotFound || self.declared_down(*s));
                     let lost: Vec<String> = st.servers.iter().filter(|s| failed.contains_key(s)).map(|s| format!("server {s}")).collect();
                     let msg = format!(
                         "{} is lost: it was coded into {}+{} shards on servers {:?} and {} of them failed ({}), more than the {} \
@@ -493,6 +503,18 @@ impl StagingReader {
                 Ok(bytes)
             })
             .collect()
+    }
+}
+
+impl StagingReader {
+    /// Whether the control plane declared `server` down (by the newest view, asked for when the
+    /// one at hand does not say so).
+    fn declared_down(&self, server: u32) -> bool {
+        if self.cluster.view().down.contains(&server) {
+            return true;
+        }
+        self.cluster.refresh_view();
+        self.cluster.view().down.contains(&server)
     }
 }
 
@@ -581,10 +603,17 @@ impl ReadEngine for StagingReader {
         super::wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
-    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<Duration> {
+    fn remove(&self) -> Result<u64> {
+        match self.cluster.coord(&Request::RemoveDataset { dataset: self.dataset.clone() })? {
+            Response::Removed { steps } => Ok(steps),
+            other => Err(unexpected("remove_dataset", &other)),
+        }
+    }
+
+    fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<(Duration, Option<u64>)> {
         // Registered for the cluster's timeout: a reader that dies holds steps that long.
-        super::queue::stream_at(&self.cluster, &self.dataset, reader, next, self.cluster.timeout, leave)?;
-        Ok(self.cluster.timeout)
+        let mark = super::queue::stream_at(&self.cluster, &self.dataset, reader, next, self.cluster.timeout, leave)?;
+        Ok((self.cluster.timeout, mark))
     }
 
     fn wait_step(&self, step: u64, timeout: Duration) -> Result<bool> {
@@ -690,6 +719,7 @@ mod tests {
             blocks: vec![block],
             attrs: Default::default(),
             consumed: None,
+            staged: None,
         })
     }
 

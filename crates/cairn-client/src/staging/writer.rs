@@ -137,12 +137,35 @@ fn step_of(o: &Outgoing<'_>) -> u64 {
     }
 }
 
+/// Refuses a new run of `dataset` on a cluster whose drain folder holds committed steps of it
+/// that this cluster did not drain (another run's): every rank checks the same folder, so all
+/// of them refuse alike, before anything is put.
+fn refuse_foreign_drain(cluster: &Cluster, dataset: &str, file: Option<&std::path::Path>) -> Result<()> {
+    let Some(drain) = cluster.drain() else { return Ok(()) };
+    let layout = crate::file::Layout::new(&drain.path, dataset);
+    let foreign = crate::file::foreign_steps(&layout, &cluster.id())?;
+    let (Some(first), Some(last)) = (foreign.first(), foreign.last()) else { return Ok(()) };
+    let file = file.map_or_else(|| "FILE".to_string(), |f| f.display().to_string());
+    Err(Error::ForeignDrain(format!(
+        "{dataset} has {} committed step(s) (steps {first} to {last}) in the drain folder {} that this cluster did not drain \
+         (another run's): opening it in mode \"w\" would mix this run's steps with them. Continue that run with mode \"a\", \
+         or remove the old steps with `cairn rm {dataset} --cluster {file} --all`",
+        foreign.len(),
+        layout.root.display()
+    )))
+}
+
 impl StagingWriter {
     /// Opens rank `rank` of `nranks`. A dataset that has steps may be opened without appending:
     /// several claimers each commit the steps they claimed into one destination (D²T), and a
     /// committed step is never written again (`begin_step` refuses it), so nothing is overwritten.
-    pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, session: String) -> Result<StagingWriter> {
+    /// Without `append`, a drain folder holding committed steps of `dataset` that this cluster
+    /// did not drain is refused (`ForeignDrain`): this run's steps would meet another run's there.
+    pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, session: String, append: bool) -> Result<StagingWriter> {
         let cluster = super::cluster(cfg)?;
+        if !append {
+            refuse_foreign_drain(&cluster, dataset, cfg.cluster.as_deref())?;
+        }
         let default_level = cfg.redundancy.unwrap_or(cluster.policy().redundancy);
         let mut w = StagingWriter {
             default_level,

@@ -52,6 +52,7 @@ fn family(req: &Request) -> Family {
         R::EndStep { .. }
         | R::AbortStep(_)
         | R::Release(_)
+        | R::RemoveDataset { .. }
         | R::WaitStep { .. }
         | R::WaitDrained { .. }
         | R::StepOutcome { .. }

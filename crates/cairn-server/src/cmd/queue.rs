@@ -49,8 +49,13 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         }
         Request::StreamAt { dataset, reader, next, lease_ms } => {
             let now_ms = crate::control::meta::now_ms();
-            ctl.commits.queue(&dataset, Cmd::Stream { dataset: dataset.clone(), reader: Some(reader), next, lease_ms, now_ms }).await?;
-            queue(ctl, &dataset)?
+            let cmd = Cmd::Stream { dataset: dataset.clone(), reader: Some(reader.clone()), next, lease_ms, now_ms };
+            ctl.commits.queue(&dataset, cmd).await?;
+            let mut answer = queue(ctl, &dataset)?;
+            if let Response::Queue { mark, .. } = &mut answer {
+                *mark = ctl.meta.reader_mark(ctl.gate.leader()?, &dataset, &reader);
+            }
+            answer
         }
         Request::WaitQueue { dataset, timeout_ms } => wait(ctl, &dataset, timeout_ms).await?,
         other => return Err(super::misrouted("queue", &other.op_name())),
@@ -60,24 +65,27 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
 
 /// The dataset's queue as answered.
 fn queue(ctl: &Control, dataset: &str) -> Result<Response> {
-    let (queued, limit, _) = ctl.meta.queued(ctl.gate.leader()?, dataset);
-    let (limit, policy) = limit.unwrap_or((0, Policy::Block));
+    let q = ctl.meta.queued(ctl.gate.leader()?, dataset);
+    let (limit, policy) = q.limit.unwrap_or((0, Policy::Block));
     Ok(Response::Queue {
-        room: limit == 0 || queued < limit || policy == Policy::DiscardOldest,
-        queued,
+        room: limit == 0 || q.queued < limit || q.discarding,
+        queued: q.queued,
         limit,
         policy: policy.name().into(),
+        lease_ms: q.longest_lease_ms,
+        mark: None,
     })
 }
 
 /// Waits until the dataset's queue has room or the timeout passes; drops streaming readers
-/// whose registration lapsed (a dead reader holds no step for long).
+/// whose registration lapsed (a dead or hung reader holds no step for long) and, once its readers
+/// all left, looks again at the claim leases that held it with a newer clock.
 async fn wait(ctl: &Control, dataset: &str, timeout_ms: u64) -> Result<Response> {
     let mut rx = ctl.meta.watch(dataset);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
-        let (_, _, lapsed) = ctl.meta.queued(ctl.gate.leader()?, dataset);
-        if lapsed {
+        let q = ctl.meta.queued(ctl.gate.leader()?, dataset);
+        if q.lapsed || q.held_by_claims {
             let now_ms = crate::control::meta::now_ms();
             ctl.commits.queue(dataset, Cmd::Stream { dataset: dataset.into(), reader: None, next: None, lease_ms: 0, now_ms }).await?;
         }

@@ -22,7 +22,9 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
             }
             fragment.validate()
         }
-        Request::WaitDrained { dataset: Some(d), .. } if d.is_empty() || d.len() > MAX_KEY => {
+        Request::RemoveDataset { dataset } | Request::WaitDrained { dataset: Some(dataset), .. }
+            if dataset.is_empty() || dataset.len() > MAX_KEY =>
+        {
             Err(Error::InvalidArgument(format!("a dataset is named by 1 to {MAX_KEY} bytes")))
         }
         Request::Touch { ids, .. } if ids.len() > MAX_KEYS => {
@@ -42,6 +44,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::EndStep { dataset, fragment, shares, keep_last } => ctl.commits.end_step(&dataset, fragment, shares, keep_last).await,
         Request::AbortStep(a) => ctl.commits.abort_step(&a.dataset, a.step, &a.session, &a.reason).await,
         Request::Release(r) => ctl.commits.release(&r.dataset, r.step).await,
+        Request::RemoveDataset { dataset } => ctl.commits.remove(&dataset).await,
         Request::WaitStep { dataset, step, timeout_ms } => wait_step(ctl, &dataset, step, timeout_ms).await,
         Request::WaitDrained { dataset, step, timeout_ms } => {
             ctl.drain.wait(dataset.as_deref(), step, Duration::from_millis(timeout_ms).min(MAX_WAIT)).await

@@ -300,4 +300,14 @@ impl Commits {
         free(&self.state, dataset, &index).await;
         Ok(Response::Ok)
     }
+
+    /// Removes `dataset` whole (`cairn rm`, one control-plane command) and frees its objects.
+    pub async fn remove(&self, dataset: &str) -> Result<Response> {
+        let released = self.meta.remove(self.gate.leader()?, dataset).await?;
+        for index in &released {
+            self.told.corec.released(dataset, index.step);
+            free(&self.state, dataset, index).await;
+        }
+        Ok(Response::Removed { steps: released.len() as u64 })
+    }
 }

@@ -5,7 +5,10 @@
 //! reader does (degraded reads included), so a server lost mid-drain costs a retry, not the
 //! step. A new leader continues from the log's record: a step a killed leader half wrote is
 //! written again (its index was never committed, so no reader saw it); one it committed but did
-//! not record is found on disk and recorded.
+//! not record is found on disk, known for this step by its identity (the cluster's id and every
+//! object's crc32c, never its statistics) and recorded. A step on disk that is not this
+//! cluster's is refused (`ForeignDrain`), and each dataset's failure stays its own: the others'
+//! drains go on while it waits for its retry.
 //!
 //! The cadence is `drain_every` steps, or (`auto`) the Young/Daly interval
 //! `sqrt(2 × C × MTBF)` over the time between commits, with `C` the measured time to drain a step.
@@ -28,8 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// How long after a failed drain (a full disk, a server gone) it tries again.
+/// How long after a failed drain (a full disk, a server gone) that dataset's drain tries again.
 const RETRY: Duration = Duration::from_secs(1);
+
+/// How long after finding another run's step in the way (which only an operator can clear).
+const RETRY_FOREIGN: Duration = Duration::from_secs(10);
 
 /// Weight of the newest measurement in the running means of drain cost and commit period.
 const EWMA: f64 = 0.3;
@@ -55,10 +61,10 @@ pub struct Drain {
 
 #[derive(Debug, Default)]
 struct Progress {
-    error: Option<Error>,
-    /// Attempts started, and the one that failed with `error`.
+    /// Per dataset, why its last drain failed, the attempt that failed, and when it tries again.
+    failures: std::collections::BTreeMap<String, Failure>,
+    /// Attempts started.
     attempts: u64,
-    failed_attempt: u64,
     bytes: u64,
     busy: Duration,
     /// Running mean of the seconds one step's drain takes.
@@ -66,6 +72,23 @@ struct Progress {
     /// Running mean of the seconds between commits, and the last commit.
     period_s: Option<f64>,
     last_commit: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Failure {
+    error: Error,
+    attempt: u64,
+    retry_at: Instant,
+}
+
+impl Progress {
+    /// The newest failure (the one status shows), or the failure of `dataset` when one is named.
+    fn failure(&self, dataset: Option<&str>) -> Option<&Failure> {
+        match dataset {
+            Some(d) => self.failures.get(d),
+            None => self.failures.values().max_by_key(|f| f.attempt),
+        }
+    }
 }
 
 impl Drain {
@@ -130,36 +153,49 @@ impl Drain {
         });
     }
 
-    /// Drains the oldest step owed, if this server leads.
+    /// Drains the oldest step owed of the first dataset (in name order) whose drain is not
+    /// waiting for a retry, if this server leads.
     async fn round(self: &Arc<Self>) -> Next {
         let (Some(spec), Ok(log)) = (&self.spec, self.gate.leader()) else { return Next::Idle };
         let every = self.every().unwrap_or(1);
-        let owed = query(log, |s| s.datasets().into_iter().find_map(|d| s.owed(&d, every).into_iter().next().map(|o| (d, o))));
-        let Some((dataset, (step, index))) = owed else { return Next::Idle };
+        let owed = query(log, |s| {
+            s.datasets().into_iter().filter_map(|d| s.owed(&d, every).into_iter().next().map(|o| (d, o))).collect::<Vec<_>>()
+        });
+        let now = Instant::now();
+        let (ready, waiting): (Vec<_>, Vec<_>) = {
+            let p = lock(&self.progress);
+            owed.into_iter().partition(|(d, _)| p.failures.get(d).is_none_or(|f| f.retry_at <= now))
+        };
+        let Some((dataset, (step, index))) = ready.into_iter().next() else {
+            let p = lock(&self.progress);
+            let next = waiting.iter().filter_map(|(d, _)| p.failures.get(d).map(|f| f.retry_at)).min();
+            return next.map_or(Next::Idle, |at| Next::After(at.saturating_duration_since(now)));
+        };
         let started = Instant::now();
         let attempt = {
             let mut p = lock(&self.progress);
             p.attempts += 1;
             p.attempts
         };
-        let (state, path) = (self.state.clone(), spec.path.clone());
-        let written = tokio::task::spawn_blocking(move || write(&state, &path, &dataset, &index).map(|d| (dataset, d)))
+        let (state, path, name) = (self.state.clone(), spec.path.clone(), dataset.clone());
+        let written = tokio::task::spawn_blocking(move || write(&state, &path, &name, &index))
             .await
             .unwrap_or_else(|e| Err(Error::Corrupt(format!("the drain's task failed: {e}"))));
-        let (dataset, d) = match written {
-            Ok(w) => w,
+        let d = match written {
+            Ok(d) => d,
             Err(e) => {
-                eprintln!("cairn server {}: draining step {step} (attempt {attempt}): {e}", self.state.id);
-                self.failed(e, attempt);
-                return Next::After(RETRY);
+                eprintln!("cairn server {}: draining step {step} of {dataset} (attempt {attempt}): {e}", self.state.id);
+                self.failed(&dataset, e, attempt);
+                return Next::Again;
             }
         };
+        crate::failpoint::hit("drain.before_record");
         match self.meta.drained(log, &dataset, step).await {
             Ok(released) => {
                 let took = started.elapsed();
                 {
                     let mut p = lock(&self.progress);
-                    p.error = None;
+                    p.failures.remove(&dataset);
                     p.bytes += d.bytes;
                     p.busy += took;
                     if !d.found {
@@ -173,16 +209,23 @@ impl Drain {
                 self.changes.send_modify(|n| *n += 1);
                 Next::Again
             }
+            // Removed meanwhile (`cairn rm`): the step just written is no step of a dataset now.
+            Err(e) if e.kind() == cairn_core::ErrorKind::NotFound => {
+                if !d.found {
+                    let _ = std::fs::remove_file(Layout::new(&spec.path, &dataset).step_path(step));
+                }
+                Next::Again
+            }
             // Lost the lead: the next leader finds the step on disk and records it.
             Err(_) => Next::Idle,
         }
     }
 
-    fn failed(&self, e: Error, attempt: u64) {
+    fn failed(&self, dataset: &str, error: Error, attempt: u64) {
         {
+            let retry = if error.reason() == Some(cairn_core::Reason::ForeignDrain) { RETRY_FOREIGN } else { RETRY };
             let mut p = lock(&self.progress);
-            p.error = Some(e);
-            p.failed_attempt = attempt;
+            p.failures.insert(dataset.to_string(), Failure { error, attempt, retry_at: Instant::now() + retry });
         }
         self.changes.send_modify(|n| *n += 1);
     }
@@ -204,6 +247,7 @@ impl Drain {
             (steps, pending)
         });
         let p = lock(&self.progress);
+        let newest = p.failure(None);
         DrainStatus {
             path: Some(spec.path.display().to_string()),
             every,
@@ -211,10 +255,12 @@ impl Drain {
             steps,
             pending_bytes,
             mbps: if p.busy.is_zero() { 0.0 } else { p.bytes as f64 / 1e6 / p.busy.as_secs_f64() },
-            error: p.error.as_ref().map(|e| e.to_string()),
-            error_kind: p.error.as_ref().map(|e| e.kind()),
+            error: newest.map(|f| f.error.to_string()),
+            error_kind: newest.map(|f| f.error.kind()),
+            error_reason: newest.and_then(|f| f.error.reason()),
+            errors: p.failures.iter().map(|(d, f)| (d.clone(), f.error.to_string())).collect(),
             attempts: p.attempts,
-            failed_attempt: p.failed_attempt,
+            failed_attempt: newest.map_or(0, |f| f.attempt),
         }
     }
 
@@ -243,13 +289,15 @@ impl Drain {
                     (target, target.is_none_or(|t| s.drained(d).is_some_and(|x| x >= t)))
                 }),
             };
-            let failed = {
-                let p = lock(&self.progress);
-                p.error.is_some() && p.failed_attempt > began
-            };
-            if done || failed || tokio::time::Instant::now() >= deadline {
+            let failed = lock(&self.progress).failure(dataset).filter(|f| f.attempt > began).map(|f| f.error.duplicate());
+            if done || failed.is_some() || tokio::time::Instant::now() >= deadline {
                 // The status (a walk over every owed step's index) only for the answer.
-                return Ok(Response::Drain { drain: self.status(log), step: target, drained: done, failed: failed && !done });
+                let mut drain = self.status(log);
+                if let (Some(e), false) = (&failed, done) {
+                    // The waiter raises its own dataset's failure.
+                    (drain.error, drain.error_kind, drain.error_reason) = (Some(e.to_string()), Some(e.kind()), e.reason());
+                }
+                return Ok(Response::Drain { drain, step: target, drained: done, failed: failed.is_some() && !done });
             }
             let commit = async {
                 match commits.as_mut() {
@@ -274,7 +322,15 @@ fn write(state: &State, path: &std::path::Path, dataset: &str, index: &StepIndex
     let mut cfg = cairn_client::Config { engine: cairn_client::config::EngineKind::Staging, ..Default::default() };
     cfg.staging.cluster = Some(state.cluster_path.clone());
     let reader = cairn_client::Reader::open(dataset, &cfg)?;
-    let opts = DrainOptions { compression: cfg.file.compression()?, chunk: cfg.file.chunk_size, fsync: true, tag: state.id };
+    let cluster = cairn_proto::auth::cluster_id(&state.secret);
+    let opts = DrainOptions {
+        compression: cfg.file.compression()?,
+        chunk: cfg.file.chunk_size,
+        fsync: true,
+        tag: state.id,
+        cluster: &cluster,
+        hook: &crate::failpoint::hit,
+    };
     drain_step(&Layout::new(path, dataset), index, opts, |b| {
         let mut out = vec![0u8; b.len as usize];
         let local = index.vars.get(&b.var).is_some_and(|d| d.shape.is_none());

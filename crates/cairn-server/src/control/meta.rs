@@ -200,6 +200,16 @@ impl Meta {
         Ok(index)
     }
 
+    /// Removes `dataset` whole; returns the indexes of the committed steps it had.
+    pub async fn remove(&self, log: &dyn MetaLog, dataset: &str) -> Result<Vec<Arc<StepIndex>>> {
+        let released = match self.batcher.propose(log, Cmd::Remove { dataset: dataset.to_string() }).await? {
+            Outcome::Removed { released } => released,
+            other => return Err(unexpected_outcome("remove", &other)),
+        };
+        self.changed(dataset);
+        Ok(released)
+    }
+
     /// Records `step` of `dataset` as drained to disk; returns the steps `keep_last` released
     /// with it (held back until then).
     pub async fn drained(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<Vec<Arc<StepIndex>>> {
@@ -221,8 +231,13 @@ impl Meta {
         Ok(released)
     }
 
-    /// `dataset`'s queue now (see [`cairn_meta::MetaState::queue`]).
-    pub fn queued(&self, log: &dyn MetaLog, dataset: &str) -> (u64, Option<(u64, cairn_meta::queue::Policy)>, bool) {
+    /// Streaming reader `reader`'s mark on `dataset` (the first step it holds).
+    pub fn reader_mark(&self, log: &dyn MetaLog, dataset: &str, reader: &str) -> Option<u64> {
+        query(log, |s| s.reader_mark(dataset, reader))
+    }
+
+    /// `dataset`'s queue now (see [`cairn_meta::state::QueueState`]).
+    pub fn queued(&self, log: &dyn MetaLog, dataset: &str) -> cairn_meta::state::QueueState {
         query(log, |s| s.queue(dataset, now_ms()))
     }
 

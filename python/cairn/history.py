@@ -1,0 +1,508 @@
+"""Histories of ``cairn chaos`` and the checker of their rules (in the manner of Jepsen's Knossos
+and Elle): every operation of the workload is recorded as it is invoked and as it completes, one
+JSON object per line, and :func:`check` decides afterwards whether what was observed breaks a
+rule of the staging cluster.
+
+A record: ``{"process", "type", "f", "dataset", "step", "var", "box", "crc", "time"}`` and, where
+they apply, ``value`` (``end``: whether the call committed; ``wait_drained``: its result; a
+listing, which is a ``read`` without ``var``: the steps), ``error`` (``"ClassName: message"``),
+``lease`` (seconds: a stream registration's or a claim's), ``timeout`` (a writer's call deadline)
+and ``dst`` (the dataset a ``consume`` commits into). ``type`` is ``invoke`` and then ``ok``,
+``fail`` (it did not happen) or ``info`` (unknown whether it happened: a deadline or a lost
+connection during a change); an invoke its process never completed (it was killed) counts as
+``info``. ``f`` is one of :data:`FS`, or a nemesis's event (process ``nemesis``, type ``info``).
+``box`` is ``[offset, count]``; ``crc`` the crc32c (:func:`crc32c`, hardware crc32c of the
+little-endian C-order bytes) of what a writer put (on ``end``; on ``consume`` of what it put into
+``dst``) or a read returned. ``time``: seconds on the host's monotonic clock (the same in every
+process of the machine, unmoved by clock adjustments).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from . import _native
+from .exceptions import (AlreadyExistsError, CairnError, CapacityError, ConflictError, DataLossError, InvalidArgumentError,
+                         NotFoundError, StepError)
+
+FIELDS = ("process", "type", "f", "dataset", "step", "var", "box", "crc", "time")
+TYPES = ("invoke", "ok", "fail", "info")
+FS = ("begin", "end", "read", "claim", "consume", "release", "wait_drained", "rm")
+#: Operations that change the cluster: a deadline or a lost connection leaves them unknown (info).
+CHANGES = ("end", "claim", "consume", "release", "rm")
+#: Errors that say the operation did not happen.
+DEFINITE = (StepError, ConflictError, AlreadyExistsError, NotFoundError, CapacityError, InvalidArgumentError, DataLossError)
+#: Scheduling and round trips a writer's wait for room may take beyond the bound (2 busy cores).
+SLACK_S = 2.0
+#: Server faults during which the control plane may lawfully not answer: the failure timeout
+#: (the run's start record says it, else this) plus an election and a view change.
+FAILURE_TIMEOUT_S, ELECTION_S = 3.0, 2.0
+SERVER_FAULTS = ("kill", "stop", "cut", "died")
+#: Violations listed in a report (the first ones in time); the counts cover all.
+SHOWN = 20
+
+
+def crc32c(a: np.ndarray) -> int:
+    """crc32c of an array's little-endian C-order bytes: what writers record of what they put
+    and readers of what they got (the blocks' own checksums use the same function)."""
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    return int(_native.crc32c(a.reshape(-1).view(np.uint8), 0))
+
+
+def error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class Recorder:
+    """Appends records to a history file: thread-safe, and safe across processes, each record one
+    whole-line ``write`` to a file opened for appending (the kernel never interleaves those)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.lock = threading.Lock()
+
+    def write(self, process: str, type: str, f: str, **fields: Any) -> dict[str, Any]:  # noqa: A002 - the record's key
+        rec: dict[str, Any] = {"process": process, "type": type, "f": f, "dataset": None, "step": None, "var": None,
+                               "box": None, "crc": None, "time": time.monotonic()}
+        rec.update(fields)
+        line = (json.dumps(rec, separators=(",", ":"), default=_plain) + "\n").encode()
+        with self.lock:
+            os.write(self.fd, line)
+        return rec
+
+    def event(self, f: str, process: str = "nemesis", **fields: Any) -> None:
+        """A nemesis's (or the run's) event: one ``info`` record."""
+        self.write(process, "info", f, **fields)
+
+    @contextlib.contextmanager
+    def op(self, process: str, f: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Records the invoke, runs the block, records the completion: ``ok`` with what the block
+        put in the dict it was given (``crc``, ``value``), else ``fail`` or ``info`` with the
+        error, which propagates."""
+        self.write(process, "invoke", f, **fields)
+        done: dict[str, Any] = {}
+        try:
+            yield done
+        except CairnError as e:
+            definite = f not in CHANGES or isinstance(e, DEFINITE)
+            self.write(process, "fail" if definite else "info", f, **fields, error=error_text(e))
+            raise
+        except BaseException as e:
+            self.write(process, "info", f, **fields, error=error_text(e))
+            raise
+        self.write(process, "ok", f, **{**fields, **done})
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, (tuple, np.ndarray)):
+        return list(v)
+    raise TypeError(f"cannot record {type(v).__name__}")
+
+
+def load(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of a history file; :class:`ValueError` naming the line that is not one."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON record ({e})") from None
+            missing = [k for k in FIELDS if not isinstance(rec, dict) or k not in rec]
+            if missing or rec["type"] not in TYPES:
+                raise ValueError(f"{path}:{n}: not a history record (missing {missing or 'a valid type'})")
+            rec["line"] = n
+            out.append(rec)
+    return out
+
+
+@dataclass
+class Op:
+    """An invoke and its completion (``info`` with ``done`` infinite when there was none)."""
+
+    inv: dict[str, Any]
+    end: dict[str, Any] | None
+
+    @property
+    def type(self) -> str:
+        return self.end["type"] if self.end else "info"
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)
+        if self.end is not None and self.end.get(key) is not None:
+            return self.end[key]
+        return self.inv.get(key)
+
+    @property
+    def t0(self) -> float:
+        return self.inv["time"]
+
+    @property
+    def t1(self) -> float:
+        return self.end["time"] if self.end else float("inf")
+
+    @property
+    def err(self) -> str:
+        return (self.end or {}).get("error") or ""
+
+    def failed_with(self, *kinds: str) -> bool:
+        return self.type != "ok" and self.err.split(":", 1)[0] in kinds
+
+    def show(self) -> list[dict[str, Any]]:
+        return [self.inv] + ([self.end] if self.end else [])
+
+
+def pair(records: Iterable[dict[str, Any]]) -> tuple[list[Op], list[dict[str, Any]]]:
+    """Operations (each process's invoke with its next record) in invoke order, and the events."""
+    ops: list[Op] = []
+    events: list[dict[str, Any]] = []
+    open_: dict[str, Op] = {}
+    for rec in records:
+        if rec["type"] == "invoke":
+            open_[rec["process"]] = op = Op(rec, None)
+            ops.append(op)
+        elif rec["process"] in open_ and open_[rec["process"]].inv["f"] == rec["f"]:
+            open_.pop(rec["process"]).end = rec
+        else:
+            events.append(rec)
+    ops.sort(key=lambda o: o.t0)
+    return ops, events
+
+
+def _box(box: Any) -> str:
+    return json.dumps(box, separators=(",", ":"))
+
+
+@dataclass
+class _State:
+    """What the history says, indexed for the rules."""
+
+    ops: list[Op]
+    events: list[dict[str, Any]]
+    #: (dataset, step, var, box) -> crcs of puts that may have committed (end or consume not failed)
+    puts: dict[tuple[Any, ...], set[int]] = field(default_factory=dict)
+    #: dataset -> writer processes (those that began a step of it)
+    ranks: dict[str, set[str]] = field(default_factory=dict)
+    #: (dataset, step) -> process -> when it first invoked the step's end (or its consume into it)
+    ended: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
+    #: (dataset, step) -> when it was first known committed (a committing end, or a reader saw it)
+    committed: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: (dataset, step) -> when a reader first saw it (a read, a listing, a stream): visible
+    seen: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: (dataset, step) -> when something was invoked that may release it (release, consume, rm)
+    freed: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: (dataset, step) -> when a release of it was first invoked
+    released: dict[tuple[str, int], float] = field(default_factory=dict)
+    rm: dict[str, float] = field(default_factory=dict)
+    kill_all: float | None = None
+    beyond_level: bool = False
+    #: When the control plane may have been out: each server fault, for its pause and a failover
+    outages: list[tuple[float, float]] = field(default_factory=list)
+
+
+def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
+    st = _State(ops, events)
+    failover = FAILURE_TIMEOUT_S + ELECTION_S
+    for e in events:
+        if e["f"] == "start":
+            st.beyond_level = bool((e.get("value") or {}).get("beyond_level"))
+            failover = float((e.get("value") or {}).get("failure_timeout_s") or FAILURE_TIMEOUT_S) + ELECTION_S
+    for e in events:
+        if e["f"] == "kill-all" and st.kill_all is None:
+            st.kill_all = e["time"]
+        if e["process"] == "nemesis" and e["f"] in SERVER_FAULTS:
+            st.outages.append((e["time"], e["time"] + float((e.get("value") or {}).get("for_s") or 0) + failover))
+    for op in ops:
+        ds, s = op.dataset, op.step
+        if op.f == "begin":
+            st.ranks.setdefault(ds, set()).add(op.process)
+        if op.f in ("end", "consume") and s is not None:
+            target = ds if op.f == "end" else op.dst
+            st.ended.setdefault((target, s), {}).setdefault(op.process, op.t0)
+            if op.type != "fail" and op.inv.get("crc") is not None:
+                st.puts.setdefault((target, s, op.inv["var"], _box(op.inv["box"])), set()).add(op.inv["crc"])
+        if op.type == "ok" and op.f == "end" and op.value is True:
+            _earliest(st.committed, (ds, s), op.t1)
+        if op.f == "consume" and op.type == "ok":
+            _earliest(st.committed, (op.dst, s), op.t1)
+        if op.f in ("release", "consume") and s is not None:
+            _earliest(st.freed, (ds, s), op.t0)
+        if op.f == "release" and s is not None:
+            _earliest(st.released, (ds, s), op.t0)
+        if op.f == "rm":
+            _earliest(st.rm, ds, op.t0)
+        if op.f == "read" and op.type == "ok":
+            for step in _visible(op):
+                _earliest(st.committed, (ds, step), op.t1)
+                _earliest(st.seen, (ds, step), op.t1)
+    return st
+
+
+def _earliest(d: dict[Any, float], key: Any, t: float) -> None:
+    if key not in d or t < d[key]:
+        d[key] = t
+
+
+def _listing(op: Op) -> bool:
+    """A listing: a read without a variable whose value is the steps (``level`` ``"memory"``: only
+    those still in the servers' memory, not those on disk)."""
+    return op.f == "read" and op.var is None and isinstance(op.value, list)
+
+
+def _visible(op: Op) -> list[int]:
+    """The steps an ok read showed: a listing's, or the one it read (or a stream yielded)."""
+    if _listing(op):
+        return op.value
+    return [] if op.step is None else [op.step]
+
+
+def _violation(rule: str, message: str, *ops: Op) -> dict[str, Any]:
+    return {"rule": rule, "message": message, "time": max(o.t1 if o.t1 != float("inf") else o.t0 for o in ops),
+            "ops": [r for o in ops for r in o.show()]}
+
+
+def _wrong_bytes(st: _State) -> Iterator[dict[str, Any]]:
+    """Every read equals the committed bytes of its step: the crc a writer recorded for that box."""
+    for op in st.ops:
+        if op.f != "read" or op.type != "ok" or op.crc is None or op.var is None:
+            continue
+        key = (op.dataset, op.step, op.var, _box(op.box))
+        want = st.puts.get(key)
+        if want is None:
+            if op.dataset in st.ranks or (op.dataset, op.step) in st.ended:
+                yield _violation("wrong-bytes", f"read {op.dataset} step {op.step} {op.var} {op.box}: no writer put this box "
+                                                "of this step", op)
+        elif op.crc not in want:
+            yield _violation("wrong-bytes", f"read {op.dataset} step {op.step} {op.var} {op.box}: crc {op.crc}, the writers "
+                                            f"put {sorted(want)}", op)
+
+
+def _half_written(st: _State) -> Iterator[dict[str, Any]]:
+    """No step is seen before every writer rank ended it (or, for a claim destination, before a
+    claimer's consume into it was invoked)."""
+    for op in st.ops:
+        if op.f != "read" or op.type != "ok":
+            continue
+        for s in _visible(op):
+            ended = st.ended.get((op.dataset, s), {})
+            ranks = st.ranks.get(op.dataset)
+            if ranks:
+                missing = sorted(p for p in ranks if ended.get(p, float("inf")) > op.t1)
+            elif ended or (op.dataset, s) in st.committed:
+                missing = [] if min(ended.values(), default=float("inf")) <= op.t1 else ["its claimer"]
+            else:
+                continue
+            if missing:
+                yield _violation("half-written", f"{op.process} saw {op.dataset} step {s} before {', '.join(missing)} "
+                                                 "ended it", op)
+
+
+def _lost_and_vanished(st: _State) -> Iterator[dict[str, Any]]:
+    """A committed step is never lost (DataLossError, unless the run went beyond the level); a
+    step a reader saw never becomes invisible except by release, rm or the queue's policy
+    ("released" in the error), and a listing that lost it is followed by no sight of it again.
+    (Visible means seen by a reader: a commit's return does not promise that other readers list
+    the step at that instant.)"""
+    last_absent: dict[tuple[str, int], Op] = {}
+    for op in st.ops:
+        if op.f != "read":
+            continue
+        ds = op.dataset
+        if op.step is not None and op.var is not None and op.type == "fail":
+            if _freed(st, ds, op.step, op.t0):
+                continue
+            if op.failed_with("DataLossError") and not st.beyond_level and st.committed.get((ds, op.step), op.t0) < op.t0:
+                yield _violation("lost", f"{ds} step {op.step}, committed, read as lost by {op.process}", op)
+            elif op.failed_with("NotFoundError") and "released" not in op.err and st.seen.get((ds, op.step), op.t0) < op.t0:
+                yield _violation("vanished", f"{ds} step {op.step}, committed, not found by {op.process} (not released)", op)
+        if op.type != "ok":
+            continue
+        for s in _visible(op):
+            gone = last_absent.get((ds, s))
+            if gone is not None and gone.t1 < op.t0 and not _freed(st, ds, s, op.t0):
+                yield _violation("vanished", f"{ds} step {s} was listed, then missing from a listing, then seen again", gone, op)
+                last_absent.pop((ds, s))
+        if _listing(op) and op.inv.get("level") is None:
+            shown = set(op.value)
+            for (d, s), t in st.seen.items():
+                if d == ds and t < op.t0 and s not in shown and s >= min(shown, default=s):
+                    last_absent.setdefault((d, s), op)
+
+
+def _freed(st: _State, ds: str, s: int, before: float) -> bool:
+    return st.freed.get((ds, s), float("inf")) < before or st.rm.get(ds, float("inf")) < before
+
+
+def _claims(st: _State) -> Iterator[dict[str, Any]]:
+    """Every claimed step is processed exactly once: one consume commits it, and at the end
+    (the verifier's listings) its result is in the destination and the source step gone, or it is
+    unprocessed in the source and nowhere else."""
+    consumed: dict[tuple[str, int], list[Op]] = {}
+    maybe: dict[tuple[str, int], list[Op]] = {}
+    claimed: dict[tuple[str, int], Op] = {}
+    dst_of: dict[str, str] = {}
+    for op in st.ops:
+        if op.f == "claim" and op.type == "ok" and op.step is not None:
+            claimed.setdefault((op.dataset, op.step), op)
+        if op.f == "consume" and op.step is not None:
+            dst_of[op.dataset] = op.dst
+            if op.type == "ok":
+                consumed.setdefault((op.dataset, op.step), []).append(op)
+            elif op.type == "info":
+                maybe.setdefault((op.dataset, op.step), []).append(op)
+    for (src, s), oks in consumed.items():
+        if len(oks) > 1:
+            yield _violation("claims", f"{src} step {s} was processed {len(oks)} times", *oks)
+    final = _final_listings(st)
+    for (src, s), claim in claimed.items():
+        dst = dst_of.get(src)
+        if src not in final or dst not in final:
+            continue
+        in_src, in_dst = s in final[src][1], s in final[dst][1]
+        oks, unknown = consumed.get((src, s), []), maybe.get((src, s), [])
+        if in_src and in_dst:
+            yield _violation("claims", f"{src} step {s} is both processed into {dst} and still in {src}", claim, final[dst][0])
+        elif oks and not in_dst:
+            yield _violation("claims", f"{src} step {s} was consumed but its result is not in {dst}", *oks, final[dst][0])
+        elif in_dst and not oks and not unknown:
+            yield _violation("claims", f"{dst} step {s} is there though no consume of it completed", claim, final[dst][0])
+        elif not in_src and not in_dst and (src, s) not in st.released and src not in st.rm:
+            yield _violation("claims", f"{src} step {s} was claimed and is neither processed nor left to process", claim,
+                             final[src][0])
+
+
+def _final_listings(st: _State) -> dict[str, tuple[Op, set[int]]]:
+    """Each dataset's last listing by the verifier before every server was killed."""
+    out: dict[str, tuple[Op, set[int]]] = {}
+    for op in st.ops:
+        if op.process == "verifier" and _listing(op) and op.type == "ok":
+            if st.kill_all is None or op.t1 < st.kill_all:
+                out[op.dataset] = (op, set(op.value))
+    return out
+
+
+def _drained(st: _State) -> Iterator[dict[str, Any]]:
+    """Every step whose wait_drained returned True reads back exactly from disk after every
+    server was SIGKILLed (the verifier's reads then; their bytes are checked by wrong-bytes)."""
+    if st.kill_all is None:
+        return
+    after: dict[tuple[str, int], list[Op]] = {}
+    for op in st.ops:
+        if op.process == "verifier" and op.f == "read" and op.var is not None and op.t0 >= st.kill_all:
+            after.setdefault((op.dataset, op.step), []).append(op)
+    done: set[tuple[str, int]] = set()
+    for op in st.ops:
+        if op.f != "wait_drained" or op.type != "ok" or op.value is not True or (op.dataset, op.step) in done:
+            continue
+        key = (op.dataset, op.step)
+        done.add(key)
+        reads = after.get(key, [])
+        boxes = {k[3] for k in st.puts if k[:2] == key}
+        good = {_box(r.box) for r in reads if r.type == "ok"}
+        bad = [r for r in reads if r.type != "ok"]
+        if bad:
+            yield _violation("drained", f"{op.dataset} step {op.step} was drained, and after every server was killed "
+                                        f"reading it failed: {bad[0].err}", op, bad[0])
+        elif boxes - good:
+            yield _violation("drained", f"{op.dataset} step {op.step} was drained, and after every server was killed "
+                                        f"{len(boxes - good)} of its boxes were not read back", op)
+
+
+def _writer_waits(st: _State) -> Iterator[dict[str, Any]]:
+    """No writer waits for room longer than max(timeout, longest registered lease + 1 s) (plus
+    :data:`SLACK_S`, and the time server faults overlapping the wait may keep the control plane
+    out): a begin that went through or failed with CapacityError (a full queue), or a run of
+    begins of one step that each failed so, and the one that ended it. The longest lease is the
+    longest any op on the dataset recorded (stream registrations, claims)."""
+    leases: dict[str, float] = {}
+    for op in st.ops:
+        if op.inv.get("lease") is not None:
+            leases[op.dataset] = max(leases.get(op.dataset, 0.0), float(op.inv["lease"]))
+    runs: dict[tuple[str, str, int], Op] = {}  # a writer's first begin of the wait under way
+    told: set[tuple[str, str, int]] = set()
+    for op in st.ops:
+        if op.f != "begin" or op.inv.get("timeout") is None or op.t1 == float("inf"):
+            continue
+        if op.type != "ok" and not op.failed_with("CapacityError"):
+            runs.pop((op.process, op.dataset, op.step), None)  # not a wait for room (no leader, a server down)
+            told.discard((op.process, op.dataset, op.step))
+            continue
+        key = (op.process, op.dataset, op.step)
+        first = runs.get(key, op)
+        bound = max(float(op.inv["timeout"]), leases.get(op.dataset, 0.0) + 1.0)
+        waited = op.t1 - first.t0
+        if waited > bound + SLACK_S + _overlap(st.outages, first.t0, op.t1) and key not in told:
+            told.add(key)  # once per wait
+            why = "and was still refused" if op.type != "ok" else "before it began"
+            yield _violation("writer-wait", f"{op.process} waited {waited:.1f} s for room for {op.dataset} step {op.step} "
+                                            f"{why}; the bound is {bound:.1f} s", *([first] if first is not op else []), op)
+        if op.type == "ok":
+            told.discard(key)
+            runs.pop(key, None)
+        else:
+            runs.setdefault(key, op)
+
+
+def _overlap(spans: list[tuple[float, float]], a: float, b: float) -> float:
+    """How much of ``a..b`` the union of ``spans`` covers."""
+    covered, at = 0.0, a
+    for lo, hi in sorted(spans):
+        lo, hi = max(lo, at), min(hi, b)
+        if hi > lo:
+            covered += hi - lo
+            at = hi
+    return covered
+
+
+def _stream_raised(st: _State) -> Iterator[dict[str, Any]]:
+    """A stream never raises for a step another reader or the queue released: it skips it and
+    warns (a stream's next step is a read without ``var``, marked ``stream``, its step the one
+    yielded)."""
+    for op in st.ops:
+        if op.inv.get("stream") and op.step is None and op.failed_with("NotFoundError") and "released" in op.err:
+            yield _violation("stream-raised", f"{op.process}'s stream raised for a released step instead of skipping it", op)
+
+
+RULES = {"wrong-bytes": _wrong_bytes, "half-written": _half_written, "lost-or-vanished": _lost_and_vanished,
+         "claims": _claims, "drained": _drained, "writer-wait": _writer_waits, "stream-raised": _stream_raised}
+
+
+def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The report on a history: ``valid``, the operations by kind and outcome, and the
+    violations (the first :data:`SHOWN` in time, each with its rule, a message and the records
+    of the operations involved)."""
+    ops, events = pair(records)
+    st = _index(ops, events)
+    found = sorted((v for rule in RULES.values() for v in rule(st)), key=lambda v: v["time"])
+    counts: dict[str, int] = {}
+    for op in ops:
+        k = f"{op.f}:{op.type}"
+        counts[k] = counts.get(k, 0) + 1
+    by_rule: dict[str, int] = {}
+    for v in found:
+        by_rule[v["rule"]] = by_rule.get(v["rule"], 0) + 1
+    notes = []
+    if st.kill_all is None and any(o.f == "wait_drained" and o.value is True for o in ops):
+        notes.append("no kill-all in the history: drained steps were not read back from disk")
+    if st.beyond_level:
+        notes.append("the run went beyond the redundancy level: losses are not violations")
+    if any(e["f"] == "no-leader" for e in events):
+        notes.append("the cluster had no leader at the end: the verifier read nothing before the kill")
+    return {"valid": not found, "operations": len(ops), "events": len(events), "counts": dict(sorted(counts.items())),
+            "violations_by_rule": by_rule, "violations": found[:SHOWN], "notes": notes}
