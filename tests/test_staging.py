@@ -246,13 +246,13 @@ def test_bad_frames_and_wrong_secret_are_refused_by_a_real_server(small):
     assert b"challenge" in exchange(b"")  # the server speaks first
     assert b"magic" in exchange(b"\x00" * 64)
     hello = json.dumps({"op": "hello", "mac": "0" * 64, "client": "intruder"}).encode()
-    assert b"wrong cluster secret" in exchange(b"CRN2" + struct.pack("<IQ", len(hello), 0) + hello)
-    assert b"exceeds" in exchange(b"CRN2" + struct.pack("<IQ", len(hello), 1 << 62) + hello)
-    assert b"header length" in exchange(b"CRN2" + struct.pack("<IQ", 0xFFFFFFFF, 0))
-    assert b"outside 1..=4096" in exchange(b"CRN2" + struct.pack("<IQ", 64 << 20, 0))  # a first frame is small
+    assert b"wrong cluster secret" in exchange(b"CRN3" + struct.pack("<IQ", len(hello), 0) + hello)
+    assert b"exceeds" in exchange(b"CRN3" + struct.pack("<IQ", len(hello), 1 << 62) + hello)
+    assert b"header length" in exchange(b"CRN3" + struct.pack("<IQ", 0xFFFFFFFF, 0))
+    assert b"outside 1..=4096" in exchange(b"CRN3" + struct.pack("<IQ", 64 << 20, 0))  # a first frame is small
     # A client of another protocol version hears both versions named, not a parse error.
-    old = exchange(b"CRN1" + struct.pack("<IQ", len(hello), 0) + hello)
-    assert b"protocol version 1, this end version 2" in old, old
+    old = exchange(b"CRN2" + struct.pack("<IQ", len(hello), 0) + hello)
+    assert b"protocol version 2, this end version 3" in old, old
     assert all(s["memory_used"] == 0 for s in cluster.status(small.file))  # still up, nothing held
 
 

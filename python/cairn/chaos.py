@@ -894,6 +894,28 @@ def _kill_all(pids: list[int]) -> None:
         time.sleep(0.05)
 
 
+def _settled(wl: Workload, deadline: float) -> None:
+    """Waits until the dataset's listing reaches the newest step the writers saw committed
+    (older ones may be released) and the claim destination's listing stops growing (followers
+    caught up), or until ``deadline``."""
+    import cairn
+
+    def steps(ds: str) -> list[int]:
+        try:
+            return cairn.open(ds, "r", **wl.opts).steps()
+        except CairnError:
+            return []
+
+    newest = max(wl.committed[wl.dataset], default=-1)
+    last: list[int] | None = None
+    while time.monotonic() < deadline:
+        have, out = steps(wl.dataset), steps(wl.out)
+        if max(have, default=-1) >= newest and out == last:
+            return
+        last = out
+        time.sleep(0.5)
+
+
 def verify(wl: Workload, rec: Recorder, kill: Callable[[], None] | None) -> tuple[int, int]:
     """The verifier's reads, recorded: every committed step of the workload's dataset, the claim
     source's steps still in memory, every result in the claim destination; then, with ``kill``
@@ -939,6 +961,10 @@ def verify(wl: Workload, rec: Recorder, kill: Callable[[], None] | None) -> tupl
     if not _has_leader(wl.file):
         rec.event("no-leader", process="verifier")
     else:
+        # Once settled: readers may list from a follower, whose list may end a step or two early
+        # right after a fault (docs/protocol.md); wait until a listing holds every step whose end
+        # was acknowledged, up to 20 s (the checker then judges what the last one shows).
+        _settled(wl, deadline=time.monotonic() + 20)
         r, _ = listing(wl.dataset)
         for s in sorted(wl.committed[wl.dataset]):
             for box in wl.boxes():

@@ -128,11 +128,14 @@ _REDUNDANCY_KEYS = ("redundancy", "scheme", "rs_data", "min_efficiency", "hot_st
 DRAIN_KEYS = ("drain", "drain_every", "drain_mtbf")
 #: Memory settings of the servers (``[staging]`` table, ``cairn cluster start`` flags).
 MEMORY_KEYS = ("prefault",)
+#: Who may connect to the servers' Unix sockets (``[staging]`` table, ``cairn cluster start`` flags).
+SOCKET_KEYS = ("same_node_other_users", "socket_group")
 
 
 def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
     """The redundancy keys of a ``[staging]`` table that are set."""
-    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS + MEMORY_KEYS if settings and settings.get(k) is not None}
+    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS + MEMORY_KEYS + SOCKET_KEYS
+            if settings and settings.get(k) is not None}
 
 
 def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spares: int = 0,
@@ -146,7 +149,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
           drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
           prefault: str | int | None = None, config: str | os.PathLike[str] | None = None,
-          command: list[str] | None = None) -> LocalCluster:
+          command: list[str] | None = None, same_node_other_users: bool | str | None = None,
+          socket_group: str | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
     background and return once the cluster file is written and every server answers. Their logs
     are in ``FILE.d/``. ``io_timeout``, ``hello_timeout`` and ``peer_timeout`` (seconds) override
@@ -165,7 +169,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     shared memory ready for same-node writers, so the first steps run at the warm speed. The
     ``[staging]`` table of ``config`` (default ``cairn.toml``) gives the defaults. ``command``
     runs each server (default ``python -m cairn serve``; e.g. ``["target/release/cairn-server"]``),
-    its flags appended. ``servers``
+    its flags appended. ``same_node_other_users`` lets other users' clients on this host connect
+    to the Unix sockets (mode 0666, or 0660 of ``socket_group``) and copy same-node; without it
+    the sockets are the owner's (0600). ``servers``
     is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
     servers, spares = server_count(servers), server_count(spares, "spares", 0)
     if servers + spares > MAX_SERVERS:
@@ -187,6 +193,10 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf}
     drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
     drains["prefault"] = prefault if prefault is not None else staging.get("prefault")
+    sockets = {"same_node_other_users": same_node_other_users, "socket_group": socket_group}
+    sockets = {k: v if v is not None else staging.get(k) for k, v in sockets.items()}
+    if isinstance(sockets["same_node_other_users"], bool):
+        sockets["same_node_other_users"] = "true" if sockets["same_node_other_users"] else "false"
     if drains["drain"] is not None:
         drains["drain"] = os.path.abspath(os.fspath(drains["drain"]))
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
@@ -196,7 +206,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     for key, value in chosen.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]
-    flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure, **drains}
+    flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure, **drains,
+             **sockets}
     for key, value in flags.items():
         if value is not None:
             extra += ["--" + key.replace("_", "-"), str(value)]

@@ -30,7 +30,7 @@ def _mib(n: int) -> str:
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
                                    "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
                                    "recovery_rate": "256MiB", "mtbf": None, "drain": None, "drain_every": 1,
-                                   "drain_mtbf": None, "prefault": None}
+                                   "drain_mtbf": None, "prefault": None, "same_node_other_users": None, "socket_group": None}
 #: The failure and recovery settings among them (the server parses their text).
 FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
@@ -71,6 +71,13 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefault", default=None, metavar="SIZE",
                    help="shared memory each server makes ready for same-node writers from start-up, so the first "
                         "steps run warm (default min(--memory, 1GiB); 0: none)")
+    p.add_argument("--same-node-other-users", choices=("true", "false"), default=None,
+                   help="let other users' clients on this host connect to the Unix sockets and copy same-node (the "
+                        "sockets become 0666, or 0660 of --socket-group); hand them the cluster file, which carries "
+                        "the secret (default false: the sockets are the owner's)")
+    p.add_argument("--socket-group", default=None, metavar="GROUP",
+                   help="with --same-node-other-users true: only GROUP's users may connect (the cluster file and its "
+                        "folder become readable by GROUP)")
 
 
 def ensure_secret(cluster_file: str, sid: int, timeout: float) -> None:
@@ -103,7 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     sid = args.id if args.id is not None else cluster.server_id(int(rank or 0))
     ensure_secret(os.path.abspath(args.cluster), sid, args.timeout)
     staging = json.loads(_native.config_json(args.config, []))["staging"]
-    settings = {k: str(staging[k]) for k in SERVER_DEFAULTS if staging.get(k) is not None}
+    settings = {k: str(staging[k]).lower() if isinstance(staging[k], bool) else str(staging[k])
+                for k in SERVER_DEFAULTS if staging.get(k) is not None}
     _native.serve(_without_config(args.argv[1:]), settings)
 
 
@@ -124,7 +132,7 @@ def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS + cluster.MEMORY_KEYS},
+                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS + cluster.MEMORY_KEYS + cluster.SOCKET_KEYS},
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}; server logs in "
           f"{cluster.entries_dir(c.file)}/server-<id>.log")
@@ -250,9 +258,6 @@ def add(sub: Any) -> None:
     _redundancy_flags(s)
     s.add_argument("--node", help="node name (default: host name)")
     s.add_argument("--rack", default="", help="rack name, a failure domain placement spreads copies over (default: none)")
-    s.add_argument("--same-node-other-users", choices=("true", "false"),
-                   help="allow same-node copies for clients of other users than this server's (default false; "
-                        "see the threat model in docs/protocol.md)")
     s.add_argument("--timeout", type=_SECONDS, default=120.0, help="seconds to wait for the secret and the other servers")
     s.set_defaults(func=cmd_serve)
     c = sub.add_parser("cluster", help="start, stop or inspect a local staging cluster")

@@ -136,6 +136,12 @@ pub struct StagingConfig {
     /// Clusters started from here: bytes of shared memory each server makes ready for same-node
     /// writers from start-up ("1GiB"; servers default to `min(memory, 1GiB)`; 0: none).
     pub prefault: Option<String>,
+    /// Clusters started from here: same-node copies for other users' clients too (the Unix
+    /// socket then connectable by them; docs/protocol.md, threat model).
+    pub same_node_other_users: Option<bool>,
+    /// Clusters started from here, with `same_node_other_users`: only this group's users may
+    /// connect (socket 0660 of the group; the cluster file readable by it).
+    pub socket_group: Option<String>,
 }
 
 /// `drain_every`: a step count, or `"auto"`.
@@ -256,6 +262,8 @@ impl Default for StagingConfig {
             drain_every: None,
             drain_mtbf: None,
             prefault: None,
+            same_node_other_users: None,
+            socket_group: None,
         }
     }
 }
@@ -284,7 +292,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, queue_limit, queue_policy, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, queue_limit, queue_policy, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault, same_node_other_users, socket_group";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -453,6 +461,8 @@ impl Config {
                 cairn_proto::cluster::parse_size(value)?;
                 self.staging.prefault = Some(value.to_string());
             }
+            "same_node_other_users" => self.staging.same_node_other_users = Some(value.parse().map_err(|_| bad("expected true or false"))?),
+            "socket_group" => self.staging.socket_group = Some(value.to_string()),
             "drain" => self.staging.drain = Some(PathBuf::from(value)),
             "drain_every" => {
                 let e = DrainEvery::Text(value.to_string());

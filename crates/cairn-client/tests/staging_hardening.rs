@@ -77,7 +77,7 @@ fn a_malformed_fragment_costs_its_sender_an_error_and_nobody_else_anything() {
     // An object region with `offset: []`: once a panic under the coordinator's lock.
     bad["fragment"]["blocks"][0]["objects"][0]["region"]["offset"] = serde_json::json!([]);
     let frame = serde_json::to_vec(&bad).unwrap();
-    let mut head = b"CRN2".to_vec();
+    let mut head = b"CRN3".to_vec();
     head.extend_from_slice(&(frame.len() as u32).to_le_bytes());
     head.extend_from_slice(&0u64.to_le_bytes());
     head.extend_from_slice(&frame);

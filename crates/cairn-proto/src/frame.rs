@@ -5,8 +5,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Bytes that open every frame: `CRN` and the protocol version (2: requests by audience,
-/// typed error reasons).
-pub const MAGIC: [u8; 4] = *b"CRN2";
+/// typed error reasons; 3: no same-node probe or get into client memory, the welcome says
+/// whether same-node puts work).
+pub const MAGIC: [u8; 4] = *b"CRN3";
 /// Length of the prefix.
 pub const PREFIX_LEN: usize = 16;
 /// Largest header accepted on an authenticated connection (a step index with many thousands of
@@ -100,9 +101,9 @@ mod tests {
     #[test]
     fn another_protocol_version_is_named_with_this_one() {
         let mut old = [0u8; PREFIX_LEN];
-        old[..4].copy_from_slice(b"CRN1");
+        old[..4].copy_from_slice(b"CRN2");
         let e = Prefix::parse(&old, MAX_HEADER, 0).unwrap_err();
-        assert!(e.kind() == cairn_core::ErrorKind::Config && e.to_string().contains("protocol version 1, this end version 2"), "{e}");
+        assert!(e.kind() == cairn_core::ErrorKind::Config && e.to_string().contains("protocol version 2, this end version 3"), "{e}");
     }
 
     #[test]
@@ -145,7 +146,7 @@ mod properties {
 
         #[test]
         fn corrupted_frames_never_panic(pos in 0usize..200, flip in any::<u8>(), cut in 0usize..200) {
-            let msg = Request::Get { dataset: "d".into(), step: 3, id: 9, want: cairn_core::Region::new(vec![1, 2], vec![3, 4]).unwrap(), shard: 0, into: None };
+            let msg = Request::Get { dataset: "d".into(), step: 3, id: 9, want: cairn_core::Region::new(vec![1, 2], vec![3, 4]).unwrap(), shard: 0 };
             let mut buf = encode_head(&msg, 0);
             let n = buf.len();
             buf[pos % n] ^= flip;

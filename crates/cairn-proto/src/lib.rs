@@ -1,7 +1,7 @@
 //! Cairn's wire protocol (spec: `docs/protocol.md`). Every message is a frame:
 //!
 //! ```text
-//! magic "CRN2" | header length u32 LE | payload length u64 LE | header (JSON) | payload (raw bytes)
+//! magic "CRN3" | header length u32 LE | payload length u64 LE | header (JSON) | payload (raw bytes)
 //! ```
 //!
 //! Headers are small serde messages ([`Request`], [`Response`]); array bytes travel as the raw

@@ -111,9 +111,6 @@ pub const MAX_KEYS: usize = 8192;
 /// Runs of client memory one same-node put or get may name (more go as a payload).
 pub const MAX_RUNS: usize = 4096;
 
-/// Bytes of a same-node probe ([`Request::Attach`]) at most.
-pub const MAX_ATTACH_PROBE: u64 = 4096;
-
 /// What travels in a request frame's header: the request and the cluster-view epoch the sender
 /// placed it by (absent for requests that do not depend on placement: hello, status, views).
 /// Clients send [`Request`]s; servers, on connections whose hello says [`Role::Peer`], send
@@ -410,21 +407,6 @@ pub enum Request {
         /// 0 for a whole copy, `i + 1` for shard `i`.
         #[serde(default, skip_serializing_if = "is_zero")]
         shard: u32,
-        /// A same-node get: the server writes the bytes into these runs (address, length) of the
-        /// client's memory, which add up to the reply's length, and sends no payload.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        into: Option<Vec<(u64, u64)>>,
-    },
-    /// Asks whether same-node copies work on this connection (a Unix socket, with the kernel
-    /// letting the server read the client's memory): the server copies `len` bytes at `addr` of
-    /// the client's memory and answers `Ok` if their crc32c is `checksum`.
-    Attach {
-        /// Address of the probe bytes in the client.
-        addr: u64,
-        /// Their length (at most [`MAX_ATTACH_PROBE`]).
-        len: u64,
-        /// Their crc32c.
-        checksum: u32,
     },
     /// Reader → the control plane's leader: objects of a committed step were just read degraded
     /// (a piece on a lost server); lazy recovery rebuilds them next. Answered with [`Response::Ok`].
@@ -867,6 +849,12 @@ pub enum Response {
         server: u32,
         /// Its cluster-view epoch.
         epoch: u64,
+        /// Same-node copies work on this connection: a Unix socket whose connecting process the
+        /// server bound (its memory image pinned at accept, docs/protocol.md *Threat model*), so
+        /// puts may name runs of the client's memory. Said once, of the connection, never of an
+        /// address.
+        #[serde(default)]
+        same_node: bool,
     },
     /// Failed; `kind` maps back to the client's error kinds. Redirections carry what the client
     /// needs to go on: `stale_epoch` the new view, `not_leader` a leader hint, `busy` a delay.

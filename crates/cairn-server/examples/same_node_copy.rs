@@ -18,10 +18,8 @@ fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).map(|a| a.parse::<usize>().expect("sizes in MiB")).collect();
     let sizes = if sizes.is_empty() { vec![1, 16, 256] } else { sizes };
     let mut rows = Vec::new();
-    println!(
-        "| object | memcpy GB/s | CMA put | CMA put + crc32c | memfd put (fresh segment) | memfd put (pooled) | CMA get | CMA get out of a segment | memfd get |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| object | memcpy GB/s | CMA put | CMA put + crc32c | memfd put (fresh segment) | memfd put (pooled) | memfd get |");
+    println!("|---|---|---|---|---|---|---|");
     for mib in sizes {
         let n = mib << 20;
         let child = Child::spawn(n);
@@ -46,15 +44,13 @@ fn main() {
         let pooled = Segment::new(n);
         pooled.bytes().fill(1);
         let memfd_pooled = best(|| pooled.bytes().copy_from_slice(&src));
-        let cma_get = best(|| peer.write(&remote, &src).expect("/proc/PID/mem"));
-        // The server's get of an object a same-node writer put into a segment.
-        let cma_get_segment = best(|| peer.write(&remote, pooled.bytes()).expect("/proc/PID/mem"));
+        // (Gets into client memory are gone since issue 52: a server never writes a client.)
         let memfd_get = best(|| dst.copy_from_slice(pooled.bytes()));
         drop(child);
-        let row = [memcpy, cma_put, cma_put_crc, memfd_fresh, memfd_pooled, cma_get, cma_get_segment, memfd_get].map(gbs);
+        let row = [memcpy, cma_put, cma_put_crc, memfd_fresh, memfd_pooled, memfd_get].map(gbs);
         let cells: Vec<String> = row[1..].iter().map(|v| format!("{v:.2} ({:.2}×)", v / row[0])).collect();
         println!("| {mib} MiB | {:.2} | {} |", row[0], cells.join(" | "));
-        let names = ["memcpy", "cma_put", "cma_put_crc", "memfd_put_fresh", "memfd_put_pooled", "cma_get", "cma_get_segment", "memfd_get"];
+        let names = ["memcpy", "cma_put", "cma_put_crc", "memfd_put_fresh", "memfd_put_pooled", "memfd_get"];
         let mut obj = serde_json::Map::new();
         obj.insert("object_mib".into(), mib.into());
         for (k, v) in names.iter().zip(row) {

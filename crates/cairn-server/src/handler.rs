@@ -52,10 +52,11 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         );
         return refuse(&mut stream, &busy).await;
     };
+    let same_node = matches!(local, Some(Ok(_)));
     let mut local = local.map(|p| Local::new(state.clone(), p));
     let epoch = state.view().map_or(0, |v| v.epoch);
     stream.arm();
-    if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch }, &[]).await.is_err() {
+    if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch, same_node }, &[]).await.is_err() {
         return;
     }
     let mut shutdown = state.shutdown.subscribe();

@@ -54,6 +54,9 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         let _ = std::fs::remove_file(&sock);
         // Unix socket paths are limited to ~108 bytes; without one clients use TCP.
         let unix = tokio::net::UnixListener::bind(&sock).ok();
+        if unix.is_some() {
+            share_socket(&opts, &dir, &sock)?;
+        }
         let host = hostname();
         let advertised = if opts.bind == "0.0.0.0" || opts.bind == "::" { host.clone() } else { opts.bind.clone() };
         let entry = ServerEntry {
@@ -80,8 +83,10 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             let mut policy = opts.redundancy.clone();
             policy.redundancy = policy.redundancy.min(opts.servers.saturating_sub(1));
             let drain = opts.drain_spec();
+            // With a socket group the cluster file (it carries the secret) is the group's to read.
+            let group = opts.socket_group.as_deref().filter(|_| opts.limits.same_node_other_users).map(gid_of).transpose()?;
             tokio::task::spawn_blocking(move || {
-                if let Err(e) = assemble(&dir, &cluster, &secret, n, timeout, policy, drain) {
+                if let Err(e) = assemble(&dir, &cluster, &secret, (n, timeout), Written { redundancy: policy, drain, group }) {
                     eprintln!("cairn server 0: {e}");
                 }
             });
@@ -99,22 +104,75 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     })
 }
 
+/// Who may connect to the Unix socket (issue 52): its owner only (socket 0600, folder 0700), or
+/// with `--same-node-other-users true` anyone (0666, folder 0711: traversable, not listable) or,
+/// with `--socket-group G`, members of G (0660 of group G, folder 0750 and the cluster file 0640
+/// of group G, so they can read the secret it carries). The secret file and logs stay 0600.
+fn share_socket(opts: &ServeOptions, dir: &Path, sock: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(format!("setting the mode of {}", p.display()), e))
+    };
+    let group = match (&opts.socket_group, opts.limits.same_node_other_users) {
+        (Some(g), true) => Some(gid_of(g)?),
+        (Some(g), false) => {
+            return Err(Error::Config(format!("--socket-group {g} needs --same-node-other-users true (the group's users are other users)")))
+        }
+        (None, _) => None,
+    };
+    match (opts.limits.same_node_other_users, group) {
+        (false, _) => {
+            set(dir, 0o700)?;
+            set(sock, 0o600)
+        }
+        (true, None) => {
+            set(dir, 0o711)?;
+            set(sock, 0o666)
+        }
+        (true, Some(gid)) => {
+            for p in [dir, sock] {
+                std::os::unix::fs::chown(p, None, Some(gid)).map_err(|e| Error::io(format!("giving {} to group {gid}", p.display()), e))?;
+            }
+            set(dir, 0o750)?;
+            set(sock, 0o660)
+        }
+    }
+}
+
+/// The id of group `name` (or a number).
+fn gid_of(name: &str) -> Result<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(name).map_err(|_| Error::Config(format!("group {name:?} has a NUL byte")))?;
+    // SAFETY: getgrnam takes a NUL-terminated name and returns a static record or null; its gid
+    // is read at once, before any other call could overwrite it.
+    let gr = unsafe { libc::getgrnam(c.as_ptr()) };
+    if gr.is_null() {
+        return Err(Error::Config(format!("--socket-group {name}: no such group")));
+    }
+    // SAFETY: non-null, as checked.
+    Ok(unsafe { (*gr).gr_gid })
+}
+
 /// The port server `id` listened on, by the cluster file (0 when unknown).
 fn previous_port(cluster: &Path, id: u32) -> u16 {
     let Ok(file) = ClusterFile::load(cluster) else { return 0 };
     file.servers.iter().find(|s| s.spec.id == id).and_then(|s| s.addr.rsplit(':').next()?.parse().ok()).unwrap_or(0)
 }
 
-/// Waits for `n` entries in `dir`, then writes the cluster file.
-fn assemble(
-    dir: &Path,
-    cluster: &Path,
-    secret: &str,
-    n: u32,
-    timeout: Duration,
+/// What server 0 writes into the cluster file beside the entries, and who may read it.
+struct Written {
     redundancy: cairn_core::corec::Policy,
     drain: Option<cairn_proto::cluster::DrainSpec>,
-) -> Result<()> {
+    /// The socket group, which may read the file (it carries the secret).
+    group: Option<u32>,
+}
+
+/// Waits for `n` entries in `dir` (up to `timeout`), then writes the cluster file.
+fn assemble(dir: &Path, cluster: &Path, secret: &str, (n, timeout): (u32, Duration), w: Written) -> Result<()> {
+    let Written { redundancy, drain, group } = w;
     let servers = wait_for(&format!("{n} servers to publish their entries in {}", dir.display()), timeout, || {
         (0..n)
             .map(|id| {
@@ -124,7 +182,15 @@ fn assemble(
             .collect::<Option<Vec<_>>>()
     })?;
     let file = ClusterFile { secret: secret.to_string(), servers, redundancy, drain };
-    write_private(cluster, &file.to_json())
+    write_private(cluster, &file.to_json())?;
+    if let Some(gid) = group {
+        use std::os::unix::fs::PermissionsExt;
+        std::os::unix::fs::chown(cluster, None, Some(gid))
+            .map_err(|e| Error::io(format!("giving {} to group {gid}", cluster.display()), e))?;
+        std::fs::set_permissions(cluster, std::fs::Permissions::from_mode(0o640))
+            .map_err(|e| Error::io(format!("setting the mode of {}", cluster.display()), e))?;
+    }
+    Ok(())
 }
 
 /// Raises this process's open-file limit to its hard limit: every connection is a descriptor, and

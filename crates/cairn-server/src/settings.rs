@@ -45,6 +45,9 @@ pub struct ServeOptions {
     pub drain_mtbf: Option<Duration>,
     /// Bytes of shared segments to make ahead of leases (`None`: `min(memory, 1GiB)`).
     pub prefault: Option<u64>,
+    /// With `same_node_other_users`: the group whose members may connect (socket 0660 of that
+    /// group, the cluster file and its folder readable by it); none: anyone (socket 0666).
+    pub socket_group: Option<String>,
 }
 
 impl Default for ServeOptions {
@@ -68,6 +71,7 @@ impl Default for ServeOptions {
             drain_every: Some(1),
             drain_mtbf: None,
             prefault: None,
+            socket_group: None,
         }
     }
 }
@@ -80,7 +84,7 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--hot-steps W] [--failure-timeout DURATION] [--recovery lazy|aggressive]
                     [--recovery-deadline DURATION] [--recovery-rate SIZE] [--mtbf DURATION]
                     [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
-                    [--drain-mtbf DURATION] [--prefault SIZE]
+                    [--drain-mtbf DURATION] [--prefault SIZE] [--socket-group GROUP]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -92,6 +96,9 @@ With --drain, the leader writes every committed step whose number is a multiple 
 auto: Young/Daly from the measured drain cost and --drain-mtbf) to PATH/<dataset>/, a file-engine dataset.
 From start-up the server makes --prefault bytes of shared memory ready for same-node writers in the
 background (default min(--memory, 1GiB); 0: none), so a fresh cluster's first steps run at the warm speed.
+The Unix socket is the owner's (0600, in a 0700 folder) unless --same-node-other-users true: then anyone's
+(0666, the folder traversable), or with --socket-group GROUP that group's (0660; the cluster file and folder
+readable by it); the secret and logs stay the owner's.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
 
 impl ServeOptions {
@@ -152,6 +159,7 @@ impl ServeOptions {
             }
             "drain_mtbf" => self.drain_mtbf = Some(parse_duration(value)?),
             "prefault" => self.prefault = Some(parse_size(value)?),
+            "socket_group" => self.socket_group = Some(value.to_string()).filter(|g| !g.is_empty()),
             _ => return Err(Error::Config(format!("unknown server setting {key:?}\n{USAGE}"))),
         }
         Ok(())

@@ -7,11 +7,11 @@
 //! - the attacker connects, checks that same-node copies work for it, forks a child that keeps
 //!   the connection, and exits;
 //! - the victim takes the attacker's pid and holds a secret buffer;
-//! - the child names the victim's buffer in a probe, a put and a get `into`.
+//! - the child names the victim's buffer in a put.
 //!
-//! Before the fix the server copied by pid: the probe answered whether a guess of the victim's
-//! bytes was right, the put's `corrupt` error carried the crc of the victim's bytes, and the get
-//! overwrote the victim's buffer. Now all three fail and the victim's bytes are untouched.
+//! Before the fix the server copied by pid: the put's `corrupt` error carried the crc of the
+//! victim's bytes (and a probe and a get `into`, both removed since issue 52, answered a guess of
+//! them and overwrote them). Now the put fails and the victim's bytes are untouched.
 
 use cairn_core::Region;
 use cairn_proto::message::{ObjectPut, PutItem};
@@ -119,7 +119,7 @@ fn orchestrator() {
     let crc = buffer.split(' ').nth(2).unwrap().to_string();
     println!("victim {buffer}; child: {verdict}; victim after: {after}");
     assert_eq!(after, crc, "the victim's buffer was written through the gone client's connection");
-    assert!(verdict.starts_with("probe=refused put=refused get=refused"), "{verdict}");
+    assert!(verdict.starts_with("put=refused"), "{verdict}");
     let hex = format!("{:#x}", crc.parse::<u32>().unwrap());
     assert!(!verdict.contains(&crc) && !verdict.contains(&hex), "an error told the victim's crc: {verdict}");
 
@@ -137,13 +137,21 @@ fn orchestrator() {
     assert!(out.status.success() && said.contains("of user 65534"), "{said}");
 }
 
-/// A client of another user probes its own memory.
+/// A client of another user names its own memory in a put.
 fn stranger() {
     let sock = PathBuf::from(std::env::var("CAIRN_SOCK").unwrap());
     let mut conn = RawConn::open_unix_path(&sock, &std::env::var("CAIRN_SECRET").unwrap()).unwrap();
-    let mine = vec![7u8; 64];
-    let probe = Request::Attach { addr: mine.as_ptr() as u64, len: 64, checksum: cairn_core::checksum::crc(&mine) };
-    println!("{:?}", conn.call(None, &probe, &[]).unwrap());
+    let mine = vec![0xEEu8; LEN];
+    let (put, _) = object("s");
+    println!("{:?}", conn.call(None, &with_from(put, 1, vec![(mine.as_ptr() as u64, LEN as u64)]), &[]).unwrap());
+}
+
+/// `put` (of [`object`]) as a same-node put of object `id` naming `runs` of client memory.
+fn with_from(put: Request, id: u64, runs: Vec<(u64, u64)>) -> Request {
+    let Request::Put(mut h) = put else { unreachable!() };
+    h.from = Some(runs);
+    h.object.id = id;
+    Request::Put(h)
 }
 
 fn object(dataset: &str) -> (Request, Request) {
@@ -164,7 +172,7 @@ fn object(dataset: &str) -> (Request, Request) {
             copy: 0,
         },
     });
-    let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0, into: None };
+    let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0 };
     (put, get)
 }
 
@@ -173,13 +181,10 @@ fn attacker() {
     let mut conn = RawConn::open_unix_path(&sock, &std::env::var("CAIRN_SECRET").unwrap()).unwrap();
     let (put, get) = object("d");
     assert_eq!(conn.call(None, &put, &[&[0xEE; LEN]]).unwrap(), Response::Ok);
-    // Same-node copies work for the process that connected: a get into its own memory.
-    let mut mine = vec![0u8; LEN];
-    let Request::Get { dataset, step, id, want, shard, .. } = get.clone() else { unreachable!() };
-    let into = Some(vec![(mine.as_mut_ptr() as u64, LEN as u64)]);
-    let r = conn.call(None, &Request::Get { dataset, step, id, want, shard, into }, &[]).unwrap();
-    assert!(matches!(r, Response::Data { .. }), "{r:?}");
-    assert!(mine.iter().all(|b| *b == 0xEE), "the get wrote the attacker's own buffer");
+    // Same-node copies work for the process that connected: a put of its own memory.
+    let mine = vec![0xEEu8; LEN];
+    let r = conn.call(None, &with_from(put.clone(), 3, vec![(mine.as_ptr() as u64, LEN as u64)]), &[]).unwrap();
+    assert_eq!(r, Response::Ok, "a same-node put of the attacker's own buffer");
     // SAFETY: this process is single-threaded (no test harness); the child only uses its own
     // copies of memory and exits.
     let pid = unsafe { libc::fork() };
@@ -199,25 +204,16 @@ fn attacker() {
         Ok(other) => format!("{other:?}"),
         Err(e) => format!("refused ({e})"),
     };
-    let probe = said(conn.call(None, &Request::Attach { addr, len, checksum: crc }, &[]));
-    let Request::Put(ObjectPut { dataset, step, session, writer, shard, object: PutItem { var, id, region, elem, copy, .. }, .. }) = put
-    else {
-        unreachable!()
-    };
-    let steal = Request::Put(ObjectPut {
-        dataset,
-        step,
-        session,
-        writer,
-        shard,
-        from: Some(vec![(addr, len)]),
-        object: PutItem { var, id: id + 1, region, elem, checksum: 0, copy },
-    });
+    let _ = crc;
+    let mut steal = with_from(put, 2, vec![(addr, len)]);
+    if let Request::Put(h) = &mut steal {
+        h.object.checksum = 0;
+    }
     let put = said(conn.call(None, &steal, &[]));
-    let Request::Get { dataset, step, id, want, shard, .. } = get else { unreachable!() };
-    let get = said(conn.call(None, &Request::Get { dataset, step, id, want, shard, into: Some(vec![(addr, len)]) }, &[]));
+    // A get answers with a payload to this connection: nothing is written anywhere else.
+    let got = said(conn.call(None, &get, &[]));
     let word = |s: &str| if s.starts_with("refused") { "refused" } else { "DONE" }.to_string();
-    println!("probe={} put={} get={} | {probe} | {put} | {get}", word(&probe), word(&put), word(&get));
+    println!("put={} get={} | {put} | {got}", word(&put), word(&got));
     std::io::stdout().flush().unwrap();
 }
 

@@ -61,26 +61,17 @@ impl Conn {
             mac: cairn_proto::auth::answer(secret, &nonce),
             role: cairn_proto::Role::Client,
         };
-        match c.call(&hello)? {
-            Response::Welcome { .. } => {}
+        // The server says whether it bound this connection to this process's memory image
+        // (same node, allowed user, the kernel's ptrace check passed): no probe of memory.
+        let bound = match c.call(&hello)? {
+            Response::Welcome { same_node, .. } => same_node,
             other => return Err(refused("hello", other)),
-        }
+        };
         if local && matches!(transport, Transport::Auto | Transport::Attach) {
-            c.same_node = c.probe_same_node()?;
+            c.same_node = bound;
             c.leasing = c.same_node && transport == Transport::Auto;
         }
         Ok(c)
-    }
-
-    /// Whether the server can copy this process's memory: it reads a few bytes of it and checks
-    /// them (the kernel may forbid it: ptrace policy, seccomp, another user).
-    fn probe_same_node(&mut self) -> Result<bool> {
-        let seed = std::process::id() ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-        let probe: [u8; 64] = std::array::from_fn(|i| (seed >> (i % 4 * 8)) as u8 ^ i as u8);
-        let req = Request::Attach { addr: probe.as_ptr() as u64, len: probe.len() as u64, checksum: cairn_core::checksum::crc(&probe) };
-        let ok = matches!(self.call(&req)?, Response::Ok);
-        std::hint::black_box(&probe); // read by the server during the call
-        Ok(ok)
     }
 
     /// The runs (address, length) of `parts` in this process's memory, when the server copies

@@ -122,7 +122,12 @@ impl LocalCluster {
         let mut children = Vec::with_capacity(n as usize);
         for (id, (node, rack)) in topo.iter().enumerate() {
             let log_path = dir.join(format!("server-{id}.log"));
-            let log = std::fs::File::create(&log_path).map_err(|e| Error::io(format!("creating {}", log_path.display()), e))?;
+            // The owner's only, as the secret: logs name datasets and paths.
+            let log = {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log_path)
+            }
+            .map_err(|e| Error::io(format!("creating {}", log_path.display()), e))?;
             let err = log.try_clone().map_err(|e| Error::io("duplicating a log handle", e))?;
             let mut cmd = Command::new(&opts.command[0]);
             cmd.args(&opts.command[1..])

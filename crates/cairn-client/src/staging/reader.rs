@@ -159,25 +159,17 @@ impl StagingReader {
             let mut sent = 0;
             for i in 0..fetches.len() {
                 while sent < fetches.len() && sent < i + WINDOW {
-                    // Replies come as payloads, on the same node too: a server may only write a
-                    // client's memory through `/proc/PID/mem` (bound to the process that
-                    // connected, issue 40), which copies through a bounce page and measured
-                    // slower than the Unix socket (1 reader: 4.8 against 5.7 GB/s; 2: 5.4
-                    // against 7.3; `python -m cairn.bench staging`, same run).
+                    // Replies come as payloads, on the same node too: a server never writes into
+                    // a client's memory (issue 52).
                     c.send(&fetches[sent].req, &[])?;
                     sent += 1;
                 }
                 let f = &mut fetches[i];
                 let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
-                let local = matches!(&f.req, Request::Get { into: Some(_), .. });
-                let (resp, len) = c.recv(if local { 0 } else { want }, "get")?;
+                let (resp, len) = c.recv(want, "get")?;
                 match self.cluster.settle(resp) {
-                    Ok(Response::Data { checksum }) if len == want || (local && len == 0) => {
-                        let got = if local {
-                            f.parts.iter().fold(0u32, |c, p| cairn_core::checksum::crc_append(c, p))
-                        } else {
-                            c.read_payload_crc(&mut f.parts, "get")?
-                        };
+                    Ok(Response::Data { checksum }) if len == want => {
+                        let got = c.read_payload_crc(&mut f.parts, "get")?;
                         if got != checksum {
                             first_err.get_or_insert(Error::Corrupt(format!(
                                 "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
@@ -333,7 +325,7 @@ impl StagingReader {
                 encoded.push((o, want, parts));
                 continue;
             }
-            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0, into: None };
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0 };
             by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), parts, holders, done: false });
         }
         if !encoded.is_empty() {
@@ -412,14 +404,8 @@ impl StagingReader {
                     .iter()
                     .map(|&(j, i)| {
                         let o = objs[j];
-                        let req = Request::Get {
-                            dataset: self.dataset.clone(),
-                            step,
-                            id: o.id,
-                            want: o.region.clone(),
-                            shard: i as u32 + 1,
-                            into: None,
-                        };
+                        let req =
+                            Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
                         let part = chunks.remove(&(j, i)).expect("each shard fetched once");
                         Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
                     })

@@ -12,7 +12,7 @@ use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_ATTACH_PROBE, MAX_PUT_MANY};
+use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_PUT_MANY};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Checks a data request whose frame announced `payload_len` payload bytes.
@@ -68,10 +68,6 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
                         release.len()
                     )))
                 }
-                Request::Get { into: Some(runs), .. } => runs_len(runs).map(|_| ()),
-                Request::Attach { len, .. } if *len == 0 || *len > MAX_ATTACH_PROBE => {
-                    Err(Error::InvalidArgument(format!("a same-node probe of {len} bytes: give 1 to {MAX_ATTACH_PROBE}")))
-                }
                 _ => Ok(()),
             }
         }
@@ -123,16 +119,8 @@ pub async fn apply<S: AsyncRead + Unpin>(
             let local = local.as_mut().ok_or_else(crate::cma::not_local)?;
             plain(local.lease(&sizes, &release).map(|leases| Response::Leased { pid: std::process::id(), leases }))
         }
-        Request::Get { dataset, step, id, want, shard, into } => {
-            let reply = get(state, &dataset, step, (id, shard), &want)?;
-            match into {
-                Some(runs) => deliver_local(state, bound?, &runs, reply),
-                None => Ok(reply),
-            }
-        }
-        Request::Attach { addr, len, checksum } => {
-            plain(bound?.ok_or_else(crate::cma::not_local)?.probe(addr, len, checksum).map(|()| Response::Ok))
-        }
+        // Gets always answer with a payload: a server never writes into a client's memory.
+        Request::Get { dataset, step, id, want, shard } => get(state, &dataset, step, (id, shard), &want),
         req @ Request::Drop { .. } => plain(seal_or_drop(state, req).map(|_| Response::Ok)),
         other => Err(super::misrouted("data", &other.op_name())),
     }
@@ -255,19 +243,6 @@ fn cut_runs(runs: &[(u64, u64)], lens: impl Iterator<Item = u64>) -> Vec<Vec<(u6
         mine
     })
     .collect()
-}
-
-/// Writes a get's reply bytes into runs of the local client's memory, which answers without a payload.
-pub fn deliver_local(state: &State, local: Option<&Peer>, runs: &[(u64, u64)], reply: Reply) -> Result<Reply> {
-    let peer = local.ok_or_else(crate::cma::not_local)?;
-    match reply {
-        Reply::WithPayload(resp, payload) => {
-            peer.write(runs, payload.bytes())?;
-            state.same_node_bytes.fetch_add(payload.bytes().len() as u64, std::sync::atomic::Ordering::Relaxed);
-            Ok(Reply::Plain(resp))
-        }
-        plain => Ok(plain),
-    }
 }
 
 /// Returns the box `want` of an object's copy, or a whole shard.

@@ -48,7 +48,7 @@ enum Family {
 fn family(req: &Request) -> Family {
     use Request as R;
     match req {
-        R::Put { .. } | R::PutMany { .. } | R::Lease { .. } | R::Get { .. } | R::Attach { .. } | R::Drop { .. } => Family::Data,
+        R::Put { .. } | R::PutMany { .. } | R::Lease { .. } | R::Get { .. } | R::Drop { .. } => Family::Data,
         R::EndStep { .. }
         | R::AbortStep(_)
         | R::Release(_)

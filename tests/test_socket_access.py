@@ -1,0 +1,107 @@
+"""Who may connect to a server's Unix socket (issue 52, item 4), with real servers run as root
+and a client run as `nobody`: by default the socket is the owner's (0600 in a 0700 folder), so
+another user holding the secret connects over TCP only, with no same-node copies; `cairn cluster start --same-node-other-users true` makes it 0666 in
+a traversable folder (the secret and logs stay 0600) and the other user, handed a copy of the
+cluster file, puts same-node and reads back; with `--socket-group G` it is 0660 of group G and
+the cluster file 0640 of G."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cairn import cluster
+
+from .conftest import PY, ROOT, check
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs servers as root and a client as nobody")
+NOBODY = 65534
+
+
+@pytest.fixture
+def shared_dir():
+    """A folder `nobody` can traverse (pytest's own are root's only)."""
+    d = Path(tempfile.mkdtemp(prefix="cairn-access-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _client(d: Path) -> Path:
+    """tests/c/other_user.c built against target/release, where nobody can run it."""
+    lib = ROOT / "target" / "release"
+    exe = d / "other_user"
+    check(subprocess.run(["cc", str(ROOT / "tests/c/other_user.c"), "-Wall", "-Werror", "-I", str(ROOT / "crates/cairn-capi/include"),
+                          "-L", str(lib), "-lcairn", f"-Wl,-rpath,{lib}", "-o", str(exe)], capture_output=True, text=True))
+    return exe
+
+
+def _as_nobody(exe: Path, file: Path, d: Path) -> subprocess.CompletedProcess[str]:
+    """Runs the client as nobody with its own copy of the cluster file (handed over by its owner)."""
+    mine = d / "nobody-cluster.json"
+    shutil.copy(file, mine)
+    os.chown(mine, NOBODY, NOBODY)
+    mine.chmod(0o600)
+    cfg = d / "nobody.toml"
+    cfg.write_text(f'engine = "staging"\n[staging]\ncluster = "{mine}"\ntimeout = 5\n')
+    cfg.chmod(0o644)
+    return subprocess.run([str(exe), str(cfg)], capture_output=True, text=True, timeout=60, user=NOBODY, group=NOBODY, cwd=d)
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def _cli_start(file: Path, *flags: str) -> None:
+    out = subprocess.run([PY, "-m", "cairn", "cluster", "start", "--cluster", str(file), "--servers", "1", "--memory", "64MiB",
+                          "--prefault", "0", *flags], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+
+
+def test_by_default_the_socket_is_the_owners_and_another_user_gets_no_same_node_path(shared_dir):
+    file = shared_dir / "c.json"
+    _cli_start(file)
+    try:
+        d = cluster.entries_dir(file)
+        assert (_mode(d), _mode(d / "server-0.sock"), _mode(d / "secret"), _mode(d / "server-0.log")) == (0o700, 0o600, 0o600, 0o600)
+        out = _as_nobody(_client(shared_dir), file, shared_dir)
+        # The secret authenticates over TCP; the socket (and its folder) stay closed to it.
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+        assert sum(r.get("same_node_bytes") or 0 for r in cluster.status(file)) == 0
+    finally:
+        cluster.stop(file)
+
+
+def test_same_node_other_users_lets_another_user_put_same_node_and_read(shared_dir):
+    file = shared_dir / "c.json"
+    _cli_start(file, "--same-node-other-users", "true")
+    try:
+        d = cluster.entries_dir(file)
+        assert (_mode(d), _mode(d / "server-0.sock"), _mode(d / "secret"), _mode(d / "server-0.log"), _mode(file)) == \
+            (0o711, 0o666, 0o600, 0o600, 0o600)
+        out = _as_nobody(_client(shared_dir), file, shared_dir)
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+        copied = sum(r.get("same_node_bytes") or 0 for r in cluster.status(file))
+        assert copied >= 512 << 10, f"the put went same-node: {copied} bytes"
+    finally:
+        cluster.stop(file)
+
+
+def test_a_socket_group_gets_the_socket_and_the_cluster_file(shared_dir):
+    file = shared_dir / "c.json"
+    _cli_start(file, "--same-node-other-users", "true", "--socket-group", str(NOBODY))
+    try:
+        d = cluster.entries_dir(file)
+        sock = d / "server-0.sock"
+        assert (_mode(d), _mode(sock), _mode(file), _mode(d / "secret")) == (0o750, 0o660, 0o640, 0o600)
+        assert sock.stat().st_gid == file.stat().st_gid == d.stat().st_gid == NOBODY
+        out = _as_nobody(_client(shared_dir), file, shared_dir)
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+    finally:
+        cluster.stop(file)
