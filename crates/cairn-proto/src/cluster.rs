@@ -73,7 +73,12 @@ pub struct StoppedFile {
 impl StoppedFile {
     /// The stopped file at `path`, if the file there is one.
     pub fn load(path: &Path) -> Option<StoppedFile> {
-        let f: StoppedFile = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        Self::parse(&std::fs::read(path).ok()?)
+    }
+
+    /// The stopped file in `bytes` (a cluster file's), if they are one.
+    fn parse(bytes: &[u8]) -> Option<StoppedFile> {
+        let f: StoppedFile = serde_json::from_slice(bytes).ok()?;
         (f.state == "stopped").then_some(f)
     }
 
@@ -94,7 +99,8 @@ impl ClusterFile {
                 path.display()
             ))
         })?;
-        if StoppedFile::load(path).is_some() {
+        // The bytes already read: a second read could see another file (a start over a stop).
+        if StoppedFile::parse(&text).is_some() {
             return Err(Error::Unavailable(format!(
                 "the cluster of {} is stopped (`cairn cluster stop`): readers find the steps it drained to disk; start a \
                  cluster with `cairn cluster start --file {}`",
