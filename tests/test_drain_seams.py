@@ -151,7 +151,7 @@ def test_one_datasets_drain_error_never_stops_another_datasets(tmp_path):
 
 
 @pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
-@pytest.mark.parametrize("point", ["drain.before_data", "drain.after_data", "drain.after_index_tmp", "drain.after_link",
+@pytest.mark.parametrize("point", ["drain.before_data", "drain.part_written", "drain.before_commit", "drain.after_index_tmp", "drain.after_link",
                                    "drain.before_record"])
 def test_a_leader_killed_at_any_point_of_a_drain_leaves_a_drain_the_next_leader_finishes(tmp_path, monkeypatch, point):
     monkeypatch.setenv("CAIRN_FAILPOINTS", point)

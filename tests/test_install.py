@@ -94,6 +94,28 @@ def test_the_fortran_module_builds_with_pkg_config_and_python_reads_its_arrays_r
     _fortran(prefix, tmp_path, exe)
 
 
+def test_fortran_define_refuses_shapes_past_64_bits(prefix, tmp_path):
+    """Issue 52, item 5, through the Fortran module: a shape of 2**62 x 2**62 elements, and one
+    of 2**62 f8 elements (2**65 bytes), are refused with CAIRN_ERR_INVALID_ARGUMENT (6) and a
+    message naming the shape."""
+    fc = shutil.which("gfortran")
+    if fc is None or not (prefix / "lib/pkgconfig/cairn-fortran.pc").exists():
+        pytest.skip("gfortran is not installed (make setup installs it)")
+    env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
+    flags = check(subprocess.run(["pkg-config", "--cflags", "--libs", "cairn-fortran"], capture_output=True, text=True,
+                                 env=env)).split()
+    exe = tmp_path / "define_overflow"
+    check(subprocess.run([fc, str(ROOT / "tests/fortran/define_overflow.f90"), *flags, "-o", str(exe)], capture_output=True,
+                         text=True))
+    cfg = tmp_path / "cairn.toml"
+    cfg.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\n')
+    out = check(subprocess.run([str(exe), str(cfg)], capture_output=True, text=True, timeout=60))
+    lines = dict(line.split(": ierr ", 1) for line in out.splitlines() if ": ierr " in line)
+    for what in ("elements", "bytes"):
+        assert lines[what].startswith("6: ") and "shape" in lines[what], out
+    assert "fortran define: ok" in out, out
+
+
 def test_the_fortran_example_builds_with_cmake_find_package(prefix, tmp_path):
     if shutil.which("cmake") is None or shutil.which("gfortran") is None:
         pytest.skip("cmake or gfortran is not installed (make setup installs them)")

@@ -14,9 +14,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from cairn import cluster
+from cairn import _native, cluster
 
 from .conftest import PY, ROOT, check
 
@@ -42,16 +43,16 @@ def _client(d: Path) -> Path:
     return exe
 
 
-def _as_nobody(exe: Path, file: Path, d: Path) -> subprocess.CompletedProcess[str]:
+def _as_nobody(exe: Path, file: Path, d: Path, transport: str = "auto") -> subprocess.CompletedProcess[str]:
     """Runs the client as nobody with its own copy of the cluster file (handed over by its owner)."""
     mine = d / "nobody-cluster.json"
     shutil.copy(file, mine)
     os.chown(mine, NOBODY, NOBODY)
     mine.chmod(0o600)
     cfg = d / "nobody.toml"
-    cfg.write_text(f'engine = "staging"\n[staging]\ncluster = "{mine}"\ntimeout = 5\n')
+    cfg.write_text(f'engine = "staging"\n[staging]\ncluster = "{mine}"\ntimeout = 5\ntransport = "{transport}"\n')
     cfg.chmod(0o644)
-    return subprocess.run([str(exe), str(cfg)], capture_output=True, text=True, timeout=60, user=NOBODY, group=NOBODY, cwd=d)
+    return subprocess.run([str(exe), str(cfg), f"other-{transport}"], capture_output=True, text=True, timeout=60, user=NOBODY, group=NOBODY, cwd=d)
 
 
 def _mode(p: Path) -> int:
@@ -102,6 +103,67 @@ def test_a_socket_group_gets_the_socket_and_the_cluster_file(shared_dir):
         assert (_mode(d), _mode(sock), _mode(file), _mode(d / "secret")) == (0o750, 0o660, 0o640, 0o600)
         assert sock.stat().st_gid == file.stat().st_gid == d.stat().st_gid == NOBODY
         out = _as_nobody(_client(shared_dir), file, shared_dir)
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+    finally:
+        cluster.stop(file)
+
+
+def _victim(d: Path) -> Path:
+    """tests/c/setuid_victim.c built setuid root."""
+    exe = d / "setuid_victim"
+    check(subprocess.run(["cc", str(ROOT / "tests/c/setuid_victim.c"), "-Wall", "-Werror", "-o", str(exe)], capture_output=True, text=True))
+    os.chown(exe, 0, 0)
+    exe.chmod(0o4755)
+    return exe
+
+
+def _attacker() -> Path:
+    """crates/cairn-server/examples/exec_attack.rs (cargo test builds the examples; built here
+    if it has not)."""
+    exe = ROOT / "target" / "release" / "examples" / "exec_attack"
+    if not exe.exists():
+        check(subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-server", "--example", "exec_attack"], cwd=ROOT,
+                             capture_output=True, text=True))
+    return exe
+
+
+def _in_pid_namespace() -> list[str]:
+    """`unshare` into a new pid namespace (as the pid-reuse test runs), where this machine allows one."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    return ["unshare", "--pid", "--fork", "--mount-proc"] if probe.returncode == 0 else []
+
+
+def test_a_connection_never_reaches_a_setuid_program_its_process_execs(shared_dir):
+    """Issue 52, item 1, end to end: nobody connects to root's server (started with
+    --same-node-other-users true), forks a child that keeps the connection and execs a
+    setuid-root program holding a root-only file in memory. The child names those bytes in
+    same-node puts: a right guess of their crc is refused as a wrong one is, no error tells the
+    crc, nothing is stored, and the program's copy is untouched. The same user's own puts and
+    gets still work, same-node and over TCP."""
+    if os.statvfs(shared_dir).f_flag & os.ST_NOSUID:
+        pytest.skip(f"{shared_dir} is mounted nosuid: a setuid program cannot run there")
+    secret = shared_dir / "root-only"
+    secret.write_bytes(bytes(range(256)) * 16)
+    secret.chmod(0o600)
+    want = _native.crc32c(np.frombuffer(secret.read_bytes(), np.uint8))
+    victim, attacker = _victim(shared_dir), _attacker()
+    file = shared_dir / "c.json"
+    _cli_start(file, "--same-node-other-users", "true")
+    try:
+        sock = cluster.entries_dir(file) / "server-0.sock"
+        key = (cluster.entries_dir(file) / "secret").read_text().strip()
+        run = subprocess.run([*_in_pid_namespace(), "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                              str(attacker), str(sock), str(victim), str(secret), str(want)],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, "CAIRN_SECRET": key})
+        if "victim did not run" in run.stdout and "euid" in run.stdout:
+            pytest.skip(f"the setuid bit took no effect here: {run.stdout.strip()}")
+        assert run.returncode == 0 and "| safe" in run.stdout, run.stdout + run.stderr
+        print(run.stdout)
+        assert "right-guess put refused" in run.stdout and "victim: intact" in run.stdout, run.stdout
+        # The same user's ordinary clients: same-node over the socket, and over TCP.
+        out = _as_nobody(_client(shared_dir), file, shared_dir)
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+        out = _as_nobody(_client(shared_dir), file, shared_dir, transport="tcp")
         assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
     finally:
         cluster.stop(file)

@@ -748,7 +748,8 @@ NEMESES = ("kill", "stop", "partition", "disk-full", "reader-churn", "failpoint"
 OWN = ("partition", "disk-full", "failpoint")
 #: The drain's fail points (issue 51, item 2), compiled into the server only with the cargo
 #: feature ``failpoints``; a server started with ``CAIRN_FAILPOINTS=name[,name]`` dies at them.
-FAILPOINTS = ("drain.before_data", "drain.after_data", "drain.after_index_tmp", "drain.after_link", "drain.before_record")
+FAILPOINTS = ("drain.before_data", "drain.part_written", "drain.before_commit", "drain.after_index_tmp", "drain.after_link",
+              "drain.before_record")
 #: chaos's own cluster: 4 servers and a spare at level 1, the control plane on 3 of them.
 OWN_SERVERS, OWN_SPARES, OWN_META = 4, 1, 3
 
@@ -836,9 +837,16 @@ class OwnCluster:
     def fill(self, seconds: float, rec: Recorder | None, calm: threading.Event) -> None:
         """Makes the drain's disk full for ``seconds``: the tmpfs shrunk to what it holds."""
         assert self.disk is not None
-        st = os.statvfs(self.disk)
-        used = (st.f_blocks - st.f_bfree) * st.f_frsize
-        subprocess.run(["mount", "-o", f"remount,size={used + 4096}", str(self.disk)], check=True, capture_output=True)
+        # The drain writes on while this measures: a tmpfs refuses a size under what it holds, so
+        # a write between the measure and the remount fails it; measure again and retry.
+        for attempt in range(50):
+            st = os.statvfs(self.disk)
+            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+            shrink = subprocess.run(["mount", "-o", f"remount,size={used + 4096}", str(self.disk)], capture_output=True)
+            if shrink.returncode == 0:
+                break
+            if attempt == 49:
+                raise RuntimeError(f"cannot shrink {self.disk} to what it holds: {shrink.stderr.decode().strip()}")
         if rec:
             rec.event("disk-full", value={"for_s": round(seconds, 2), "used_bytes": used})
 

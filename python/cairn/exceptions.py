@@ -3,7 +3,8 @@ that fits (``NotFoundError`` is a ``KeyError``, ``InvalidArgumentError`` a ``Val
 
 ``e.code`` is the typed reason where one applies, else None: ``"step_in_flight"``,
 ``"lost_quorum"``, ``"stale_epoch"``, ``"released"``, ``"server_gone"``, ``"foreign_drain"``
-(a drain folder holds another run's committed steps)."""
+(a drain folder holds another run's committed steps), ``"unsafe_path"`` (a symlink or another
+user's entry below a drain folder)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ class Recorder:
         rec.update(fields)
         line = (json.dumps(rec, separators=(",", ":"), default=_plain) + "\n").encode()
         with self.lock:
-            os.write(self.fd, line)
+            if self.fd >= 0:  # after close (a run that failed with workload threads still going): dropped
+                os.write(self.fd, line)
         return rec
 
     def event(self, f: str, process: str = "nemesis", **fields: Any) -> None:
@@ -101,7 +102,9 @@ class Recorder:
         self.write(process, "ok", f, **{**fields, **done})
 
     def close(self) -> None:
-        os.close(self.fd)
+        with self.lock:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _plain(v: Any) -> Any:

@@ -7,16 +7,7 @@ use cairn_core::{Error, Region, Result};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// A block handed to an engine: validated, C-order, little-endian.
-#[derive(Debug)]
-pub struct BlockData<'a> {
-    /// The variable it belongs to.
-    pub def: &'a VarDef,
-    /// Its box (local variables: offset zero).
-    pub region: Region,
-    /// Its bytes.
-    pub bytes: &'a [u8],
-}
+pub use cairn_file::block::BlockData;
 
 /// What a writer publishes with its blocks at the end of a step.
 #[derive(Debug, Clone, Default)]

@@ -54,6 +54,9 @@ pub enum Reason {
     /// A dataset's drain folder holds committed steps this cluster did not drain (another run's,
     /// or without a drain's identity): a `"w"` open is refused, and the drain never takes them.
     ForeignDrain,
+    /// A drain folder holds, below the folder, a symlink or an entry of another uid: the drain
+    /// writes nothing there (another user could redirect a server's writes).
+    UnsafePath,
 }
 
 impl Reason {
@@ -66,6 +69,7 @@ impl Reason {
             Reason::Released => "released",
             Reason::ServerGone => "server_gone",
             Reason::ForeignDrain => "foreign_drain",
+            Reason::UnsafePath => "unsafe_path",
         }
     }
 }
@@ -124,6 +128,9 @@ pub enum Error {
     /// Drained steps that are not this cluster's ([`Reason::ForeignDrain`]; already exists).
     #[error("{0}")]
     ForeignDrain(String),
+    /// A symlink or another uid's entry below a drain folder ([`Reason::UnsafePath`]; config).
+    #[error("{0}")]
+    UnsafePath(String),
     /// An operating-system I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -154,6 +161,7 @@ impl Error {
             Error::Released(_) => ErrorKind::NotFound,
             Error::ServerGone(_) => ErrorKind::Unavailable,
             Error::ForeignDrain(_) => ErrorKind::AlreadyExists,
+            Error::UnsafePath(_) => ErrorKind::Config,
             Error::Io { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
@@ -195,6 +203,7 @@ impl Error {
             Error::Released(_) => Some(Reason::Released),
             Error::ServerGone(_) => Some(Reason::ServerGone),
             Error::ForeignDrain(_) => Some(Reason::ForeignDrain),
+            Error::UnsafePath(_) => Some(Reason::UnsafePath),
             _ => None,
         }
     }
@@ -207,6 +216,7 @@ impl Error {
             Some(Reason::Released) => Error::Released(message),
             Some(Reason::ServerGone) => Error::ServerGone(message),
             Some(Reason::ForeignDrain) => Error::ForeignDrain(message),
+            Some(Reason::UnsafePath) => Error::UnsafePath(message),
             Some(Reason::StaleEpoch) | None => Error::from_kind(kind, message),
         }
     }

@@ -341,7 +341,11 @@ mod tests {
             std::process::Command::new("sh").args(["-c", "read x; exec sleep 30"]).stdin(std::process::Stdio::piped()).spawn().unwrap();
         let peer = match Peer::open(child.id() as i32) {
             Ok(p) => p,
-            Err(e) => return eprintln!("no access to a child's memory here, skipped: {e}"),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return eprintln!("no access to a child's memory here, skipped: {e}");
+            }
         };
         // Readable now: the stack of the bound image (any mapped address of it will do).
         let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();

@@ -13,11 +13,10 @@
 //! victim's bytes (and a probe and a get `into`, both removed since issue 52, answered a guess of
 //! them and overwrote them). Now the put fails and the victim's bytes are untouched.
 
-use cairn_core::Region;
-use cairn_proto::message::{ObjectPut, PutItem};
-use cairn_proto::{Request, Response};
+use cairn_core::checksum::crc;
+use cairn_proto::Response;
 use cairn_server::Limits;
-use cairn_testing::{RawConn, TestCluster};
+use cairn_testing::{get_request, outcome, put_request, same_node, RawConn, TestCluster};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -142,48 +141,18 @@ fn stranger() {
     let sock = PathBuf::from(std::env::var("CAIRN_SOCK").unwrap());
     let mut conn = RawConn::open_unix_path(&sock, &std::env::var("CAIRN_SECRET").unwrap()).unwrap();
     let mine = vec![0xEEu8; LEN];
-    let (put, _) = object("s");
-    println!("{:?}", conn.call(None, &with_from(put, 1, vec![(mine.as_ptr() as u64, LEN as u64)]), &[]).unwrap());
-}
-
-/// `put` (of [`object`]) as a same-node put of object `id` naming `runs` of client memory.
-fn with_from(put: Request, id: u64, runs: Vec<(u64, u64)>) -> Request {
-    let Request::Put(mut h) = put else { unreachable!() };
-    h.from = Some(runs);
-    h.object.id = id;
-    Request::Put(h)
-}
-
-fn object(dataset: &str) -> (Request, Request) {
-    let region = Region::new(vec![0], vec![LEN as u64]).unwrap();
-    let put = Request::Put(ObjectPut {
-        dataset: dataset.into(),
-        step: 0,
-        session: "attacker".into(),
-        writer: 0,
-        shard: 0,
-        from: None,
-        object: PutItem {
-            var: "x".into(),
-            id: 1,
-            region: region.clone(),
-            elem: 1,
-            checksum: cairn_core::checksum::crc(&[0xEE; LEN]),
-            copy: 0,
-        },
-    });
-    let get = Request::Get { dataset: dataset.into(), step: 0, id: 1, want: region, shard: 0 };
-    (put, get)
+    let put = same_node(put_request("s", 1, LEN as u64, crc(&mine)), vec![(mine.as_ptr() as u64, LEN as u64)]);
+    println!("{:?}", conn.call(None, &put, &[]).unwrap());
 }
 
 fn attacker() {
     let sock = PathBuf::from(std::env::var("CAIRN_SOCK").unwrap());
     let mut conn = RawConn::open_unix_path(&sock, &std::env::var("CAIRN_SECRET").unwrap()).unwrap();
-    let (put, get) = object("d");
-    assert_eq!(conn.call(None, &put, &[&[0xEE; LEN]]).unwrap(), Response::Ok);
-    // Same-node copies work for the process that connected: a put of its own memory.
     let mine = vec![0xEEu8; LEN];
-    let r = conn.call(None, &with_from(put.clone(), 3, vec![(mine.as_ptr() as u64, LEN as u64)]), &[]).unwrap();
+    let put = |id| put_request("d", id, LEN as u64, crc(&mine));
+    assert_eq!(conn.call(None, &put(1), &[&mine]).unwrap(), Response::Ok);
+    // Same-node copies work for the process that connected: a put of its own memory.
+    let r = conn.call(None, &same_node(put(3), vec![(mine.as_ptr() as u64, LEN as u64)]), &[]).unwrap();
     assert_eq!(r, Response::Ok, "a same-node put of the attacker's own buffer");
     // SAFETY: this process is single-threaded (no test harness); the child only uses its own
     // copies of memory and exits.
@@ -197,21 +166,10 @@ fn attacker() {
     let stdin = std::io::stdin();
     let spec = line(&mut stdin.lock());
     let parts: Vec<u64> = spec.split(' ').map(|p| p.parse().unwrap()).collect();
-    let (addr, len, crc) = (parts[0], parts[1], parts[2] as u32);
-    let said = |r: cairn_core::Result<Response>| match r {
-        Ok(Response::Error { message, .. }) => format!("refused ({message})"),
-        Ok(Response::Ok | Response::Data { .. }) => "done".to_string(),
-        Ok(other) => format!("{other:?}"),
-        Err(e) => format!("refused ({e})"),
-    };
-    let _ = crc;
-    let mut steal = with_from(put, 2, vec![(addr, len)]);
-    if let Request::Put(h) = &mut steal {
-        h.object.checksum = 0;
-    }
-    let put = said(conn.call(None, &steal, &[]));
+    let (addr, len) = (parts[0], parts[1]);
+    let put = outcome(&conn.call(None, &same_node(put_request("d", 2, LEN as u64, 0), vec![(addr, len)]), &[]));
     // A get answers with a payload to this connection: nothing is written anywhere else.
-    let got = said(conn.call(None, &get, &[]));
+    let got = outcome(&conn.call(None, &get_request("d", 1, LEN as u64), &[]));
     let word = |s: &str| if s.starts_with("refused") { "refused" } else { "DONE" }.to_string();
     println!("put={} get={} | {put} | {got}", word(&put), word(&got));
     std::io::stdout().flush().unwrap();

@@ -336,3 +336,41 @@ impl RawConn {
         Ok((resp, payload))
     }
 }
+
+/// A put of object `id` (a 1-D `u8` variable `x` of `len` elements, step 0, writer 0) claiming
+/// crc32c `checksum`: its bytes go as the payload, or (with [`same_node`]) are named in memory.
+pub fn put_request(dataset: &str, id: u64, len: u64, checksum: u32) -> Request {
+    let region = cairn_core::Region::new(vec![0], vec![len]).expect("a 1-D box");
+    Request::Put(cairn_proto::message::ObjectPut {
+        dataset: dataset.into(),
+        step: 0,
+        session: "attacker".into(),
+        writer: 0,
+        shard: 0,
+        from: None,
+        object: cairn_proto::message::PutItem { var: "x".into(), id, region, elem: 1, checksum, copy: 0 },
+    })
+}
+
+/// The get of object `id` of [`put_request`].
+pub fn get_request(dataset: &str, id: u64, len: u64) -> Request {
+    let want = cairn_core::Region::new(vec![0], vec![len]).expect("a 1-D box");
+    Request::Get { dataset: dataset.into(), step: 0, id, want, shard: 0 }
+}
+
+/// `put` as a same-node put naming `runs` (address, length) of the connected process's memory.
+pub fn same_node(put: Request, runs: Vec<(u64, u64)>) -> Request {
+    let Request::Put(mut h) = put else { panic!("same_node takes a put") };
+    h.from = Some(runs);
+    Request::Put(h)
+}
+
+/// How a request went, in a word and the server's words: `done` or `refused (why)`.
+pub fn outcome(r: &Result<Response>) -> String {
+    match r {
+        Ok(Response::Error { message, .. }) => format!("refused ({message})"),
+        Ok(Response::Ok | Response::Data { .. }) => "done".to_string(),
+        Ok(other) => format!("{other:?}"),
+        Err(e) => format!("refused ({e})"),
+    }
+}

@@ -7,8 +7,7 @@
 //! `end_step` is collective: every rank of the communicator calls it, and it returns once the
 //! step is committed (or with the same error on every rank).
 
-use super::layout::Layout;
-use super::writer::{commit_index, encode, stored_len};
+use super::writer::commit_index;
 use super::{claim, consume};
 use crate::config::FileConfig;
 use crate::engine::{BlockData, StepPart, WriteEngine};
@@ -16,6 +15,8 @@ use cairn_core::codec::Policy;
 use cairn_core::error::IoContext;
 use cairn_core::index::{BlockRecord, Fragment, StepIndex};
 use cairn_core::{Error, ErrorKind, Result};
+use cairn_file::block::{encode, stored_len};
+use cairn_file::layout::Layout;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};

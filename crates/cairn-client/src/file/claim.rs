@@ -4,12 +4,11 @@
 //! first still has the rank open or (mode "w") has ended steps in its session, else when it ends a
 //! step the first already ended in that session.
 
-use super::layout::Layout;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, Fragment};
 use cairn_core::{Error, Result};
+use cairn_file::layout::{digest, Layout};
 use std::fs::File;
-use std::hash::{DefaultHasher, Hasher};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -81,11 +80,4 @@ pub(super) fn check_part(layout: &Layout, step: u64, rank: u32, session: &str, b
         ))),
         _ => Ok(()),
     }
-}
-
-/// A digest of a published fragment (to recognise it later) or of a session (to name its files).
-pub(super) fn digest(bytes: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    h.write(bytes);
-    h.finish()
 }

@@ -17,13 +17,12 @@
 //! forwards if the destination's index is the journal's (removing the taken entries), else
 //! backwards (renaming them back). Every state in between reads as before or as after.
 
-use super::claim::digest;
-use super::layout::{link_new, parse_index, publish, staged, Layout};
 use super::lease;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, Consumed, Fragment, StepIndex};
 use cairn_core::index_file;
 use cairn_core::{Error, Result};
+use cairn_file::layout::{digest, link_new, parse_index, publish, staged, Layout};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;

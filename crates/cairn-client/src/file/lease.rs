@@ -10,8 +10,8 @@
 //! guarantee (`consume.rs`), whatever happens to leases.
 
 use super::consume;
-use super::layout::{publish, publish_new, Layout};
 use cairn_core::{Error, Result};
+use cairn_file::layout::{publish, publish_new, Layout};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -11,14 +11,12 @@
 mod aggregate;
 mod claim;
 mod consume;
-mod drain;
-mod layout;
 mod lease;
 mod reader;
 mod writer;
 
 pub use aggregate::{AggWriter, Collective, Exchange, Groups, Received};
-pub use drain::{drain_step, foreign_steps, is_this_step, DrainOptions, Drained, FAIL_POINTS};
-pub use layout::Layout;
+pub use cairn_file::drain::{drain_step, foreign_steps, is_this_step, remove_drained, DrainOptions, Drained, FAIL_POINTS};
+pub use cairn_file::layout::Layout;
 pub use reader::FileReader;
 pub use writer::FileWriter;

@@ -1,7 +1,6 @@
 //! The reading side of the file engine: any box from the blocks that intersect it, fetching only
 //! the checksum chunks that hold the needed bytes.
 
-use super::layout::Layout;
 use super::{consume, lease};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::{chunks_touched, copy_box, Layout as BufLayout};
@@ -10,6 +9,7 @@ use cairn_core::codec::Pipeline;
 use cairn_core::error::IoContext;
 use cairn_core::index::{BlockRecord, StepIndex, VarDef};
 use cairn_core::{Error, Region, Result};
+use cairn_file::layout::Layout;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

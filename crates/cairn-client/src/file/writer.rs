@@ -1,18 +1,17 @@
 //! The writing side of the file engine, for one rank.
 
-use super::layout::{publish, publish_new, Layout};
 use super::{claim, consume};
 use crate::config::FileConfig;
 use crate::engine::{BlockData, StepPart, WriteEngine};
-use cairn_core::checksum::chunk_crcs;
-use cairn_core::codec::{self, Element, Policy};
+use cairn_core::codec::Policy;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, to_json, BlockRecord, Fragment, StepIndex};
 use cairn_core::index_file;
-use cairn_core::{stats, Error, Result};
+use cairn_core::{Error, Result};
+use cairn_file::block::{encode, stored_len, write_all_vectored};
+use cairn_file::layout::{digest, publish, publish_new, Layout};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{IoSlice, Write};
 
 /// Age after which a temporary file in a dataset is taken for a crashed writer's leftover.
 pub(super) const ORPHANED: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -104,7 +103,7 @@ impl FileWriter {
         self.published.retain(|s, _| !self.layout.step_path(*s).exists());
         // Recorded before publishing: if the rename happens but a later flush fails, the file
         // still counts as this writer's.
-        self.published.insert(step, claim::digest(bytes));
+        self.published.insert(step, digest(bytes));
         publish(&self.layout.fragment_path(step, self.rank), bytes, self.fsync, self.rank)
     }
 
@@ -246,56 +245,4 @@ pub(super) fn commit_index(layout: &Layout, index: StepIndex, session: &str, con
         )));
     }
     Ok(true)
-}
-
-/// A block's record (its `file` and `pos` still to be set) and, when compression shrank it, the
-/// bytes to store instead of the block's own.
-pub(super) fn encode(b: &BlockData<'_>, writer: u32, chunk: u32, compression: Option<Policy>) -> Result<(BlockRecord, Option<Vec<u8>>)> {
-    let coded = match compression {
-        Some(policy) => Some(codec::compress(b.bytes, Some(Element { dtype: b.def.dtype, big_endian: false }), policy)?),
-        None => None,
-    };
-    // Blocks nothing shrank are stored raw, without a codec entry.
-    let coded = coded.filter(|(pipe, _)| !pipe.is_raw()).map(|(pipe, c)| (pipe.to_string(), c.into_owned()));
-    let (crcs, checksum) = chunk_crcs(b.bytes, chunk);
-    let record = BlockRecord {
-        var: b.def.name.clone(),
-        writer,
-        region: b.region.clone(),
-        file: String::new(),
-        pos: 0,
-        len: b.bytes.len() as u64,
-        chunk,
-        crcs,
-        checksum,
-        stats: stats::compute(b.def.dtype, b.bytes),
-        objects: Vec::new(),
-        stored: coded.as_ref().map_or(0, |(_, c)| c.len() as u64),
-        codec: coded.as_ref().map(|(pipe, _)| pipe.clone()),
-    };
-    Ok((record, coded.map(|(_, c)| c)))
-}
-
-/// Bytes a block takes in its data file.
-pub(super) fn stored_len(b: &BlockRecord) -> u64 {
-    if b.codec.is_some() {
-        b.stored
-    } else {
-        b.len
-    }
-}
-
-/// Writes all of `parts` with as few system calls as the kernel allows (one for a trace flush).
-pub(super) fn write_all_vectored(f: &mut File, parts: &[&[u8]]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
-    let mut rest = &mut slices[..];
-    while !rest.is_empty() {
-        match f.write_vectored(rest) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

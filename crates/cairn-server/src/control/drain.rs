@@ -212,7 +212,7 @@ impl Drain {
             // Removed meanwhile (`cairn rm`): the step just written is no step of a dataset now.
             Err(e) if e.kind() == cairn_core::ErrorKind::NotFound => {
                 if !d.found {
-                    let _ = std::fs::remove_file(Layout::new(&spec.path, &dataset).step_path(step));
+                    let _ = cairn_client::file::remove_drained(&Layout::new(&spec.path, &dataset), step);
                 }
                 Next::Again
             }
@@ -223,7 +223,12 @@ impl Drain {
 
     fn failed(&self, dataset: &str, error: Error, attempt: u64) {
         {
-            let retry = if error.reason() == Some(cairn_core::Reason::ForeignDrain) { RETRY_FOREIGN } else { RETRY };
+            // Either waits on a person: the disk is not retried every second meanwhile.
+            let retry = if matches!(error.reason(), Some(cairn_core::Reason::ForeignDrain | cairn_core::Reason::UnsafePath)) {
+                RETRY_FOREIGN
+            } else {
+                RETRY
+            };
             let mut p = lock(&self.progress);
             p.failures.insert(dataset.to_string(), Failure { error, attempt, retry_at: Instant::now() + retry });
         }

@@ -8,15 +8,14 @@
 //! committed index's; any other (another run's, one without an identity) is refused, never
 //! taken (docs/format.md, *Drained steps*).
 
-use super::layout::{publish_new_hooked, Layout};
-use super::writer::{encode, stored_len, write_all_vectored};
-use crate::engine::BlockData;
+use crate::beneath::Dir;
+use crate::block::{encode, stored_len, write_all_vectored, BlockData};
+use crate::layout::{parse_index, Layout};
 use cairn_core::codec::Policy;
-use cairn_core::error::IoContext;
 use cairn_core::index::{BlockRecord, Staged, StepIndex};
 use cairn_core::index_file;
 use cairn_core::{Error, ErrorKind, Result};
-use std::fs::OpenOptions;
+use std::io::Write;
 
 /// What a drain of one step wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,10 +30,11 @@ pub struct Drained {
 }
 
 /// The points of a step's drain where a test may kill the drainer (`CAIRN_FAILPOINTS`, servers
-/// built with the `failpoints` feature): before its data file, after it, after the index's
-/// temporary file, after the index's link (the commit), and (the server's) before the record.
-pub const FAIL_POINTS: [&str; 5] =
-    ["drain.before_data", "drain.after_data", "drain.after_index_tmp", "drain.after_link", "drain.before_record"];
+/// built with the `failpoints` feature): a part's writer before its data file and after it is
+/// flushed; the committer before the index, after its temporary file and after its link (the
+/// commit); and (the server's) before the record in the log.
+pub const FAIL_POINTS: [&str; 6] =
+    ["drain.before_data", "drain.part_written", "drain.before_commit", "drain.after_index_tmp", "drain.after_link", "drain.before_record"];
 
 /// How drained steps are written.
 #[derive(Clone, Copy)]
@@ -59,44 +59,81 @@ impl std::fmt::Debug for DrainOptions<'_> {
     }
 }
 
-/// Writes committed staging step `index` into `layout` (created if need be), the bytes of each
-/// block from `fetch`. A step already on disk is taken only if it is this one (see
-/// [`is_this_step`]). The next block is fetched while one is written (the read from memory took
-/// a tenth of a step's drain, measured by `python -m cairn.bench drain`).
-pub fn drain_step(
+/// The dataset's directories a drain writes in, each reached beneath the drain folder (no
+/// symlink, owned by this server's uid; see [`beneath`](crate::beneath)).
+struct Dirs {
+    steps: Dir,
+    data: Dir,
+}
+
+impl Dirs {
+    fn open(layout: &Layout) -> Result<Dirs> {
+        let folder = layout.root.parent().expect("a dataset directory lies in a drain folder");
+        let ds = Dir::root(folder)?.sub(&layout.name(), true)?.expect("made");
+        // `pending` too: a file-engine writer appending to the drained dataset lists it.
+        ds.sub("pending", true)?;
+        Ok(Dirs { steps: ds.sub("steps", true)?.expect("made"), data: ds.sub("data", true)?.expect("made") })
+    }
+}
+
+/// What one drainer wrote of a step: the records of its blocks (with their data file and
+/// position set), in the order asked, and the bytes they hold and take on disk.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Part {
+    /// One record per block written, in the order of the positions asked.
+    pub records: Vec<BlockRecord>,
+    /// Bytes of the blocks.
+    pub bytes: u64,
+    /// Bytes written to the data file (after compression).
+    pub stored: u64,
+}
+
+/// Whether step `index` is on disk already: `Some` if it is this cluster's (an earlier drainer
+/// committed it), None if there is none, [`Error::ForeignDrain`] if another run's is there.
+pub fn on_disk(layout: &Layout, index: &StepIndex, cluster: &str) -> Result<Option<Drained>> {
+    let dirs = Dirs::open(layout)?;
+    if dirs.steps.exists(&Layout::step_file(index.step))? {
+        return found(&dirs, layout, index, cluster).map(Some);
+    }
+    Ok(None)
+}
+
+/// Writes blocks `blocks` (positions in `index.blocks`) of committed staging step `index` into
+/// one new data file of drainer `opts.tag` (`data/drain-<step>.s<tag>.<nonce>.bin`: one file
+/// per drainer and step, never appended to by another, so a drainer that writes the part again
+/// after a crash writes its own), the bytes of each from `fetch`, and flushes it. The next
+/// block is fetched while one is written. On an error the file is removed. Nothing refers to
+/// the file until [`commit`] publishes the step's index.
+pub fn write_part(
     layout: &Layout,
     index: &StepIndex,
+    blocks: &[usize],
     opts: DrainOptions<'_>,
-    fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
-) -> Result<Drained> {
-    if layout.step_path(index.step).exists() {
-        return found(layout, index, opts.cluster);
-    }
-    layout.create()?;
+    fetch: impl Fn(usize) -> Result<Vec<u8>> + Sync,
+) -> Result<Part> {
+    let dirs = Dirs::open(layout)?;
     (opts.hook)("drain.before_data");
-    // One file per step and drainer, never appended to by another: a new leader that drains the
-    // step again after a crash writes its own.
     let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let data_rel = format!("data/drain-{:012}.s{:06}.{nonce:016x}.bin", index.step, opts.tag);
-    let path = layout.root.join(&data_rel);
-    let mut data = OpenOptions::new().create_new(true).append(true).open(&path).ctx(|| format!("creating {}", path.display()))?;
+    let data_name = format!("drain-{:012}.s{:06}.{nonce:016x}.bin", index.step, opts.tag);
+    let data_rel = format!("data/{data_name}");
+    let path = dirs.data.path(&data_name);
+    let mut data = dirs.data.create_new(&data_name)?;
     let written = std::thread::scope(|scope| {
         // One block ahead: a fetched block waits while the one before it is written.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(1);
         let fetch = &fetch;
         scope.spawn(move || {
-            for b in &index.blocks {
-                let r = fetch(b);
+            for &at in blocks {
+                let r = fetch(at);
                 let failed = r.is_err();
                 if tx.send(r).is_err() || failed {
                     return;
                 }
             }
         });
-        let mut out =
-            StepIndex { blocks: Vec::with_capacity(index.blocks.len()), staged: Some(Staged::of(opts.cluster, index)), ..index.clone() };
-        let (mut end, mut bytes) = (0u64, 0u64);
-        for b in &index.blocks {
+        let mut part = Part { records: Vec::with_capacity(blocks.len()), ..Part::default() };
+        for &at in blocks {
+            let b = index.blocks.get(at).ok_or_else(|| Error::InvalidArgument(format!("step {} has no block {at}", index.step)))?;
             let def = index.vars.get(&b.var).ok_or_else(|| Error::Corrupt(format!("step {} names no variable {}", index.step, b.var)))?;
             let raw = rx.recv().map_err(|_| Error::Corrupt("the drain's reader stopped early".into()))??;
             if raw.len() as u64 != b.len {
@@ -113,42 +150,127 @@ pub fn drain_step(
                 encode(&BlockData { def, region: b.region.clone(), bytes: &raw }, b.writer, opts.chunk, opts.compression)?;
             write_all_vectored(&mut data, &[coded.as_deref().unwrap_or(&raw)]).map_err(|e| disk_error(&path, e))?;
             record.file.clone_from(&data_rel);
-            record.pos = end;
-            end += stored_len(&record);
-            bytes += b.len;
-            out.blocks.push(record);
+            record.pos = part.stored;
+            part.stored += stored_len(&record);
+            part.bytes += b.len;
+            part.records.push(record);
         }
         if opts.fsync {
             data.sync_data().map_err(|e| disk_error(&path, e))?;
         }
-        Ok((out, bytes, end))
+        Ok(part)
     });
-    let (out, bytes, stored) = match written {
-        Ok(w) => w,
+    match written {
+        Ok(part) => {
+            (opts.hook)("drain.part_written");
+            Ok(part)
+        }
         Err(e) => {
             // Nothing references it: give the space back at once (a full disk needs it).
-            let _ = std::fs::remove_file(&path);
-            return Err(e);
+            dirs.data.remove(&data_name);
+            Err(e)
+        }
+    }
+}
+
+/// Commits step `index` from its drainers' `records` (one per block of `index`, in its order):
+/// the index (blocks and statistics as committed in staging, plus the step's identity) is
+/// published with one no-replace rename, so the step on disk is whole or absent. If another
+/// drainer committed the step meanwhile, the records' data files are removed and the step on
+/// disk is taken only if it is this one ([`is_this_step`]).
+pub fn commit(layout: &Layout, index: &StepIndex, records: Vec<BlockRecord>, opts: DrainOptions<'_>) -> Result<Drained> {
+    let dirs = Dirs::open(layout)?;
+    if records.len() != index.blocks.len() {
+        return Err(Error::InvalidArgument(format!(
+            "step {} has {} blocks, {} records given",
+            index.step,
+            index.blocks.len(),
+            records.len()
+        )));
+    }
+    (opts.hook)("drain.before_commit");
+    let (bytes, stored) = records.iter().fold((0, 0), |(b, s), r| (b + r.len, s + stored_len(r)));
+    let files: std::collections::BTreeSet<String> = records.iter().map(|r| r.file.clone()).collect();
+    let out = StepIndex { blocks: records, staged: Some(Staged::of(opts.cluster, index)), ..index.clone() };
+    let unreferenced = || {
+        for f in &files {
+            if let Some(name) = f.strip_prefix("data/") {
+                dirs.data.remove(name);
+            }
         }
     };
-    (opts.hook)("drain.after_data");
-    let dest = layout.step_path(index.step);
-    let placed = publish_new_hooked(&dest, &index_file::encode(&out), opts.fsync, opts.tag, &|| (opts.hook)("drain.after_index_tmp"));
-    match placed {
+    match publish(&dirs.steps, &Layout::step_file(index.step), &index_file::encode(&out), opts) {
         Ok(true) => {
             (opts.hook)("drain.after_link");
             Ok(Drained { bytes, stored, found: false })
         }
         // Another drainer (a leader before this one) committed the step meanwhile.
         Ok(false) => {
-            let _ = std::fs::remove_file(&path);
-            found(layout, index, opts.cluster)
+            unreferenced();
+            found(&dirs, layout, index, opts.cluster)
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&path);
+            unreferenced();
             Err(e)
         }
     }
+}
+
+/// Writes committed staging step `index` into `layout` (created if need be) as one drainer:
+/// [`on_disk`], one [`write_part`] of every block, [`commit`]. Every directory and file is
+/// opened beneath the drain folder: a symlink or another uid's entry below it is an
+/// [`Error::UnsafePath`].
+pub fn drain_step(
+    layout: &Layout,
+    index: &StepIndex,
+    opts: DrainOptions<'_>,
+    fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
+) -> Result<Drained> {
+    if let Some(d) = on_disk(layout, index, opts.cluster)? {
+        return Ok(d);
+    }
+    let all: Vec<usize> = (0..index.blocks.len()).collect();
+    let part = write_part(layout, index, &all, opts, |at| fetch(&index.blocks[at]))?;
+    commit(layout, index, part.records, opts)
+}
+
+/// Commits a step index as `name` in `steps` unless one is there: a temporary file beside it,
+/// then one no-replace rename (the commit); returns whether it placed it.
+fn publish(steps: &Dir, name: &str, bytes: &[u8], opts: DrainOptions<'_>) -> Result<bool> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!(".tmp-{}-{}-{n}-{name}", std::process::id(), opts.tag);
+    let written = steps.create_new(&tmp).and_then(|mut f| {
+        f.write_all(bytes).map_err(|e| disk_error(&steps.path(&tmp), e))?;
+        if opts.fsync {
+            f.sync_all().map_err(|e| disk_error(&steps.path(&tmp), e))?;
+        }
+        Ok(())
+    });
+    if let Err(e) = written {
+        steps.remove(&tmp);
+        return Err(e);
+    }
+    (opts.hook)("drain.after_index_tmp");
+    let placed = steps.rename_new(&tmp, name);
+    if !matches!(placed, Ok(true)) {
+        steps.remove(&tmp);
+    }
+    let placed = placed?;
+    if placed && opts.fsync {
+        steps.sync()?;
+    }
+    Ok(placed)
+}
+
+/// Removes drained step `step` of `layout` (a step drained while the dataset was removed), the
+/// same way beneath the drain folder.
+pub fn remove_drained(layout: &Layout, step: u64) -> Result<()> {
+    let folder = layout.root.parent().expect("a dataset directory lies in a drain folder");
+    if let Some(steps) = Dir::root(folder)?.sub(&layout.name(), false)?.map(|d| d.sub("steps", false)).transpose()?.flatten() {
+        steps.remove(&Layout::step_file(step));
+    }
+    Ok(())
 }
 
 /// Whether `disk`, a step found on disk, is committed staging step `index` as drained by cluster
@@ -162,8 +284,10 @@ pub fn is_this_step(disk: &StepIndex, index: &StepIndex, cluster: &str) -> bool 
 /// The step is on disk already: drained by an earlier leader of this cluster (the same
 /// identity), or written by another run into the same folder, which is refused rather than
 /// taken for this step.
-fn found(layout: &Layout, index: &StepIndex, cluster: &str) -> Result<Drained> {
-    let disk = layout.read_step_meta(index.step)?;
+fn found(dirs: &Dirs, layout: &Layout, index: &StepIndex, cluster: &str) -> Result<Drained> {
+    let name = Layout::step_file(index.step);
+    let bytes = dirs.steps.read(&name)?.ok_or_else(|| Error::NotFound(format!("{} went meanwhile", dirs.steps.path(&name).display())))?;
+    let disk = parse_index(&bytes, &format!("index of step {} ({})", index.step, dirs.steps.path(&name).display()), true)?;
     if is_this_step(&disk, index, cluster) {
         return Ok(Drained { found: true, ..Drained::default() });
     }
@@ -217,8 +341,6 @@ fn disk_error(path: &std::path::Path, e: std::io::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ReadEngine;
-    use crate::file::FileReader;
     use cairn_core::index::VarDef;
     use cairn_core::{DType, Region};
 
@@ -248,31 +370,21 @@ mod tests {
     }
 
     #[test]
-    fn a_drained_step_reads_back_through_the_file_engine_with_its_writers_and_statistics() {
+    fn a_drained_step_is_committed_with_its_writers_statistics_and_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path(), "d");
         let (index, bytes) = staged(3);
-        let opts = DrainOptions {
-            compression: Some(Policy::parse("zstd").unwrap()),
-            chunk: 1 << 20,
-            fsync: false,
-            tag: 7,
-            cluster: "c1",
-            hook: &|_| {},
-        };
+        let opts = DrainOptions { compression: None, chunk: 1 << 20, fsync: false, tag: 7, cluster: "c1", hook: &|_| {} };
         let d = drain_step(&layout, &index, opts, |b| Ok(bytes[b.writer as usize].clone())).unwrap();
         assert_eq!((d.bytes, d.found), (64, false));
-        let r = FileReader::open(layout.clone()).unwrap();
-        assert_eq!(r.steps().unwrap(), vec![3]);
-        let blocks = r.blocks("t", 3).unwrap();
+        assert_eq!(layout.steps().unwrap(), vec![3]);
+        let blocks = layout.read_step(3).unwrap().blocks;
         assert_eq!(blocks.iter().map(|b| b.writer).collect::<Vec<_>>(), vec![0, 1]);
         for (b, orig) in blocks.iter().zip(&index.blocks) {
             assert_eq!((&b.region, &b.stats), (&orig.region, &orig.stats));
+            let data = std::fs::read(layout.root.join(&b.file)).unwrap();
+            assert_eq!(&data[b.pos as usize..(b.pos + b.len) as usize], &bytes[b.writer as usize][..]);
         }
-        let mut out = vec![0u8; 32];
-        let whole = Region::new(vec![4], vec![4]).unwrap();
-        r.read_into(3, &blocks[1], 8, &whole, &whole, &mut out).unwrap();
-        assert_eq!(out, bytes[1]);
         // Again (a new leader): found on disk, nothing written.
         let again = drain_step(&layout, &index, opts, |_| panic!("not fetched")).unwrap();
         assert!(again.found);

@@ -1,5 +1,6 @@
 //! Paths inside a dataset directory and the write-then-rename publication they rely on.
 
+use crate::beneath::rename_noreplace;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, Fragment, StepIndex};
 use cairn_core::index_file;
@@ -25,7 +26,7 @@ impl Layout {
     /// its own, so writers of different sessions (claimers sharing a destination as rank 0 of 1)
     /// never append to one file.
     pub fn data_rel(rank: u32, session: &str) -> String {
-        format!("data/rank-{rank:06}.{:016x}.bin", super::claim::digest(session.as_bytes()))
+        format!("data/rank-{rank:06}.{:016x}.bin", digest(session.as_bytes()))
     }
 
     /// A directory of the dataset (`steps`, `pending`, `taken`, `claims`, `closed`).
@@ -56,7 +57,12 @@ impl Layout {
 
     /// Committed index of a step.
     pub fn step_path(&self, step: u64) -> PathBuf {
-        self.root.join("steps").join(format!("{step:012}.json"))
+        self.root.join("steps").join(Self::step_file(step))
+    }
+
+    /// The file name of a step's committed index in `steps`.
+    pub fn step_file(step: u64) -> String {
+        format!("{step:012}.json")
     }
 
     /// A writer's fragment for a step.
@@ -82,7 +88,7 @@ impl Layout {
     /// and publishing a file left behind. A live writer's temporary file lives for one write and
     /// one rename, so an hour-old one is an orphan on any file system; the age, not a pid, tells,
     /// because writers on other hosts share the directory. Best effort.
-    pub(super) fn sweep_temporaries(&self, age: std::time::Duration) {
+    pub fn sweep_temporaries(&self, age: std::time::Duration) {
         for d in ["pending", "steps", "claims", "closed", "taken"] {
             for name in self.list(d).unwrap_or_default().into_iter().filter(|n| n.starts_with(".tmp-")) {
                 let p = self.dir(d).join(name);
@@ -154,20 +160,20 @@ impl Layout {
     }
 
     /// Records that rank `rank` of `nranks` of `session` closed the dataset.
-    pub(super) fn close_rank(&self, rank: u32, nranks: u32, session: &str, fsync: bool) -> Result<()> {
+    pub fn close_rank(&self, rank: u32, nranks: u32, session: &str, fsync: bool) -> Result<()> {
         let mark = Closed { session: session.to_string(), nranks, ranks: 1 };
         publish(&self.closed_path(rank), &serde_json::to_vec(&mark).expect("marks serialize"), fsync, rank)
     }
 
     /// Records, as rank 0's mark, that every rank of `session` closed the dataset (collective
     /// writers: no step can commit without rank 0 once it closed).
-    pub(super) fn close_all(&self, nranks: u32, session: &str, fsync: bool) -> Result<()> {
+    pub fn close_all(&self, nranks: u32, session: &str, fsync: bool) -> Result<()> {
         let mark = Closed { session: session.to_string(), nranks, ranks: nranks };
         publish(&self.closed_path(0), &serde_json::to_vec(&mark).expect("marks serialize"), fsync, 0)
     }
 
     /// A writer of rank `rank` opened the dataset: it is being written again.
-    pub(super) fn reopen_rank(&self, rank: u32) -> Result<()> {
+    pub fn reopen_rank(&self, rank: u32) -> Result<()> {
         let p = self.closed_path(rank);
         match std::fs::remove_file(&p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("removing {}", p.display()), e)),
@@ -215,9 +221,17 @@ impl Layout {
     }
 }
 
+/// A stable 64-bit digest of `bytes` (names of per-session files, published-bytes memos).
+pub fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(bytes);
+    h.finish()
+}
+
 /// Decodes and validates the bytes of a step index (format 1 or 2; the blocks left out if
 /// `meta_only`), naming `what` in errors.
-pub(super) fn parse_index(bytes: &[u8], what: &str, meta_only: bool) -> Result<StepIndex> {
+pub fn parse_index(bytes: &[u8], what: &str, meta_only: bool) -> Result<StepIndex> {
     let idx = if meta_only { index_file::decode_meta(bytes, what)? } else { index_file::decode(bytes, what)? };
     idx.validate()?;
     Ok(idx)
@@ -243,22 +257,15 @@ fn is_one(n: &u32) -> bool {
 
 /// Writes `bytes` to `dest` atomically: a uniquely named temporary file in the same directory,
 /// optionally flushed, then renamed over `dest`. Readers see the old file or the new one, never part.
-pub(super) fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<()> {
+pub fn publish(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<()> {
     let (tmp, _) = staged(dest, bytes, fsync, tag)?;
     std::fs::rename(&tmp, dest).ctx(|| format!("publishing {}", dest.display()))?;
     flush_dir(dest, fsync)
 }
 
 /// [`publish`], but only if `dest` does not exist: returns false if it does.
-pub(super) fn publish_new(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<bool> {
-    publish_new_hooked(dest, bytes, fsync, tag, &|| {})
-}
-
-/// [`publish_new`] calling `staged_hook` between writing the temporary file and renaming it (the
-/// drain's fail point `drain.after_index_tmp`).
-pub(super) fn publish_new_hooked(dest: &Path, bytes: &[u8], fsync: bool, tag: u32, staged_hook: &dyn Fn()) -> Result<bool> {
+pub fn publish_new(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<bool> {
     let (tmp, _) = staged(dest, bytes, fsync, tag)?;
-    staged_hook();
     let placed = rename_new(&tmp, dest);
     if !matches!(placed, Ok(true)) {
         let _ = std::fs::remove_file(&tmp);
@@ -270,34 +277,17 @@ pub(super) fn publish_new_hooked(dest: &Path, bytes: &[u8], fsync: bool, tag: u3
     Ok(placed)
 }
 
-/// Renames `src` to `dest` unless `dest` exists; returns whether it did. One operation where the
-/// file system has `renameat2(RENAME_NOREPLACE)` (a step's commit is then a create and a rename);
-/// elsewhere a hard link and an unlink.
+/// Renames `src` to `dest` unless `dest` exists; returns whether it did (see
+/// [`rename_noreplace`]).
 fn rename_new(src: &Path, dest: &Path) -> Result<bool> {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("dataset paths have no NUL bytes");
-        let (s, d) = (c(src), c(dest));
-        // SAFETY: two NUL-terminated paths that live across the call.
-        if unsafe { libc::renameat2(libc::AT_FDCWD, s.as_ptr(), libc::AT_FDCWD, d.as_ptr(), libc::RENAME_NOREPLACE) } == 0 {
-            return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EEXIST) => return Ok(false),
-            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => {}
-            _ => return Err(Error::io(format!("publishing {}", dest.display()), e)),
-        }
-    }
-    let linked = link_new(src, dest)?;
-    let _ = std::fs::remove_file(src);
-    Ok(linked)
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("dataset paths have no NUL bytes");
+    rename_noreplace(libc::AT_FDCWD, &c(src), &c(dest), dest)
 }
 
 /// Makes `dest` another name of `src` unless `dest` exists (a hard link, which unlike a rename
 /// never replaces a file); returns whether it did.
-pub(super) fn link_new(src: &Path, dest: &Path) -> Result<bool> {
+pub fn link_new(src: &Path, dest: &Path) -> Result<bool> {
     match std::fs::hard_link(src, dest) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -306,7 +296,7 @@ pub(super) fn link_new(src: &Path, dest: &Path) -> Result<bool> {
 }
 
 /// A uniquely named temporary file beside `dest` holding `bytes`, and the file, open.
-pub(super) fn staged(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<(PathBuf, std::fs::File)> {
+pub fn staged(dest: &Path, bytes: &[u8], fsync: bool, tag: u32) -> Result<(PathBuf, std::fs::File)> {
     let dir = dest.parent().expect("published files live in a dataset directory");
     // Unique also among threads (a claimer's heartbeat renews while it claims).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
