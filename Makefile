@@ -22,8 +22,8 @@ demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D fi
 
 test: setup test-rust test-python ## run every test (what CI runs)
 
-test-rust: ## Rust unit, property and integration tests, and the server's module layers
-	python3 scripts/check_layers.py
+test-rust: ## Rust unit, property and integration tests, and the crates' module layers (layers.toml)
+	cargo run --release -q -p cairn-layers
 	cargo test --release --workspace --exclude cairn-py
 
 test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
@@ -39,6 +39,7 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench skel
 	$(PY) -m cairn.bench dad
 	$(PY) -m cairn.bench drain
+	$(PY) -m cairn.bench drain-scale
 	$(PY) -m cairn.bench stream
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)

@@ -222,3 +222,24 @@ def test_steps_are_integers_from_zero(file_cfg, bad):
         for call in calls:
             with pytest.raises(cairn.InvalidArgumentError, match=f"invalid step {re.escape(repr(bad))}: steps are integers >= 0"):
                 call()
+
+
+def test_naming_a_cluster_means_the_staging_engine(tmp_path, monkeypatch):
+    """``cluster=`` opens the staging engine whatever the configuration's engine (as the xarray
+    backend's ``cluster`` does); ``engine="file"`` with ``cluster=`` is refused, not ignored."""
+    from cairn import cluster
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cairn.toml").write_text('engine = "file"\n')
+    c = cluster.start(tmp_path / "c.json", servers=1, memory="64MiB", redundancy=0)
+    try:
+        with cairn.open("d", "w", cluster=c.file) as w:
+            w.define("x", "f8", (4,))
+            with w.step(0):
+                w.put("x", np.arange(4.0))
+        np.testing.assert_array_equal(cairn.open("d", "r", cluster=c.file).get("x", 0), np.arange(4.0))
+        assert not (tmp_path / "d").exists(), "nothing went to the file engine's folder"
+        with pytest.raises(cairn.InvalidArgumentError, match="cluster= names a staging cluster"):
+            cairn.open("d", "r", engine="file", cluster=c.file)
+    finally:
+        c.stop()

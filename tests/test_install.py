@@ -82,16 +82,21 @@ def _fortran(prefix: Path, tmp_path: Path, exe: Path) -> None:
     np.testing.assert_array_equal(a, 1e6 + i + 100 * j + 10000 * k)
 
 
+def _fortran_build(prefix: Path, tmp_path: Path, fc: str, source: Path) -> Path:
+    """`source` built with `fc` and the installed module's pkg-config flags."""
+    env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
+    flags = check(subprocess.run(["pkg-config", "--cflags", "--libs", "cairn-fortran"], capture_output=True, text=True,
+                                 env=env)).split()
+    exe = tmp_path / source.stem
+    check(subprocess.run([fc, str(source), *flags, "-o", str(exe)], capture_output=True, text=True))
+    return exe
+
+
 def test_the_fortran_module_builds_with_pkg_config_and_python_reads_its_arrays_reversed(prefix, tmp_path):
     fc = shutil.which("mpifort") if shutil.which("gfortran") else None
     if fc is None or not (prefix / "lib/pkgconfig/cairn-fortran.pc").exists():
         pytest.skip("gfortran is not installed (make setup installs it)")
-    env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
-    flags = check(subprocess.run(["pkg-config", "--cflags", "--libs", "cairn-fortran"], capture_output=True, text=True,
-                                 env=env)).split()
-    exe = tmp_path / "write3d"
-    check(subprocess.run([fc, str(ROOT / "examples/fortran/write3d.f90"), *flags, "-o", str(exe)], capture_output=True, text=True))
-    _fortran(prefix, tmp_path, exe)
+    _fortran(prefix, tmp_path, _fortran_build(prefix, tmp_path, fc, ROOT / "examples/fortran/write3d.f90"))
 
 
 def test_fortran_define_refuses_shapes_past_64_bits(prefix, tmp_path):
@@ -101,12 +106,7 @@ def test_fortran_define_refuses_shapes_past_64_bits(prefix, tmp_path):
     fc = shutil.which("gfortran")
     if fc is None or not (prefix / "lib/pkgconfig/cairn-fortran.pc").exists():
         pytest.skip("gfortran is not installed (make setup installs it)")
-    env = {**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
-    flags = check(subprocess.run(["pkg-config", "--cflags", "--libs", "cairn-fortran"], capture_output=True, text=True,
-                                 env=env)).split()
-    exe = tmp_path / "define_overflow"
-    check(subprocess.run([fc, str(ROOT / "tests/fortran/define_overflow.f90"), *flags, "-o", str(exe)], capture_output=True,
-                         text=True))
+    exe = _fortran_build(prefix, tmp_path, fc, ROOT / "tests/fortran/define_overflow.f90")
     cfg = tmp_path / "cairn.toml"
     cfg.write_text(f'engine = "file"\n[file]\npath = "{tmp_path}"\n')
     out = check(subprocess.run([str(exe), str(cfg)], capture_output=True, text=True, timeout=60))

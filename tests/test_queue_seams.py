@@ -31,7 +31,14 @@ READER = textwrap.dedent("""
     steps = r.stream(timeout=20, release=True)
     print("ready", flush=True)
     for n, s in enumerate(steps):
-        a = r.get("x", s)
+        try:
+            a = r.get("x", s)
+        except cairn.NotFoundError as e:
+            # Back from a SIGSTOP on a loaded machine, the step yielded may have been released
+            # before this read (the reader's lease had lapsed): missed too, never read wrong.
+            assert e.code == "released", e
+            print("missed", s, flush=True)
+            continue
         assert (a == s).all(), s
         print(s, flush=True)
         if n + 1 == last:
@@ -95,7 +102,7 @@ def test_a_reader_that_dies_or_hangs_costs_a_blocked_writer_its_lease_once(cl, f
             lines = out.split("\n")
             missed = [line for line in lines if line.startswith("missed")]
             assert missed, out
-            gone = [int(x) for x in missed[0].split()[1:]]
+            gone = sorted(int(x) for m in missed for x in m.split()[1:])
             assert gone and gone[0] == 4 and all(4 <= g < 12 for g in gone), out
             read = [int(x) for x in lines if x.strip().isdigit()]
             assert read == sorted(read) and read[-1] == 13 and not set(read) & set(gone), out

@@ -99,6 +99,19 @@ def _timeout(timeout: Any) -> float | None:
 LEASE_RANGE = (0.001, 86_400.0)
 
 
+def _staging_if_cluster(ov: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``cluster=`` names a staging cluster, so it means the staging engine (as the xarray
+    backend's ``cluster`` does); with another ``engine=`` it is an error, not silently ignored."""
+    given = dict(ov)
+    if "cluster" not in given:
+        return ov
+    engine = given.get("engine", "staging")
+    if engine != "staging":
+        raise InvalidArgumentError(f"cluster= names a staging cluster, but engine={engine!r}: leave engine= out (cluster= "
+                                   "means the staging engine), or give path= without cluster= for the file engine")
+    return ov if "engine" in given else [*ov, ("engine", "staging")]
+
+
 def _overrides(kw: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     for k, v in kw.items():
@@ -146,7 +159,7 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     name = _check.text(name, "dataset name", "use a plain name of 1 to 255 bytes of UTF-8, without '/' or NUL, "
                        "other than \".\" and \"..\"")
     cfg = _check.path(config, "config") if config is not None else None
-    ov = _overrides(overrides)
+    ov = _staging_if_cluster(_overrides(overrides))
     if not isinstance(mode, str) or mode not in ("w", "a", "r"):
         raise InvalidArgumentError(f"mode {_check.show(mode)}: use 'w' (write), 'a' (append) or 'r' (read)")
     if comm is not None:

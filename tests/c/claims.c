@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
 
   EXPECT(cairn_open_mpi("src", "w", config, 0, &none) == CAIRN_ERR_CONFIG);
   EXPECT(strstr(cairn_last_error(), "MPI") != NULL);
+  EXPECT(strcmp(cairn_last_error_code(), "") == 0); /* a failure with no typed reason */
 
   CHECK(cairn_open("src", "w", config, 0, 1, &w));
   CHECK(cairn_define(w, "a", "f8", 1, shape));

@@ -68,6 +68,12 @@ typedef struct cairn_block {
 // The message of the last failed call on this thread (empty if none). Valid until the next call.
 const char *cairn_last_error(void);
 
+// The typed reason of the last failed call on this thread, as Python's `e.code` has it: one of
+// `"step_in_flight"`, `"lost_quorum"`, `"stale_epoch"`, `"released"`, `"server_gone"`,
+// `"foreign_drain"`, `"unsafe_path"`, or `""` when the failure had none. Valid until the next
+// call, as [`cairn_last_error`].
+const char *cairn_last_error_code(void);
+
 // Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
 // of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
 // `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by

@@ -53,10 +53,17 @@ pub enum CairnFile {
 
 thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
+    /// The typed reason of the last failure (`""`: none).
+    static LAST_CODE: RefCell<&'static CStr> = const { RefCell::new(c"") };
 }
 
 fn fail(kind: Status, msg: String) -> Status {
+    fail_with(kind, msg, None)
+}
+
+fn fail_with(kind: Status, msg: String, reason: Option<cairn_core::Reason>) -> Status {
     LAST.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default());
+    LAST_CODE.with(|c| *c.borrow_mut() = reason.map_or(c"", cairn_core::Reason::c_code));
     kind
 }
 
@@ -75,7 +82,7 @@ fn status(r: Result<(), Error>) -> Status {
                 ErrorKind::Capacity => Status::CairnErrCapacity,
                 ErrorKind::DataLoss => Status::CairnErrDataLoss,
             };
-            fail(kind, e.to_string())
+            fail_with(kind, e.to_string(), e.reason())
         }
     }
 }
@@ -133,6 +140,15 @@ pub(crate) unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Err
 #[no_mangle]
 pub extern "C" fn cairn_last_error() -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())
+}
+
+/// The typed reason of the last failed call on this thread, as Python's `e.code` has it: one of
+/// `"step_in_flight"`, `"lost_quorum"`, `"stale_epoch"`, `"released"`, `"server_gone"`,
+/// `"foreign_drain"`, `"unsafe_path"`, or `""` when the failure had none. Valid until the next
+/// call, as [`cairn_last_error`].
+#[no_mangle]
+pub extern "C" fn cairn_last_error_code() -> *const c_char {
+    LAST_CODE.with(|c| c.borrow().as_ptr())
 }
 
 /// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
@@ -830,4 +846,24 @@ pub unsafe extern "C" fn cairn_cluster_stop(file: *const c_char) -> Status {
         let file = unsafe { text(file, "file")? };
         cairn_client::staging::local::LocalCluster::stop(std::path::Path::new(file), std::time::Duration::from_secs(10)).map(|_| ())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code() -> String {
+        // SAFETY: a NUL-terminated string that lives until the next call on this thread.
+        unsafe { CStr::from_ptr(cairn_last_error_code()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn the_last_errors_typed_reason_is_its_code_and_empty_without_one() {
+        assert_eq!(status(Err(Error::ForeignDrain("another run's step".into()))), Status::CairnErrAlreadyExists);
+        assert_eq!(code(), "foreign_drain");
+        assert_eq!(status(Err(Error::Released("gone".into()))), Status::CairnErrNotFound);
+        assert_eq!(code(), cairn_core::Reason::Released.code());
+        assert_eq!(status(Err(Error::NotFound("no such variable".into()))), Status::CairnErrNotFound);
+        assert_eq!(code(), "");
+    }
 }

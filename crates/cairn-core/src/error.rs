@@ -60,17 +60,22 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// [`Reason::code`] as a C string (the C API's `cairn_last_error_code`).
+    pub fn c_code(self) -> &'static std::ffi::CStr {
+        match self {
+            Reason::StepInFlight => c"step_in_flight",
+            Reason::LostQuorum => c"lost_quorum",
+            Reason::StaleEpoch => c"stale_epoch",
+            Reason::Released => c"released",
+            Reason::ServerGone => c"server_gone",
+            Reason::ForeignDrain => c"foreign_drain",
+            Reason::UnsafePath => c"unsafe_path",
+        }
+    }
+
     /// The reason's snake_case name, as exceptions' `code` and the wire carry it.
     pub fn code(self) -> &'static str {
-        match self {
-            Reason::StepInFlight => "step_in_flight",
-            Reason::LostQuorum => "lost_quorum",
-            Reason::StaleEpoch => "stale_epoch",
-            Reason::Released => "released",
-            Reason::ServerGone => "server_gone",
-            Reason::ForeignDrain => "foreign_drain",
-            Reason::UnsafePath => "unsafe_path",
-        }
+        self.c_code().to_str().expect("ASCII names")
     }
 }
 

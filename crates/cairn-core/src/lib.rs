@@ -37,7 +37,4 @@ pub mod stats;
 
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Reason, Result};
-pub use region::Region;
-
-/// The most dimensions a variable may have.
-pub const MAX_DIMS: usize = 8;
+pub use region::{Region, MAX_DIMS};

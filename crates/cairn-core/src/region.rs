@@ -1,8 +1,10 @@
 //! n-D boxes in a variable's global index space: `offset + count`, in C (row-major) order.
 
 use crate::error::{Error, Result};
-use crate::MAX_DIMS;
 use serde::{Deserialize, Serialize};
+
+/// The most dimensions a variable may have.
+pub const MAX_DIMS: usize = 8;
 
 /// A box: `offset[d] .. offset[d] + count[d]` along every dimension `d`. Decoding checks it like
 /// [`Region::new`], so a box from the network or a file always has matching, bounded dimensions.

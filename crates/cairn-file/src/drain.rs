@@ -190,15 +190,8 @@ pub fn commit(layout: &Layout, index: &StepIndex, records: Vec<BlockRecord>, opt
     }
     (opts.hook)("drain.before_commit");
     let (bytes, stored) = records.iter().fold((0, 0), |(b, s), r| (b + r.len, s + stored_len(r)));
-    let files: std::collections::BTreeSet<String> = records.iter().map(|r| r.file.clone()).collect();
     let out = StepIndex { blocks: records, staged: Some(Staged::of(opts.cluster, index)), ..index.clone() };
-    let unreferenced = || {
-        for f in &files {
-            if let Some(name) = f.strip_prefix("data/") {
-                dirs.data.remove(name);
-            }
-        }
-    };
+    let unreferenced = || discard(layout, &out.blocks);
     match publish(&dirs.steps, &Layout::step_file(index.step), &index_file::encode(&out), opts) {
         Ok(true) => {
             (opts.hook)("drain.after_link");
@@ -213,6 +206,16 @@ pub fn commit(layout: &Layout, index: &StepIndex, records: Vec<BlockRecord>, opt
             unreferenced();
             Err(e)
         }
+    }
+}
+
+/// Removes the data files `records` name (parts written for a step that is not committed:
+/// nothing refers to them); best effort.
+pub fn discard(layout: &Layout, records: &[BlockRecord]) {
+    let Ok(dirs) = Dirs::open(layout) else { return };
+    let files: std::collections::BTreeSet<&str> = records.iter().filter_map(|r| r.file.strip_prefix("data/")).collect();
+    for f in files {
+        dirs.data.remove(f);
     }
 }
 

@@ -229,6 +229,17 @@ pub enum PeerRequest {
         /// (step, object id, piece: 0 a whole copy, `i + 1` shard `i`) of each.
         want: Vec<(u64, u64, u32)>,
     },
+    /// Drain leader → a server: write these blocks of committed step `index.step` (the index
+    /// holds only them, with the step's variables) into one new data file of this server under
+    /// the drain folder, each gathered whole from its pieces (here, or fetched from their
+    /// holders), and flush it; nothing refers to the file until the leader commits the step.
+    /// Answered with [`Response::Part`].
+    DrainPart {
+        /// Dataset name.
+        dataset: String,
+        /// The step's index, cut to the blocks to write.
+        index: cairn_core::index::StepIndex,
+    },
     /// Coordinator → server: verify that the objects of a step are all here, then seal them.
     Seal {
         /// Dataset name.
@@ -906,6 +917,16 @@ pub enum Response {
     Pieces {
         /// Per piece asked for.
         found: Vec<Option<PieceHead>>,
+    },
+    /// A drain part was written ([`PeerRequest::DrainPart`]): the records of its blocks (data
+    /// file and position set), in the order asked, and the bytes they hold and take.
+    Part {
+        /// One per block asked for.
+        records: Vec<cairn_core::index::BlockRecord>,
+        /// Bytes of the blocks.
+        bytes: u64,
+        /// Bytes on disk (after compression).
+        stored: u64,
     },
     /// An object was encoded; the encoder's request rate rides along (the leader gives the next
     /// encoding of the group to its least loaded member).

@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //! Three layers, each importing only from those below it (`make test` checks this with
-//! `scripts/check_layers.py`):
+//! `cargo run -p cairn-layers`, from the parsed sources and `layers.toml`):
 //!
 //! 1. Requests and connections, on top:
 //!    - [`serve`]: starting a server process and meeting the others through the cluster file;
@@ -22,7 +22,8 @@
 //!    - [`store`]: objects with memory accounting; [`segment`]: their memory, heap or shared;
 //!      [`kv`]: keyed values and sets (the task store of `cairn.tasks`).
 //!    - [`objects`]: storing, sealing and dropping objects by request; [`encode`] and
-//!      [`rebuild`]: the holders' side of CoREC encoding and of recovery.
+//!      [`rebuild`]: the holders' side of CoREC encoding and of recovery; [`drainer`]: each
+//!      server's part of the drain to disk, its blocks whole from [`gather`]ed pieces.
 //!    - [`prefault`]: shared segments made ahead, so a fresh server's first steps run warm.
 //!    - [`local`] and [`cma`]: same-node clients, their leases and copies straight between their
 //!      memory and object buffers.
@@ -38,8 +39,10 @@ pub mod cma;
 pub mod cmd;
 pub mod control;
 pub mod deadline;
+pub mod drainer;
 pub mod encode;
 pub mod failpoint;
+pub mod gather;
 pub mod handler;
 pub mod kv;
 pub mod local;

@@ -5,7 +5,7 @@ import sys
 BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack": "cairn.bench.pack", "skel": "cairn.bench.skel",
            "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy",
            "recovery": "cairn.bench.recovery", "workflow": "cairn.bench.workflow",
-           "file-scale": "cairn.bench.file_scale", "drain": "cairn.bench.drain",
+           "file-scale": "cairn.bench.file_scale", "drain": "cairn.bench.drain", "drain-scale": "cairn.bench.drain_scale",
            "stream": "cairn.bench.stream"}
 
 

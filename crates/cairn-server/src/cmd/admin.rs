@@ -28,7 +28,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::Status => status(ctl),
         Request::Objects => Response::Objects { objects: state.store.list() },
         Request::Shutdown => Response::Ok,
-        other => return Err(super::misrouted("admin", &other.op_name())),
+        other => return Err(super::guard::misrouted("admin", &other.op_name())),
     };
     Ok(Reply::Plain(r))
 }

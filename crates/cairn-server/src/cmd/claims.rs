@@ -48,7 +48,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
             meta.done(log, &c.dataset.clone(), Cmd::Close(c)).await?;
             Response::Ok
         }
-        other => return Err(super::misrouted("claims", &other.op_name())),
+        other => return Err(super::guard::misrouted("claims", &other.op_name())),
     };
     Ok(Reply::Plain(r))
 }

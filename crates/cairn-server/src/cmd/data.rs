@@ -97,7 +97,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
     let bound = local.as_ref().map(Local::peer).transpose();
     let plain = |r: Result<Response>| r.map(Reply::Plain);
     if matches!(req, Request::Put(ObjectPut { .. }) | Request::PutMany { .. } | Request::Get { .. }) {
-        super::require_member(state, stream, p.payload_len).await?;
+        super::guard::require_member(state, stream, p.payload_len).await?;
     }
     match req {
         Request::Put(mut h) => match h.from.take() {
@@ -122,7 +122,7 @@ pub async fn apply<S: AsyncRead + Unpin>(
         // Gets always answer with a payload: a server never writes into a client's memory.
         Request::Get { dataset, step, id, want, shard } => get(state, &dataset, step, (id, shard), &want),
         req @ Request::Drop { .. } => plain(seal_or_drop(state, req).map(|_| Response::Ok)),
-        other => Err(super::misrouted("data", &other.op_name())),
+        other => Err(super::guard::misrouted("data", &other.op_name())),
     }
 }
 

@@ -44,7 +44,7 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
 pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: Request, p: Prefix, stream: &mut S) -> Result<Reply> {
     let state = &ctl.state;
     if matches!(req, Request::KvPut { .. } | Request::KvGet { .. }) {
-        super::require_member(state, stream, p.payload_len).await?;
+        super::guard::require_member(state, stream, p.payload_len).await?;
     }
     match req {
         Request::KvPut { keys, sizes, member } => put(state, stream, p.payload_len, keys, sizes, member).await.map(Reply::Plain),
@@ -56,7 +56,7 @@ pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: Request, p: Pr
             crate::control::raft::cas(&ctl.gate, key, expect, (!delete).then_some(value), call).await.map(Reply::Plain)
         }
         Request::MetaGet { key } => crate::control::raft::cas_get(&ctl.gate, &key).await,
-        other => Err(super::misrouted("kv", &other.op_name())),
+        other => Err(super::guard::misrouted("kv", &other.op_name())),
     }
 }
 

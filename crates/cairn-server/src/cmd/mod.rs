@@ -11,12 +11,13 @@
 //! - [`admin`]: views, status, object listing, datasets, shutdown.
 //! - [`peer`]: a server's requests to another: CoREC encoding, recovery, seals, view pushes.
 //! - [`raft`]: Raft between meta servers, and joins.
-//! - [`check`]: the bounds the families' checks share.
+//! - [`check`]: the bounds the families' checks share; [`guard`]: what their applies share.
 
 pub mod admin;
 pub mod check;
 pub mod claims;
 pub mod data;
+pub mod guard;
 pub mod kv;
 pub mod peer;
 pub mod queue;
@@ -26,7 +27,6 @@ pub mod step;
 use crate::control::Control;
 use crate::local::Local;
 use crate::reply::{discard, Reply};
-use crate::state::State;
 use cairn_core::Result;
 use cairn_proto::frame::Prefix;
 use cairn_proto::message::{Request, ServerRequest};
@@ -108,19 +108,4 @@ pub async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         ServerRequest::Peer(r) => peer::apply(ctl, r, p, stream).await,
         ServerRequest::Raft(r) => raft::apply(ctl, r, p, stream).await,
     }
-}
-
-/// Refuses a request that needs this server's objects while the server is declared down (see
-/// [`State::check_member`]), reading past the request's payload so the connection stays in step.
-async fn require_member<S: AsyncRead + Unpin>(state: &State, stream: &mut S, payload_len: u64) -> Result<()> {
-    if let Err(e) = state.check_member() {
-        discard(stream, payload_len).await?;
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// The error for a request routed to a family it is not of (a bug here, never the client's).
-fn misrouted(family: &str, op: &str) -> cairn_core::Error {
-    cairn_core::Error::Corrupt(format!("request {op} reached the {family} requests; please report this"))
 }

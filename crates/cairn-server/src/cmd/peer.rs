@@ -45,6 +45,12 @@ pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
             Err(Error::InvalidArgument(format!("{} pieces asked for at once; ask for 1 to {MAX_REBUILD}", want.len())))
         }
         PeerRequest::ViewChanged { view } => view.validate(),
+        PeerRequest::DrainPart { index, .. } => {
+            if index.blocks.is_empty() {
+                return Err(Error::InvalidArgument("a drain part of no blocks".into()));
+            }
+            index.validate()
+        }
         _ => Ok(()),
     }
 }
@@ -53,7 +59,7 @@ pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
 pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p: Prefix, stream: &mut S) -> Result<Reply> {
     let state = &ctl.state;
     if !matches!(req, PeerRequest::Seal { .. } | PeerRequest::ViewChanged { .. }) {
-        super::require_member(state, stream, p.payload_len).await?;
+        super::guard::require_member(state, stream, p.payload_len).await?;
     }
     let r = match req {
         PeerRequest::Piece(h) => super::data::put(state, stream, p.payload_len, h, true).await,
@@ -65,6 +71,9 @@ pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p
         PeerRequest::Pieces { dataset, want } => return crate::rebuild::pieces(state, &dataset, &want),
         req @ PeerRequest::Seal { .. } => seal_or_drop(state, req).map(|_| Response::Ok),
         PeerRequest::ViewChanged { view } => ctl.views.adopt(view).map(|_| Response::Ok),
+        PeerRequest::DrainPart { dataset, index } => {
+            ctl.drain.part(&dataset, index).await.map(|p| Response::Part { records: p.records, bytes: p.bytes, stored: p.stored })
+        }
     };
     r.map(Reply::Plain)
 }

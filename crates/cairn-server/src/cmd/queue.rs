@@ -58,7 +58,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
             answer
         }
         Request::WaitQueue { dataset, timeout_ms } => wait(ctl, &dataset, timeout_ms).await?,
-        other => return Err(super::misrouted("queue", &other.op_name())),
+        other => return Err(super::guard::misrouted("queue", &other.op_name())),
     };
     Ok(Reply::Plain(r))
 }

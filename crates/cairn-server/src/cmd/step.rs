@@ -72,7 +72,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
             ctl.recovery.touch(&dataset, step, &ids);
             Response::Ok
         }),
-        other => return Err(super::misrouted("step", &other.op_name())),
+        other => return Err(super::guard::misrouted("step", &other.op_name())),
     };
     r.map(Reply::Plain)
 }

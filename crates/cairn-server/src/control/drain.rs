@@ -1,12 +1,16 @@
-//! The drain to disk (multi-level checkpoints): the leader writes every committed step its
+//! The drain to disk (multi-level checkpoints): the leader drains every committed step its
 //! cadence names, oldest first in each dataset, into `PATH/<dataset>/` as a `file`-engine step
-//! (the file engine's codecs, layout and atomic commit), then records it in the log
-//! ([`Cmd::Drained`]), which lets `keep_last` release it. The leader reads the step as any
-//! reader does (degraded reads included), so a server lost mid-drain costs a retry, not the
-//! step. A new leader continues from the log's record: a step a killed leader half wrote is
-//! written again (its index was never committed, so no reader saw it); one it committed but did
-//! not record is found on disk, known for this step by its identity (the cluster's id and every
-//! object's crc32c, never its statistics) and recorded. A step on disk that is not this
+//! (the file engine's layout and atomic commit), then records it in the log ([`Cmd::Drained`]),
+//! which lets `keep_last` release it. The leader plans and commits; the servers write: each
+//! block goes to the server holding most of its pieces, which gathers the rest from its peers
+//! and writes its blocks into one data file of its own ([`crate::drainer`]), so a step costs one
+//! file per server and the drain's bandwidth is every server's. A server lost mid-drain has its
+//! part written by another from the copies or shards left; an object whose every holder was
+//! declared down fails the step for good (`DataLoss`). A new leader continues from the log's
+//! record: a step a killed leader half wrote is written again (its index was never committed, so
+//! no reader saw it); one it committed but did not record is found on disk, known for this step
+//! by its identity (the cluster's id and every object's crc32c, never its statistics) and
+//! recorded. A step on disk that is not this
 //! cluster's is refused (`ForeignDrain`), and each dataset's failure stays its own: the others'
 //! drains go on while it waits for its retry.
 //!
@@ -20,13 +24,18 @@ use super::meta::Meta;
 use super::worker::{Next, Worker};
 use crate::state::State;
 use crate::sync::lock;
-use cairn_client::file::{drain_step, DrainOptions, Drained, Layout};
-use cairn_core::index::StepIndex;
-use cairn_core::{Error, Result};
+use cairn_core::index::{BlockRecord, StepIndex};
+use cairn_core::{Error, ErrorKind, Result};
+use cairn_file::drain::{commit, discard, on_disk, Drained, Part};
+use cairn_file::layout::Layout;
 use cairn_meta::log::query;
 use cairn_meta::MetaLog;
 use cairn_proto::cluster::DrainSpec;
+use cairn_proto::message::PeerRequest;
 use cairn_proto::message::{DrainStatus, Response};
+use cairn_proto::ClusterView;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -78,7 +87,9 @@ struct Progress {
 struct Failure {
     error: Error,
     attempt: u64,
-    retry_at: Instant,
+    /// None: never (a step with a lost object is never drained; `cairn rm` or a new leader
+    /// forgets it).
+    retry_at: Option<Instant>,
 }
 
 impl Progress {
@@ -164,11 +175,11 @@ impl Drain {
         let now = Instant::now();
         let (ready, waiting): (Vec<_>, Vec<_>) = {
             let p = lock(&self.progress);
-            owed.into_iter().partition(|(d, _)| p.failures.get(d).is_none_or(|f| f.retry_at <= now))
+            owed.into_iter().partition(|(d, _)| p.failures.get(d).is_none_or(|f| f.retry_at.is_some_and(|at| at <= now)))
         };
         let Some((dataset, (step, index))) = ready.into_iter().next() else {
             let p = lock(&self.progress);
-            let next = waiting.iter().filter_map(|(d, _)| p.failures.get(d).map(|f| f.retry_at)).min();
+            let next = waiting.iter().filter_map(|(d, _)| p.failures.get(d).and_then(|f| f.retry_at)).min();
             return next.map_or(Next::Idle, |at| Next::After(at.saturating_duration_since(now)));
         };
         let started = Instant::now();
@@ -177,11 +188,7 @@ impl Drain {
             p.attempts += 1;
             p.attempts
         };
-        let (state, path, name) = (self.state.clone(), spec.path.clone(), dataset.clone());
-        let written = tokio::task::spawn_blocking(move || write(&state, &path, &name, &index))
-            .await
-            .unwrap_or_else(|e| Err(Error::Corrupt(format!("the drain's task failed: {e}"))));
-        let d = match written {
+        let d = match self.write(&spec.path, &dataset, &index).await {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("cairn server {}: draining step {step} of {dataset} (attempt {attempt}): {e}", self.state.id);
@@ -212,7 +219,7 @@ impl Drain {
             // Removed meanwhile (`cairn rm`): the step just written is no step of a dataset now.
             Err(e) if e.kind() == cairn_core::ErrorKind::NotFound => {
                 if !d.found {
-                    let _ = cairn_client::file::remove_drained(&Layout::new(&spec.path, &dataset), step);
+                    let _ = cairn_file::drain::remove_drained(&Layout::new(&spec.path, &dataset), step);
                 }
                 Next::Again
             }
@@ -223,14 +230,15 @@ impl Drain {
 
     fn failed(&self, dataset: &str, error: Error, attempt: u64) {
         {
-            // Either waits on a person: the disk is not retried every second meanwhile.
-            let retry = if matches!(error.reason(), Some(cairn_core::Reason::ForeignDrain | cairn_core::Reason::UnsafePath)) {
-                RETRY_FOREIGN
-            } else {
-                RETRY
+            // Another run's step and a planted folder wait on a person: the disk is not tried every
+            // second meanwhile. A lost object never comes back.
+            let retry = match error.reason() {
+                _ if error.kind() == ErrorKind::DataLoss => None,
+                Some(cairn_core::Reason::ForeignDrain | cairn_core::Reason::UnsafePath) => Some(RETRY_FOREIGN),
+                _ => Some(RETRY),
             };
             let mut p = lock(&self.progress);
-            p.failures.insert(dataset.to_string(), Failure { error, attempt, retry_at: Instant::now() + retry });
+            p.failures.insert(dataset.to_string(), Failure { error, attempt, retry_at: retry.map(|r| Instant::now() + r) });
         }
         self.changes.send_modify(|n| *n += 1);
     }
@@ -294,7 +302,9 @@ impl Drain {
                     (target, target.is_none_or(|t| s.drained(d).is_some_and(|x| x >= t)))
                 }),
             };
-            let failed = lock(&self.progress).failure(dataset).filter(|f| f.attempt > began).map(|f| f.error.duplicate());
+            // A failure for good (a lost object) is reported however long ago it came.
+            let failed =
+                lock(&self.progress).failure(dataset).filter(|f| f.attempt > began || f.retry_at.is_none()).map(|f| f.error.duplicate());
             if done || failed.is_some() || tokio::time::Instant::now() >= deadline {
                 // The status (a walk over every owed step's index) only for the answer.
                 let mut drain = self.status(log);
@@ -321,29 +331,132 @@ impl Drain {
     }
 }
 
-/// Reads step `index` of `dataset` from the cluster (as a reader, degraded reads included) and
-/// writes it under `path`.
-fn write(state: &State, path: &std::path::Path, dataset: &str, index: &StepIndex) -> Result<Drained> {
-    let mut cfg = cairn_client::Config { engine: cairn_client::config::EngineKind::Staging, ..Default::default() };
-    cfg.staging.cluster = Some(state.cluster_path.clone());
-    let reader = cairn_client::Reader::open(dataset, &cfg)?;
-    let cluster = cairn_proto::auth::cluster_id(&state.secret);
-    let opts = DrainOptions {
-        compression: cfg.file.compression()?,
-        chunk: cfg.file.chunk_size,
-        fsync: true,
-        tag: state.id,
-        cluster: &cluster,
-        hook: &crate::failpoint::hit,
-    };
-    drain_step(&Layout::new(path, dataset), index, opts, |b| {
-        let mut out = vec![0u8; b.len as usize];
-        let local = index.vars.get(&b.var).is_some_and(|d| d.shape.is_none());
-        if local {
-            reader.get_local(&b.var, index.step, b.writer, &mut out)?;
-        } else {
-            reader.get(&b.var, index.step, &b.region.offset, &b.region.count, &mut out)?;
+/// Runs blocking file work off the runtime's threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(Error::Corrupt(format!("the drain's task failed: {e}"))))
+}
+
+/// The servers that write a step's blocks: each block to the live server holding most of its
+/// pieces (so most of it is read from that server's own memory), ties to the one given fewer
+/// bytes so far; a block with no live holder to `fallback` (whose gather then says it is lost).
+fn assign(index: &StepIndex, blocks: &[usize], view: &ClusterView, skip: &BTreeSet<u32>, fallback: u32) -> BTreeMap<u32, Vec<usize>> {
+    let mut load: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut plan: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for &at in blocks {
+        let b = &index.blocks[at];
+        let mut held: BTreeMap<u32, usize> = BTreeMap::new();
+        for s in b.objects.iter().flat_map(|o| o.servers()).filter(|s| view.is_live(*s) && !skip.contains(s)) {
+            *held.entry(s).or_default() += 1;
         }
-        Ok(out)
-    })
+        let to = held.iter().max_by_key(|(s, n)| (**n, std::cmp::Reverse(load.get(s).copied().unwrap_or(0)))).map_or(fallback, |(s, _)| *s);
+        *load.entry(to).or_default() += b.len;
+        plan.entry(to).or_default().push(at);
+    }
+    plan
+}
+
+impl Drain {
+    /// This server's part of a step the leader asked for ([`PeerRequest::DrainPart`]).
+    pub async fn part(&self, dataset: &str, index: StepIndex) -> Result<Part> {
+        let Some(spec) = &self.spec else {
+            return Err(Error::Config(format!("server {} has no drain folder, unlike the leader that asked it to drain", self.state.id)));
+        };
+        crate::drainer::part(&self.state, &spec.path, dataset, index).await
+    }
+
+    /// Drains step `index` of `dataset` under `path`: taken as found if this cluster's step is on
+    /// disk, else written in parts (each by the server holding most of its blocks' pieces, one
+    /// data file per server) and committed here once every part is on disk. A part whose server
+    /// fails is written by another live server from the remaining copies or shards; an object
+    /// whose every holder was declared down fails the step with `DataLoss`.
+    async fn write(&self, path: &Path, dataset: &str, index: &StepIndex) -> Result<Drained> {
+        let layout = Layout::new(path, dataset);
+        let cluster = cairn_proto::auth::cluster_id(&self.state.secret);
+        let found = {
+            let (l, i, c) = (layout.clone(), index.clone(), cluster.clone());
+            blocking(move || on_disk(&l, &i, &c)).await?
+        };
+        if let Some(d) = found {
+            return Ok(d);
+        }
+        let view = self.state.view()?;
+        let me = self.state.id;
+        let mut failed: BTreeSet<u32> = BTreeSet::new();
+        let mut records: Vec<Option<BlockRecord>> = vec![None; index.blocks.len()];
+        let all: Vec<usize> = (0..index.blocks.len()).collect();
+        let mut plan = assign(index, &all, &view, &failed, me);
+        let written = loop {
+            if plan.is_empty() {
+                break Ok(());
+            }
+            let mut calls = tokio::task::JoinSet::new();
+            for (srv, blocks) in std::mem::take(&mut plan) {
+                let part = StepIndex { blocks: blocks.iter().map(|&i| index.blocks[i].clone()).collect(), ..index.clone() };
+                let (state, path, dataset) = (self.state.clone(), path.to_path_buf(), dataset.to_string());
+                calls.spawn(async move {
+                    let r = if srv == state.id {
+                        crate::drainer::part(&state, &path, &dataset, part).await
+                    } else {
+                        remote(&state, srv, dataset, part).await
+                    };
+                    (srv, blocks, r)
+                });
+            }
+            let mut lost = None;
+            while let Some(done) = calls.join_next().await {
+                let Ok((srv, blocks, r)) = done else { continue };
+                match r {
+                    Ok(p) => {
+                        for (at, rec) in blocks.into_iter().zip(p.records) {
+                            records[at] = Some(rec);
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::DataLoss || e.reason() == Some(cairn_core::Reason::UnsafePath) => {
+                        lost.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        eprintln!("cairn server {me}: server {srv}'s part of step {} of {dataset} failed: {e}", index.step);
+                        failed.insert(srv);
+                        // Its blocks go to other live servers, which gather them from the pieces left.
+                        let next = assign(index, &blocks, &view, &failed, me);
+                        if next.keys().any(|s| failed.contains(s)) {
+                            lost.get_or_insert(e);
+                        }
+                        for (s, b) in next {
+                            plan.entry(s).or_default().extend(b);
+                        }
+                    }
+                }
+            }
+            if let Some(e) = lost {
+                break Err(e);
+            }
+        };
+        let done: Vec<BlockRecord> = records.iter().flatten().cloned().collect();
+        let written = written.and_then(|()| {
+            (done.len() == records.len()).then_some(()).ok_or_else(|| Error::Unavailable("a part of the step was not written".into()))
+        });
+        if let Err(e) = written {
+            let l = layout.clone();
+            let _ = blocking(move || {
+                discard(&l, &done);
+                Ok(())
+            })
+            .await;
+            return Err(e);
+        }
+        let (index, state) = (index.clone(), self.state.clone());
+        blocking(move || commit(&layout, &index, done, crate::drainer::options(&state, &cluster))).await
+    }
+}
+
+/// Server `srv`'s part of a step, asked over the peer protocol within a deadline that grows
+/// with the part's bytes (written at no less than 4 MB/s).
+async fn remote(state: &State, srv: u32, dataset: String, index: StepIndex) -> Result<Part> {
+    let bytes: u64 = index.blocks.iter().map(|b| b.len).sum();
+    let limit = state.limits.peer_timeout.max(Duration::from_secs(30)) + Duration::from_secs_f64(bytes as f64 / 4e6);
+    match crate::peer::call_within(state, srv, &PeerRequest::DrainPart { dataset, index }, &[], limit).await? {
+        Response::Part { records, bytes, stored } => Ok(Part { records, bytes, stored }),
+        other => Err(cairn_proto::message::refused("drain_part", other)),
+    }
 }
