@@ -1,6 +1,7 @@
 /* The victim of the exec attack (issue 52, tests/test_socket_access.py): installed setuid root,
  * it reads a root-only file into memory, prints "ADDR LEN" of that copy, waits for a line on
- * stdin and prints "intact" if the copy still equals the file ("changed" if not).
+ * stdin and prints "intact" if the copy still equals the file ("changed" if not), then waits for
+ * another line (or the end of stdin) before it exits.
  * Usage: setuid_victim FILE */
 #include <stdint.h>
 #include <stdio.h>
@@ -25,5 +26,9 @@ int main(int argc, char **argv) {
   size_t m = f ? fread(again, 1, sizeof again, f) : 0;
   if (f) fclose(f);
   printf("%s\n", m == n && memcmp(secret, again, n) == 0 ? "intact" : "changed");
+  fflush(stdout);
+  /* Exits only once the attacker printed its verdict: in a new pid namespace this program is
+   * pid 1, whose exit kills the attacker. */
+  if (!fgets(line, sizeof line, stdin)) return 0;
   return 0;
 }

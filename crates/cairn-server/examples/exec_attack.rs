@@ -77,6 +77,8 @@ fn main() {
         if breached { "BREACHED" } else { "safe" }
     );
     std::io::stdout().flush().unwrap();
+    // Now the victim may exit (as pid 1 of a pid namespace its exit ends this process too).
+    let _ = writeln!(tell, "bye");
     std::process::exit(i32::from(breached));
 }
 

@@ -7,7 +7,7 @@ use crate::state::State;
 use cairn_core::erasure::Code;
 use cairn_core::index::{ObjectRef, Redundancy};
 use cairn_core::{Error, Result};
-use cairn_proto::message::{PeerRequest, Response, MAX_REBUILD};
+use cairn_proto::message::MAX_REBUILD;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -89,6 +89,9 @@ pub async fn objects(state: &Arc<State>, dataset: &str, step: u64, objs: &[Objec
     let view = state.view()?;
     let mut failed: BTreeSet<u32> = view.down.iter().copied().collect();
     failed.insert(state.id); // asked above
+                             // Holders that answered (this one included): one that answered without a piece the index
+                             // places on it means the object moved (encoded, rebuilt) or went with a release.
+    let mut answered = BTreeSet::from([state.id]);
     let max = state.store.max_reply();
     loop {
         // Per holder, batches of at most MAX_REBUILD pieces and a reply's bound of bytes.
@@ -111,30 +114,19 @@ pub async fn objects(state: &Arc<State>, dataset: &str, step: u64, objs: &[Objec
         for (srv, batches) in asks {
             for items in batches {
                 let want = items.iter().map(|&(j, i)| (step, wants[j].obj.id, wants[j].slots[i].1)).collect();
-                let req = PeerRequest::Pieces { dataset: dataset.to_string(), want };
-                let state = state.clone();
-                // A third of the peer deadline: a hung holder leaves time to ask the others.
-                let limit = state.limits.peer_timeout / 3;
-                calls.spawn(async move { (srv, items, crate::peer::fetch(&state, srv, &req, max, limit).await) });
+                let (state, dataset) = (state.clone(), dataset.to_string());
+                calls.spawn(async move { (srv, items, crate::rebuild::fetch_pieces(&state, srv, dataset, want).await) });
             }
         }
         while let Some(done) = calls.join_next().await {
             let Ok((srv, items, r)) = done else { continue };
-            let (found, payload) = match r {
-                Ok((Response::Pieces { found }, payload)) if found.len() == items.len() => (found, payload),
-                _ => {
-                    failed.insert(srv);
-                    continue;
-                }
+            let Ok(found) = r else {
+                failed.insert(srv);
+                continue;
             };
-            let mut at = 0usize;
-            for ((j, i), head) in items.into_iter().zip(found) {
-                let Some(head) = head else { continue };
-                let Some(bytes) = payload.get(at..at.saturating_add(head.len as usize)) else { break };
-                at += bytes.len();
-                if cairn_core::checksum::crc(bytes) == head.checksum {
-                    wants[j].got[i] = Some(bytes.to_vec());
-                }
+            answered.insert(srv);
+            for ((j, i), piece) in items.into_iter().zip(found) {
+                wants[j].got[i] = piece.map(|(_, bytes)| bytes);
             }
         }
     }
@@ -154,8 +146,16 @@ pub async fn objects(state: &Arc<State>, dataset: &str, step: u64, objs: &[Objec
             w.k.max(1),
             w.slots.iter().map(|s| s.0).collect::<Vec<_>>()
         );
-        return Err(if holders.iter().all(|s| down.contains(s)) {
+        let moved = w
+            .slots
+            .iter()
+            .enumerate()
+            .any(|(i, (s, _))| w.got[i].is_none() && (*s == state.id || (answered.contains(s) && w.asked.contains(&i))));
+        return Err(if holders.iter().all(|s| down.contains(s)) && !moved {
             Error::DataLoss(format!("{msg}, all declared down: it is lost, and this step is never drained"))
+        } else if moved {
+            // The caller reads the step's index again.
+            Error::NotFound(format!("{msg}: not where the index says (moved, or released)"))
         } else {
             Error::Unavailable(format!("{msg}; the drain tries again"))
         });

@@ -44,6 +44,38 @@ pub fn pieces(state: &State, dataset: &str, want: &[(u64, u64, u32)]) -> Result<
     Ok(Reply::WithPayload(Response::Pieces { found }, Payload::Owned(bytes)))
 }
 
+/// Asks `source` for pieces `want` ((step, id, piece) of `dataset`) within a third of the peer
+/// deadline (a hung source leaves time to ask the others): per piece asked, its header and bytes
+/// if the source had it whole and matching its crc32c. An error when the source did not answer.
+pub async fn fetch_pieces(
+    state: &State,
+    source: u32,
+    dataset: String,
+    want: Vec<(u64, u64, u32)>,
+) -> Result<Vec<Option<(PieceHead, Vec<u8>)>>> {
+    let n = want.len();
+    let req = PeerRequest::Pieces { dataset, want };
+    let limit = state.limits.peer_timeout / 3;
+    let (found, payload) = match crate::peer::fetch(state, source, &req, state.store.max_reply(), limit).await? {
+        (Response::Pieces { found }, payload) if found.len() == n => (found, payload),
+        (other, _) => return Err(cairn_proto::message::refused("pieces", other)),
+    };
+    let (mut at, mut whole) = (0usize, true);
+    Ok(found
+        .into_iter()
+        .map(|head| {
+            let head = head.filter(|_| whole)?;
+            // A piece cut short leaves every one after it out of place.
+            let Some(bytes) = payload.get(at..at.saturating_add(head.len as usize)) else {
+                whole = false;
+                return None;
+            };
+            at += bytes.len();
+            (cairn_core::checksum::crc(bytes) == head.checksum).then(|| (head, bytes.to_vec()))
+        })
+        .collect())
+}
+
 /// One piece being rebuilt here: what was fetched for it so far.
 struct Work {
     piece: RebuildPiece,
@@ -181,29 +213,18 @@ pub async fn rebuild(state: &Arc<State>, dataset: &str, pieces: Vec<RebuildPiece
         let mut calls = tokio::task::JoinSet::new();
         for (source, items) in asks {
             let want = items.iter().map(|&(i, key, _)| (work[i].piece.step, work[i].piece.id, key)).collect();
-            let req = PeerRequest::Pieces { dataset: dataset.to_string(), want };
-            let state = state.clone();
-            // A third of the leader's deadline for this rebuild: a hung source leaves time to
-            // ask the others.
-            let limit = state.limits.peer_timeout / 3;
-            calls.spawn(async move { (source, items, crate::peer::fetch(&state, source, &req, state.store.max_reply(), limit).await) });
+            let (state, dataset) = (state.clone(), dataset.to_string());
+            calls.spawn(async move { (source, items, fetch_pieces(&state, source, dataset, want).await) });
         }
         while let Some(done) = calls.join_next().await {
             let Ok((source, items, r)) = done else { continue };
-            let (found, payload) = match r {
-                Ok((Response::Pieces { found }, payload)) if found.len() == items.len() => (found, payload),
-                _ => {
-                    failed.insert(source);
-                    continue;
-                }
+            let Ok(found) = r else {
+                failed.insert(source);
+                continue;
             };
-            let mut at = 0usize;
-            for ((i, _, pos), head) in items.into_iter().zip(found) {
-                let Some(head) = head else { continue };
-                let Some(bytes) = payload.get(at..at.saturating_add(head.len as usize)) else { break };
-                at += bytes.len();
-                if cairn_core::checksum::crc(bytes) == head.checksum {
-                    work[i].got[pos] = Some(bytes.to_vec());
+            for ((i, _, pos), piece) in items.into_iter().zip(found) {
+                if let Some((head, bytes)) = piece {
+                    work[i].got[pos] = Some(bytes);
                     work[i].head = Some(head);
                 }
             }

@@ -370,6 +370,32 @@ impl Drain {
     /// fails is written by another live server from the remaining copies or shards; an object
     /// whose every holder was declared down fails the step with `DataLoss`.
     async fn write(&self, path: &Path, dataset: &str, index: &StepIndex) -> Result<Drained> {
+        // Objects move under a drain (CoREC encodes write-cold ones and drops their copies,
+        // recovery rebuilds pieces elsewhere): a holder without its piece sends the step's index
+        // to be read again, as readers do, while it keeps changing (or 8 moves).
+        let mut index = std::borrow::Cow::Borrowed(index);
+        let mut moves = 0;
+        loop {
+            match self.write_parts(path, dataset, &index).await {
+                Err(e) if e.kind() == ErrorKind::NotFound && moves < 8 => {
+                    moves += 1;
+                    let every = self.every().unwrap_or(1);
+                    let step = index.step;
+                    let fresh = query(self.gate.leader()?, |s| s.owed(dataset, every).into_iter().find(|(s, _)| *s == step));
+                    match fresh {
+                        Some((_, i)) if i.blocks != index.blocks => index = std::borrow::Cow::Owned((*i).clone()),
+                        Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                        // Released, drained or removed meanwhile: the round sees which.
+                        None => return Err(e),
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One try of [`Self::write`] with step index `index`.
+    async fn write_parts(&self, path: &Path, dataset: &str, index: &StepIndex) -> Result<Drained> {
         let layout = Layout::new(path, dataset);
         let cluster = cairn_proto::auth::cluster_id(&self.state.secret);
         let found = {
@@ -411,7 +437,11 @@ impl Drain {
                             records[at] = Some(rec);
                         }
                     }
-                    Err(e) if e.kind() == ErrorKind::DataLoss || e.reason() == Some(cairn_core::Reason::UnsafePath) => {
+                    Err(e)
+                        if e.kind() == ErrorKind::DataLoss
+                            || e.kind() == ErrorKind::NotFound
+                            || e.reason() == Some(cairn_core::Reason::UnsafePath) =>
+                    {
                         lost.get_or_insert(e);
                     }
                     Err(e) => {
