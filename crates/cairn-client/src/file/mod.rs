@@ -16,7 +16,7 @@ mod reader;
 mod writer;
 
 pub use aggregate::{AggWriter, Collective, Exchange, Groups, Received};
-pub use cairn_file::drain::{drain_step, foreign_steps, is_this_step, remove_drained, DrainOptions, Drained, FAIL_POINTS};
+pub use cairn_file::drain::foreign_steps;
 pub use cairn_file::layout::Layout;
 pub use reader::FileReader;
 pub use writer::FileWriter;
