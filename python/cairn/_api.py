@@ -95,8 +95,8 @@ def _timeout(timeout: Any) -> float | None:
     return _check.seconds(timeout, "timeout", rule="use a finite number of seconds >= 0, or None to wait for ever")
 
 
-#: Bounds of a claim's lease in seconds (the native layer clamps to them): a millisecond to a day.
-LEASE_RANGE = (0.001, 86_400.0)
+#: Bounds of a claim's lease in seconds (the client crate's): a millisecond to a day.
+LEASE_RANGE: tuple[float, float] = _native.LEASE_RANGE
 
 
 def _staging_if_cluster(ov: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -4,34 +4,12 @@
 //! [`cairn_consume`] in the open step.
 
 use crate::{guard, invalid, reader, text, writer, CairnFile, Status};
-use cairn_client::{Error, Reader};
+use cairn_client::claims::Claimer;
 use std::ffi::{c_char, c_int};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
-
-/// Leases from a millisecond to a day (as Python's `LEASE_RANGE`).
-const LEASE: (f64, f64) = (0.001, 86_400.0);
+use std::time::Duration;
 
 /// A claimer over a read handle (see [`cairn_claims_open`]).
-pub struct CairnClaims {
-    reader: Arc<Reader>,
-    claimer: String,
-    lease: Duration,
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    beat: Option<std::thread::JoinHandle<()>>,
-}
-
-impl CairnClaims {
-    /// Stops the heartbeat and gives back what this claimer holds (unrenewed leases lapse anyway).
-    fn end(mut self) -> Result<(), Error> {
-        *self.stop.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.stop.1.notify_all();
-        if let Some(b) = self.beat.take() {
-            let _ = b.join();
-        }
-        self.reader.unclaim(&self.claimer)
-    }
-}
+pub struct CairnClaims(Claimer);
 
 /// Starts a claimer on read handle `r` whose leases last `lease_s` seconds (0.001 to 86400)
 /// without renewal; a background thread renews them every third of that while the claimer is
@@ -47,30 +25,11 @@ pub unsafe extern "C" fn cairn_claims_open(r: *mut CairnFile, lease_s: f64, out:
         if out.is_null() {
             return Err(invalid("out (the claimer pointer) is NULL"));
         }
-        if !(LEASE.0..=LEASE.1).contains(&lease_s) {
-            return Err(invalid(&format!("lease_s {lease_s}: give the seconds a claim lasts without renewal, from 0.001 to 86400")));
+        let (lo, hi) = cairn_client::claims::LEASE_RANGE;
+        if !(lo..=hi).contains(&lease_s) {
+            return Err(invalid(&format!("lease_s {lease_s}: give the seconds a claim lasts without renewal, from {lo} to {hi}")));
         }
-        let lease = Duration::from_secs_f64(lease_s);
-        let claimer = cairn_client::session::random_session();
-        let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let beat = {
-            let (reader, claimer, stop) = (reader.clone(), claimer.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("cairn-claims".into())
-                .spawn(move || loop {
-                    let (flag, wake) = &*stop;
-                    let stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
-                    let (stopped, _) = wake.wait_timeout_while(stopped, lease / 3, |s| !*s).unwrap_or_else(|e| e.into_inner());
-                    if *stopped {
-                        return;
-                    }
-                    drop(stopped);
-                    // A missed beat is retried at the next; a lease that lapses is handed on.
-                    let _ = reader.renew(&claimer, lease);
-                })
-                .map_err(|e| Error::Unavailable(format!("cannot start the claims heartbeat thread: {e}")))?
-        };
-        let c = CairnClaims { reader, claimer, lease, stop, beat: Some(beat) };
+        let c = CairnClaims(Claimer::start(reader, Duration::from_secs_f64(lease_s))?);
         // SAFETY: checked non-null.
         unsafe { *out = Box::into_raw(Box::new(c)) };
         Ok(())
@@ -94,23 +53,11 @@ pub unsafe extern "C" fn cairn_claims_next(c: *mut CairnClaims, timeout_s: f64, 
         if timeout_s.is_nan() {
             return Err(invalid("timeout_s is NaN: give seconds, or a negative value to wait for ever"));
         }
-        let deadline = (timeout_s >= 0.0).then(|| Instant::now() + Duration::from_secs_f64(timeout_s.min(1e9)));
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let (next, done) = c.reader.claim(&c.claimer, c.lease)?;
-            if let Some(s) = next {
-                // SAFETY: checked non-null.
-                unsafe { (*step, *got) = (s, 1) };
-                return Ok(());
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if done || left == Some(Duration::ZERO) {
-                unsafe { *got = 0 };
-                return Ok(());
-            }
-            std::thread::sleep(left.map_or(pause, |l| l.min(pause)));
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        let timeout = (timeout_s >= 0.0).then(|| Duration::from_secs_f64(timeout_s.min(1e9)));
+        let next = c.0.next(timeout, &mut || false)?;
+        // SAFETY: checked non-null.
+        unsafe { (*step, *got) = (next.unwrap_or(0), c_int::from(next.is_some())) };
+        Ok(())
     })
 }
 
@@ -126,7 +73,7 @@ pub unsafe extern "C" fn cairn_claims_close(c: *mut CairnClaims) -> Status {
     }
     // SAFETY: per this function's contract, `c` came from Box::into_raw in cairn_claims_open.
     let c = unsafe { Box::from_raw(c) };
-    guard(move || c.end())
+    guard(move || c.0.end())
 }
 
 /// Makes the open step's commit release the same step of each of the `n` datasets named in

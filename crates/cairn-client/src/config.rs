@@ -327,7 +327,7 @@ impl Config {
 
     /// Checks settings serde cannot.
     fn validate(self) -> Result<Config> {
-        crate::staging::Transport::parse(&self.staging.transport)?;
+        Transport::parse(&self.staging.transport)?;
         if let Some(d) = &self.staging.failure_timeout {
             d.get().map_err(|e| Error::Config(format!("[staging] failure_timeout: {e}")))?;
         }
@@ -407,77 +407,86 @@ impl Config {
                 self.file.aggregation = value.to_string();
             }
             "aggregators" => self.file.aggregators = value.parse().map_err(|_| bad("expected a group count (0: one per node)"))?,
-            "cluster" => self.staging.cluster = Some(PathBuf::from(value)),
+            _ => self.staging.set(key, value)?,
+        }
+        Ok(())
+    }
+}
+
+impl StagingConfig {
+    /// Applies one override of a `[staging]` key (see [`Config::set`]).
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let bad = |what: &str| Error::Config(format!("override {key}={value:?}: {what}"));
+        match key {
+            "cluster" => self.cluster = Some(PathBuf::from(value)),
             "object_size" => {
-                self.staging.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
+                self.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
             }
             "keep_last" => {
-                self.staging.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?)
+                self.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?)
             }
-            "keep" => self.staging.keep = value.parse().map_err(|_| bad("expected true or false"))?,
-            "servers" => {
-                self.staging.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?
-            }
-            "memory" => self.staging.memory = value.to_string(),
+            "keep" => self.keep = value.parse().map_err(|_| bad("expected true or false"))?,
+            "servers" => self.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?,
+            "memory" => self.memory = value.to_string(),
             "transport" => {
-                crate::staging::Transport::parse(value)?;
-                self.staging.transport = value.to_string();
+                Transport::parse(value)?;
+                self.transport = value.to_string();
             }
-            "shared_min" => self.staging.shared_min = value.parse().map_err(|_| bad("expected a byte count"))?,
+            "shared_min" => self.shared_min = value.parse().map_err(|_| bad("expected a byte count"))?,
             "timeout" => {
-                self.staging.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
-                self.staging.deadline()?;
+                self.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
+                self.deadline()?;
             }
-            "redundancy" => self.staging.redundancy = Some(value.parse().map_err(|_| bad("expected a number of server failures"))?),
+            "redundancy" => self.redundancy = Some(value.parse().map_err(|_| bad("expected a number of server failures"))?),
             "scheme" => {
                 cairn_core::corec::Scheme::parse(value)?;
-                self.staging.scheme = Some(value.to_string());
+                self.scheme = Some(value.to_string());
             }
-            "rs_data" => self.staging.rs_data = Some(value.parse().map_err(|_| bad("expected a number of data shards"))?),
-            "min_efficiency" => self.staging.min_efficiency = Some(value.parse().map_err(|_| bad("expected a fraction, e.g. 0.6"))?),
-            "hot_steps" => self.staging.hot_steps = Some(value.parse().map_err(|_| bad("expected a step count"))?),
+            "rs_data" => self.rs_data = Some(value.parse().map_err(|_| bad("expected a number of data shards"))?),
+            "min_efficiency" => self.min_efficiency = Some(value.parse().map_err(|_| bad("expected a fraction, e.g. 0.6"))?),
+            "hot_steps" => self.hot_steps = Some(value.parse().map_err(|_| bad("expected a step count"))?),
             "failure_timeout" => {
                 cairn_proto::cluster::parse_duration(value)?;
-                self.staging.failure_timeout = Some(Duration::Text(value.to_string()));
+                self.failure_timeout = Some(Duration::Text(value.to_string()));
             }
             "recovery_deadline" => {
                 cairn_proto::cluster::parse_duration(value)?;
-                self.staging.recovery_deadline = Some(Duration::Text(value.to_string()));
+                self.recovery_deadline = Some(Duration::Text(value.to_string()));
             }
             "mtbf" => {
                 cairn_proto::cluster::parse_duration(value)?;
-                self.staging.mtbf = Some(Duration::Text(value.to_string()));
+                self.mtbf = Some(Duration::Text(value.to_string()));
             }
             "recovery_rate" => {
                 cairn_proto::cluster::parse_size(value.trim_end_matches("/s"))?;
-                self.staging.recovery_rate = Some(value.to_string());
+                self.recovery_rate = Some(value.to_string());
             }
-            "queue_limit" => self.staging.queue_limit = Some(value.parse().map_err(|_| bad("expected a step count (0: no limit)"))?),
+            "queue_limit" => self.queue_limit = Some(value.parse().map_err(|_| bad("expected a step count (0: no limit)"))?),
             "queue_policy" => {
                 queue_policy(value)?;
-                self.staging.queue_policy = Some(value.to_string());
+                self.queue_policy = Some(value.to_string());
             }
             "prefault" => {
                 cairn_proto::cluster::parse_size(value)?;
-                self.staging.prefault = Some(value.to_string());
+                self.prefault = Some(value.to_string());
             }
-            "same_node_other_users" => self.staging.same_node_other_users = Some(value.parse().map_err(|_| bad("expected true or false"))?),
-            "socket_group" => self.staging.socket_group = Some(value.to_string()),
-            "drain" => self.staging.drain = Some(PathBuf::from(value)),
+            "same_node_other_users" => self.same_node_other_users = Some(value.parse().map_err(|_| bad("expected true or false"))?),
+            "socket_group" => self.socket_group = Some(value.to_string()),
+            "drain" => self.drain = Some(PathBuf::from(value)),
             "drain_every" => {
                 let e = DrainEvery::Text(value.to_string());
                 e.get()?;
-                self.staging.drain_every = Some(e);
+                self.drain_every = Some(e);
             }
             "drain_mtbf" => {
                 cairn_proto::cluster::parse_duration(value)?;
-                self.staging.drain_mtbf = Some(Duration::Text(value.to_string()));
+                self.drain_mtbf = Some(Duration::Text(value.to_string()));
             }
             "recovery" => {
                 if value != "lazy" && value != "aggressive" {
                     return Err(bad("use lazy or aggressive"));
                 }
-                self.staging.recovery = Some(value.to_string());
+                self.recovery = Some(value.to_string());
             }
             _ => return Err(Error::Config(format!("unknown config key '{key}'; accepted: {OVERRIDES}"))),
         }
@@ -488,6 +497,37 @@ impl Config {
 /// The `[staging] queue_policy` named `p` ("block" or "discard_oldest").
 pub fn queue_policy(p: &str) -> Result<cairn_core::queue::Policy> {
     cairn_core::queue::Policy::parse(p).map_err(|e| Error::Config(format!("[staging] queue_policy: {e}")))
+}
+
+/// Which transport clients use (`[staging] transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// For servers on this host, same-node copies (the server copies object bytes straight
+    /// between this process's memory and its own) over a Unix socket, or the Unix socket alone
+    /// where the kernel forbids them; TCP for the others.
+    Auto,
+    /// Like `Auto`, but the server copies every object (cross-memory attach), none goes into a
+    /// leased shared segment: the same-node path before those, kept for comparison.
+    Attach,
+    /// Unix socket for servers on this host, with object bytes in the frames; else TCP.
+    Socket,
+    /// TCP always.
+    Tcp,
+}
+
+impl Transport {
+    /// The transport a `[staging] transport` value names.
+    pub fn parse(text: &str) -> Result<Transport> {
+        match text {
+            "auto" => Ok(Transport::Auto),
+            "attach" => Ok(Transport::Attach),
+            "socket" => Ok(Transport::Socket),
+            "tcp" => Ok(Transport::Tcp),
+            other => Err(Error::Config(format!(
+                "[staging] transport = \"{other}\": use \"auto\" (same-node copies where possible), \"attach\", \"socket\" or \"tcp\""
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 use crate::config::{Config, EngineKind};
 use crate::engine::ReadEngine;
 use crate::file::{FileReader, Layout};
+use crate::names::{check_name, unknown_var};
 use crate::staging;
-use crate::writer::{check_name, unknown_var};
 use cairn_core::index::{BlockRecord, VarDef};
 use cairn_core::{DType, Error, Region, Result};
 use std::collections::BTreeMap;

@@ -75,6 +75,19 @@ impl Layout {
         format!("step-{step:012}.rank-")
     }
 
+    /// Generation `generation` of a step's lease (`claims/S.G.json`: the claims of the file engine).
+    pub fn lease_path(&self, step: u64, generation: u32) -> PathBuf {
+        self.dir("claims").join(format!("{step:012}.{generation:06}.json"))
+    }
+
+    /// Forgets every lease of a consumed step (best effort: a lease left lapses).
+    pub fn drop_leases(&self, step: u64) {
+        let prefix = format!("{step:012}.");
+        for name in self.list("claims").unwrap_or_default().into_iter().filter(|n| n.starts_with(&prefix)) {
+            let _ = std::fs::remove_file(self.dir("claims").join(name));
+        }
+    }
+
     /// Creates the dataset directories.
     pub fn create(&self) -> Result<()> {
         for d in ["data", "pending", "steps"] {

@@ -1,7 +1,16 @@
 //! `cargo run -p cairn-layers [-- LAYERS_TOML]`: checks every crate `layers.toml` lists (see the
 //! library's doc); exit status 1, each violation named, when one is broken.
+//! `cargo run -p cairn-layers -- --edges SRC` prints a crate's module edges, to draw layers from.
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--edges") {
+        let src = std::env::args().nth(2).unwrap_or_else(|| fail("--edges needs a crate's src folder"));
+        for (from, tos) in cairn_layers::edges(std::path::Path::new(&src)).unwrap_or_else(|e| fail(&e)) {
+            let tos: Vec<_> = tos.into_iter().collect();
+            println!("{} -> {}", if from.is_empty() { "lib" } else { &from }, tos.join(", "));
+        }
+        return;
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let file = std::env::args().nth(1).map_or_else(|| root.join("layers.toml"), std::path::PathBuf::from);
     let text = std::fs::read_to_string(&file).unwrap_or_else(|e| fail(&format!("reading {}: {e}", file.display())));

@@ -14,6 +14,7 @@
 
 mod attrs;
 mod buffer;
+mod claims;
 mod codec;
 mod erasure;
 mod errors;
@@ -41,8 +42,11 @@ fn config_json(path: Option<String>, overrides: Vec<(String, String)>) -> PyResu
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LEASE_RANGE", cairn_client::claims::LEASE_RANGE)?;
     m.add_class::<writer::PyWriter>()?;
     m.add_class::<reader::PyReader>()?;
+    m.add_class::<claims::PyClaimer>()?;
+    m.add_class::<claims::PyRegistration>()?;
     m.add_class::<kv::PyKvStore>()?;
     m.add_function(wrap_pyfunction!(config_json, m)?)?;
     m.add_function(wrap_pyfunction!(codec::compress, m)?)?;

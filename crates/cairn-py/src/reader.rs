@@ -5,6 +5,7 @@ use crate::errors::to_py;
 use cairn_client::Reader;
 use numpy::PyUntypedArray;
 use pyo3::prelude::*;
+use std::sync::Arc;
 
 /// A block: (writer, offset, count, min, max, mean, checksum, raw bytes, stored bytes, codec).
 /// A block: (writer, offset, count, min, max, mean, checksum, bytes, stored, codec, redundancy, state).
@@ -18,7 +19,8 @@ type VarTuple = (String, String, Option<Vec<u64>>, Option<Vec<String>>, String, 
 /// Native read handle; see `cairn.Reader` for the documented API.
 #[pyclass(name = "Reader", module = "cairn._native")]
 pub(crate) struct PyReader {
-    inner: Reader,
+    /// Shared with the heartbeats of its claimers and stream registrations.
+    inner: Arc<Reader>,
 }
 
 #[pymethods]
@@ -27,7 +29,7 @@ impl PyReader {
     #[pyo3(signature = (name, config, overrides))]
     fn new(name: &str, config: Option<String>, overrides: Vec<(String, String)>) -> PyResult<Self> {
         let cfg = crate::config(config, overrides)?;
-        Ok(PyReader { inner: Reader::open(name, &cfg).map_err(to_py)? })
+        Ok(PyReader { inner: Arc::new(Reader::open(name, &cfg).map_err(to_py)?) })
     }
 
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
@@ -62,25 +64,27 @@ impl PyReader {
         py.detach(|| self.inner.remove()).map_err(to_py)
     }
 
-    /// Registers, moves (`next`), renews or (`leave`) ends streaming reader `reader`; the
-    /// seconds a registration lasts unrenewed and the reader's mark (the first step it holds).
-    #[pyo3(signature = (reader, next, leave))]
-    fn stream_at(&self, py: Python<'_>, reader: &str, next: Option<u64>, leave: bool) -> PyResult<(f64, Option<u64>)> {
-        py.detach(|| self.inner.stream_at(reader, next, leave)).map(|(d, m)| (d.as_secs_f64(), m)).map_err(to_py)
-    }
-
+    /// Leases the lowest free committed step to `claimer` for `lease_s` seconds (one ask; see
+    /// `Claimer`).
     fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {
         let lease = clamped_seconds(lease_s, "lease", 0.001, 86_400.0)?;
         py.detach(|| self.inner.claim(claimer, lease)).map_err(to_py)
     }
 
-    fn renew(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<Vec<u64>> {
-        let lease = clamped_seconds(lease_s, "lease", 0.001, 86_400.0)?;
-        py.detach(|| self.inner.renew(claimer, lease)).map_err(to_py)
+    /// A new claimer whose leases last `lease_s` seconds, renewed in the background.
+    fn claimer(&self, py: Python<'_>, lease_s: f64) -> PyResult<crate::claims::PyClaimer> {
+        let lease = clamped_seconds(lease_s, "lease", 0.0, 1e9)?;
+        let reader = self.inner.clone();
+        let c = py.detach(|| cairn_client::claims::Claimer::start(reader, lease)).map_err(to_py)?;
+        Ok(crate::claims::PyClaimer::new(c))
     }
 
-    fn unclaim(&self, py: Python<'_>, claimer: &str) -> PyResult<()> {
-        py.detach(|| self.inner.unclaim(claimer)).map_err(to_py)
+    /// Registers a releasing stream reader at `start` (None: the oldest kept step).
+    #[pyo3(signature = (start))]
+    fn stream_register(&self, py: Python<'_>, start: Option<u64>) -> PyResult<crate::claims::PyRegistration> {
+        let reader = self.inner.clone();
+        let r = py.detach(|| cairn_client::stream::Registration::join(reader, start)).map_err(to_py)?;
+        Ok(crate::claims::PyRegistration::new(r))
     }
 
     /// (name, dtype name, shape or None, dims or None, attributes JSON) of every variable.

@@ -17,7 +17,6 @@
 //! forwards if the destination's index is the journal's (removing the taken entries), else
 //! backwards (renaming them back). Every state in between reads as before or as after.
 
-use super::lease;
 use cairn_core::error::IoContext;
 use cairn_core::index::{from_json, Consumed, Fragment, StepIndex};
 use cairn_core::index_file;
@@ -143,7 +142,7 @@ impl Txn {
             let src = self.dst.sibling(s);
             let _ = std::fs::remove_file(taken_path(&src, self.step, &self.txn, "json"));
             let _ = std::fs::remove_file(taken_path(&src, self.step, &self.txn, "txn"));
-            lease::drop_step(&src, self.step);
+            src.drop_leases(self.step);
         }
         self.drop_fragments(|_| true);
         let _ = std::fs::remove_file(journal);

@@ -27,10 +27,6 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn lease_path(layout: &Layout, step: u64, generation: u32) -> std::path::PathBuf {
-    layout.dir("claims").join(format!("{step:012}.{generation:06}.json"))
-}
-
 /// The current lease of each step that has one: (generation, lease).
 fn current(layout: &Layout) -> Result<BTreeMap<u64, (u32, Lease)>> {
     let mut newest: BTreeMap<u64, u32> = BTreeMap::new();
@@ -43,7 +39,7 @@ fn current(layout: &Layout) -> Result<BTreeMap<u64, (u32, Lease)>> {
     let mut out = BTreeMap::new();
     for (step, generation) in newest {
         // Gone meanwhile (its step consumed) or unreadable: no lease.
-        let Some(lease) = std::fs::read(lease_path(layout, step, generation)).ok().and_then(|b| serde_json::from_slice(&b).ok()) else {
+        let Some(lease) = std::fs::read(layout.lease_path(step, generation)).ok().and_then(|b| serde_json::from_slice(&b).ok()) else {
             continue;
         };
         out.insert(step, (generation, lease));
@@ -74,7 +70,7 @@ pub(super) fn claim(layout: &Layout, claimer: &str, lease: Duration) -> Result<(
     // Lapsed leases of steps that are gone are litter.
     for (step, (g, l)) in &leases {
         if l.expires_ms <= now && committed.binary_search(step).is_err() && !in_flight.iter().any(|(s, _)| s == step) {
-            let _ = std::fs::remove_file(lease_path(layout, *step, *g));
+            let _ = std::fs::remove_file(layout.lease_path(*step, *g));
         }
     }
     let all_mine = committed.iter().all(|s| leases.get(s).is_some_and(|(_, l)| l.claimer == claimer && l.expires_ms > now));
@@ -84,7 +80,7 @@ pub(super) fn claim(layout: &Layout, claimer: &str, lease: Duration) -> Result<(
 /// Creates generation `generation` of `step`'s lease; returns whether this claimer has the step
 /// now (not if another created that generation first, or the step is gone).
 fn take(layout: &Layout, step: u64, generation: u32, lease: &[u8]) -> Result<bool> {
-    let path = lease_path(layout, step, generation);
+    let path = layout.lease_path(step, generation);
     if !publish_new(&path, lease, false, 0)? {
         return Ok(false);
     }
@@ -95,7 +91,7 @@ fn take(layout: &Layout, step: u64, generation: u32, lease: &[u8]) -> Result<boo
         return Ok(false);
     }
     for g in 0..generation {
-        let _ = std::fs::remove_file(lease_path(layout, step, g));
+        let _ = std::fs::remove_file(layout.lease_path(step, g));
     }
     Ok(true)
 }
@@ -107,7 +103,7 @@ pub(super) fn renew(layout: &Layout, claimer: &str, lease: Duration) -> Result<V
     for (step, (g, l)) in current(layout)? {
         if l.claimer == claimer {
             let renewed = Lease { expires_ms: l.expires_ms.max(until), ..l };
-            publish(&lease_path(layout, step, g), &serde_json::to_vec(&renewed).expect("leases serialize"), false, 1)?;
+            publish(&layout.lease_path(step, g), &serde_json::to_vec(&renewed).expect("leases serialize"), false, 1)?;
             held.push(step);
         }
     }
@@ -118,20 +114,12 @@ pub(super) fn renew(layout: &Layout, claimer: &str, lease: Duration) -> Result<V
 pub(super) fn unclaim(layout: &Layout, claimer: &str) -> Result<()> {
     for (step, (g, l)) in current(layout)? {
         if l.claimer == claimer {
-            std::fs::remove_file(lease_path(layout, step, g))
+            std::fs::remove_file(layout.lease_path(step, g))
                 .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
                 .map_err(|e| Error::io(format!("giving back the claim of step {step}"), e))?;
         }
     }
     Ok(())
-}
-
-/// Forgets the leases of a consumed step.
-pub(super) fn drop_step(layout: &Layout, step: u64) {
-    let prefix = format!("{step:012}.");
-    for name in layout.list("claims").unwrap_or_default().into_iter().filter(|n| n.starts_with(&prefix)) {
-        let _ = std::fs::remove_file(layout.dir("claims").join(name));
-    }
 }
 
 #[cfg(test)]

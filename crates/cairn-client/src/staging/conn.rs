@@ -4,6 +4,7 @@
 //! the client's cluster view; a server with a newer one answers `stale_epoch` with it, and the
 //! client takes it and asks again.
 
+use crate::config::Transport;
 use cairn_core::{Error, ErrorKind, Reason, Result};
 use cairn_proto::cluster::{hostname, ClusterFile, ServerEntry};
 use cairn_proto::message::{refused, Envelope, ObjectPut, Request, Response, MAX_RUNS};
@@ -11,6 +12,7 @@ use cairn_proto::sync_io::{read_head, read_payload, read_payload_crc, skip_paylo
 use cairn_proto::ClusterView;
 use std::collections::HashMap;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::ops::ControlFlow;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
@@ -193,37 +195,6 @@ fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Erro
             }
         }
         other => other.duplicate(),
-    }
-}
-
-/// Which transport clients use (`[staging] transport`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// For servers on this host, same-node copies (the server copies object bytes straight
-    /// between this process's memory and its own) over a Unix socket, or the Unix socket alone
-    /// where the kernel forbids them; TCP for the others.
-    Auto,
-    /// Like `Auto`, but the server copies every object (cross-memory attach), none goes into a
-    /// leased shared segment: the same-node path before those, kept for comparison.
-    Attach,
-    /// Unix socket for servers on this host, with object bytes in the frames; else TCP.
-    Socket,
-    /// TCP always.
-    Tcp,
-}
-
-impl Transport {
-    /// The transport a `[staging] transport` value names.
-    pub fn parse(text: &str) -> Result<Transport> {
-        match text {
-            "auto" => Ok(Transport::Auto),
-            "attach" => Ok(Transport::Attach),
-            "socket" => Ok(Transport::Socket),
-            "tcp" => Ok(Transport::Tcp),
-            other => Err(Error::Config(format!(
-                "[staging] transport = \"{other}\": use \"auto\" (same-node copies where possible), \"attach\", \"socket\" or \"tcp\""
-            ))),
-        }
     }
 }
 
@@ -417,20 +388,12 @@ impl Cluster {
         let op = req.op_name();
         // With `followers`, once no leader answers, the read is asked of followers too.
         let mut req = std::borrow::Cow::Borrowed(req);
-        let mut following = false;
-        let started = Instant::now();
-        let mut next = *self.leader.lock().unwrap_or_else(|p| p.into_inner());
-        let mut tried = 0usize;
-        // Whether any server answered: with none alive there is nobody to elect a leader.
-        let mut alive = false;
-        let mut unreachable = std::collections::BTreeSet::new();
-        // A leader's word that it lost its quorum: the best explanation if no leader answers.
-        let mut quorum_lost: Option<String> = None;
+        let mut hunt = Hunt::new(*self.leader.lock().unwrap_or_else(|p| p.into_inner()));
         loop {
             let view = self.view();
             let slots = view.slots.clone();
             // A leader found earlier may have left the cluster since (retired): ask the ring.
-            let target = next.filter(|t| view.server(*t).is_ok()).unwrap_or(slots[tried % slots.len()]);
+            let target = hunt.next.filter(|t| view.server(*t).is_ok()).unwrap_or(slots[hunt.tried % slots.len()]);
             let reply = self.with(target, |c| {
                 c.waiting(wait, |c| {
                     c.send(&req, payload)?;
@@ -440,83 +403,73 @@ impl Cluster {
                     Ok((resp, body))
                 })
             });
-            alive |= reply.is_ok();
-            let leaderless = match &reply {
-                // Down or hung, or a leader that cannot confirm it still leads.
-                Err(e) => e.kind() == ErrorKind::Unavailable,
-                Ok((Response::Error { kind: ErrorKind::Unavailable, .. }, _)) => true,
-                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, .. }, _)) => {
-                    leader.is_none_or(|l| l == target || unreachable.contains(&l))
-                }
-                _ => false,
-            };
+            hunt.alive |= reply.is_ok();
             let mut switched = false;
-            if leaderless && followers && !following {
+            if followers && !hunt.following && hunt.leaderless(&reply, target) {
                 if let Some(r) = follower_read(&req) {
                     req = std::borrow::Cow::Owned(r);
-                    (following, switched) = (true, true);
+                    (hunt.following, switched) = (true, true);
                 }
             }
-            let why = match reply {
-                Ok((Response::Error { kind: ErrorKind::Unavailable, message, .. }, _)) if switched => {
-                    next = Some(target); // it may answer as a follower now
-                    message
-                }
-                Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, reason, .. }, _)) => {
-                    next = leader.filter(|l| *l != target);
-                    if reason == Some(Reason::LostQuorum) {
-                        quorum_lost = Some(message.clone());
-                    }
-                    message
-                }
-                Ok((Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), message, .. }, _)) => {
-                    self.install(*v);
-                    next = Some(target);
-                    message
-                }
-                Ok((Response::Error { kind: ErrorKind::Busy, retry_after_ms, message, .. }, _)) => {
-                    std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)));
-                    next = Some(target);
-                    message
-                }
-                Ok((resp, body)) => {
-                    if !following {
-                        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
-                    }
-                    return resp.into_result().map(|r| (r, body));
-                }
-                Err(e) if e.kind() == ErrorKind::Unavailable => {
-                    unreachable.insert(target);
-                    next = None;
-                    e.to_string()
-                }
-                Err(e) => return Err(e),
+            let why = match self.follow(&mut hunt, target, reply, switched)? {
+                ControlFlow::Break(answer) => return Ok(answer),
+                ControlFlow::Continue(why) => why,
             };
-            tried += 1;
-            let budget = self.timeout + ELECTION;
-            if !alive && slots.iter().all(|s| unreachable.contains(s)) {
-                return Err(Error::Unavailable(format!(
-                    "no staging server of the control plane could be reached for {op} (last: {why}); is the cluster up? \
-                     (`cairn cluster status`)"
-                )));
+            hunt.tried += 1;
+            if let Some(e) = hunt.give_up(&op, &why, &slots, self.timeout + ELECTION) {
+                return Err(e);
             }
-            if started.elapsed() > budget {
-                if let Some(q) = quorum_lost {
-                    return Err(Error::LostQuorum(format!(
-                        "no leader of the control plane answered {op} within {:.1} s: {q}",
-                        budget.as_secs_f64()
-                    )));
-                }
-                return Err(Error::Unavailable(format!(
-                    "no leader of the control plane answered {op} within {:.1} s: without a majority of its meta servers up \
-                     (its quorum) nothing can commit; see `cairn cluster status` (last: {why})",
-                    budget.as_secs_f64()
-                )));
-            }
-            if next.is_none() && tried.is_multiple_of(slots.len()) {
+            if hunt.next.is_none() && hunt.tried.is_multiple_of(slots.len()) {
                 std::thread::sleep(Duration::from_millis(50)); // an election is under way
             }
         }
+    }
+
+    /// What `target`'s `reply` means for the hunt for a leader: the answer (`Break`), or why to
+    /// ask again (`Continue`), with whom to ask next in `hunt.next`.
+    fn follow(
+        &self,
+        hunt: &mut Hunt,
+        target: u32,
+        reply: Result<(Response, Vec<u8>)>,
+        switched: bool,
+    ) -> Result<ControlFlow<(Response, Vec<u8>), String>> {
+        let why = match reply {
+            Ok((Response::Error { kind: ErrorKind::Unavailable, message, .. }, _)) if switched => {
+                hunt.next = Some(target); // it may answer as a follower now
+                message
+            }
+            Ok((Response::Error { kind: ErrorKind::NotLeader, leader, message, reason, .. }, _)) => {
+                hunt.next = leader.filter(|l| *l != target);
+                if reason == Some(Reason::LostQuorum) {
+                    hunt.quorum_lost = Some(message.clone());
+                }
+                message
+            }
+            Ok((Response::Error { kind: ErrorKind::StaleEpoch, view: Some(v), message, .. }, _)) => {
+                self.install(*v);
+                hunt.next = Some(target);
+                message
+            }
+            Ok((Response::Error { kind: ErrorKind::Busy, retry_after_ms, message, .. }, _)) => {
+                std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)));
+                hunt.next = Some(target);
+                message
+            }
+            Ok((resp, body)) => {
+                if !hunt.following {
+                    *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = Some(target);
+                }
+                return resp.into_result().map(|r| ControlFlow::Break((r, body)));
+            }
+            Err(e) if e.kind() == ErrorKind::Unavailable => {
+                hunt.unreachable.insert(target);
+                hunt.next = None;
+                e.to_string()
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(ControlFlow::Continue(why))
     }
 
     /// One request without payloads to `server`, asked again while the cluster redirects it
@@ -552,5 +505,68 @@ fn follower_read(req: &Request) -> Option<Request> {
         Request::Steps { dataset, .. } => Some(Request::Steps { dataset: dataset.clone(), follower: true }),
         Request::Index { dataset, step, .. } => Some(Request::Index { dataset: dataset.clone(), step: *step, follower: true }),
         _ => None,
+    }
+}
+
+/// The search for the control plane's leader (see [`Cluster::coord`]).
+struct Hunt {
+    /// Whom to ask next (a leader named by a follower, or one asked again), else the ring.
+    next: Option<u32>,
+    tried: usize,
+    /// Whether any server answered: with none alive there is nobody to elect a leader.
+    alive: bool,
+    unreachable: std::collections::BTreeSet<u32>,
+    /// A leader's word that it lost its quorum: the best explanation if no leader answers.
+    quorum_lost: Option<String>,
+    /// Whether the read is asked of followers too (no leader answered).
+    following: bool,
+    started: Instant,
+}
+
+impl Hunt {
+    fn new(leader: Option<u32>) -> Hunt {
+        Hunt {
+            next: leader,
+            tried: 0,
+            alive: false,
+            unreachable: Default::default(),
+            quorum_lost: None,
+            following: false,
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether `target`'s reply says there is no leader to ask: it is down or hung, or a leader
+    /// that cannot confirm it still leads, or it knows no leader that can be reached.
+    fn leaderless(&self, reply: &Result<(Response, Vec<u8>)>, target: u32) -> bool {
+        match reply {
+            Err(e) => e.kind() == ErrorKind::Unavailable,
+            Ok((Response::Error { kind: ErrorKind::Unavailable, .. }, _)) => true,
+            Ok((Response::Error { kind: ErrorKind::NotLeader, leader, .. }, _)) => {
+                leader.is_none_or(|l| l == target || self.unreachable.contains(&l))
+            }
+            _ => false,
+        }
+    }
+
+    /// The error to end the hunt with: no server of `slots` reachable, or `budget` spent.
+    fn give_up(&self, op: &str, why: &str, slots: &[u32], budget: Duration) -> Option<Error> {
+        if !self.alive && slots.iter().all(|s| self.unreachable.contains(s)) {
+            return Some(Error::Unavailable(format!(
+                "no staging server of the control plane could be reached for {op} (last: {why}); is the cluster up? \
+                 (`cairn cluster status`)"
+            )));
+        }
+        if self.started.elapsed() <= budget {
+            return None;
+        }
+        let secs = budget.as_secs_f64();
+        Some(match &self.quorum_lost {
+            Some(q) => Error::LostQuorum(format!("no leader of the control plane answered {op} within {secs:.1} s: {q}")),
+            None => Error::Unavailable(format!(
+                "no leader of the control plane answered {op} within {secs:.1} s: without a majority of its meta servers up \
+                 (its quorum) nothing can commit; see `cairn cluster status` (last: {why})"
+            )),
+        })
     }
 }

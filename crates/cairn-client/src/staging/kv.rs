@@ -2,7 +2,8 @@
 //! results, step markers and memo buckets in. A key lives on the server its hash places it on;
 //! many keys go as one request per server (puts in batches of bounded size).
 
-use super::conn::{Cluster, Transport};
+use super::conn::Cluster;
+use crate::config::Transport;
 use cairn_core::{Error, Result};
 use cairn_proto::batch::{kv_batches, KV_BATCH_BYTES};
 use cairn_proto::message::{unexpected, Request, Response, MAX_KEYS};

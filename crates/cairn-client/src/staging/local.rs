@@ -4,7 +4,8 @@
 //! `cairn-server` binary). Servers started by `mpirun`/`srun` on many nodes meet through the same
 //! cluster file without this.
 
-use super::conn::{Cluster, Transport};
+use super::conn::Cluster;
+use crate::config::Transport;
 use cairn_core::{Error, Result};
 use cairn_proto::cluster::{load_topology, write_private, ClusterFile};
 use cairn_proto::message::{Request, Response};

@@ -4,7 +4,7 @@
 //! are fetched in parallel.
 
 use super::conn::Cluster;
-use super::{index_of, listing_of, steps_of};
+use super::control::{index_of, listing_of, pending_of, steps_of, wait_drained};
 use crate::engine::ReadEngine;
 use cairn_core::assemble::for_each_run;
 use cairn_core::assemble::{copy_box, Layout};
@@ -91,6 +91,13 @@ type Piece = (usize, usize);
 type Fetched = (u32, Vec<Piece>, Vec<bool>, Result<()>);
 
 /// An encoded object being read whole: which shards arrived into `buf` (shard `i` at `i·n`).
+/// What went wrong fetching shards: each failed server (down, or without the shard) and the
+/// first other error.
+struct Misses {
+    failed: BTreeMap<u32, Error>,
+    other: Option<Error>,
+}
+
 struct Stripe {
     k: usize,
     m: usize,
@@ -99,6 +106,17 @@ struct Stripe {
     servers: Vec<u32>,
     have: Vec<bool>,
     buf: Vec<u8>,
+}
+
+impl Stripe {
+    /// An empty stripe for encoded object `o` of `elem`-byte values.
+    fn of(o: &ObjectRef, elem: usize) -> Stripe {
+        let Redundancy::Encoded { k, m, shards } = &o.redundancy else { unreachable!("only encoded objects come here") };
+        let (k, m) = (*k as usize, *m as usize);
+        let len = o.region.volume() as usize * elem;
+        let n = cairn_core::erasure::shard_len(len as u64, k as u32) as usize;
+        Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
+    }
 }
 
 impl StagingReader {
@@ -360,133 +378,138 @@ impl StagingReader {
     /// where servers fail, parity shards too and any `k` decoded. Checked against each object's
     /// crc32c, so a wrong byte is never returned.
     fn read_encoded(&self, step: u64, objs: &[&ObjectRef], elem: usize, what: &dyn Fn(&ObjectRef) -> String) -> Result<Vec<Vec<u8>>> {
-        let mut stripes: Vec<Stripe> = objs
-            .iter()
-            .map(|o| {
-                let Redundancy::Encoded { k, m, shards } = &o.redundancy else { unreachable!("only encoded objects come here") };
-                let (k, m) = (*k as usize, *m as usize);
-                let len = o.region.volume() as usize * elem;
-                let n = cairn_core::erasure::shard_len(len as u64, k as u32) as usize;
-                Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
-            })
-            .collect();
+        let mut stripes: Vec<Stripe> = objs.iter().map(|o| Stripe::of(o, elem)).collect();
         // Servers the view declares down are not asked (a hung one would cost a deadline).
         let view = self.cluster.view();
-        let mut failed: BTreeMap<u32, Error> =
-            view.down.iter().map(|d| (*d, Error::ServerGone(format!("server {d} was declared down in view {}", view.epoch)))).collect();
-        let mut other: Option<Error> = None;
+        let failed = view.down.iter().map(|d| (*d, Error::ServerGone(format!("server {d} was declared down in view {}", view.epoch))));
+        let mut misses = Misses { failed: failed.collect(), other: None };
         // Round 0: data shards; round 1: parity shards of the objects still short.
         for round in 0..2 {
-            let mut by_server: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
-            for (j, st) in stripes.iter().enumerate() {
-                let have = st.have.iter().filter(|h| **h).count();
-                let complete = if round == 0 { st.have[..st.k].iter().all(|h| *h) } else { have >= st.k };
-                if complete {
-                    continue;
-                }
-                let range = if round == 0 { 0..st.k } else { st.k..st.k + st.m };
-                for i in range.filter(|i| !st.have[*i] && !failed.contains_key(&st.servers[*i])) {
-                    by_server.entry(st.servers[i]).or_default().push((j, i));
-                }
-            }
-            if by_server.is_empty() {
+            self.fetch_round(step, objs, &mut stripes, round, &mut misses, what);
+        }
+        stripes.into_iter().zip(objs).map(|(st, o)| self.assemble(st, o, &misses, what)).collect()
+    }
+
+    /// Fetches, from every server at once, the shards round `round` asks for (0: the data
+    /// shards; 1: parity shards of the objects still short of `k`) from servers not yet failed,
+    /// noting in `misses` the servers that fail and the first other error.
+    fn fetch_round(
+        &self,
+        step: u64,
+        objs: &[&ObjectRef],
+        stripes: &mut [Stripe],
+        round: usize,
+        misses: &mut Misses,
+        what: &dyn Fn(&ObjectRef) -> String,
+    ) {
+        let mut by_server: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
+        for (j, st) in stripes.iter().enumerate() {
+            let have = st.have.iter().filter(|h| **h).count();
+            let complete = if round == 0 { st.have[..st.k].iter().all(|h| *h) } else { have >= st.k };
+            if complete {
                 continue;
             }
-            let mut chunks: BTreeMap<(usize, usize), &mut [u8]> = BTreeMap::new();
-            for (j, st) in stripes.iter_mut().enumerate() {
-                for (i, c) in st.buf.chunks_mut(st.n).enumerate() {
-                    chunks.insert((j, i), c);
-                }
-            }
-            let mut work: Vec<(u32, Vec<Piece>, Vec<Fetch<'_>>)> = Vec::new();
-            for (srv, list) in by_server {
-                let fetches = list
-                    .iter()
-                    .map(|&(j, i)| {
-                        let o = objs[j];
-                        let req =
-                            Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
-                        let part = chunks.remove(&(j, i)).expect("each shard fetched once");
-                        Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
-                    })
-                    .collect();
-                work.push((srv, list, fetches));
-            }
-            let results: Vec<Fetched> = std::thread::scope(|s| {
-                let handles: Vec<_> = work
-                    .into_iter()
-                    .map(|(srv, list, mut f)| {
-                        s.spawn(move || {
-                            let r = self.fetch_all(srv, &mut f);
-                            (srv, list, f.iter().map(|x| x.done).collect::<Vec<_>>(), r)
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().expect("fetch thread panicked")).collect()
-            });
-            for (srv, list, done, r) in results {
-                for (&(j, i), ok) in list.iter().zip(done) {
-                    stripes[j].have[i] |= ok;
-                }
-                match r {
-                    Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::NotFound) => {
-                        self.server_refused(srv, &e);
-                        failed.insert(srv, e);
-                    }
-                    Err(e) => {
-                        other.get_or_insert(e);
-                    }
-                    Ok(()) => {}
-                }
+            let range = if round == 0 { 0..st.k } else { st.k..st.k + st.m };
+            for i in range.filter(|i| !st.have[*i] && !misses.failed.contains_key(&st.servers[*i])) {
+                by_server.entry(st.servers[i]).or_default().push((j, i));
             }
         }
-        stripes
-            .into_iter()
-            .zip(objs)
-            .map(|(st, o)| {
-                let bytes = if st.have[..st.k].iter().all(|h| *h) {
-                    let mut b = st.buf;
-                    b.truncate(st.len);
-                    b
-                } else if st.have.iter().filter(|h| **h).count() >= st.k {
-                    let code = Code::new(st.k, st.m)?;
-                    let mut shards: Vec<Option<Vec<u8>>> = st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
-                    code.decode(&mut shards, st.len)?
-                } else if let Some(e) = &other {
-                    return Err(e.duplicate());
-                } else if st.servers.iter().any(|s| failed.get(s).is_some_and(|e| e.kind() == ErrorKind::NotFound)) {
-                    // A holder answered without its shard: the object moved (encoded anew, rebuilt
-                    // elsewhere) or went with a release, not with its servers, even if another
-                    // holder is down meanwhile (a chaos run's history caught a DataLoss here); the
-                    // caller reads the index again.
-                    return Err(Error::NotFound(format!("the shards of {} are not where the index says", what(o))));
-                } else {
-                    let gone = st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| self.declared_down(*s));
-                    let lost: Vec<String> = st.servers.iter().filter(|s| failed.contains_key(s)).map(|s| format!("server {s}")).collect();
-                    let msg = format!(
-                        "{} is lost: it was coded into {}+{} shards on servers {:?} and {} of them failed ({}), more than the {} \
-                         it survives; the rest of the step still reads",
-                        what(o),
-                        st.k,
-                        st.m,
-                        st.servers,
-                        lost.len(),
-                        lost.join(", "),
-                        st.m
-                    );
-                    return Err(if gone { Error::DataLoss(msg) } else { Error::Unavailable(msg) });
-                };
-                let got = cairn_core::checksum::crc(&bytes);
-                if got != o.checksum {
-                    return Err(Error::Corrupt(format!(
-                        "{} decoded to the wrong bytes (crc32c {got:#x}, expected {:#x}); read it again",
-                        what(o),
-                        o.checksum
-                    )));
+        if by_server.is_empty() {
+            return;
+        }
+        let mut chunks: BTreeMap<(usize, usize), &mut [u8]> = BTreeMap::new();
+        for (j, st) in stripes.iter_mut().enumerate() {
+            for (i, c) in st.buf.chunks_mut(st.n).enumerate() {
+                chunks.insert((j, i), c);
+            }
+        }
+        let mut work: Vec<(u32, Vec<Piece>, Vec<Fetch<'_>>)> = Vec::new();
+        for (srv, list) in by_server {
+            let fetches = list
+                .iter()
+                .map(|&(j, i)| {
+                    let o = objs[j];
+                    let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
+                    let part = chunks.remove(&(j, i)).expect("each shard fetched once");
+                    Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
+                })
+                .collect();
+            work.push((srv, list, fetches));
+        }
+        let results: Vec<Fetched> = std::thread::scope(|s| {
+            let handles: Vec<_> = work
+                .into_iter()
+                .map(|(srv, list, mut f)| {
+                    s.spawn(move || {
+                        let r = self.fetch_all(srv, &mut f);
+                        (srv, list, f.iter().map(|x| x.done).collect::<Vec<_>>(), r)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("fetch thread panicked")).collect()
+        });
+        for (srv, list, done, r) in results {
+            for (&(j, i), ok) in list.iter().zip(done) {
+                stripes[j].have[i] |= ok;
+            }
+            match r {
+                Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::NotFound) => {
+                    self.server_refused(srv, &e);
+                    misses.failed.insert(srv, e);
                 }
-                Ok(bytes)
-            })
-            .collect()
+                Err(e) => {
+                    misses.other.get_or_insert(e);
+                }
+                Ok(()) => {}
+            }
+        }
+    }
+
+    /// One object from its stripe's shards: the data shards as they are, or any `k` decoded,
+    /// checked against the object's crc32c; else why it cannot be read.
+    fn assemble(&self, st: Stripe, o: &ObjectRef, misses: &Misses, what: &dyn Fn(&ObjectRef) -> String) -> Result<Vec<u8>> {
+        let (failed, other) = (&misses.failed, misses.other.as_ref());
+        let bytes = if st.have[..st.k].iter().all(|h| *h) {
+            let mut b = st.buf;
+            b.truncate(st.len);
+            b
+        } else if st.have.iter().filter(|h| **h).count() >= st.k {
+            let code = Code::new(st.k, st.m)?;
+            let mut shards: Vec<Option<Vec<u8>>> = st.buf.chunks(st.n).zip(&st.have).map(|(c, h)| h.then(|| c.to_vec())).collect();
+            code.decode(&mut shards, st.len)?
+        } else if let Some(e) = other {
+            return Err(e.duplicate());
+        } else if st.servers.iter().any(|s| failed.get(s).is_some_and(|e| e.kind() == ErrorKind::NotFound)) {
+            // A holder answered without its shard: the object moved (encoded anew, rebuilt
+            // elsewhere) or went with a release, not with its servers, even if another
+            // holder is down meanwhile (a chaos run's history caught a DataLoss here); the
+            // caller reads the index again.
+            return Err(Error::NotFound(format!("the shards of {} are not where the index says", what(o))));
+        } else {
+            let gone = st.servers.iter().filter(|s| failed.contains_key(s)).all(|s| self.declared_down(*s));
+            let lost: Vec<String> = st.servers.iter().filter(|s| failed.contains_key(s)).map(|s| format!("server {s}")).collect();
+            let msg = format!(
+                "{} is lost: it was coded into {}+{} shards on servers {:?} and {} of them failed ({}), more than the {} \
+                 it survives; the rest of the step still reads",
+                what(o),
+                st.k,
+                st.m,
+                st.servers,
+                lost.len(),
+                lost.join(", "),
+                st.m
+            );
+            return Err(if gone { Error::DataLoss(msg) } else { Error::Unavailable(msg) });
+        };
+        let got = cairn_core::checksum::crc(&bytes);
+        if got != o.checksum {
+            return Err(Error::Corrupt(format!(
+                "{} decoded to the wrong bytes (crc32c {got:#x}, expected {:#x}); read it again",
+                what(o),
+                o.checksum
+            )));
+        }
+        Ok(bytes)
     }
 }
 
@@ -584,7 +607,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
-        super::wait_drained(&self.cluster, &self.dataset, step, timeout)
+        wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
     fn remove(&self) -> Result<u64> {
@@ -617,7 +640,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
-        super::pending_of(&self.cluster, &self.dataset)
+        pending_of(&self.cluster, &self.dataset)
     }
 
     fn listing(&self) -> Result<(Vec<u64>, bool)> {

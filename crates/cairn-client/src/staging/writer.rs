@@ -3,7 +3,7 @@
 //! from the caller's buffer. At the end of a step the fragment goes to the control plane's leader.
 
 use super::conn::{Cluster, REDIRECTS};
-use super::{index_of, steps_of};
+use super::control::{cluster, index_of, steps_of, wait_drained};
 use crate::config::StagingConfig;
 use crate::engine::{BlockData, StepOutcome, StepPart, WriteEngine};
 use cairn_core::assemble::for_each_run;
@@ -162,7 +162,7 @@ impl StagingWriter {
     /// Without `append`, a drain folder holding committed steps of `dataset` that this cluster
     /// did not drain is refused (`ForeignDrain`): this run's steps would meet another run's there.
     pub(crate) fn open(cfg: &StagingConfig, dataset: &str, rank: u32, nranks: u32, session: String, append: bool) -> Result<StagingWriter> {
-        let cluster = super::cluster(cfg)?;
+        let cluster = cluster(cfg)?;
         if !append {
             refuse_foreign_drain(&cluster, dataset, cfg.cluster.as_deref())?;
         }
@@ -377,176 +377,219 @@ impl StagingWriter {
 
     /// Puts `blocks` once, placed by the current view. On failure every object that arrived is
     /// dropped again (ids are not reused, so a retry starts clean).
+    /// Puts `blocks` once through `view`: places their objects, sends each server its own, and
+    /// records the blocks of their steps; on a failure, what arrived is dropped again.
     fn put_once(&mut self, view: &ClusterView, blocks: &[(u64, BlockData<'_>)]) -> Result<()> {
-        let mut by_server: BTreeMap<u32, Vec<Outgoing<'_>>> = BTreeMap::new();
-        let mut refs: Vec<Vec<ObjectRef>> = Vec::with_capacity(blocks.len());
-        let mut block_sums: Vec<Vec<Sums>> = Vec::with_capacity(blocks.len());
-        let mut seqs: BTreeMap<u64, u32> = BTreeMap::new();
+        let plan = self.plan(view, blocks)?;
+        let sent = self.send(&plan.by_server);
+        for (step, seq) in &plan.seqs {
+            self.open.entry(*step).or_default().seq = *seq;
+        }
+        if let Some(e) = sent.iter().find_map(|(_, r)| r.as_ref().err()) {
+            let e = e.duplicate();
+            self.undo(blocks, &plan.refs, &sent);
+            return Err(e);
+        }
+        // Shards computed here (erasure coding) were sent: their buffers serve the next objects.
+        cairn_core::erasure::recycle(plan.by_server.into_values().flatten().flat_map(|o| o.parts).filter_map(|p| match p {
+            Cow::Owned(v) => Some(v),
+            Cow::Borrowed(_) => None,
+        }));
+        for (((step, block), objs), objs_sums) in blocks.iter().zip(plan.refs).zip(plan.sums) {
+            self.record(*step, block, objs, &objs_sums);
+        }
+        Ok(())
+    }
+
+    /// Cuts `blocks` into objects and places each one's copies or shards on servers of `view`.
+    fn plan<'b>(&self, view: &ClusterView, blocks: &'b [(u64, BlockData<'b>)]) -> Result<Plan<'b>> {
+        let mut plan = Plan { by_server: BTreeMap::new(), refs: Vec::with_capacity(blocks.len()), sums: Vec::new(), seqs: BTreeMap::new() };
         let base = place_key(&self.dataset, "", &[]);
         let policy = self.cluster.policy().clone();
         for (step, block) in blocks {
-            let elem = block.def.dtype.size();
-            let level = block.def.redundancy;
-            let copies = level as usize + 1;
             check_level(block.def, &policy, view)?;
+            let level = block.def.redundancy;
             // The erasure scheme encodes on the write path (when the cluster has room for a stripe).
             let stripe = if policy.scheme == Scheme::Erasure { policy.stripe(level, view.slots.len()) } else { None };
-            let pieces = split(&block.region, elem, self.object_size);
-            let seq = seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
+            let pieces = split(&block.region, block.def.dtype.size(), self.object_size);
+            let seq = plan.seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
             let mut mine = Vec::with_capacity(pieces.len());
             let mut mine_sums = Vec::with_capacity(pieces.len());
-            let dtype = block.def.dtype;
             for piece in pieces {
-                let parts: Vec<Cow<'_, [u8]>> = gather(block.bytes, &block.region, &piece, elem).into_iter().map(Cow::Borrowed).collect();
-                let object_sums = Sums::default();
                 let key = slot(base, *step, self.rank, *seq);
                 let id = (u64::from(self.rank) << 32) | u64::from(*seq);
                 *seq = seq.checked_add(1).ok_or_else(|| Error::InvalidArgument("more than 2^32 objects in one step".into()))?;
-                // The checksum is filled in as the object goes out (see `Outgoing::sums`).
-                let put = |copy: usize, shard: u32, checksum: u32| {
-                    Request::Put(ObjectPut {
-                        dataset: self.dataset.clone(),
-                        step: *step,
-                        session: self.session.clone(),
-                        writer: self.rank,
-                        shard,
-                        from: None,
-                        object: PutItem {
-                            var: block.def.name.clone(),
-                            id,
-                            region: piece.clone(),
-                            elem: elem as u32,
-                            checksum,
-                            copy: copy as u32,
-                        },
-                    })
-                };
-                let redundancy = if let Some((k, m)) = stripe {
-                    // k data shards (the bytes, cut) and m parity shards, each on its own server.
-                    let (shards, _) = view.group(key, (k + m) as usize);
-                    let code = Code::new(k as usize, m as usize)?;
-                    object_sums.get_or_init(|| sums(dtype, &parts));
-                    let whole: Cow<'_, [u8]> = if parts.len() == 1 { parts[0].clone() } else { Cow::Owned(parts.concat()) };
-                    let mut pieces: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&whole, i)).collect();
-                    pieces.extend(code.parity(&whole));
-                    for (i, (bytes, s)) in pieces.into_iter().zip(&shards).enumerate() {
-                        let req = put(usize::from(i >= k as usize), i as u32 + 1, cairn_core::checksum::crc(&bytes));
-                        by_server.entry(*s).or_default().push(Outgoing { req, parts: vec![Cow::Owned(bytes)], sums: None, dtype });
-                    }
-                    Redundancy::Encoded { k, m, shards }
-                } else {
-                    // The copies go to a group of servers in different failure domains.
-                    let (group, _) = view.group(key, copies);
-                    for (copy, s) in group.iter().enumerate() {
-                        let (parts, sums) = (parts.clone(), Some(object_sums.clone()));
-                        by_server.entry(*s).or_default().push(Outgoing { req: put(copy, 0, 0), parts, sums, dtype });
-                    }
-                    if copies > 1 {
-                        Redundancy::Replicated { servers: group }
-                    } else {
-                        Redundancy::Single
-                    }
-                };
+                let object = Object { step: *step, block, piece, id, key };
+                let object_sums = Sums::default();
+                let redundancy = self.place(view, &object, stripe, &object_sums, &mut plan.by_server)?;
                 let server = match &redundancy {
                     Redundancy::Replicated { servers } => servers[0],
                     Redundancy::Encoded { shards, .. } => shards[0],
                     Redundancy::Single => view.place(key),
                 };
                 // The checksum is known once the object has gone out.
-                mine.push(ObjectRef { id, region: piece, server, checksum: 0, redundancy });
+                mine.push(ObjectRef { id, region: object.piece, server, checksum: 0, redundancy });
                 mine_sums.push(object_sums);
             }
-            refs.push(mine);
-            block_sums.push(mine_sums);
+            plan.refs.push(mine);
+            plan.sums.push(mine_sums);
         }
-        // Servers receive in parallel, each from a thread of its own (which also computes its
-        // objects' checksums and statistics, see `Outgoing::sums`).
-        let this = &*self;
-        // Per server: whether its objects all arrived.
-        let sent: Vec<(u32, Result<()>)> = if by_server.len() <= 1 {
-            // One server (small blocks): no thread to start; a put costs one round trip.
-            by_server.iter().map(|(srv, objs)| (*srv, this.send_all(*srv, objs))).collect()
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = by_server.iter().map(|(srv, objs)| (*srv, s.spawn(move || this.send_all(*srv, objs)))).collect();
-                handles.into_iter().map(|(srv, h)| (srv, h.join().expect("sender thread panicked"))).collect()
+        Ok(plan)
+    }
+
+    /// Queues `object`'s puts in `by_server`: `level + 1` copies on a group of servers in
+    /// different failure domains, or with `stripe` (k, m) its k data and m parity shards, each on a
+    /// server of its own. Returns how the object is kept.
+    fn place<'b>(
+        &self,
+        view: &ClusterView,
+        object: &Object<'_, 'b>,
+        stripe: Option<(u32, u32)>,
+        object_sums: &Sums,
+        by_server: &mut BTreeMap<u32, Vec<Outgoing<'b>>>,
+    ) -> Result<Redundancy> {
+        let block = object.block;
+        let (elem, dtype) = (block.def.dtype.size(), block.def.dtype);
+        let parts: Vec<Cow<'b, [u8]>> = gather(block.bytes, &block.region, &object.piece, elem).into_iter().map(Cow::Borrowed).collect();
+        // The checksum is filled in as the object goes out (see `Outgoing::sums`).
+        let put = |copy: usize, shard: u32, checksum: u32| {
+            Request::Put(ObjectPut {
+                dataset: self.dataset.clone(),
+                step: object.step,
+                session: self.session.clone(),
+                writer: self.rank,
+                shard,
+                from: None,
+                object: PutItem {
+                    var: block.def.name.clone(),
+                    id: object.id,
+                    region: object.piece.clone(),
+                    elem: elem as u32,
+                    checksum,
+                    copy: copy as u32,
+                },
             })
         };
-        for (step, seq) in &seqs {
-            self.open.entry(*step).or_default().seq = *seq;
-        }
-        if let Some(e) = sent.iter().find_map(|(_, r)| r.as_ref().err()) {
-            let e = e.duplicate();
-            self.refused = sent.iter().filter(|(_, r)| r.is_err()).map(|(s, _)| *s).collect();
-            // What arrived is dropped again, from the servers that answered: one that failed
-            // (dead, hung) would only cost another deadline; its leftovers go with the step.
-            let (unreached, answered): (Vec<_>, Vec<_>) =
-                sent.iter().partition(|(_, r)| matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable));
-            self.unreached = unreached.into_iter().map(|(s, _)| *s).collect();
-            let answered: Vec<u32> = answered.into_iter().map(|(s, _)| *s).collect();
-            for ((step, _), objs) in blocks.iter().zip(&refs) {
-                for &server in &answered {
-                    let ids: Vec<u64> = objs.iter().filter(|o| o.servers().contains(&server)).map(|o| o.id).collect();
-                    if !ids.is_empty() {
-                        let req = Request::Drop {
-                            dataset: self.dataset.clone(),
-                            step: *step,
-                            session: Some(self.session.clone()),
-                            writer: None,
-                            ids,
-                            except: None,
-                            shard: None,
-                        };
-                        let _ = self.cluster.call(server, &req);
-                    }
-                }
+        if let Some((k, m)) = stripe {
+            let (shards, _) = view.group(object.key, (k + m) as usize);
+            let code = Code::new(k as usize, m as usize)?;
+            object_sums.get_or_init(|| sums(dtype, &parts));
+            let whole: Cow<'_, [u8]> = if parts.len() == 1 { parts[0].clone() } else { Cow::Owned(parts.concat()) };
+            let mut pieces: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&whole, i)).collect();
+            pieces.extend(code.parity(&whole));
+            for (i, (bytes, s)) in pieces.into_iter().zip(&shards).enumerate() {
+                let req = put(usize::from(i >= k as usize), i as u32 + 1, cairn_core::checksum::crc(&bytes));
+                by_server.entry(*s).or_default().push(Outgoing { req, parts: vec![Cow::Owned(bytes)], sums: None, dtype });
             }
-            return Err(e);
+            return Ok(Redundancy::Encoded { k, m, shards });
         }
-        // Shards computed here (erasure coding) were sent: their buffers serve the next objects.
-        cairn_core::erasure::recycle(by_server.into_values().flatten().flat_map(|o| o.parts).filter_map(|p| match p {
-            Cow::Owned(v) => Some(v),
-            Cow::Borrowed(_) => None,
-        }));
-        for (((step, block), mut objs), objs_sums) in blocks.iter().zip(refs).zip(block_sums) {
-            let elem = block.def.dtype.size() as u64;
-            // Every object went out, so each one's sums were computed.
-            let mut acc = Acc::new(block.def.dtype);
-            for (o, s) in objs.iter_mut().zip(&objs_sums) {
-                let (crc, part) = s.get().expect("an object that went out has its checksum");
-                o.checksum = *crc;
-                acc.merge(part);
-            }
-            let open = self.open.entry(*step).or_default();
-            for o in &objs {
-                let bytes = match &o.redundancy {
-                    Redundancy::Encoded { k, .. } => cairn_core::erasure::shard_len(o.region.volume() * elem, *k),
-                    _ => o.region.volume() * elem,
-                };
-                for server in o.servers() {
-                    let share = open.shares.entry(server).or_default();
-                    share.0 += 1;
-                    share.1 += bytes;
-                }
-            }
-            open.blocks.push(BlockRecord {
-                var: block.def.name.clone(),
-                writer: self.rank,
-                region: block.region.clone(),
-                file: String::new(),
-                pos: 0,
-                len: block.bytes.len() as u64,
-                chunk: 0,
-                crcs: Vec::new(),
-                checksum: objs.iter().fold(0, |c, o| c ^ o.checksum),
-                stats: acc.finish(),
-                objects: objs,
-                codec: None,
-                stored: 0,
-            });
+        let copies = block.def.redundancy as usize + 1;
+        let (group, _) = view.group(object.key, copies);
+        for (copy, s) in group.iter().enumerate() {
+            let (parts, sums) = (parts.clone(), Some(object_sums.clone()));
+            by_server.entry(*s).or_default().push(Outgoing { req: put(copy, 0, 0), parts, sums, dtype });
         }
-        Ok(())
+        Ok(if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single })
     }
+
+    /// Sends each server its objects, in parallel from a thread each (which also computes its
+    /// objects' checksums and statistics, see `Outgoing::sums`); per server, whether all arrived.
+    fn send(&self, by_server: &BTreeMap<u32, Vec<Outgoing<'_>>>) -> Vec<(u32, Result<()>)> {
+        if by_server.len() <= 1 {
+            // One server (small blocks): no thread to start; a put costs one round trip.
+            return by_server.iter().map(|(srv, objs)| (*srv, self.send_all(*srv, objs))).collect();
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = by_server.iter().map(|(srv, objs)| (*srv, s.spawn(move || self.send_all(*srv, objs)))).collect();
+            handles.into_iter().map(|(srv, h)| (srv, h.join().expect("sender thread panicked"))).collect()
+        })
+    }
+
+    /// After a failed put: notes the servers that refused or could not be reached, and drops
+    /// what arrived again from the servers that answered (one that failed, dead or hung, would
+    /// only cost another deadline; its leftovers go with the step).
+    fn undo(&mut self, blocks: &[(u64, BlockData<'_>)], refs: &[Vec<ObjectRef>], sent: &[(u32, Result<()>)]) {
+        self.refused = sent.iter().filter(|(_, r)| r.is_err()).map(|(s, _)| *s).collect();
+        let (unreached, answered): (Vec<_>, Vec<_>) =
+            sent.iter().partition(|(_, r)| matches!(r, Err(e) if e.kind() == ErrorKind::Unavailable));
+        self.unreached = unreached.into_iter().map(|(s, _)| *s).collect();
+        let answered: Vec<u32> = answered.into_iter().map(|(s, _)| *s).collect();
+        for ((step, _), objs) in blocks.iter().zip(refs) {
+            for &server in &answered {
+                let ids: Vec<u64> = objs.iter().filter(|o| o.servers().contains(&server)).map(|o| o.id).collect();
+                if !ids.is_empty() {
+                    let req = Request::Drop {
+                        dataset: self.dataset.clone(),
+                        step: *step,
+                        session: Some(self.session.clone()),
+                        writer: None,
+                        ids,
+                        except: None,
+                        shard: None,
+                    };
+                    let _ = self.cluster.call(server, &req);
+                }
+            }
+        }
+    }
+
+    /// Records a block whose objects all went out in its open step: its record (checksums and
+    /// statistics from its objects') and each server's share of the step.
+    fn record(&mut self, step: u64, block: &BlockData<'_>, mut objs: Vec<ObjectRef>, objs_sums: &[Sums]) {
+        let elem = block.def.dtype.size() as u64;
+        // Every object went out, so each one's sums were computed.
+        let mut acc = Acc::new(block.def.dtype);
+        for (o, s) in objs.iter_mut().zip(objs_sums) {
+            let (crc, part) = s.get().expect("an object that went out has its checksum");
+            o.checksum = *crc;
+            acc.merge(part);
+        }
+        let open = self.open.entry(step).or_default();
+        for o in &objs {
+            let bytes = match &o.redundancy {
+                Redundancy::Encoded { k, .. } => cairn_core::erasure::shard_len(o.region.volume() * elem, *k),
+                _ => o.region.volume() * elem,
+            };
+            for server in o.servers() {
+                let share = open.shares.entry(server).or_default();
+                share.0 += 1;
+                share.1 += bytes;
+            }
+        }
+        open.blocks.push(BlockRecord {
+            var: block.def.name.clone(),
+            writer: self.rank,
+            region: block.region.clone(),
+            file: String::new(),
+            pos: 0,
+            len: block.bytes.len() as u64,
+            chunk: 0,
+            crcs: Vec::new(),
+            checksum: objs.iter().fold(0, |c, o| c ^ o.checksum),
+            stats: acc.finish(),
+            objects: objs,
+            codec: None,
+            stored: 0,
+        });
+    }
+}
+
+/// What one put sends: each server's objects, and per block its objects' refs and sums; the
+/// next object sequence number of each step.
+struct Plan<'b> {
+    by_server: BTreeMap<u32, Vec<Outgoing<'b>>>,
+    refs: Vec<Vec<ObjectRef>>,
+    sums: Vec<Vec<Sums>>,
+    seqs: BTreeMap<u64, u32>,
+}
+
+/// One object of a put: a piece of a block, its id and placement key.
+struct Object<'o, 'b> {
+    step: u64,
+    block: &'o BlockData<'b>,
+    piece: Region,
+    id: u64,
+    key: u64,
 }
 
 /// Whole-copy objects up to this size go to a server together, up to [`MAX_PUT_MANY`] per
@@ -661,7 +704,7 @@ impl WriteEngine for StagingWriter {
     }
 
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
-        super::wait_drained(&self.cluster, &self.dataset, step, timeout)
+        wait_drained(&self.cluster, &self.dataset, step, timeout)
     }
 
     fn define_queue(&mut self, limit: u64, policy: QueuePolicy) -> Result<()> {
