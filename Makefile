@@ -26,7 +26,8 @@ test-rust: ## Rust unit, property and integration tests, and the crates' module 
 	cargo run --release -q -p cairn-layers
 	cargo test --release --workspace --exclude cairn-py
 
-test-python: ## pytest: API, MPI ranks, SIGKILL, C example, CLI
+test-python: ## the Python package's module layers (layers.toml), then pytest: API, MPI ranks, SIGKILL, C example, CLI
+	$(PY) scripts/python_layers.py
 	$(PY) -m pytest
 
 install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, the Fortran module, pkg-config and CMake files

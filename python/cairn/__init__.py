@@ -18,12 +18,13 @@ from .exceptions import *  # noqa: F403
 from .exceptions import __all__ as _exc_all
 
 if TYPE_CHECKING:
-    from ._api import BlockInfo, Reader, VariableInfo, Writer, open
+    from ._api import Reader, Writer, open
+    from .info import BlockInfo, VariableInfo
     from .variable import Variable
 
 #: Where the client's names live; imported when first used, so that a process that only serves
 #: (``cairn serve``, started again for every spare) does not load numpy and the client.
-_LAZY = {"open": "._api", "Writer": "._api", "Reader": "._api", "VariableInfo": "._api", "BlockInfo": "._api",
+_LAZY = {"open": "._api", "Writer": "._api", "Reader": "._api", "VariableInfo": ".info", "BlockInfo": ".info",
          "Variable": ".variable"}
 
 

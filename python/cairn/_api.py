@@ -8,7 +8,6 @@ import os
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -17,40 +16,8 @@ from . import _check, cf, _native, metadata
 from ._mpi import Exchange, node_ids
 from .exceptions import (CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, StepsMissedWarning,
                          UnavailableError, step_aborted, step_error)
+from .info import BlockInfo, VariableInfo
 from .variable import Variable
-
-
-@dataclass(frozen=True)
-class VariableInfo:
-    """A variable's element type, global shape (``None`` if local), whether it is local, its
-    dimension names (``None`` if not given), attributes, and whether it is constant
-    (step-invariant: written in one step, read without one)."""
-
-    dtype: np.dtype
-    shape: tuple[int, ...] | None
-    local: bool
-    dims: tuple[str, ...] | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
-    constant: bool = False
-
-
-@dataclass(frozen=True)
-class BlockInfo:
-    """One block a writer put: its box and statistics (``None`` where undefined)."""
-
-    writer: int
-    offset: tuple[int, ...]
-    count: tuple[int, ...]
-    min: float | None
-    max: float | None
-    mean: float | None
-    checksum: int
-    nbytes: int  # raw size
-    stored: int  # bytes on disk or in memory (less than nbytes when compressed)
-    codec: str | None  # codec pipeline of the stored bytes (``pco:f8le:4+zstd:1``), None if raw
-    redundancy: int = 0  # server failures its variable survives (staging)
-    state: str = "replicated"  # "replicated", or "degraded" when a copy is on a server that is down
-    level: str = "memory"  # where it is read from: "memory" (staging servers) or "disk" (drained, or the file engine)
 
 
 def _dtype(spec: Any) -> str:

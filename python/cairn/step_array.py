@@ -13,7 +13,7 @@ from .exceptions import InvalidArgumentError, NotFoundError
 from .variable import normalize, read_box, selected_shape
 
 if TYPE_CHECKING:
-    from ._api import Reader, VariableInfo
+    from .info import Source, VariableInfo
 
 
 class StepArray:
@@ -22,7 +22,7 @@ class StepArray:
     variable is missing or not wholly written reads as NaN (floats and complex numbers; other
     types raise :class:`NotFoundError`)."""
 
-    def __init__(self, reader: Reader, name: str, steps: list[int] | None = None, info: VariableInfo | None = None) -> None:
+    def __init__(self, reader: Source, name: str, steps: list[int] | None = None, info: VariableInfo | None = None) -> None:
         info = info or reader.variables().get(name)
         if info is None:
             raise NotFoundError(f"unknown variable '{name}'; defined: [{', '.join(reader.variables())}]")

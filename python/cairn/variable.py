@@ -16,7 +16,7 @@ import numpy as np
 from .exceptions import InvalidArgumentError, NotFoundError
 
 if TYPE_CHECKING:
-    from ._api import Reader, VariableInfo
+    from .info import Source, VariableInfo
 
 
 def dims_of(name: str, info: VariableInfo) -> tuple[str, ...]:
@@ -90,7 +90,7 @@ def bounding_box(key: list[int | range]) -> tuple[list[int], list[int], tuple[in
     return offset, count, tuple(local)
 
 
-def read_box(reader: Reader, name: str, step: int, key: list[int | range], dtype: np.dtype) -> np.ndarray:
+def read_box(reader: Source, name: str, step: int, key: list[int | range], dtype: np.dtype) -> np.ndarray:
     """The elements ``key`` (normalized) selects of ``name`` at ``step``, reading only their
     bounding box."""
     offset, count, local = bounding_box(key)
@@ -102,7 +102,7 @@ def read_box(reader: Reader, name: str, step: int, key: list[int | range], dtype
 class Variable:
     """A variable of a reader, read lazily by indexing; see the module docstring."""
 
-    def __init__(self, reader: Reader, name: str, info: VariableInfo) -> None:
+    def __init__(self, reader: Source, name: str, info: VariableInfo) -> None:
         self._reader = reader
         self.name = name
         self._info = info

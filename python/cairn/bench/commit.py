@@ -30,7 +30,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import save, table
+from .results import save, table
 
 
 def leader_status(file: Path) -> dict[str, Any]:

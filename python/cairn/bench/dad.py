@@ -32,7 +32,7 @@ import numpy as np
 from .. import tasks
 from ..apps.cohmm import Config, Options, run
 from ..apps.cohmm.crash import command, kill_mid_step
-from . import save, table
+from .results import save, table
 
 
 def one(tmp: Path, tag: str, cfg: Config, mode: str, url: str, engine: str, workers: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import results_dir, save, table
+from .results import results_dir, save, table
 
 
 def _field(rank: int, rows: int, step: int) -> np.ndarray:

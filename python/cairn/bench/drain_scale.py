@@ -25,7 +25,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import results_dir, save, table
+from .results import results_dir, save, table
 
 TARGETS = {2: 1.8, 4: 3.2}
 

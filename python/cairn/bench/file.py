@@ -20,7 +20,7 @@ import numpy as np
 
 import cairn
 
-from . import save, table
+from .results import save, table
 from .field import add_field_args, boxes, data_for, run_writers, slab
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import save, table
+from .results import save, table
 
 COLS = 1024                 # float64 per row: 8 KiB rows
 PATHS = ["none", "send", "offsets"]

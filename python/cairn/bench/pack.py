@@ -39,7 +39,7 @@ from .. import pack
 from ..pack import aggregate
 from ..pack.compare import CANDIDATES
 from ..pack.restore import decode_all
-from . import save, table
+from .results import save, table
 
 GROUP_SIZES = (1, 2, 8, 32)
 

@@ -25,7 +25,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import results_dir, save, table
+from .results import results_dir, save, table
 
 SCHEMES = ["replicate", "erasure", "corec"]
 MODES = ["lazy", "aggressive"]

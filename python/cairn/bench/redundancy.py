@@ -37,7 +37,7 @@ import numpy as np
 import cairn
 from cairn import _native, cluster
 
-from . import save, table
+from .results import save, table
 
 SCHEMES = ["none", "replicate", "erasure", "hybrid", "corec"]
 WORKLOADS = ["whole", "quarters", "hot", "random", "read"]

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import save, table
+from .results import save, table
 
 ENGINES = ("file", "staging", "adios2")
 

@@ -33,7 +33,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import save, table
+from .results import save, table
 from .field import add_field_args, boxes, data_for, run_writers, slab
 
 CHUNK = 64 << 20

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import save, table
+from .results import save, table
 
 #: SST's data planes measured by default (the pip wheel's only one; see the module's docstring).
 SST_PLANES = ("WAN",)

@@ -28,7 +28,7 @@ import numpy as np
 import cairn
 from cairn import cluster
 
-from . import save, table
+from .results import save, table
 
 #: D²T's own figure: protocol overhead under 1.2 s at 4096 clients and 32 servers, with message
 #: polling adding up to 100 ms per round trip (§VI).

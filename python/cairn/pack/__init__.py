@@ -23,7 +23,8 @@ from ..exceptions import CorruptError as CorruptError  # re-exported: pack.Corru
 from .aggregate import PackReport, pack
 from .compare import as_json as compare_json
 from .compare import compare, table
-from .container import Container, Reader, open_container
+from .container import Container, Reader
+from .versions import open_container
 from .layout import CHOICES, SCHEMES
 from .parity import Verified, verify
 from .restore import UnpackReport, containers_in, read_member, unpack

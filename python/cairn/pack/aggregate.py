@@ -24,7 +24,8 @@ from .. import _native
 from ..exceptions import CairnError, InvalidArgumentError, NotFoundError
 from . import layout
 from .container import ContainerWriter
-from .scan import Member, scan
+from .member import Member
+from .scan import scan
 
 #: Largest raw bytes per frame: the unit of compression, parallelism, partial reads and repair.
 FRAME = 4 << 20

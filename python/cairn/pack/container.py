@@ -454,14 +454,3 @@ class Container(Reader):
             why = "damaged" if seq is not None else f"missing ({'; '.join(self.damage) or 'not in the record index'})"
             raise self.bad(f"{self.where(s, i)} is {why} and parity cannot repair it ({par.why_not(self, s, i)})")
         return self.decode(s, i, fr.spec, np.frombuffer(b, np.uint8, fr.coded, fr.header), fr.raw, fr.raw_crc)
-
-
-def open_container(path: str) -> Reader:
-    """A container of either version: 2 (this one) or 1 (before parity; read-only)."""
-    with open(path, "rb") as f:
-        magic = f.read(8)
-    if magic == b"CAIRNPK1":
-        from .container_v1 import ContainerV1
-
-        return ContainerV1(path)
-    return Container(path)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..exceptions import InvalidArgumentError
-from .scan import Member
+from .member import Member
 
 SCHEMES = ("agnostic", "agnostic-block", "aware", "aware-block")
 #: The default: each container is packed ``aware`` and ``agnostic`` and the smaller kept.

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from .scan import Variable
+from .member import Variable
 
 _NC_DIMENSION, _NC_VARIABLE, _NC_ATTRIBUTE = 0x0A, 0x0B, 0x0C
 _STREAMING = 0xFFFFFFFF

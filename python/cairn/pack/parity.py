@@ -18,15 +18,42 @@ import bisect
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from .. import _native
 from . import records as rec
 
-if TYPE_CHECKING:
-    from .container import Container, Reader
+
+class Reader(Protocol):
+    """What verifying reads of a container of any version (``container.Reader`` is one)."""
+
+    streams: list[Any]
+
+    def pread(self, n: int, off: int) -> bytes: ...
+    def frame_count(self, s: int) -> int: ...
+    def where(self, s: int, i: int) -> str: ...
+    def sound(self, s: int, i: int) -> bool: ...
+    def read_frame(self, s: int, i: int) -> np.ndarray: ...
+
+
+class Container(Reader, Protocol):
+    """What parity reads and repairs of a version-2 container (``container.Container`` is one):
+    it lives below the container, so the container's types are named here by what they do."""
+
+    size: int
+    head: dict[str, Any]
+    data_start: int
+    records: dict[int, rec.Frame | rec.Parity]
+    frames: dict[tuple[int, int], int]
+    mended: dict[int, bytes]
+    slices: dict[int, bytes]
+    tried: dict[int, tuple[int, int]]
+    repaired: list[str]
+
+    def placed(self) -> list[tuple[int, int, int]]: ...
+    def note_frame(self, r: rec.Frame) -> None: ...
 
 MIN_SLICE, MAX_SLICE = 64, 1 << 20
 

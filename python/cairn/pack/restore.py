@@ -21,7 +21,8 @@ from .. import _native
 from ..exceptions import CorruptError, InvalidArgumentError, NotFoundError
 from . import layout
 from .aggregate import progress_bar
-from .container import Reader, open_container
+from .container import Reader
+from .versions import open_container
 
 
 @dataclass

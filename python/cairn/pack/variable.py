@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..exceptions import CorruptError, NotFoundError
-from .container import Reader, open_container
+from .container import Reader
+from .versions import open_container
 from .restore import read_member, restore_into
 
 
