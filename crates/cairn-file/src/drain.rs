@@ -219,24 +219,6 @@ pub fn discard(layout: &Layout, records: &[BlockRecord]) {
     }
 }
 
-/// Writes committed staging step `index` into `layout` (created if need be) as one drainer:
-/// [`on_disk`], one [`write_part`] of every block, [`commit`]. Every directory and file is
-/// opened beneath the drain folder: a symlink or another uid's entry below it is an
-/// [`Error::UnsafePath`].
-pub fn drain_step(
-    layout: &Layout,
-    index: &StepIndex,
-    opts: DrainOptions<'_>,
-    fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
-) -> Result<Drained> {
-    if let Some(d) = on_disk(layout, index, opts.cluster)? {
-        return Ok(d);
-    }
-    let all: Vec<usize> = (0..index.blocks.len()).collect();
-    let part = write_part(layout, index, &all, opts, |at| fetch(&index.blocks[at]))?;
-    commit(layout, index, part.records, opts)
-}
-
 /// Commits a step index as `name` in `steps` unless one is there: a temporary file beside it,
 /// then one no-replace rename (the commit); returns whether it placed it.
 fn publish(steps: &Dir, name: &str, bytes: &[u8], opts: DrainOptions<'_>) -> Result<bool> {
@@ -346,6 +328,22 @@ mod tests {
     use super::*;
     use cairn_core::index::VarDef;
     use cairn_core::{DType, Region};
+
+    /// A whole step drained by one drainer, as the servers' leader and parts do together:
+    /// [`on_disk`], one [`write_part`] of every block, [`commit`].
+    fn drain_step(
+        layout: &Layout,
+        index: &StepIndex,
+        opts: DrainOptions<'_>,
+        fetch: impl Fn(&BlockRecord) -> Result<Vec<u8>> + Sync,
+    ) -> Result<Drained> {
+        if let Some(d) = on_disk(layout, index, opts.cluster)? {
+            return Ok(d);
+        }
+        let all: Vec<usize> = (0..index.blocks.len()).collect();
+        let part = write_part(layout, index, &all, opts, |at| fetch(&index.blocks[at]))?;
+        commit(layout, index, part.records, opts)
+    }
 
     fn staged(step: u64) -> (StepIndex, Vec<Vec<u8>>) {
         let def = VarDef::new("t", DType::F64, Some(vec![8])).unwrap();
