@@ -200,7 +200,9 @@ def test_cluster_status_reports_survivors_and_json(tmp_path):
         assert doc["servers"][0]["meta"] in ("leader", "follower", "candidate") and doc["servers"][2]["meta"] == "none"
         up = doc["servers"][0]
         assert up["limit"] == 16 << 20 and up["used"] == 0 and up["objects"] == 0 and up["pid"] == c.procs[0].pid
-        assert set(up) == {"id", "node", "rack", "addr", "pid", "state", "meta", "used", "limit", "objects", "replicas", "shards", "prefault"}
+        assert set(up) == {"id", "node", "rack", "addr", "pid", "state", "role", "meta", "used", "limit", "objects", "replicas", "shards",
+                           "prefault"}
+        assert "server_down" in [r["code"] for r in doc["health"]["reasons"]], doc["health"]
     finally:
         c.stop()
 

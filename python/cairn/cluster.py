@@ -297,6 +297,7 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
             st = request(file, s["id"], "status", timeout)["status"]
         except CairnError as e:
             out.append({**row, "state": "down", "error": str(e), "meta": "none", "leader": None, "epoch": None, "memory_used": None,
+                        "voters": None, "health": None, "recovery_degraded": None,
                         "replicas": None, "shards": None, "keys": None, "data_bytes": None,
                         "memory_limit": s.get("memory"), "objects": None, "steps": None, "requests": None, "uptime_s": None,
                         "requests_per_s": None})
@@ -501,7 +502,13 @@ def drain(file: str | os.PathLike[str], timeout: float | None = None, progress: 
     # before (a disk given room since) is cleared by the next retry.
     began = st.get("attempts", 0)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with tqdm(desc="draining to disk", unit="B", unit_scale=True, disable=not progress) as bar:
+    if st["pending_bytes"] == 0 and not st["error"]:
+        return st
+    # A bar on a terminal; a batch log gets one line for the phase.
+    tty = progress and sys.stderr.isatty()
+    if progress and not tty:
+        print(f"draining to disk: {st['pending_bytes']} bytes to {st['path']}", file=sys.stderr, flush=True)
+    with tqdm(desc="draining to disk", unit="B", unit_scale=True, disable=not tty) as bar:
         while True:
             st = drain_status(file)
             if st is None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from . import _check, _native, cluster
@@ -136,6 +137,10 @@ def cmd_start(args: argparse.Namespace) -> None:
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}; server logs in "
           f"{cluster.entries_dir(c.file)}/server-<id>.log")
+    # The leader's word on the layout (health code fragile_layout), said once here.
+    for x in health(cluster.status(c.file, timeout=args.timeout if hasattr(args, "timeout") else 5.0))["reasons"]:
+        if x["code"] == "fragile_layout":
+            print(f"warning: a fragile layout: {x['message']}", file=sys.stderr)
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
@@ -146,20 +151,65 @@ def cmd_stop(args: argparse.Namespace) -> None:
     print(f"stopped {n} servers of {args.file}; their logs stay in {cluster.entries_dir(args.file)}")
 
 
+def role(row: dict[str, Any]) -> str | None:
+    """A server's part in the control plane: leader, follower, candidate, learner, or None."""
+    r = row.get("meta")
+    return r if r in ("leader", "follower", "candidate", "learner") else None
+
+
+def _leader_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of the server that leads with its quorum (its health is not ``lost_quorum``)."""
+    for r in rows:
+        h = r.get("health")
+        if r["state"] != "down" and role(r) == "leader" and h is not None:
+            if not any(x["code"] == "lost_quorum" for x in h["reasons"]):
+                return r
+    return None
+
+
+def health(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cluster's health (``{"state", "reasons": [{"code", "message"}]}``): the leader's, else
+    ``lost_quorum`` or ``electing`` as the answering voters say; plus ``server_down`` for a server
+    that does not answer and is not declared down yet."""
+    lead = _leader_row(rows) or next((r for r in rows if r["state"] != "down" and r.get("health")), None)
+    if lead is not None:
+        reasons = list(lead["health"]["reasons"])
+    else:
+        voters = sorted({v for r in rows if r["state"] != "down" for v in (r.get("voters") or [])})
+        up = [r["id"] for r in rows if r["state"] != "down" and r["id"] in voters]
+        if voters and len(up) < len(voters) // 2 + 1:
+            reasons = [{"code": "lost_quorum", "message": f"only {len(up)} of the control plane's voters {voters} answer and "
+                        f"{len(voters) // 2 + 1} are needed: nothing commits until enough of them are back"}]
+        else:
+            reasons = [{"code": "electing", "message": "no leader of the control plane yet: an election is under way "
+                        "(within the election timeout); if it lasts, check that the meta servers reach each other"}]
+    named = " ".join(x["message"] for x in reasons if x["code"] == "server_down")
+    silent = [r["id"] for r in rows if r["state"] == "down" and f"{r['id']}" not in named]
+    if silent:
+        reasons.insert(0, {"code": "server_down", "message": f"server(s) {silent} do not answer (not declared down yet: "
+                           "the leader declares a server down after its failure timeout)"})
+    state = "err" if any(x["code"] in ("lost_quorum", "lost") for x in reasons) else "warn" if reasons else "ok"
+    return {"state": state, "reasons": reasons}
+
+
 def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None) -> dict[str, Any]:
     """The status as scripts read it (``cairn cluster status --json``); ``drain`` is the
     leader's drain to disk (:func:`cluster.drain_status`), when the cluster has one."""
-    leaders = [r["leader"] for r in rows if r["state"] != "down" and r.get("leader") is not None]
     epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
     up = [r for r in rows if r.get("memory_used")]
     stored = sum(r["memory_used"] for r in up)
+    lead = _leader_row(rows)
     return {
+        "health": health(rows),
         "epoch": max(epochs) if epochs else None,
         # Data bytes (first copies) over bytes stored (every copy): 1.0 without redundancy.
         "efficiency": sum(r.get("data_bytes", 0) for r in up) / stored if stored else None,
-        "leader": max(set(leaders), key=leaders.count) if leaders else None,
+        # None while no leader has its quorum.
+        "leader": None if lead is None else lead["id"],
         "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
-                     "state": r["state"], "meta": r.get("meta") or "none", "used": r["memory_used"], "limit": r["memory_limit"],
+                     "state": r["state"], "role": role(r),
+                     "meta": r.get("meta") or "none",  # the role's old name, kept one release
+                     "used": r["memory_used"], "limit": r["memory_limit"],
                      "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards"),
                      # Shared memory made ready ahead of same-node writers ([staging] prefault).
                      "prefault": {"ready_bytes": r.get("prefault_ready"), "target_bytes": r.get("prefault_target"),
@@ -167,6 +217,7 @@ def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None)
                     for r in rows],
         # The leader's recovery of lost servers' objects, so scripts can wait for it.
         "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),
+                     "degraded_objects": sum(r.get("recovery_degraded") or 0 for r in rows),
                      "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),
                      "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows),
                      # Seconds the recovery under way has run past its deadline (0: on time).
@@ -192,7 +243,7 @@ def cmd_retire(args: argparse.Namespace) -> None:
     print(f"view {v['epoch']}: server {args.server} retired, its pieces moved (slots {v['slots']})")
 
 
-def cmd_status(args: argparse.Namespace) -> None:
+def _status_once(args: argparse.Namespace) -> None:
     done = cluster.stopped(args.file)
     if done is not None:
         if args.json:
@@ -203,21 +254,25 @@ def cmd_status(args: argparse.Namespace) -> None:
         return
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
     drain = cluster.drain_status(args.file, timeout=args.timeout)
+    doc = status_json(rows, drain)
     if args.json:
-        print(json.dumps(status_json(rows, drain), indent=2))
+        print(json.dumps(doc, indent=2))
         return
-    print(f"{'server':>6} {'state':<6} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
+    h = doc["health"]
+    print(f"health: {h['state'].upper()}" + "".join(f"\n  {x['code']}: {x['message']}" for x in h["reasons"]))
+    print(f"{'server':>6} {'state':<6} {'role':<10} {'node':<10} {'rack':<8} {'address':<22} {'used MiB':>10} {'limit MiB':>10} "
           f"{'objects':>8} {'steps':>6} {'req/s':>8}")
     for r in rows:
         if r["state"] == "down":
-            print(f"{r['id']:>6} {'down':<6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8}")
+            print(f"{r['id']:>6} {'down':<6} {'-':<10} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {'-':>10} {'-':>10} {'-':>8} "
+                  f"{'-':>6} {'-':>8}")
             continue
-        print(f"{r['id']:>6} {r['state']:<6} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} {_mib(r['memory_used']):>10} "
-              f"{_mib(r['memory_limit']):>10} {r['objects']:>8} {r['steps']:>6} {r['requests_per_s']:>8.1f}")
+        print(f"{r['id']:>6} {r['state']:<6} {role(r) or '-':<10} {r['node']:<10} {r['rack']:<8} {r['addr']:<22} "
+              f"{_mib(r['memory_used']):>10} {_mib(r['memory_limit']):>10} {r['objects']:>8} {r['steps']:>6} {r['requests_per_s']:>8.1f}")
     for r in rows:
         if r["state"] == "down":
             print(f"server {r['id']} is down: {r['error']}")
-    rec = status_json(rows)["recovery"]
+    rec = doc["recovery"]
     if rec["pending_objects"]:
         late = f", {rec['overdue_s']:.1f} s past its deadline" if rec["overdue_s"] > 0 else ""
         print(f"recovery: {rec['pending_objects']} object(s) still to rebuild{late}")
@@ -238,6 +293,24 @@ def cmd_status(args: argparse.Namespace) -> None:
                 print(f"{r['id']:>6} {o['dataset']:<12} {o['step']:>5} {o['var']:<14} {o['id']:>#18x} "
                       f"{str(reg['offset']):<16} {str(reg['count']):<16} {o['bytes'] / 1024:>9.1f} "
                       f"{'committed' if o['sealed'] else 'pending'}")
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    if args.watch is None:
+        _status_once(args)
+        return
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            if tty:
+                print("\x1b[H\x1b[2J", end="")  # redraw in place
+            else:
+                print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+            _status_once(args)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        pass
 
 
 def add(sub: Any) -> None:
@@ -298,6 +371,8 @@ def add(sub: Any) -> None:
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
-    ss.add_argument("--json", action="store_true", help="print {epoch, leader, servers: [...]} as JSON")
+    ss.add_argument("--json", action="store_true", help="print {health, epoch, leader, servers: [...], recovery, drain} as JSON")
     ss.add_argument("--timeout", type=_SECONDS, default=5.0, help="seconds to wait for each server (default 5)")
+    ss.add_argument("--watch", type=_SECONDS, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    help="refresh every SECONDS (default 2) until interrupted: in place on a terminal, a block each otherwise")
     ss.set_defaults(func=cmd_status)

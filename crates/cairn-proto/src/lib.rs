@@ -16,6 +16,7 @@
 //! - [`message`]: requests by audience (clients' [`Request`]; servers' [`PeerRequest`] and
 //!   [`RaftRequest`], only on connections whose hello says [`Role::Peer`]) and responses, whose
 //!   errors carry a typed [`cairn_core::Reason`] where callers act on them.
+//! - [`health`]: a cluster's health, its state and reasons.
 //! - [`batch`]: how keyed values are cut into `kv_put` requests.
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
 //! - `async_io` (feature `tokio`): the same over tokio streams (servers).
@@ -26,6 +27,7 @@ pub mod auth;
 pub mod batch;
 pub mod cluster;
 pub mod frame;
+pub mod health;
 pub mod message;
 pub mod sync_io;
 pub mod view;

@@ -754,6 +754,16 @@ pub struct ServerStatus {
     /// Bytes of those segments same-node puts took since start.
     #[serde(default)]
     pub prefault_taken: u64,
+    /// Objects of committed steps below their redundancy level (a piece on a server declared
+    /// down), as this server (the leader) counts them.
+    #[serde(default)]
+    pub recovery_degraded: u64,
+    /// The control plane's voters (servers), as this server's replica knows them.
+    #[serde(default)]
+    pub voters: Vec<u32>,
+    /// The cluster's health, from the control plane's leader (none from other servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::Health>,
 }
 
 /// The leader's drain of committed steps to disk (`cairn cluster status`, `wait_drained`).

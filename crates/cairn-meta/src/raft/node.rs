@@ -141,6 +141,12 @@ impl RaftLog {
         (role, leader)
     }
 
+    /// The servers of the current membership's voters.
+    pub fn voter_servers(&self) -> Vec<u32> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().voter_ids().filter_map(|id| m.membership().get_node(&id).map(|n| n.server)).collect()
+    }
+
     /// Voters of the current membership.
     pub fn voters(&self) -> Vec<NodeId> {
         self.raft.metrics().borrow().membership_config.membership().voter_ids().collect()

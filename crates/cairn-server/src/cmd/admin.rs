@@ -4,7 +4,9 @@ use super::check::no_payload;
 use crate::control::Control;
 use crate::reply::Reply;
 use cairn_core::{Error, Result};
+use cairn_proto::health::{assess, Facts, Health, HealthCode, HealthReason};
 use cairn_proto::message::{Request, Response, ServerStatus};
+use cairn_proto::ClusterView;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -39,7 +41,15 @@ fn status(ctl: &Control) -> Response {
     let (objects, steps) = state.store.counts();
     let (replicas, shards, data_bytes) = state.store.copies();
     let (meta, leader) = ctl.gate.get().map_or(("none", None), |c| c.role());
+    let voters = ctl.gate.get().map(|c| c.voter_servers()).unwrap_or_default();
     let (prefault_ready, prefault_target) = state.store.fresh().progress();
+    let (recovery_degraded, health) = match (meta, state.view()) {
+        ("leader", Ok(view)) => {
+            let (degraded, waiting) = ctl.recovery.degraded(&view);
+            (degraded, Some(health(ctl, &view, &voters, degraded, waiting)))
+        }
+        _ => (0, None),
+    };
     Response::Status {
         status: ServerStatus {
             server: state.id,
@@ -66,6 +76,34 @@ fn status(ctl: &Control) -> Response {
             prefault_ready,
             prefault_target,
             prefault_taken: state.store.fresh().served(),
+            recovery_degraded,
+            voters,
+            health,
         },
     }
+}
+
+/// The cluster's health as this server, leading the control plane, sees it: `lost_quorum` once
+/// its voters stopped answering, else what [`cairn_proto::health::assess`] makes of its facts.
+fn health(ctl: &Control, view: &ClusterView, voters: &[u32], degraded: u64, waiting: u64) -> Health {
+    let log = match ctl.gate.leader() {
+        Ok(log) => log,
+        Err(e) => {
+            let reason = HealthReason {
+                code: HealthCode::LostQuorum,
+                message: format!("{e}: nothing commits until a majority of the voters {voters:?} is back"),
+            };
+            return Health::of(vec![reason]);
+        }
+    };
+    let facts = Facts {
+        voters: voters.to_vec(),
+        degraded,
+        waiting,
+        lost: ctl.recovery.lost(),
+        overdue_s: ctl.recovery.overdue(ctl.state.limits.recovery_deadline()),
+        drain_error: ctl.drain.status(log).error,
+        default_level: ctl.state.policy().map_or(0, |p| p.redundancy),
+    };
+    assess(view, &facts)
 }

@@ -196,6 +196,29 @@ impl Recovery {
         self.worker.wake();
     }
 
+    /// Objects of committed steps with a piece on a server `view` declares down, and of those
+    /// the ones no live server can take now (every live server holds a piece already): below
+    /// their redundancy level until rebuilt. Zero unless this server leads.
+    pub fn degraded(&self, view: &ClusterView) -> (u64, u64) {
+        let Ok(log) = self.gate.leader() else { return (0, 0) };
+        let (mut degraded, mut waiting) = (0, 0);
+        for ds in self.meta.datasets(log) {
+            for step in self.meta.steps(log, &ds) {
+                let Ok(index) = self.meta.index(log, &ds, step) else { continue };
+                for o in index.blocks.iter().flat_map(|b| &b.objects) {
+                    let servers = o.servers();
+                    let down: Vec<u32> = servers.iter().copied().filter(|s| view.down.contains(s)).collect();
+                    if down.is_empty() {
+                        continue;
+                    }
+                    degraded += 1;
+                    waiting += u64::from(down.iter().any(|d| target(view, &servers, *d).is_none()));
+                }
+            }
+        }
+        (degraded, waiting)
+    }
+
     /// Replaces the queue with what `view` leaves short (keeping refills under way and which
     /// jobs were touched), `back` being servers refilled in their own slots.
     fn rescan(self: &Arc<Self>, view: &ClusterView, back: &[u32]) {

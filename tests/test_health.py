@@ -1,0 +1,156 @@
+"""An operator's view of a running cluster (issue 54): ``cairn cluster status`` names its health
+(``ok``/``warn``/``err`` with typed reasons), each server's role, the objects below their level,
+and warns of layouts that cannot keep their promise. Real servers, real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import cairn
+from cairn import cluster
+from cairn.cluster_cli import health, status_json
+
+
+
+def wait_for(cond, what: str, timeout: float):
+    """Polls ``cond`` until it returns something; that, or a failure naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while (got := cond()) is None:
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.1)
+    return got
+
+
+def _status(file) -> dict:
+    return status_json(cluster.status(file, timeout=2.0), cluster.drain_status(file, timeout=2.0))
+
+
+def _codes(doc: dict) -> list[str]:
+    return [r["code"] for r in doc["health"]["reasons"]]
+
+
+def _write(file, steps: int = 4) -> None:
+    with cairn.open("sim", "w", cluster=str(file), object_size=4096, rank=0, nranks=1) as w:
+        w.define("p", "f8", (32, 32))
+        for s in range(steps):
+            with w.step(s):
+                w.put("p", np.full((32, 32), float(s)))
+
+
+def test_a_whole_cluster_is_ok_and_names_roles(tmp_path: Path) -> None:
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3)
+    try:
+        doc = _status(c.file)
+        assert doc["health"] == {"state": "ok", "reasons": []}, doc["health"]
+        roles = sorted((s["role"] or "none") for s in doc["servers"])
+        assert roles == ["follower", "follower", "leader", "none"], roles
+        assert doc["leader"] == next(s["id"] for s in doc["servers"] if s["role"] == "leader")
+        assert all(s["meta"] == (s["role"] or "none") for s in doc["servers"]), "meta stays as the role's alias"
+        assert doc["recovery"]["degraded_objects"] == 0
+        text = subprocess.run([sys.executable, "-m", "cairn", "cluster", "status", "--cluster", str(c.file)],
+                              capture_output=True, text=True, check=True).stdout
+        assert text.splitlines()[0] == "health: OK", text
+        assert " role " in text.splitlines()[1] and "leader" in text, text
+    finally:
+        c.stop()
+
+
+def test_a_killed_server_turns_health_to_warn_with_its_degraded_objects(tmp_path: Path) -> None:
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3, redundancy=1, scheme="replicate",
+                      failure_timeout="1s")
+    try:
+        _write(c.file)
+        victim = next(r["id"] for r in cluster.status(c.file) if r["meta"] == "none")
+        t0 = time.monotonic()
+        c.procs[victim].send_signal(signal.SIGKILL)
+
+        def degraded() -> dict | None:
+            doc = _status(c.file)
+            return doc if "degraded" in _codes(doc) and "server_down" in _codes(doc) else None
+
+        doc = wait_for(degraded, "health names the down server and its degraded objects", 15)
+        took = time.monotonic() - t0
+        assert doc["health"]["state"] == "warn", doc["health"]
+        assert doc["recovery"]["degraded_objects"] > 0
+        down = next(r for r in doc["health"]["reasons"] if r["code"] == "server_down")
+        assert str(victim) in down["message"], down
+        print(f"health turned warn {took:.1f} s after the SIGKILL (failure timeout 1 s)")
+    finally:
+        c.stop()
+
+
+def test_a_two_server_start_warns_of_its_fragile_layout(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.json"
+    r = subprocess.run([sys.executable, "-m", "cairn", "cluster", "start", "--cluster", str(file), "--servers", "2",
+                        "--memory", "64MiB"], capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "warning: a fragile layout" in r.stderr and "start 3 or more servers" in r.stderr, r.stderr
+        doc = _status(file)
+        assert doc["health"]["state"] == "warn" and _codes(doc) == ["fragile_layout"], doc["health"]
+    finally:
+        subprocess.run([sys.executable, "-m", "cairn", "cluster", "stop", "--cluster", str(file)], capture_output=True, timeout=60)
+
+
+def test_lost_quorum_is_an_error_and_no_leader_is_named(tmp_path: Path) -> None:
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", meta=3, failure_timeout="1s")
+    try:
+        leader = next(r["id"] for r in cluster.status(c.file) if r["meta"] == "leader")
+        for s in [s for s in range(3) if s != leader]:
+            c.procs[s].send_signal(signal.SIGKILL)
+
+        def lost() -> dict | None:
+            doc = _status(c.file)
+            return doc if doc["health"]["state"] == "err" else None
+
+        doc = wait_for(lost, "health err once the quorum is gone", 20)
+        assert "lost_quorum" in _codes(doc), doc["health"]
+        assert doc["leader"] is None, doc
+    finally:
+        c.stop()
+
+
+def test_status_watch_prints_a_block_per_refresh_off_a_terminal(tmp_path: Path) -> None:
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB")
+    try:
+        with subprocess.Popen([sys.executable, "-m", "cairn", "cluster", "status", "--cluster", str(c.file), "--watch", "0.2"],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as p:
+            assert p.stdout is not None
+            blocks = 0
+            deadline = time.monotonic() + 30
+            while blocks < 3 and time.monotonic() < deadline:
+                line = p.stdout.readline()
+                blocks += line.startswith("health: ")
+            p.send_signal(signal.SIGINT)
+            assert p.wait(10) == 0, "interrupted, it ends quietly"
+        assert blocks == 3, "a block per refresh"
+    finally:
+        c.stop()
+
+
+def test_status_json_of_a_stopped_cluster_has_no_health(tmp_path: Path) -> None:
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB")
+    c.stop()
+    out = subprocess.run([sys.executable, "-m", "cairn", "cluster", "status", "--cluster", str(c.file), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)
+    assert doc["state"] == "stopped" and "health" not in doc, doc
+
+
+def test_a_client_that_finds_no_leader_says_why() -> None:
+    rows = [{"id": 0, "state": "down", "error": "x", "meta": "none", "voters": None, "health": None},
+            {"id": 1, "state": "up", "meta": "candidate", "voters": [0, 1, 2], "health": None},
+            {"id": 2, "state": "up", "meta": "candidate", "voters": [0, 1, 2], "health": None}]
+    doc = health(rows)
+    assert doc["state"] == "warn" and [r["code"] for r in doc["reasons"]] == ["server_down", "electing"], doc
+    rows[2]["state"] = "down"
+    doc = health(rows)
+    assert doc["state"] == "err" and [r["code"] for r in doc["reasons"]] == ["server_down", "lost_quorum"], doc
