@@ -16,6 +16,7 @@ import pytest
 
 import cairn
 from cairn import cluster
+from cairn.cluster_cli import status_json
 
 from .conftest import PY
 from .test_staging import wait_for
@@ -215,9 +216,9 @@ def test_spares_replace_failed_control_plane_servers_so_a_majority_remains(tmp_p
 
 
 def test_a_server_back_in_its_own_slot_is_refilled(tmp_path):
-    """No spare: a SIGKILLed server is declared down and reads go degraded. Started again, it
-    rejoins in its own slot, empty, and recovery refills it from the surviving copies, so a
-    later failure of another server still loses nothing."""
+    """No spare: a SIGKILLed server is declared down and reads go degraded until recovery rebuilds
+    its pieces on the survivors (or refills it). Started again, it rejoins in its own slot, empty,
+    and takes new pieces; a later failure of another server still loses nothing."""
     c = cluster.start(tmp_path / "cluster.json", servers=4, memory="128MiB", meta=3, redundancy=1,
                       scheme="replicate", failure_timeout="1s", recovery="aggressive")
     try:
@@ -239,12 +240,14 @@ def test_a_server_back_in_its_own_slot_is_refilled(tmp_path):
             back = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: victim not in _view(c.file)["down"] and victim in _view(c.file)["slots"], "it rejoins its slot", 20)
-            wait_for(lambda: (lambda st: st["pending"] == 0 and st["rebuilt"] > 0)(_recovery(c.file)), "the refill", 30)
-            row = next(r for r in cluster.status(c.file, timeout=1.0) if r["id"] == victim)
-            assert row["memory_used"] > 0, row
+            wait_for(lambda: (lambda st: st["pending"] == 0 and st["rebuilt"] > 0)(_recovery(c.file)), "the rebuild", 30)
+            wait_for(lambda: status_json(cluster.status(c.file, timeout=1.0))["recovery"]["degraded_objects"] == 0,
+                     "every object back at its level", 30)
+            with w.step(4):
+                w.put("p", _field(4))
             _kill(c, second)
             r = cairn.open("sim", "r", **opts)
-            for s in range(4):
+            for s in range(5):
                 assert np.array_equal(r.get("p", s), _field(s)), f"step {s}"
             r.close()
         finally:

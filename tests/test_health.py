@@ -33,6 +33,10 @@ def _status(file) -> dict:
     return status_json(cluster.status(file, timeout=2.0), cluster.drain_status(file, timeout=2.0))
 
 
+def _when(doc: dict, ok) -> dict | None:
+    return doc if ok(doc) else None
+
+
 def _codes(doc: dict) -> list[str]:
     return [r["code"] for r in doc["health"]["reasons"]]
 
@@ -154,3 +158,45 @@ def test_a_client_that_finds_no_leader_says_why() -> None:
     rows[2]["state"] = "down"
     doc = health(rows)
     assert doc["state"] == "err" and [r["code"] for r in doc["reasons"]] == ["server_down", "lost_quorum"], doc
+
+
+def test_redundancy_returns_on_the_survivors_and_a_second_failure_keeps_quorum_and_data(tmp_path: Path) -> None:
+    """The issue's run: 4 servers, no spare, level 1. A follower of the control plane is
+    SIGKILLed: health warns, the survivors take its pieces and a non-voter takes its vote, health
+    is ok again within the recovery deadline. A second follower SIGKILLed then loses nothing: every
+    step reads back exactly and steps still commit."""
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3, redundancy=1, scheme="replicate",
+                      failure_timeout="1s", recovery_deadline="5s")
+    try:
+        fields = {s: np.random.default_rng(s).random((32, 32)) for s in range(8)}
+        w = cairn.open("sim", "w", cluster=str(c.file), object_size=2048, rank=0, nranks=1, timeout=20.0)
+        w.define("p", "f8", (32, 32))
+        for s, a in fields.items():
+            with w.step(s):
+                w.put("p", a)
+        rows = cluster.status(c.file)
+        first = next(r["id"] for r in rows if r["meta"] == "follower")
+        c.procs[first].send_signal(signal.SIGKILL)
+        doc = wait_for(lambda: _when(_status(c.file), lambda d: "degraded" in _codes(d)), "degraded named", 15)
+        assert doc["health"]["state"] == "warn" and doc["recovery"]["degraded_objects"] > 0, doc["health"]
+        t0 = time.monotonic()
+        doc = wait_for(lambda: _when(_status(c.file), lambda d: d["health"]["state"] == "ok"),
+                       "health ok again, redundancy restored on the survivors", 5 + 15)
+        print(f"redundancy restored {time.monotonic() - t0:.1f} s after the failure was named (recovery deadline 5 s)")
+        assert doc["recovery"]["degraded_objects"] == 0
+        voters = {s["id"] for s in doc["servers"] if s["role"] in ("leader", "follower")}
+        assert len(voters) == 3 and first not in voters, f"a non-voter took the lost vote: {doc['servers']}"
+        second = next(s["id"] for s in doc["servers"] if s["role"] == "follower")
+        c.procs[second].send_signal(signal.SIGKILL)
+        r = cairn.open("sim", "r", cluster=str(c.file), timeout=20.0)
+        for s, a in fields.items():
+            assert np.array_equal(r.get("p", s), a), f"step {s} after two failures"
+        with w.step(8):
+            w.put("p", fields[0])
+        assert 8 in r.steps(), "a step commits: the quorum is kept"
+        doc = _status(c.file)
+        assert doc["leader"] is not None and "lost_quorum" not in _codes(doc) and "lost" not in _codes(doc), doc["health"]
+        r.close()
+        w.close()
+    finally:
+        c.stop()

@@ -315,6 +315,8 @@ def status(file: str | os.PathLike[str], objects: bool = False, timeout: float =
         except CairnError:
             pass
     for r in out:
+        # Whether the control plane declared it down (else it only did not answer this call).
+        r["declared_down"] = current is not None and r["id"] in current.get("down", [])
         if r["state"] == "up":
             r["state"] = _state_in(current, r)
             r["spare"] = r["state"] == "spare"

@@ -183,8 +183,7 @@ def health(rows: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             reasons = [{"code": "electing", "message": "no leader of the control plane yet: an election is under way "
                         "(within the election timeout); if it lasts, check that the meta servers reach each other"}]
-    named = " ".join(x["message"] for x in reasons if x["code"] == "server_down")
-    silent = [r["id"] for r in rows if r["state"] == "down" and f"{r['id']}" not in named]
+    silent = [r["id"] for r in rows if r["state"] == "down" and not r.get("declared_down")]
     if silent:
         reasons.insert(0, {"code": "server_down", "message": f"server(s) {silent} do not answer (not declared down yet: "
                            "the leader declares a server down after its failure timeout)"})

@@ -83,6 +83,9 @@ impl Health {
 pub struct Facts {
     /// The control plane's voters (servers).
     pub voters: Vec<u32>,
+    /// Down servers nothing depends on any more: no index names them for a piece and they hold
+    /// no vote (their work was taken over by the survivors).
+    pub absorbed: Vec<u32>,
     /// Objects of committed steps with a piece on a server declared down.
     pub degraded: u64,
     /// Of those, objects no server can take now (too few live servers for their level).
@@ -101,12 +104,14 @@ pub struct Facts {
 pub fn assess(view: &ClusterView, facts: &Facts) -> Health {
     let mut out = Vec::new();
     let mut say = |code, message: String| out.push(HealthReason { code, message });
-    if !view.down.is_empty() {
+    let down: Vec<u32> = view.down.iter().copied().filter(|d| !facts.absorbed.contains(d)).collect();
+    if !down.is_empty() {
         say(
             HealthCode::ServerDown,
             format!(
-                "server(s) {:?} declared down in view {}: restart them (they rejoin empty), or `cairn cluster add` servers",
-                view.down, view.epoch
+                "server(s) {down:?} declared down in view {}: their pieces are being rebuilt; restart them (they rejoin \
+                 empty), or `cairn cluster add` servers",
+                view.epoch
             ),
         );
     }
@@ -212,6 +217,13 @@ mod tests {
         assert_eq!((h.state, codes(&h)), (HealthState::Warn, vec![HealthCode::ServerDown, HealthCode::Degraded]));
         let h = assess(&v, &Facts { voters: vec![0, 1, 2], lost: 1, default_level: 1, ..Default::default() });
         assert_eq!(h.state, HealthState::Err);
+    }
+
+    #[test]
+    fn a_down_server_whose_work_the_survivors_took_is_no_reason() {
+        let v = view(&[0, 1, 2, 3], &[], &[3]);
+        let h = assess(&v, &Facts { voters: vec![0, 1, 2], absorbed: vec![3], default_level: 1, ..Default::default() });
+        assert_eq!(h.state, HealthState::Ok, "{h:?}");
     }
 
     #[test]

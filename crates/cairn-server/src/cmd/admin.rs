@@ -96,8 +96,10 @@ fn health(ctl: &Control, view: &ClusterView, voters: &[u32], degraded: u64, wait
             return Health::of(vec![reason]);
         }
     };
+    let absorbed = view.down.iter().copied().filter(|d| !voters.contains(d) && !ctl.recovery.still_named(*d)).collect();
     let facts = Facts {
         voters: voters.to_vec(),
+        absorbed,
         degraded,
         waiting,
         lost: ctl.recovery.lost(),

@@ -26,10 +26,12 @@ impl Default for MetaOptions {
     }
 }
 
-/// The servers of the control plane in `view`: those of its first `servers` ring slots (a spare
-/// that takes one of these slots becomes one).
+/// The servers of the control plane in `view`: those of its first `servers` live ring slots. A
+/// spare that takes one of these slots becomes one, and so does the next live server when a
+/// voter is declared down with no spare to take its slot (as etcd promotes a learner): a cluster
+/// of 4 servers survives two failures one after the other with its quorum.
 pub fn members(view: &ClusterView, servers: u32) -> Vec<u32> {
-    view.slots.iter().copied().take(servers.max(1) as usize).collect()
+    view.slots.iter().copied().filter(|s| !view.down.contains(s)).take(servers.max(1) as usize).collect()
 }
 
 /// This server's replica and how it takes part in the control plane.

@@ -429,26 +429,45 @@ fn throttle(rate: u64, sent: u64) -> Option<Duration> {
 }
 
 /// Where a piece the index names on lost or retiring server `from` goes, the object's pieces
-/// being on `servers`: the live server holding `from`'s slot now, or, should that one hold a
-/// piece of the object already (a server id back as a spare and replaced again) or `from` be
-/// retiring with its slot gone, the first live server holding none. `None` while no live
-/// server took a lost server's slot (reads stay degraded meanwhile).
+/// being on `servers`: the live server holding `from`'s slot now; should that one hold a piece
+/// of the object already (a server id back as a spare and replaced again), or `from` be
+/// retiring with its slot gone, a live server holding none. While no live server holds a lost
+/// server's slot: `None` if a spare is left to take it (the detector gives it one), else a
+/// surviving server, so that redundancy comes back without one (`None` when every live server
+/// holds a piece already: the object waits, degraded, for a server to be added).
 fn target(view: &ClusterView, servers: &[u32], from: u32) -> Option<u32> {
     let heir = view.heir(from);
     // Retiring, or retired with pieces committed onto it since (a put it took just before it
     // learnt it was leaving): its slot is gone, any live server will do.
     let leaving = view.retiring.contains(&from) || view.server(from).is_err();
-    if view.is_live(from) || (heir == from && !leaving) || (heir != from && !view.is_live(heir)) {
+    if view.is_live(from) {
         return None;
+    }
+    let unheld = (heir == from && !leaving) || (heir != from && !view.is_live(heir));
+    if unheld {
+        return if view.spares.is_empty() { survivor(view, servers) } else { None };
     }
     if !servers.contains(&heir) {
         return Some(heir);
     }
-    view.live().into_iter().find(|s| !servers.contains(s))
+    survivor(view, servers)
+}
+
+/// A live server holding no piece of an object whose pieces are on `servers`: on a node none
+/// of them is on where there is one (a failure domain of its own), else the first.
+fn survivor(view: &ClusterView, servers: &[u32]) -> Option<u32> {
+    let node = |s: &u32| view.server(*s).map(|e| e.spec.node.clone()).ok();
+    let taken: Vec<String> = servers.iter().filter_map(node).collect();
+    let free: Vec<u32> = view.live().into_iter().filter(|s| !servers.contains(s)).collect();
+    free.iter().find(|s| node(s).is_some_and(|n| !taken.contains(&n))).or(free.first()).copied()
 }
 
 fn no_target(job: &Job) -> Error {
-    Error::Unavailable(format!("no live server holds server {}'s slot to rebuild object {:#x} on; waiting for a spare", job.from, job.id))
+    Error::Unavailable(format!(
+        "no live server can take server {}'s piece of object {:#x}: every live one holds a piece of it already; it waits for a \
+         spare or a server added with `cairn cluster add`",
+        job.from, job.id
+    ))
 }
 
 /// What the leader knows of a job once it looked it up: the server to rebuild on and the piece.
@@ -588,7 +607,7 @@ mod tests {
     #[test]
     fn a_lost_piece_goes_to_the_live_heir_of_its_slot_or_waits() {
         let v = view(4, 3).fail(1).unwrap();
-        assert_eq!(target(&v, &[0, 1], 1), None, "no spare took the slot yet: degraded, no rebuild");
+        assert_eq!(target(&v, &[0, 1], 1), None, "a spare is left to take the slot: it waits for it");
         let v = v.replace(1, 4).unwrap();
         assert_eq!(target(&v, &[0, 1], 1), Some(4));
         // The spare fails before it was refilled: the next one takes over its work.
@@ -603,6 +622,17 @@ mod tests {
         // names on it now is its own.
         let v = v.rejoin(1).unwrap().fail(2).unwrap().replace(2, 1).unwrap();
         assert_eq!((target(&v, &[1, 3], 1), target(&v, &[2, 3], 2)), (None, Some(1)));
+    }
+
+    #[test]
+    fn without_spares_a_lost_piece_goes_to_a_survivor_in_another_domain() {
+        let v = view(4, 0).fail(1).unwrap();
+        assert_eq!(target(&v, &[0, 1], 1), Some(2), "the first live server holding no piece");
+        let mut v = view(4, 0);
+        v.servers[2].spec.node = "n0".into(); // server 2 shares server 0's node
+        let v = v.fail(1).unwrap();
+        assert_eq!(target(&v, &[0, 1], 1), Some(3), "a node none of the holders is on");
+        assert_eq!(target(&v, &[0, 1, 2, 3], 1), None, "every live server holds a piece: it waits");
     }
 
     #[tokio::test]
