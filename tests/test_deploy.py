@@ -43,7 +43,7 @@ def test_the_job_script_runs_servers_on_their_nodes_and_survives_losing_one(host
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "3 servers up" in run.stdout and "verified 6 steps after node 2" in run.stdout, run.stdout
     for i in range(3):
-        log = (tmp_path / f"cluster.json.server-{i}.log").read_text()
-        assert "Traceback" not in log, log
+        log = (tmp_path / "cluster.json.d" / f"server-{i}.log").read_text()
+        assert "Traceback" not in log and " INFO " in log, log
     assert f"servers at {[hosts.addr(i) for i in range(3)]}" in run.stdout, "each server listens on its node's address"
     assert stopped_or_gone(tmp_path / "cluster.json"), "the job stopped its cluster"

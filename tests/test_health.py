@@ -5,6 +5,7 @@ and warns of layouts that cannot keep their promise. Real servers, real SIGKILLs
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -200,3 +201,47 @@ def test_redundancy_returns_on_the_survivors_and_a_second_failure_keeps_quorum_a
         w.close()
     finally:
         c.stop()
+
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d) +(TRACE|DEBUG|INFO|WARN|ERROR) ")
+
+
+def test_server_logs_have_times_and_levels_and_outlive_stop_and_restart(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.json"
+    c = cluster.start(file, servers=4, memory="64MiB", meta=3, failure_timeout="1s")
+    victim = next(r["id"] for r in cluster.status(file) if r["meta"] == "none")
+    c.procs[victim].send_signal(signal.SIGKILL)
+    logs = cluster.entries_dir(file)
+    # The leader logs the view change that declares the victim down.
+    wait_for(lambda: True if any("declared" in p.read_text() or "down [" in p.read_text() for p in logs.glob("server-*.log")) else None,
+             "the leader logs the failure", 15)
+    c.stop()
+    lines = [line for p in sorted(logs.glob("server-*.log")) for line in p.read_text().splitlines()]
+    events = [line for line in lines if LOG_LINE.match(line)]
+    assert events, lines
+    assert all(LOG_LINE.match(line) for line in lines if "server=" in line), lines
+    assert any("server=" in line and " INFO " in line for line in events), events
+    first = (logs / "server-0.log").read_text()
+    assert first, "stop keeps the logs"
+    c = cluster.start(file, servers=4, memory="64MiB", meta=3)
+    try:
+        assert (logs / "server-0.log.1").read_text() == first, "a start keeps the last run's log as .log.1"
+    finally:
+        c.stop()
+
+
+def test_server_logs_as_json_lines(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.json"
+    log = tmp_path / "s0.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "cairn", "serve", "--cluster", str(file), "--id", "0", "--servers", "1",
+                          "--memory", "16MiB", "--meta", "1", "--log-format", "json", "--log-file", str(log), "--log-level", "debug"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(lambda: True if log.exists() and log.read_text().strip() else None, "a first log line", 30)
+        for line in log.read_text().splitlines():
+            doc = json.loads(line)
+            assert {"timestamp", "level", "fields"} <= set(doc), doc
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(20)

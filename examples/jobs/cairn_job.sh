@@ -35,12 +35,17 @@ fill() {  # the template $1 for server $2
 }
 
 pids=()
+# Each server logs into $FILE.d/server-<id>.log (what `cairn cluster start` uses); its stdout and
+# stderr go there too. The last job's logs stay as server-<id>.log.1.
+mkdir -p "$FILE.d"
 for ((i = 0; i < S; i++)); do
+  log="$FILE.d/server-$i.log"
+  if [ -s "$log" ]; then mv -f "$log" "$log.1"; fi
   serve="exec $PY -m cairn serve --cluster '$FILE' --id $i --servers $S --memory '${CAIRN_MEMORY:-4GiB}' \
     --redundancy ${CAIRN_REDUNDANCY:-1} --host \"\$($(fill "$SERVER_HOST" "$i") | cut -d' ' -f1)\" \
     --node \"\$($(fill "$SERVER_NODE" "$i"))\" --timeout 120${CAIRN_DRAIN:+ --drain '$CAIRN_DRAIN'}"
   # shellcheck disable=SC2086 # the launcher is a command prefix, split on purpose
-  $(fill "$LAUNCH_SERVER" "$i") sh -c "$serve" > "$FILE.server-$i.log" 2>&1 &
+  $(fill "$LAUNCH_SERVER" "$i") sh -c "$serve" >> "$log" 2>&1 &
   pids+=($!)
 done
 stop() {
@@ -54,10 +59,10 @@ for _ in $(seq 600); do
      | "$PY" -c "import json,sys; d=json.load(sys.stdin); sys.exit(not (d['leader'] is not None and all(s['state'] == 'up' for s in d['servers'])))"; then
     break
   fi
-  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "cairn_job: a server exited; see $FILE.server-*.log" >&2; exit 1; }; done
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "cairn_job: a server exited; see $FILE.d/server-*.log" >&2; exit 1; }; done
   sleep 0.2
 done
 printf 'engine = "staging"\n[staging]\ncluster = "%s"\ntransport = "tcp"\n' "$FILE" > "$FILE.toml"
-echo "cairn_job: $S servers up (cluster file $FILE, logs $FILE.server-*.log)"
+echo "cairn_job: $S servers up (cluster file $FILE, logs $FILE.d/server-*.log)"
 # shellcheck disable=SC2086
 CAIRN_CONFIG="$FILE.toml" $LAUNCH_APP "$@"

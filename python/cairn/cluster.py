@@ -385,7 +385,10 @@ def add(file: str | os.PathLike[str], n: int = 1, timeout: float = 60.0) -> dict
     for sid in ids:
         cmd = _with_flag(_with_flag(template, "--id", str(sid)), "--node", f"node{sid}")
         (dirpath / f"server-{sid}.json").unlink(missing_ok=True)
-        with open(dirpath / f"server-{sid}.log", "wb") as log:
+        log_path = dirpath / f"server-{sid}.log"
+        if log_path.exists() and log_path.stat().st_size:
+            os.replace(log_path, f"{log_path}.1")  # an earlier server of this id keeps its log
+        with open(log_path, "ab") as log:
             _added.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True))
     deadline = time.monotonic() + timeout

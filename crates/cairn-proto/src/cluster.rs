@@ -253,9 +253,32 @@ pub fn load_topology(path: Option<&Path>, n: u32) -> Result<Vec<(String, String)
     Ok(out.into_iter().map(|e| e.expect("checked above")).collect())
 }
 
+/// Keeps a server's log `path` as `path.1` (replacing an older one) if it holds anything: a
+/// server started again, or a cluster started again in the same place, keeps the last run's log.
+pub fn rotate_log(path: &Path) {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        let _ = std::fs::rename(path, PathBuf::from(old));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_old_log_is_kept_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server-0.log");
+        std::fs::write(&log, "first run\n").unwrap();
+        rotate_log(&log);
+        assert!(!log.exists());
+        assert_eq!(std::fs::read_to_string(dir.path().join("server-0.log.1")).unwrap(), "first run\n");
+        std::fs::write(&log, "").unwrap();
+        rotate_log(&log);
+        assert!(log.exists(), "an empty log is not worth keeping");
+    }
 
     #[test]
     fn durations_take_units_or_seconds() {

@@ -15,19 +15,19 @@ pub fn arm(dir: &Path) {
         let (marker, point) = (dir.join(format!("failpoint-{name}")), name.to_string());
         let fire = move || {
             if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_ok() {
-                eprintln!("cairn server: fail point {point} reached: killing this process (CAIRN_FAILPOINTS)");
+                tracing::warn!("fail point {point} reached: killing this process (CAIRN_FAILPOINTS)");
                 // SAFETY: kill(2) on this process; it does not return.
                 unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             }
         };
         if let Err(e) = fail::cfg_callback(name, fire) {
-            eprintln!("cairn server: fail point {name}: {e}");
+            tracing::warn!("fail point {name}: {e}");
         }
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = dir;
     #[cfg(not(feature = "failpoints"))]
-    eprintln!("cairn server: CAIRN_FAILPOINTS={names} ignored: this server was built without the `failpoints` feature");
+    tracing::warn!("CAIRN_FAILPOINTS={names} ignored: this server was built without the `failpoints` feature");
 }
 
 /// Passes fail point `name` (see the module comment).

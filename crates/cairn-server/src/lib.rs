@@ -46,6 +46,7 @@ pub mod gather;
 pub mod handler;
 pub mod kv;
 pub mod local;
+pub mod logging;
 pub mod objects;
 pub mod peer;
 pub mod pool;

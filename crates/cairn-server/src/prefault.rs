@@ -172,7 +172,7 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                 Some(len) => match Segment::fresh(len) {
                     Ok(seg) => s.add(seg),
                     Err(e) => {
-                        eprintln!("cairn server {}: prefaulting stopped: {e}", s.id());
+                        tracing::warn!(server = s.id(), "prefaulting stopped: {e}");
                         s.fresh().set_target(0);
                         return;
                     }
@@ -187,6 +187,6 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
         }
     });
     if let Err(e) = started {
-        eprintln!("cairn server: no prefault thread ({e}); first steps fault their pages in");
+        tracing::warn!("no prefault thread ({e}); first steps fault their pages in");
     }
 }

@@ -33,6 +33,13 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
     let rejoin = opts.cluster.exists() && cairn_proto::cluster::StoppedFile::load(&opts.cluster).is_none();
     let dir = ClusterFile::entries_dir(&opts.cluster);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let log = match &opts.log_file {
+        Some(p) if p.as_os_str() == "-" => None,
+        Some(p) => Some(p.clone()),
+        None => Some(dir.join(format!("server-{}.log", opts.id))),
+    };
+    crate::logging::init(log.as_deref(), opts.log_level.as_deref(), opts.log_format)
+        .map_err(|e| Error::io(format!("opening the log {}", log.as_deref().unwrap_or(Path::new("-")).display()), e))?;
     let secret_path = dir.join("secret");
     let secret = wait_for(&format!("the cluster secret in {}", secret_path.display()), opts.timeout, || {
         std::fs::read_to_string(&secret_path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
@@ -73,6 +80,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             memory: opts.memory,
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
+        tracing::info!(server = opts.id, "listening on {} (memory {} bytes)", entry.addr, opts.memory);
         let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
         let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
         crate::prefault::spawn(std::sync::Arc::downgrade(&state), opts.prefault_bytes());
@@ -87,7 +95,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             let group = opts.socket_group.as_deref().filter(|_| opts.limits.same_node_other_users).map(gid_of).transpose()?;
             tokio::task::spawn_blocking(move || {
                 if let Err(e) = assemble(&dir, &cluster, &secret, (n, timeout), Written { redundancy: policy, drain, group }) {
-                    eprintln!("cairn server 0: {e}");
+                    tracing::error!(server = 0, "{e}");
                 }
             });
         }

@@ -63,7 +63,9 @@ pub async fn run(ctl: Arc<Control>, listeners: Listeners, shutdown: impl Future<
         };
         if let Err(e) = accepted {
             // Out of file descriptors and the like: wait a little instead of spinning.
-            eprintln!("cairn server {}: accept failed: {e}", state.id);
+            if let Some(n) = crate::logging::limited("accept", crate::logging::EVERY) {
+                tracing::warn!(server = state.id, left_out = n, "accept failed: {e}");
+            }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }

@@ -45,6 +45,12 @@ pub struct ServeOptions {
     pub drain_mtbf: Option<Duration>,
     /// Bytes of shared segments to make ahead of leases (`None`: `min(memory, 1GiB)`).
     pub prefault: Option<u64>,
+    /// Where the log goes: `None`, `FILE.d/server-<id>.log`; `-`: stderr.
+    pub log_file: Option<PathBuf>,
+    /// The log filter (`info`, `debug`, `cairn_server=debug`); `None`: `RUST_LOG`, else `info`.
+    pub log_level: Option<String>,
+    /// Text lines or JSON lines.
+    pub log_format: crate::logging::LogFormat,
     /// With `same_node_other_users`: the group whose members may connect (socket 0660 of that
     /// group, the cluster file and its folder readable by it); none: anyone (socket 0666).
     pub socket_group: Option<String>,
@@ -72,6 +78,9 @@ impl Default for ServeOptions {
             drain_mtbf: None,
             prefault: None,
             socket_group: None,
+            log_file: None,
+            log_level: None,
+            log_format: crate::logging::LogFormat::Text,
         }
     }
 }
@@ -85,6 +94,7 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--recovery-deadline DURATION] [--recovery-rate SIZE] [--mtbf DURATION]
                     [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
                     [--drain-mtbf DURATION] [--prefault SIZE] [--socket-group GROUP]
+                    [--log-level FILTER] [--log-format text|json] [--log-file PATH|-]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -99,6 +109,8 @@ background (default min(--memory, 1GiB); 0: none), so a fresh cluster's first st
 The Unix socket is the owner's (0600, in a 0700 folder) unless --same-node-other-users true: then anyone's
 (0666, the folder traversable), or with --socket-group GROUP that group's (0660; the cluster file and folder
 readable by it); the secret and logs stay the owner's.
+The log (RFC 3339 times, levels, the server id; --log-level or RUST_LOG, default info) goes to
+FILE.d/server-<id>.log, an older one kept as server-<id>.log.1; --log-file - writes it to stderr.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
 
 impl ServeOptions {
@@ -160,6 +172,18 @@ impl ServeOptions {
             "drain_mtbf" => self.drain_mtbf = Some(parse_duration(value)?),
             "prefault" => self.prefault = Some(parse_size(value)?),
             "socket_group" => self.socket_group = Some(value.to_string()).filter(|g| !g.is_empty()),
+            "log_file" => self.log_file = Some(PathBuf::from(value)),
+            "log_level" => {
+                tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(&format!("not a log filter ({e}); e.g. info or debug")))?;
+                self.log_level = Some(value.to_string());
+            }
+            "log_format" => {
+                self.log_format = match value {
+                    "text" => crate::logging::LogFormat::Text,
+                    "json" => crate::logging::LogFormat::Json,
+                    _ => return Err(bad("use text or json")),
+                }
+            }
             _ => return Err(Error::Config(format!("unknown server setting {key:?}\n{USAGE}"))),
         }
         Ok(())

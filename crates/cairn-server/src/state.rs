@@ -173,7 +173,7 @@ impl State {
         if down && !current.down.contains(&self.id) {
             let freed = self.store.clear();
             let keys = self.kv.delete(&self.store, &[String::new()], true);
-            eprintln!("cairn server {}: declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty", self.id);
+            tracing::warn!(server = self.id, "declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty");
         }
         Ok(Some(current))
     }

@@ -115,7 +115,13 @@ impl LocalCluster {
             )));
         }
         let dir = ClusterFile::entries_dir(&file);
-        let _ = std::fs::remove_dir_all(&dir);
+        // A cluster started again in the same place: the last run's logs stay (as `.log.1`),
+        // its entries, secret and sockets go.
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().contains(".log") {
+                let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+            }
+        }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         write_private(&dir.join("secret"), cairn_proto::auth::new_secret()?.as_bytes())?;
         let n = opts.servers + opts.spares;
@@ -123,10 +129,12 @@ impl LocalCluster {
         let mut children = Vec::with_capacity(n as usize);
         for (id, (node, rack)) in topo.iter().enumerate() {
             let log_path = dir.join(format!("server-{id}.log"));
-            // The owner's only, as the secret: logs name datasets and paths.
+            cairn_proto::cluster::rotate_log(&log_path);
+            // The owner's only, as the secret: logs name datasets and paths. The server logs
+            // into it too (its stderr is this file, so it keeps it).
             let log = {
                 use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log_path)
+                std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&log_path)
             }
             .map_err(|e| Error::io(format!("creating {}", log_path.display()), e))?;
             let err = log.try_clone().map_err(|e| Error::io("duplicating a log handle", e))?;

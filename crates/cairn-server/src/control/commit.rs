@@ -222,7 +222,7 @@ impl Commits {
         for p in prepared.into_iter().filter(|p| !self.meta.is_finishing(&p.dataset, p.index.step, &p.session)) {
             let ready = Ready { index: p.index, session: p.session, shares: p.shares };
             if let Err(e) = self.finish(&p.dataset, &ready, None).await {
-                eprintln!("cairn server {}: finishing step {} of '{}' left prepared: {e}", self.state.id, ready.index.step, p.dataset);
+                tracing::warn!(server = self.state.id, "finishing step {} of '{}' left prepared: {e}", ready.index.step, p.dataset);
             }
         }
     }

@@ -161,10 +161,15 @@ impl Corec {
                     for (key, copies) in jobs {
                         let ok = me.encode_one(&key, &copies).await;
                         if let Err(e) = &ok {
-                            eprintln!(
-                                "cairn server {}: encoding object {:#x} of '{}' step {}: {e}",
-                                me.state.id, key.id, key.dataset, key.step
-                            );
+                            if let Some(n) = crate::logging::limited("encode", crate::logging::EVERY) {
+                                let (id, step) = (key.id, key.step);
+                                tracing::warn!(
+                                    server = me.state.id,
+                                    left_out = n,
+                                    "encoding object {id:#x} of '{}' step {step}: {e}",
+                                    key.dataset
+                                );
+                            }
                         }
                         all &= ok.is_ok();
                         me.classifier_done(&key, ok.is_ok());

@@ -72,8 +72,8 @@ impl Detector {
         if let Some(next) = next_view(&view, state.id, &epochs, silent, |id| self.recovery.still_named(id)) {
             let what = describe(&view, &next);
             match self.views.set_view(next).await {
-                Ok(_) => eprintln!("cairn server {}: {what}", state.id),
-                Err(e) => eprintln!("cairn server {}: could not record that {what}: {e}", state.id),
+                Ok(_) => tracing::info!(server = state.id, "{what}"),
+                Err(e) => tracing::warn!(server = state.id, "could not record that {what}: {e}"),
             }
             return;
         }

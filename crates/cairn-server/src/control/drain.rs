@@ -191,7 +191,7 @@ impl Drain {
         let d = match self.write(&spec.path, &dataset, &index).await {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("cairn server {}: draining step {step} of {dataset} (attempt {attempt}): {e}", self.state.id);
+                tracing::warn!(server = self.state.id, "draining step {step} of {dataset} (attempt {attempt}): {e}");
                 self.failed(&dataset, e, attempt);
                 return Next::Again;
             }
@@ -445,7 +445,7 @@ impl Drain {
                         lost.get_or_insert(e);
                     }
                     Err(e) => {
-                        eprintln!("cairn server {me}: server {srv}'s part of step {} of {dataset} failed: {e}", index.step);
+                        tracing::warn!(server = me, "server {srv}'s part of step {} of {dataset} failed: {e}", index.step);
                         failed.insert(srv);
                         // Its blocks go to other live servers, which gather them from the pieces left.
                         let next = assign(index, &blocks, &view, &failed, me);

@@ -56,6 +56,8 @@ pub async fn free(state: &Arc<State>, dataset: &str, index: &StepIndex) {
         Request::Drop { dataset: dataset.to_string(), step, session: None, writer: None, ids: Vec::new(), except: None, shard: None }.into()
     };
     if let Err(e) = on_all(state, servers, drop).await {
-        eprintln!("cairn server {}: freeing released step {step} of '{dataset}': {e}", state.id);
+        if let Some(n) = crate::logging::limited("free", crate::logging::EVERY) {
+            tracing::warn!(server = state.id, left_out = n, "freeing released step {step} of '{dataset}': {e}");
+        }
     }
 }

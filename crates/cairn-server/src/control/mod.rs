@@ -117,7 +117,7 @@ impl Control {
             let net = raft::PeerNet::new(state, gate);
             let log = match RaftLog::start(id, gate.options.timing, net).await {
                 Ok(l) => l,
-                Err(e) => return eprintln!("cairn server {}: control plane did not start: {e}", state.id),
+                Err(e) => return tracing::error!(server = state.id, "control plane did not start: {e}"),
             };
             gate.set(log.clone());
             tokio::spawn(ctl.clone().on_leadership(log.clone()));
@@ -130,7 +130,7 @@ impl Control {
                         members.iter().map(|s| Some((u64::from(*s) << 32, node(*s).ok()?))).collect();
                     if let Some(all) = all {
                         if let Err(e) = log.bootstrap(all).await {
-                            eprintln!("cairn server {}: control plane bootstrap failed: {e}", state.id);
+                            tracing::error!(server = state.id, "control plane bootstrap failed: {e}");
                         }
                     }
                 }
@@ -167,7 +167,7 @@ impl Control {
             let leading = metrics.borrow().state == openraft::ServerState::Leader;
             if leading && log.linearize().await.is_ok() {
                 if let Err(e) = views::log_first_view(state, &log).await {
-                    eprintln!("cairn server {}: the first view is not in the log yet: {e}", state.id);
+                    tracing::warn!(server = state.id, "the first view is not in the log yet: {e}");
                 }
                 self.commits.finish_in_flight().await;
                 // Once per term: recovery a previous leader left under way.

@@ -249,7 +249,7 @@ impl Recovery {
         q.extend(refills);
         drop(q);
         if !jobs.is_empty() {
-            eprintln!("cairn server {}: {} objects to recover (view epoch {})", self.state.id, jobs.len(), view.epoch);
+            tracing::info!(server = self.state.id, "{} objects to recover (view epoch {})", jobs.len(), view.epoch);
         }
         self.add(jobs);
     }
@@ -358,14 +358,23 @@ impl Recovery {
             match r {
                 Ok(()) => {}
                 Err(e) if e.kind() == cairn_core::ErrorKind::DataLoss => {
-                    eprintln!("cairn server {id}: object {:#x} of '{}' step {} lost: {e}", job.id, job.dataset, job.step);
+                    tracing::error!(server = id, "object {:#x} of '{}' step {} lost: {e}", job.id, job.dataset, job.step);
                     lock(&self.lost).insert((job.dataset.clone(), job.step, job.id));
                 }
                 Err(_) if job.tries + 1 < TRIES => {
                     lock(&self.queue).push_back(Job { tries: job.tries + 1, ..job });
                 }
                 Err(e) => {
-                    eprintln!("cairn server {id}: object {:#x} of '{}' step {} not rebuilt yet: {e}", job.id, job.dataset, job.step);
+                    if let Some(n) = crate::logging::limited("rebuild", crate::logging::EVERY) {
+                        tracing::warn!(
+                            server = id,
+                            left_out = n,
+                            "object {:#x} of '{}' step {} not rebuilt yet: {e}",
+                            job.id,
+                            job.dataset,
+                            job.step
+                        );
+                    }
                     lock(&self.parked).push(job);
                 }
             }

@@ -59,9 +59,9 @@ pub fn view_changed(state: &Arc<State>, before: Arc<ClusterView>, after: Arc<Clu
                 }
             }
             if let Some(e) = failed {
-                eprintln!("cairn server {}: copying keyed values to server {to} after view {}: {e}", state.id, after.epoch);
+                tracing::warn!(server = state.id, "copying keyed values to server {to} after view {}: {e}", after.epoch);
             } else if sent > 0 {
-                eprintln!("cairn server {}: copied {sent} keyed values to server {to} (view {})", state.id, after.epoch);
+                tracing::info!(server = state.id, "copied {sent} keyed values to server {to} (view {})", after.epoch);
             }
         }
     });
