@@ -130,11 +130,13 @@ DRAIN_KEYS = ("drain", "drain_every", "drain_mtbf")
 MEMORY_KEYS = ("prefault",)
 #: Who may connect to the servers' Unix sockets (``[staging]`` table, ``cairn cluster start`` flags).
 SOCKET_KEYS = ("same_node_other_users", "socket_group")
+#: Where the servers serve Prometheus metrics (``[staging] metrics``, ``--metrics``).
+OPS_KEYS = ("metrics",)
 
 
 def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
     """The redundancy keys of a ``[staging]`` table that are set."""
-    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS + MEMORY_KEYS + SOCKET_KEYS
+    return {k: settings[k] for k in _REDUNDANCY_KEYS + DRAIN_KEYS + MEMORY_KEYS + SOCKET_KEYS + OPS_KEYS
             if settings and settings.get(k) is not None}
 
 
@@ -148,7 +150,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
           mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
           drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
-          prefault: str | int | None = None, config: str | os.PathLike[str] | None = None,
+          prefault: str | int | None = None, metrics: str | None = None, config: str | os.PathLike[str] | None = None,
           command: list[str] | None = None, same_node_other_users: bool | str | None = None,
           socket_group: str | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
@@ -193,6 +195,7 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf}
     drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
     drains["prefault"] = prefault if prefault is not None else staging.get("prefault")
+    drains["metrics"] = metrics if metrics is not None else staging.get("metrics")
     sockets = {"same_node_other_users": same_node_other_users, "socket_group": socket_group}
     sockets = {k: v if v is not None else staging.get(k) for k, v in sockets.items()}
     if isinstance(sockets["same_node_other_users"], bool):

@@ -31,7 +31,7 @@ def _mib(n: int) -> str:
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
                                    "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
                                    "recovery_rate": "256MiB", "mtbf": None, "drain": None, "drain_every": 1,
-                                   "drain_mtbf": None, "prefault": None, "same_node_other_users": None, "socket_group": None}
+                                   "drain_mtbf": None, "prefault": None, "metrics": None, "same_node_other_users": None, "socket_group": None}
 #: The failure and recovery settings among them (the server parses their text).
 FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
@@ -72,6 +72,9 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefault", default=None, metavar="SIZE",
                    help="shared memory each server makes ready for same-node writers from start-up, so the first "
                         "steps run warm (default min(--memory, 1GiB); 0: none)")
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT|off",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics on server 0, PORT+i on server i (default: "
+                        "each server's own address and a free port, in the cluster file; off: none)")
     p.add_argument("--same-node-other-users", choices=("true", "false"), default=None,
                    help="let other users' clients on this host connect to the Unix sockets and copy same-node (the "
                         "sockets become 0666, or 0660 of --socket-group); hand them the cluster file, which carries "
@@ -133,7 +136,8 @@ def cmd_start(args: argparse.Namespace) -> None:
     c = cluster.start(args.file, servers=args.servers, spares=args.spares, topology=args.topology,
                       memory=args.memory, bind=args.host, meta=args.meta, redundancy=args.redundancy, scheme=args.scheme,
                       rs_data=args.rs_data, min_efficiency=args.min_efficiency, hot_steps=args.hot_steps,
-                      **{k: getattr(args, k) for k in FAILURE_KEYS + cluster.DRAIN_KEYS + cluster.MEMORY_KEYS + cluster.SOCKET_KEYS},
+                      **{k: getattr(args, k)
+                         for k in FAILURE_KEYS + cluster.DRAIN_KEYS + cluster.MEMORY_KEYS + cluster.SOCKET_KEYS + cluster.OPS_KEYS},
                       config=args.config)
     print(f"cluster of {args.servers} servers (+{args.spares} spares) up; cluster file {c.file}; server logs in "
           f"{cluster.entries_dir(c.file)}/server-<id>.log")
@@ -149,6 +153,22 @@ def cmd_stop(args: argparse.Namespace) -> None:
         return
     n = cluster.stop(args.file, drain_first=not args.no_drain, progress=True)
     print(f"stopped {n} servers of {args.file}; their logs stay in {cluster.entries_dir(args.file)}")
+
+
+def targets(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Prometheus ``file_sd`` targets of the servers' metrics: one group per server (its entry's
+    ``metrics`` address) labelled ``cluster`` (the cluster file), ``server``, ``node``, ``rack``.
+    Servers added since the start come from the newest view."""
+    current = cluster.view(file, timeout=2.0)
+    entries = current["servers"] if current else cluster.servers_of(file)
+    name = os.path.abspath(file)
+    return [{"targets": [e["metrics"]], "labels": {"cluster": name, "server": str(e["id"]), "node": e.get("node", ""),
+                                                    "rack": e.get("rack", "")}}
+            for e in entries if e.get("metrics")]
+
+
+def cmd_targets(args: argparse.Namespace) -> None:
+    print(json.dumps(targets(args.file), indent=2))
 
 
 def role(row: dict[str, Any]) -> str | None:
@@ -370,6 +390,9 @@ def add(sub: Any) -> None:
     for p in (rp, rt):
         p.add_argument("--wait", type=_SECONDS, default=300.0, help="seconds to wait for the pieces to move (default 300)")
     rp.set_defaults(func=cmd_replace)
+    tg = csub.add_parser("targets", help="Prometheus file_sd targets of every server's metrics, as JSON")
+    tg.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
+    tg.set_defaults(func=cmd_targets)
     ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
     ss.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")

@@ -1219,6 +1219,7 @@ pub(crate) mod tests {
                 host: String::new(),
                 pid: 0,
                 memory: 1,
+                metrics: None,
             })
             .collect();
         let v1 = ClusterView::initial(&ClusterFile { secret: String::new(), servers, redundancy: Default::default(), drain: None });

@@ -27,6 +27,9 @@ pub struct ServerEntry {
     /// Memory limit in bytes.
     #[serde(default)]
     pub memory: u64,
+    /// `HOST:PORT` of its Prometheus metrics (`GET /metrics`); none when turned off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
 }
 
 /// A complete cluster file.

@@ -185,7 +185,7 @@ mod tests {
 
     fn entry(id: u32, spare: bool) -> ServerEntry {
         let spec = ServerSpec { id, node: String::new(), rack: String::new(), spare };
-        ServerEntry { spec, addr: String::new(), unix: None, host: String::new(), pid: 0, memory: 0 }
+        ServerEntry { spec, addr: String::new(), unix: None, host: String::new(), pid: 0, memory: 0, metrics: None }
     }
 
     fn view(slots: &[u32], spares: &[u32], down: &[u32]) -> ClusterView {

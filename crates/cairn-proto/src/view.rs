@@ -269,6 +269,7 @@ mod tests {
                 host: "h".into(),
                 pid: 0,
                 memory: 1,
+                metrics: None,
             })
             .collect();
         ClusterFile { secret: "s".into(), servers, redundancy: Default::default(), drain: None }

@@ -29,6 +29,15 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     local: Option<std::result::Result<crate::cma::Peer, String>>,
 ) {
     let state = ctl.state.clone();
+    state.stats.connections.inc();
+    // Counted down however the connection ends.
+    struct Open<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.dec();
+        }
+    }
+    let _open = Open(&state.stats.connections);
     let mut stream = Deadline::new(stream, state.limits.io_timeout);
     let hello = tokio::select! {
         h = tokio::time::timeout(state.limits.hello_timeout, hello(&state, &mut stream)) => h.unwrap_or_else(|_| {
@@ -93,6 +102,13 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         }
         appends.carried |= matches!(env.req, ServerRequest::Raft(RaftRequest::Raft { kind: RaftRpc::Append, .. }));
         let stop_after = matches!(env.req, ServerRequest::Client(Request::Shutdown));
+        let began = std::time::Instant::now();
+        // Raft's messages carry log entries: named, not serialized for their name.
+        let op = match &env.req {
+            ServerRequest::Raft(_) => "raft".to_string(),
+            r => r.op_name(),
+        };
+        let got = matches!(env.req, ServerRequest::Client(Request::Get { .. }));
         await_view(&ctl, env.epoch).await;
         let reply = match check_epoch(&ctl, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
@@ -102,9 +118,15 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         stream.arm();
         let sent = match reply {
             Ok(Reply::Plain(r)) => write_frame(&mut stream, &r, &[]).await,
-            Ok(Reply::WithPayload(r, p)) => write_frame(&mut stream, &r, p.bytes()).await,
+            Ok(Reply::WithPayload(r, p)) => {
+                if got {
+                    state.stats.get_bytes.inc_by(p.bytes().len() as u64);
+                }
+                write_frame(&mut stream, &r, p.bytes()).await
+            }
             Err(e) => write_frame(&mut stream, &Response::error(&e), &[]).await,
         };
+        state.stats.request(&op, began.elapsed());
         if stop_after {
             let _ = state.shutdown.send(());
         }

@@ -47,6 +47,7 @@ pub mod handler;
 pub mod kv;
 pub mod local;
 pub mod logging;
+pub mod metrics;
 pub mod objects;
 pub mod peer;
 pub mod pool;
@@ -58,6 +59,7 @@ pub mod serve;
 pub mod server;
 pub mod settings;
 pub mod state;
+pub mod stats;
 pub mod store;
 pub mod sync;
 

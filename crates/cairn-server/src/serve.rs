@@ -66,6 +66,15 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         }
         let host = hostname();
         let advertised = if opts.bind == "0.0.0.0" || opts.bind == "::" { host.clone() } else { opts.bind.clone() };
+        let metrics = bind_metrics(&opts).await?;
+        let metrics_addr = match &metrics {
+            Some(l) => {
+                let a = l.local_addr().map_err(|e| Error::io("reading the metrics address", e))?;
+                let ip = a.ip().to_string();
+                Some(format!("{}:{}", if a.ip().is_unspecified() { host.as_str() } else { ip.as_str() }, a.port()))
+            }
+            None => None,
+        };
         let entry = ServerEntry {
             spec: ServerSpec {
                 id: opts.id,
@@ -78,6 +87,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             host,
             pid: std::process::id(),
             memory: opts.memory,
+            metrics: metrics_addr,
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
         tracing::info!(server = opts.id, "listening on {} (memory {} bytes)", entry.addr, opts.memory);
@@ -86,6 +96,9 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
         crate::prefault::spawn(std::sync::Arc::downgrade(&state), opts.prefault_bytes());
         let ctl = crate::control::Control::new(state, meta, opts.drain_spec());
         ctl.start();
+        if let Some(l) = metrics {
+            tokio::spawn(crate::metrics::serve(l, ctl.clone()));
+        }
         if opts.id == 0 {
             let (dir, cluster, n, timeout) = (dir.clone(), opts.cluster.clone(), opts.servers + opts.spares, opts.timeout);
             let mut policy = opts.redundancy.clone();
@@ -212,4 +225,23 @@ fn raise_fd_limit() {
             let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
+}
+
+/// The listener of this server's Prometheus metrics (see [`ServeOptions::metrics`]).
+async fn bind_metrics(opts: &ServeOptions) -> Result<Option<tokio::net::TcpListener>> {
+    let (host, port) = match opts.metrics.as_deref() {
+        Some("off") => return Ok(None),
+        Some(a) => {
+            let (h, p) = a.rsplit_once(':').unwrap_or((a, "0"));
+            let p: u16 = p.parse().unwrap_or(0);
+            // Server i takes PORT + i (a port of 0 stays the system's choice).
+            let p = if p == 0 { 0 } else { p.checked_add(u16::try_from(opts.id).unwrap_or(u16::MAX)).unwrap_or(0) };
+            (h.trim_matches(['[', ']']).to_string(), p)
+        }
+        None => (opts.bind.clone(), 0),
+    };
+    let l = tokio::net::TcpListener::bind((host.as_str(), port))
+        .await
+        .map_err(|e| Error::io(format!("binding the metrics address {host}:{port} (--metrics)"), e))?;
+    Ok(Some(l))
 }

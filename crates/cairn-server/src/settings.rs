@@ -45,6 +45,9 @@ pub struct ServeOptions {
     pub drain_mtbf: Option<Duration>,
     /// Bytes of shared segments to make ahead of leases (`None`: `min(memory, 1GiB)`).
     pub prefault: Option<u64>,
+    /// Prometheus metrics: `HOST:PORT` of server 0 (server i takes PORT + i), `off`; `None`: the
+    /// server's own address with a port of the system's choosing.
+    pub metrics: Option<String>,
     /// Where the log goes: `None`, `FILE.d/server-<id>.log`; `-`: stderr.
     pub log_file: Option<PathBuf>,
     /// The log filter (`info`, `debug`, `cairn_server=debug`); `None`: `RUST_LOG`, else `info`.
@@ -79,6 +82,7 @@ impl Default for ServeOptions {
             prefault: None,
             socket_group: None,
             log_file: None,
+            metrics: None,
             log_level: None,
             log_format: crate::logging::LogFormat::Text,
         }
@@ -94,7 +98,7 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--recovery-deadline DURATION] [--recovery-rate SIZE] [--mtbf DURATION]
                     [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
                     [--drain-mtbf DURATION] [--prefault SIZE] [--socket-group GROUP]
-                    [--log-level FILTER] [--log-format text|json] [--log-file PATH|-]
+                    [--log-level FILTER] [--log-format text|json] [--log-file PATH|-] [--metrics HOST:PORT|off]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -109,6 +113,8 @@ background (default min(--memory, 1GiB); 0: none), so a fresh cluster's first st
 The Unix socket is the owner's (0600, in a 0700 folder) unless --same-node-other-users true: then anyone's
 (0666, the folder traversable), or with --socket-group GROUP that group's (0660; the cluster file and folder
 readable by it); the secret and logs stay the owner's.
+Prometheus metrics are served at http://ADDR/metrics (ADDR: the server entry's metrics field): --metrics HOST:PORT
+is server 0's, server i takes PORT+i; the default is the server's own address with a free port; off: none.
 The log (RFC 3339 times, levels, the server id; --log-level or RUST_LOG, default info) goes to
 FILE.d/server-<id>.log, an older one kept as server-<id>.log.1; --log-file - writes it to stderr.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
@@ -173,6 +179,13 @@ impl ServeOptions {
             "prefault" => self.prefault = Some(parse_size(value)?),
             "socket_group" => self.socket_group = Some(value.to_string()).filter(|g| !g.is_empty()),
             "log_file" => self.log_file = Some(PathBuf::from(value)),
+            "metrics" => {
+                if value != "off" {
+                    let (_, port) = value.rsplit_once(':').ok_or_else(|| bad("give HOST:PORT, or off"))?;
+                    port.parse::<u16>().map_err(|_| bad("give HOST:PORT with a port from 0 to 65535, or off"))?;
+                }
+                self.metrics = Some(value.to_string());
+            }
             "log_level" => {
                 tracing_subscriber::EnvFilter::try_new(value).map_err(|e| bad(&format!("not a log filter ({e}); e.g. info or debug")))?;
                 self.log_level = Some(value.to_string());

@@ -101,6 +101,8 @@ pub struct State {
     pub client_requests: AtomicU64,
     /// Object bytes copied straight from or to local clients' memory.
     pub same_node_bytes: AtomicU64,
+    /// What Prometheus scrapes beside the state (`metrics`).
+    pub stats: crate::stats::Stats,
     /// The cluster's redundancy settings (from the cluster file, read when first needed).
     policy: OnceLock<cairn_core::corec::Policy>,
     /// One encoding at a time on this server: encoding takes at most one core's share.
@@ -127,6 +129,7 @@ impl State {
             requests: AtomicU64::new(0),
             client_requests: AtomicU64::new(0),
             same_node_bytes: AtomicU64::new(0),
+            stats: crate::stats::Stats::default(),
             policy: OnceLock::new(),
             encoding: tokio::sync::Semaphore::new(1),
             started: Instant::now(),

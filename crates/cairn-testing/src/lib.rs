@@ -83,6 +83,7 @@ impl TestCluster {
                 host: cairn_proto::cluster::hostname(),
                 pid: std::process::id(),
                 memory,
+                metrics: None,
             });
             listeners.push((addr, l));
         }

@@ -690,6 +690,7 @@ mod tests {
             host: "h".into(),
             pid: 0,
             memory: 1,
+            metrics: None,
         };
         cairn_proto::ClusterView::initial(&ClusterFile {
             secret: "s".into(),

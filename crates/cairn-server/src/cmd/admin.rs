@@ -1,6 +1,7 @@
 //! Cluster views, status, object listing, datasets and shutdown.
 
 use super::check::no_payload;
+use crate::control::recovery::Census;
 use crate::control::Control;
 use crate::reply::Reply;
 use cairn_core::{Error, Result};
@@ -43,12 +44,9 @@ fn status(ctl: &Control) -> Response {
     let (meta, leader) = ctl.gate.get().map_or(("none", None), |c| c.role());
     let voters = ctl.gate.get().map(|c| c.voter_servers()).unwrap_or_default();
     let (prefault_ready, prefault_target) = state.store.fresh().progress();
-    let (recovery_degraded, health) = match (meta, state.view()) {
-        ("leader", Ok(view)) => {
-            let (degraded, waiting) = ctl.recovery.degraded(&view);
-            (degraded, Some(health(ctl, &view, &voters, degraded, waiting)))
-        }
-        _ => (0, None),
+    let (recovery_degraded, health) = match cluster_health(ctl) {
+        Some((census, h)) => (census.degraded, Some(h)),
+        None => (0, None),
     };
     Response::Status {
         status: ServerStatus {
@@ -81,6 +79,18 @@ fn status(ctl: &Control) -> Response {
             health,
         },
     }
+}
+
+/// The cluster's committed objects and health, if this server's replica leads (see [`health`]).
+pub fn cluster_health(ctl: &Control) -> Option<(Census, Health)> {
+    let replica = ctl.gate.get()?;
+    if replica.role().0 != "leader" {
+        return None;
+    }
+    let view = ctl.state.view().ok()?;
+    let census = ctl.recovery.census(&view);
+    let voters = replica.voter_servers();
+    Some((census, health(ctl, &view, &voters, census.degraded, census.waiting)))
 }
 
 /// The cluster's health as this server, leading the control plane, sees it: `lost_quorum` once

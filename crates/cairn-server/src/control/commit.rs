@@ -180,7 +180,7 @@ impl Commits {
             }
             r => r?,
         };
-        self.meta.timed(seal, started.elapsed() - seal);
+        self.meta.timed(&self.state, seal, started.elapsed() - seal);
         self.sweep(dataset, step, &session, &view, ready.shares.keys().copied().collect());
         self.told.recovery.committed(dataset, &ready.index);
         self.told.drain.committed();

@@ -199,6 +199,7 @@ impl Drain {
         crate::failpoint::hit("drain.before_record");
         match self.meta.drained(log, &dataset, step).await {
             Ok(released) => {
+                self.state.stats.drain_steps.inc();
                 let took = started.elapsed();
                 {
                     let mut p = lock(&self.progress);

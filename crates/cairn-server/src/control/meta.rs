@@ -78,7 +78,8 @@ impl Meta {
     }
 
     /// Adds a committed step's seal and commit times.
-    pub fn timed(&self, seal: Duration, commit: Duration) {
+    pub fn timed(&self, state: &crate::state::State, seal: Duration, commit: Duration) {
+        state.stats.commit_seconds.observe((seal + commit).as_secs_f64());
         let mut t = lock(&self.times);
         t.steps += 1;
         t.seal_us += seal.as_micros() as u64;

@@ -215,6 +215,7 @@ pub(crate) mod tests {
                 host: "h".into(),
                 pid: 0,
                 memory: 1,
+                metrics: None,
             })
             .collect();
         ClusterView::initial(&ClusterFile { secret: "s".into(), servers, redundancy: Default::default(), drain: None })

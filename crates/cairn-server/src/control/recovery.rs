@@ -66,6 +66,17 @@ pub struct Recovery {
     since: Mutex<Option<tokio::time::Instant>>,
 }
 
+/// Committed objects by state (see [`Recovery::census`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Census {
+    /// Objects of committed steps.
+    pub committed: u64,
+    /// Of those, objects with a piece on a server declared down.
+    pub degraded: u64,
+    /// Of those, objects no live server can take now.
+    pub waiting: u64,
+}
+
 /// One object piece to rebuild.
 #[derive(Debug, Clone)]
 struct Job {
@@ -196,27 +207,28 @@ impl Recovery {
         self.worker.wake();
     }
 
-    /// Objects of committed steps with a piece on a server `view` declares down, and of those
-    /// the ones no live server can take now (every live server holds a piece already): below
-    /// their redundancy level until rebuilt. Zero unless this server leads.
-    pub fn degraded(&self, view: &ClusterView) -> (u64, u64) {
-        let Ok(log) = self.gate.leader() else { return (0, 0) };
-        let (mut degraded, mut waiting) = (0, 0);
+    /// The committed objects, and of those the ones with a piece on a server `view` declares
+    /// down and the ones no live server can take now (every live server holds a piece already):
+    /// below their redundancy level until rebuilt. Zeros unless this server leads.
+    pub fn census(&self, view: &ClusterView) -> Census {
+        let mut c = Census::default();
+        let Ok(log) = self.gate.leader() else { return c };
         for ds in self.meta.datasets(log) {
             for step in self.meta.steps(log, &ds) {
                 let Ok(index) = self.meta.index(log, &ds, step) else { continue };
                 for o in index.blocks.iter().flat_map(|b| &b.objects) {
+                    c.committed += 1;
                     let servers = o.servers();
                     let down: Vec<u32> = servers.iter().copied().filter(|s| view.down.contains(s)).collect();
                     if down.is_empty() {
                         continue;
                     }
-                    degraded += 1;
-                    waiting += u64::from(down.iter().any(|d| target(view, &servers, *d).is_none()));
+                    c.degraded += 1;
+                    c.waiting += u64::from(down.iter().any(|d| target(view, &servers, *d).is_none()));
                 }
             }
         }
-        (degraded, waiting)
+        c
     }
 
     /// Replaces the queue with what `view` leaves short (keeping refills under way and which
