@@ -423,7 +423,10 @@ def _await_retired(file: str | os.PathLike[str], server: int, wait: float, progr
     from tqdm import tqdm
 
     deadline = time.monotonic() + wait
-    with tqdm(desc=f"moving server {server}'s pieces", unit="piece", disable=not progress) as bar:
+    # A bar on a terminal; a batch log gets one line for the phase.
+    if progress and not sys.stderr.isatty():
+        print(f"moving server {server}'s pieces", file=sys.stderr, flush=True)
+    with tqdm(desc=f"moving server {server}'s pieces", unit="piece", disable=not (progress and sys.stderr.isatty())) as bar:
         while True:
             v = view(file, timeout=2.0)
             if v is not None and all(e["id"] != server for e in v["servers"]):
