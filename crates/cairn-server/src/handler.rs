@@ -103,11 +103,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         appends.carried |= matches!(env.req, ServerRequest::Raft(RaftRequest::Raft { kind: RaftRpc::Append, .. }));
         let stop_after = matches!(env.req, ServerRequest::Client(Request::Shutdown));
         let began = std::time::Instant::now();
-        // Raft's messages carry log entries: named, not serialized for their name.
-        let op = match &env.req {
-            ServerRequest::Raft(_) => "raft".to_string(),
-            r => r.op_name(),
-        };
+        let op = op_of(&env.req);
         let got = matches!(env.req, ServerRequest::Client(Request::Get { .. }));
         await_view(&ctl, env.epoch).await;
         let reply = match check_epoch(&ctl, env.epoch) {
@@ -134,6 +130,29 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+/// The wire name of `req`'s op for the request counters: found by serializing the request
+/// once per kind (a put_many carries hundreds of headers), then remembered; Raft's messages
+/// carry log entries and are all `raft`.
+fn op_of(req: &ServerRequest) -> std::sync::Arc<str> {
+    use std::hash::{Hash, Hasher};
+    type Names = std::collections::HashMap<(u8, u64), std::sync::Arc<str>>;
+    static NAMES: std::sync::OnceLock<std::sync::Mutex<Names>> = std::sync::OnceLock::new();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let family = match req {
+        ServerRequest::Raft(_) => return "raft".into(),
+        ServerRequest::Client(r) => {
+            std::mem::discriminant(r).hash(&mut h);
+            0
+        }
+        ServerRequest::Peer(r) => {
+            std::mem::discriminant(r).hash(&mut h);
+            1
+        }
+    };
+    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    names.entry((family, h.finish())).or_insert_with(|| req.op_name().into()).clone()
 }
 
 /// The next request of a connection whose hello said `role` (`None`: it ended cleanly).
