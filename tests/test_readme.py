@@ -92,6 +92,11 @@ def test_every_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     finally:
         if c is not None:
             c.stop()
+        # The tasks snippet's local store outlives its process by design (a crashed run resumes).
+        if (tmp_path / "run-dir").exists():
+            from cairn import tasks
+
+            tasks.stop_local("staging", tmp_path / "run-dir")
 
 
 def _check(code: str, scope: dict, where: Path) -> None:
