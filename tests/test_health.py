@@ -17,7 +17,7 @@ import numpy as np
 
 import cairn
 from cairn import cluster
-from cairn.cluster_cli import health, status_json
+from cairn.cluster_status import health, status_json
 
 
 

@@ -1,0 +1,97 @@
+"""What ``cairn cluster status`` says of a cluster, as data: its health (the leader's, else what
+the servers that answer say), each server's role, the ``--json`` document, and the Prometheus
+targets of its servers. The CLI and the dashboard show it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import cluster
+
+
+def role(row: dict[str, Any]) -> str | None:
+    """A server's part in the control plane: leader, follower, candidate, learner, or None."""
+    r = row.get("meta")
+    return r if r in ("leader", "follower", "candidate", "learner") else None
+
+
+def _leader_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row of the server that leads with its quorum (its health is not ``lost_quorum``)."""
+    for r in rows:
+        h = r.get("health")
+        if r["state"] != "down" and role(r) == "leader" and h is not None:
+            if not any(x["code"] == "lost_quorum" for x in h["reasons"]):
+                return r
+    return None
+
+
+def health(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cluster's health (``{"state", "reasons": [{"code", "message"}]}``): the leader's, else
+    ``lost_quorum`` or ``electing`` as the answering voters say; plus ``server_down`` for a server
+    that does not answer and is not declared down yet."""
+    lead = _leader_row(rows) or next((r for r in rows if r["state"] != "down" and r.get("health")), None)
+    if lead is not None:
+        reasons = list(lead["health"]["reasons"])
+    else:
+        voters = sorted({v for r in rows if r["state"] != "down" for v in (r.get("voters") or [])})
+        up = [r["id"] for r in rows if r["state"] != "down" and r["id"] in voters]
+        if voters and len(up) < len(voters) // 2 + 1:
+            reasons = [{"code": "lost_quorum", "message": f"only {len(up)} of the control plane's voters {voters} answer and "
+                        f"{len(voters) // 2 + 1} are needed: nothing commits until enough of them are back"}]
+        else:
+            reasons = [{"code": "electing", "message": "no leader of the control plane yet: an election is under way "
+                        "(within the election timeout); if it lasts, check that the meta servers reach each other"}]
+    silent = [r["id"] for r in rows if r["state"] == "down" and not r.get("declared_down")]
+    if silent:
+        reasons.insert(0, {"code": "server_down", "message": f"server(s) {silent} do not answer (not declared down yet: "
+                           "the leader declares a server down after its failure timeout)"})
+    state = "err" if any(x["code"] in ("lost_quorum", "lost") for x in reasons) else "warn" if reasons else "ok"
+    return {"state": state, "reasons": reasons}
+
+
+def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The status as scripts read it (``cairn cluster status --json``); ``drain`` is the
+    leader's drain to disk (:func:`cluster.drain_status`), when the cluster has one."""
+    epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
+    up = [r for r in rows if r.get("memory_used")]
+    stored = sum(r["memory_used"] for r in up)
+    lead = _leader_row(rows)
+    return {
+        "health": health(rows),
+        "epoch": max(epochs) if epochs else None,
+        # Data bytes (first copies) over bytes stored (every copy): 1.0 without redundancy.
+        "efficiency": sum(r.get("data_bytes", 0) for r in up) / stored if stored else None,
+        # None while no leader has its quorum.
+        "leader": None if lead is None else lead["id"],
+        "servers": [{"id": r["id"], "node": r["node"], "rack": r["rack"], "addr": r["addr"], "pid": r["pid"],
+                     "state": r["state"], "role": role(r),
+                     "meta": r.get("meta") or "none",  # the role's old name, kept one release
+                     "used": r["memory_used"], "limit": r["memory_limit"],
+                     "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards"),
+                     # Shared memory made ready ahead of same-node writers ([staging] prefault).
+                     "prefault": {"ready_bytes": r.get("prefault_ready"), "target_bytes": r.get("prefault_target"),
+                                  "taken_bytes": r.get("prefault_taken")}}
+                    for r in rows],
+        # The leader's recovery of lost servers' objects, so scripts can wait for it.
+        "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),
+                     "degraded_objects": sum(r.get("recovery_degraded") or 0 for r in rows),
+                     "rebuilt_objects": sum(r.get("recovery_rebuilt") or 0 for r in rows),
+                     "lost_objects": sum(r.get("recovery_lost") or 0 for r in rows),
+                     # Seconds the recovery under way has run past its deadline (0: on time).
+                     "overdue_s": cluster.recovery_overdue(rows)},
+        "drain": None if drain is None else {k: drain.get(k) for k in ("path", "steps", "pending_bytes", "MBps", "error", "every",
+                                                                       "interval_s")},
+    }
+
+
+def targets(file: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Prometheus ``file_sd`` targets of the servers' metrics: one group per server (its entry's
+    ``metrics`` address) labelled ``cluster`` (the cluster file), ``server``, ``node``, ``rack``.
+    Servers added since the start come from the newest view."""
+    current = cluster.view(file, timeout=2.0)
+    entries = current["servers"] if current else cluster.servers_of(file)
+    name = os.path.abspath(file)
+    return [{"targets": [e["metrics"]], "labels": {"cluster": name, "server": str(e["id"]), "node": e.get("node", ""),
+                                                    "rack": e.get("rack", "")}}
+            for e in entries if e.get("metrics")]
