@@ -90,12 +90,13 @@ pub fn cluster_health(ctl: &Control) -> Option<(Census, Health)> {
     let view = ctl.state.view().ok()?;
     let census = ctl.recovery.census(&view);
     let voters = replica.voter_servers();
-    Some((census, health(ctl, &view, &voters, census.degraded, census.waiting)))
+    let health = health(ctl, &view, &voters, &census);
+    Some((census, health))
 }
 
 /// The cluster's health as this server, leading the control plane, sees it: `lost_quorum` once
 /// its voters stopped answering, else what [`cairn_proto::health::assess`] makes of its facts.
-fn health(ctl: &Control, view: &ClusterView, voters: &[u32], degraded: u64, waiting: u64) -> Health {
+fn health(ctl: &Control, view: &ClusterView, voters: &[u32], census: &Census) -> Health {
     let log = match ctl.gate.leader() {
         Ok(log) => log,
         Err(e) => {
@@ -106,12 +107,13 @@ fn health(ctl: &Control, view: &ClusterView, voters: &[u32], degraded: u64, wait
             return Health::of(vec![reason]);
         }
     };
-    let absorbed = view.down.iter().copied().filter(|d| !voters.contains(d) && !ctl.recovery.still_named(*d)).collect();
+    // Named by the census's own walk of the indexes, not one more walk per down server.
+    let absorbed = view.down.iter().copied().filter(|d| !voters.contains(d) && !census.named_down.contains(d)).collect();
     let facts = Facts {
         voters: voters.to_vec(),
         absorbed,
-        degraded,
-        waiting,
+        degraded: census.degraded,
+        waiting: census.waiting,
         lost: ctl.recovery.lost(),
         overdue_s: ctl.recovery.overdue(ctl.state.limits.recovery_deadline()),
         drain_error: ctl.drain.status(log).error,

@@ -67,7 +67,7 @@ pub struct Recovery {
 }
 
 /// Committed objects by state (see [`Recovery::census`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Census {
     /// Objects of committed steps.
     pub committed: u64,
@@ -75,6 +75,8 @@ pub struct Census {
     pub degraded: u64,
     /// Of those, objects no live server can take now.
     pub waiting: u64,
+    /// Down servers an object not counted lost still names for a piece (as [`Recovery::still_named`]).
+    pub named_down: BTreeSet<u32>,
 }
 
 /// One object piece to rebuild.
@@ -209,10 +211,12 @@ impl Recovery {
 
     /// The committed objects, and of those the ones with a piece on a server `view` declares
     /// down and the ones no live server can take now (every live server holds a piece already):
-    /// below their redundancy level until rebuilt. Zeros unless this server leads.
+    /// below their redundancy level until rebuilt; and the down servers still named. Zeros
+    /// unless this server leads.
     pub fn census(&self, view: &ClusterView) -> Census {
         let mut c = Census::default();
         let Ok(log) = self.gate.leader() else { return c };
+        let lost = lock(&self.lost).clone();
         for ds in self.meta.datasets(log) {
             for step in self.meta.steps(log, &ds) {
                 let Ok(index) = self.meta.index(log, &ds, step) else { continue };
@@ -225,6 +229,9 @@ impl Recovery {
                     }
                     c.degraded += 1;
                     c.waiting += u64::from(down.iter().any(|d| target(view, &servers, *d).is_none()));
+                    if !lost.contains(&(ds.clone(), step, o.id)) {
+                        c.named_down.extend(down);
+                    }
                 }
             }
         }
