@@ -161,6 +161,17 @@ def test_a_client_that_finds_no_leader_says_why() -> None:
     assert doc["state"] == "err" and [r["code"] for r in doc["reasons"]] == ["server_down", "lost_quorum"], doc
 
 
+def _fields(file, steps: int):
+    """A writer that put ``steps`` steps of a random 32×32 field "p" (2 KiB objects), and the fields."""
+    fields = {s: np.random.default_rng(s).random((32, 32)) for s in range(steps)}
+    w = cairn.open("sim", "w", cluster=str(file), object_size=2048, rank=0, nranks=1, timeout=20.0)
+    w.define("p", "f8", (32, 32))
+    for s, a in fields.items():
+        with w.step(s):
+            w.put("p", a)
+    return w, fields
+
+
 def test_redundancy_returns_on_the_survivors_and_a_second_failure_keeps_quorum_and_data(tmp_path: Path) -> None:
     """The issue's run: 4 servers, no spare, level 1. A follower of the control plane is
     SIGKILLed: health warns, the survivors take its pieces and a non-voter takes its vote, health
@@ -169,12 +180,7 @@ def test_redundancy_returns_on_the_survivors_and_a_second_failure_keeps_quorum_a
     c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3, redundancy=1, scheme="replicate",
                       failure_timeout="1s", recovery_deadline="5s")
     try:
-        fields = {s: np.random.default_rng(s).random((32, 32)) for s in range(8)}
-        w = cairn.open("sim", "w", cluster=str(c.file), object_size=2048, rank=0, nranks=1, timeout=20.0)
-        w.define("p", "f8", (32, 32))
-        for s, a in fields.items():
-            with w.step(s):
-                w.put("p", a)
+        w, fields = _fields(c.file, 8)
         rows = cluster.status(c.file)
         first = next(r["id"] for r in rows if r["meta"] == "follower")
         c.procs[first].send_signal(signal.SIGKILL)
@@ -197,6 +203,49 @@ def test_redundancy_returns_on_the_survivors_and_a_second_failure_keeps_quorum_a
         assert 8 in r.steps(), "a step commits: the quorum is kept"
         doc = _status(c.file)
         assert doc["leader"] is not None and "lost_quorum" not in _codes(doc) and "lost" not in _codes(doc), doc["health"]
+        r.close()
+        w.close()
+    finally:
+        c.stop()
+
+
+def _pieces(file) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Every piece the live servers hold, by (step, object id): (shard, server) pairs."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for row in cluster.status(file, objects=True, timeout=2.0):
+        for o in row.get("object_list") or []:
+            out.setdefault((o["step"], o["id"]), []).append((o.get("shard", 0), row["id"]))
+    return out
+
+
+def test_a_stripe_that_no_longer_fits_is_encoded_again_with_a_smaller_k(tmp_path: Path) -> None:
+    """4 servers, no spare, level 1, erasure coded at put: RS(3 + 1) over all four. A follower
+    SIGKILLed leaves each stripe a shard short with no server to rebuild it on; recovery decodes
+    each object into copies and encodes it again as RS(2 + 1) over the 3 left, health is ok again,
+    and a second failure then loses nothing (2 of the 3 shards are left)."""
+    c = cluster.start(tmp_path / "cluster.json", servers=4, memory="64MiB", meta=3, redundancy=1, scheme="erasure",
+                      failure_timeout="1s", recovery_deadline="5s")
+    try:
+        w, fields = _fields(c.file, 4)
+        before = _pieces(c.file)
+        assert len(before) == 16 and all(sorted(sh for sh, _ in p) == [1, 2, 3, 4] for p in before.values()), before
+        first = next(r["id"] for r in cluster.status(c.file) if r["meta"] == "follower")
+        c.procs[first].send_signal(signal.SIGKILL)
+        wait_for(lambda: _when(_status(c.file), lambda d: "degraded" in _codes(d)), "degraded named", 15)
+        doc = wait_for(lambda: _when(_status(c.file), lambda d: d["health"]["state"] == "ok"), "health ok again", 20)
+        assert doc["recovery"]["degraded_objects"] == 0 and doc["recovery"]["lost_objects"] == 0, doc["recovery"]
+        # Every object: RS(2 + 1), one shard on each of the 3 left, no copies left behind.
+        narrowed = wait_for(lambda: _when(_pieces(c.file), lambda p: all(sorted(sh for sh, _ in x) == [1, 2, 3] for x in p.values())),
+                            "every object RS(2 + 1)", 10)
+        assert set(narrowed) == set(before)
+        assert all(len({srv for _, srv in x}) == 3 and first not in {srv for _, srv in x} for x in narrowed.values()), narrowed
+        r = cairn.open("sim", "r", cluster=str(c.file), timeout=20.0)
+        for s, a in fields.items():
+            assert np.array_equal(r.get("p", s), a), f"step {s} after the first failure"
+        second = next(s["id"] for s in doc["servers"] if s["role"] == "follower")
+        c.procs[second].send_signal(signal.SIGKILL)
+        for s, a in fields.items():
+            assert np.array_equal(r.get("p", s), a), f"step {s} after the second failure"
         r.close()
         w.close()
     finally:

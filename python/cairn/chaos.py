@@ -453,6 +453,16 @@ def _nothing_pending(rows: list[dict[str, Any]]) -> bool:
         all(r.get("recovery_pending") is not None for r in leaders)
 
 
+def _voters(rows: list[dict[str, Any]]) -> list[int]:
+    """The control plane's voters (servers) as its leader's replica has them, else as any
+    answering voter's has them, else the servers answering with a voter's role."""
+    up = [r for r in rows if r.get("state") == "up"]
+    for r in sorted(up, key=lambda r: r.get("meta") != "leader"):
+        if r.get("voters") and r.get("meta") in ("leader", "follower", "candidate"):
+            return sorted(r["voters"])
+    return [r["id"] for r in up if r.get("meta") in ("leader", "follower", "candidate")]
+
+
 def _leader(file: Path) -> int:
     rows = cluster.status(file, timeout=1.0)
     return next((r["leader"] for r in rows if r.get("leader") is not None), rows[0]["id"])
@@ -550,14 +560,23 @@ class Chaos:
         return bool(set(view.get("spares", [])) - set(view.get("down", [])))
 
     def _whole(self) -> bool:
-        """Whether the control plane has one leader and all its voters following it."""
-        roles = [r.get("meta") for r in cluster.status(self.file, timeout=1.0) if r.get("state") == "up"]
-        return roles.count("leader") == 1 and roles.count("leader") + roles.count("follower") >= self.voters
+        """Whether the control plane has one leader and every voter of its membership following it
+        (a voter being replaced sits beside its replacement for a moment: 4 voters, 3 needed)."""
+        rows = [r for r in cluster.status(self.file, timeout=1.0) if r.get("state") == "up"]
+        roles = {r["id"]: r.get("meta") for r in rows}
+        voters = _voters(rows)
+        whole = list(roles.values()).count("leader") == 1 and len(voters) >= self.voters and \
+            all(roles.get(v) in ("leader", "follower") for v in voters)
+        if not whole:
+            _debug(f"not whole: voters {voters}, roles {roles}")
+        return whole
 
     def victims(self, prefer_leader: bool = False) -> list[int]:
         view, rows = self._everyone()
         live = [s for s in view.get("slots", []) if s not in view.get("down", []) and s not in self.taken]
-        meta = [r["id"] for r in rows if r.get("meta") in ("leader", "follower", "candidate")]
+        # The membership as the leader knows it: a voter that died (or is being replaced) counts
+        # in the majority until it is removed, although it answers no status.
+        meta = _voters(rows)
         voters_alive = len([m for m in meta if m in live])
         entries = {s["id"]: s for s in cluster.servers_of(self.file)}
         if self.kill == "node":

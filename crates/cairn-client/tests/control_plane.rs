@@ -169,7 +169,7 @@ fn a_partitioned_leader_commits_nothing_and_catches_up_when_healed() {
     // Healed, the old leader follows the new one and catches up; what it could not commit is gone.
     c.partition(old, false);
     let log = c.control(old).unwrap().gate.get().unwrap();
-    let has = |k: &str| cairn_meta::log::query(log, |s| s.kv(k).is_some());
+    let has = |k: &str| cairn_meta::log::query(&log, |s| s.kv(k).is_some());
     c.until(Duration::from_secs(10), &format!("server {old} to catch up"), |_| log.role().0 == "follower" && has("after") && has("before"))
         .unwrap_or_else(|e| panic!("{e}: {:?}", log.role()));
     assert!(!has("cut"));
@@ -190,7 +190,7 @@ fn committed_steps_stay_readable_while_no_leader_is_confirmed_then_fail_when_alo
     // The commit reaches the follower's state a moment after the writer is told.
     let log = c.control(follower).unwrap().gate.get().unwrap();
     c.until(Duration::from_secs(10), &format!("server {follower} to apply the commit"), |_| {
-        cairn_meta::log::query(log, |s| s.is_committed("f", 0))
+        cairn_meta::log::query(&log, |s| s.is_committed("f", 0))
     })
     .unwrap();
     // Asked for a follower read, a follower answers from its own state and says so; the leader

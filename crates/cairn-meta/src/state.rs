@@ -133,6 +133,17 @@ pub enum Cmd {
         /// Object ids, each with the lost server and the one that holds its piece now.
         objects: Vec<(u64, u32, u32)>,
     },
+    /// Erasure-coded objects of a committed step whose stripe no longer fits on the live servers
+    /// were decoded into whole copies (recovery, before it encodes them again with a smaller
+    /// `k`): their entries name the copies. Objects no longer encoded (or gone) are skipped.
+    Decoded {
+        /// Dataset.
+        dataset: String,
+        /// Step.
+        step: u64,
+        /// Object ids, each with the servers holding its copies now.
+        objects: Vec<(u64, Vec<u32>)>,
+    },
     /// Commands that arrived together, in one log entry (group commit): applied in order, each
     /// with its own outcome.
     Batch {
@@ -523,6 +534,7 @@ impl MetaState {
             Cmd::SetView(ViewChange { view }) => self.set_view(view),
             Cmd::Encoded { dataset, step, objects } => self.encoded(&dataset, step, objects),
             Cmd::Rebuilt { dataset, step, objects } => self.rebuilt(&dataset, step, objects),
+            Cmd::Decoded { dataset, step, objects } => self.decoded(&dataset, step, objects),
             // Nested batches are refused (the batcher never makes them), so applying stays flat.
             Cmd::Batch { cmds } => Ok(Outcome::Batch {
                 outcomes: cmds
@@ -722,6 +734,26 @@ impl MetaState {
                 if o.id == id && matches!(o.redundancy, Redundancy::Replicated { .. }) {
                     o.server = first;
                     o.redundancy = red.clone();
+                    changed += 1;
+                }
+            }
+        }
+        Ok(Outcome::Encoded { changed })
+    }
+
+    fn decoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Vec<u32>)>) -> Result<Outcome, Error> {
+        let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
+        let index = ds.committed.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?;
+        let mut changed = 0;
+        let index = Arc::make_mut(index);
+        for (id, servers) in objects {
+            let Some(first) = servers.first().copied() else {
+                return Err(Error::InvalidArgument(format!("object {id:#x}: decoded into no copies")));
+            };
+            for o in index.blocks.iter_mut().flat_map(|b| b.objects.iter_mut()) {
+                if o.id == id && matches!(o.redundancy, Redundancy::Encoded { .. }) {
+                    o.server = first;
+                    o.redundancy = Redundancy::Replicated { servers: servers.clone() };
                     changed += 1;
                 }
             }

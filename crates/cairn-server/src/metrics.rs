@@ -142,7 +142,7 @@ pub fn render(ctl: &Control) -> String {
                 &mut reg,
                 "cairn_drain_pending_bytes",
                 "Bytes of committed steps still to drain to disk",
-                i(ctl.drain.status(log).pending_bytes),
+                i(ctl.drain.status(&log).pending_bytes),
             );
         }
         let drained: Counter = stats.drain_steps.clone();

@@ -99,11 +99,17 @@ impl Work {
         self.piece.sources.contains(&self.piece.stripe[lost]).then_some(lost)
     }
 
+    /// A whole copy of an erasure-coded object, decoded from `k` of its shards (its stripe no
+    /// longer fits on the live servers: recovery makes copies of it, to encode it again narrower).
+    fn decodes_whole(&self) -> bool {
+        self.piece.shard == 0 && self.piece.k > 0
+    }
+
     fn complete(&self) -> bool {
         let have = self.got.iter().flatten().count();
         match self.direct() {
             Some(lost) if self.got[lost].is_some() => true,
-            _ if self.piece.shard == 0 => have >= 1,
+            _ if self.piece.shard == 0 && !self.decodes_whole() => have >= 1,
             _ => have >= self.piece.k as usize,
         }
     }
@@ -119,11 +125,12 @@ impl Work {
         // The piece's own holder first; should it fail, the piece is decoded from the others.
         if let Some(lost) = self.direct().filter(|lost| usable(&self.piece.stripe[*lost])) {
             out.push((self.piece.stripe[lost], lost as u32 + 1, lost));
-        } else if self.piece.shard == 0 {
+        } else if self.piece.shard == 0 && !self.decodes_whole() {
             out.extend(self.piece.sources.iter().find(|s| usable(s)).map(|s| (*s, 0, 0)));
         } else {
             let need = (self.piece.k as usize).saturating_sub(self.got.iter().flatten().count());
-            let lost = self.piece.shard as usize - 1;
+            // The stripe position not to fetch (none when the whole object is decoded).
+            let lost = (self.piece.shard as usize).wrapping_sub(1);
             for &s in self.piece.sources.iter().filter(|s| usable(s)) {
                 let Some(at) = self.piece.stripe.iter().position(|x| *x == s).filter(|at| *at != lost) else { continue };
                 if out.len() == need {
@@ -143,13 +150,21 @@ impl Work {
             return Err(Error::Unavailable(format!(
                 "fetched {} of the {} pieces object {:#x} needs from servers {:?}; try again once they answer",
                 self.got.iter().flatten().count(),
-                if p.shard == 0 { 1 } else { p.k },
+                if p.shard == 0 && p.k == 0 { 1 } else { p.k },
                 p.id,
                 p.sources
             )));
         };
         let bytes = match self.direct() {
             Some(lost) if self.got[lost].is_some() => self.got[lost].take().unwrap_or_default(),
+            _ if self.decodes_whole() => {
+                let code = Code::new(p.k as usize, p.m as usize)?;
+                let whole = code.decode(&mut self.got, (head.region.volume() * u64::from(head.elem)) as usize)?;
+                if cairn_core::checksum::crc(&whole) != p.checksum {
+                    return Err(Error::Corrupt(format!("object {:#x} decoded for recovery does not match its checksum", p.id)));
+                }
+                whole
+            }
             _ if p.shard == 0 => {
                 let whole = self.got[0].take().unwrap_or_default();
                 if cairn_core::checksum::crc(&whole) != p.checksum {
@@ -292,5 +307,43 @@ mod tests {
         w.asks(&none);
         w.got[0] = Some(vec![7]);
         assert!(w.complete());
+    }
+
+    #[test]
+    fn a_whole_copy_is_decoded_from_any_k_shards_and_checked() {
+        let none = BTreeSet::new();
+        // Shard 0 of a 3+1 stripe whose server 11 is lost: three of the others, decoded whole.
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+        let code = Code::new(3, 1).unwrap();
+        let mut shards: Vec<Vec<u8>> = (0..3).map(|i| code.shard(&data, i)).collect();
+        shards.extend(code.parity(&data));
+        let mut p = piece(0, vec![10, 11, 12, 13], vec![10, 12, 13]);
+        p.checksum = cairn_core::checksum::crc(&data);
+        let mut w = Work::new(p.clone());
+        assert_eq!(w.asks(&none), vec![(10, 1, 0), (12, 3, 2), (13, 4, 3)], "every shard but the lost one's");
+        for at in [0, 2, 3] {
+            w.got[at] = Some(shards[at].clone());
+        }
+        let head = PieceHead {
+            var: "u".into(),
+            region: cairn_core::Region::new(vec![0], vec![1000]).unwrap(),
+            elem: 1,
+            session: "s".into(),
+            writer: 0,
+            len: 0,
+            checksum: 0,
+        };
+        w.head = Some(head.clone());
+        assert!(w.complete());
+        let (h, bytes) = w.finish("d").unwrap();
+        assert_eq!((bytes, h.shard, h.object.checksum), (data.clone(), 0, p.checksum));
+        // A shard that lies is caught by the object's checksum, never stored.
+        let mut w = Work::new(p);
+        w.asks(&none);
+        w.got[0] = Some(vec![0; shards[0].len()]);
+        w.got[2] = Some(shards[2].clone());
+        w.got[3] = Some(shards[3].clone());
+        w.head = Some(head);
+        assert!(w.finish("d").unwrap_err().to_string().contains("does not match its checksum"));
     }
 }

@@ -88,6 +88,8 @@ pub struct State {
     view: RwLock<Option<Arc<ClusterView>>>,
     /// The epoch of the view installed, for those waiting on a newer one.
     epoch: tokio::sync::watch::Sender<u64>,
+    /// How many views have declared this server down (the control plane takes its vote away).
+    downs: tokio::sync::watch::Sender<u64>,
     /// Objects held here.
     pub store: Store,
     /// Keyed values and sets.
@@ -123,6 +125,7 @@ impl State {
             cluster_path,
             view: RwLock::new(None),
             epoch: tokio::sync::watch::channel(0).0,
+            downs: tokio::sync::watch::channel(0).0,
             store: Store::new(id, memory),
             kv: Kv::default(),
             peers: Peers::default(),
@@ -177,8 +180,14 @@ impl State {
             let freed = self.store.clear();
             let keys = self.kv.delete(&self.store, &[String::new()], true);
             tracing::warn!(server = self.id, "declared down; dropped {freed} bytes of objects and {keys} keys, rejoining empty");
+            self.downs.send_modify(|n| *n += 1);
         }
         Ok(Some(current))
+    }
+
+    /// A receiver of how many views have declared this server down.
+    pub fn downs(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.downs.subscribe()
     }
 
     /// A receiver told of every view installed later (its epoch).

@@ -227,7 +227,7 @@ impl StagingWriter {
             let needed = blocks
                 .iter()
                 .map(|(_, b)| match policy.scheme {
-                    Scheme::Erasure => policy.stripe(b.def.redundancy, view.slots.len()).map_or(1, |(k, m)| (k + m) as usize),
+                    Scheme::Erasure => policy.stripe(b.def.redundancy, view.live().len()).map_or(1, |(k, m)| (k + m) as usize),
                     _ => b.def.redundancy as usize + 1,
                 })
                 .max()
@@ -409,8 +409,9 @@ impl StagingWriter {
         for (step, block) in blocks {
             check_level(block.def, &policy, view)?;
             let level = block.def.redundancy;
-            // The erasure scheme encodes on the write path (when the cluster has room for a stripe).
-            let stripe = if policy.scheme == Scheme::Erasure { policy.stripe(level, view.slots.len()) } else { None };
+            // The erasure scheme encodes on the write path, as wide as the live servers allow (a
+            // stripe over a lost server would start degraded, and be narrowed by recovery).
+            let stripe = if policy.scheme == Scheme::Erasure { policy.stripe(level, view.live().len()) } else { None };
             let pieces = split(&block.region, block.def.dtype.size(), self.object_size);
             let seq = plan.seqs.entry(*step).or_insert_with(|| self.open.get(step).map_or(0, |o| o.seq));
             let mut mine = Vec::with_capacity(pieces.len());

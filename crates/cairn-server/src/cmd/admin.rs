@@ -27,7 +27,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::Hello { .. } => return Err(Error::Conflict("hello sent twice on one connection".into())),
         Request::View => Response::View { view: (*state.view()?).clone() },
         Request::SetView(c) => ctl.views.set_view(c.view).await?,
-        Request::Datasets => Response::Datasets { names: ctl.meta.datasets(ctl.gate.leader()?) },
+        Request::Datasets => Response::Datasets { names: ctl.meta.datasets(&ctl.gate.leader()?) },
         Request::Status => status(ctl),
         Request::Objects => Response::Objects { objects: state.store.list() },
         Request::Shutdown => Response::Ok,
@@ -116,7 +116,7 @@ fn health(ctl: &Control, view: &ClusterView, voters: &[u32], census: &Census) ->
         waiting: census.waiting,
         lost: ctl.recovery.lost(),
         overdue_s: ctl.recovery.overdue(ctl.state.limits.recovery_deadline()),
-        drain_error: ctl.drain.status(log).error,
+        drain_error: ctl.drain.status(&log).error,
         default_level: ctl.state.policy().map_or(0, |p| p.redundancy),
     };
     assess(view, &facts)

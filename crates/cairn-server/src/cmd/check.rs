@@ -73,7 +73,8 @@ pub fn rebuild_piece(p: &RebuildPiece) -> Result<()> {
     let RebuildPiece { shard, k, m, stripe, sources, .. } = p;
     let n = (*k as usize).saturating_add(*m as usize);
     let copy = *shard == 0 && *k == 0 && *m == 0 && stripe.is_empty();
-    let piece = *shard >= 1 && *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
+    // Shard 0 of a stripe: the whole object, decoded (recovery narrowing a stripe).
+    let piece = *k >= 2 && *m >= 1 && n <= cairn_core::erasure::MAX_SHARDS && stripe.len() == n && *shard as usize <= n;
     if !(copy || piece) || sources.is_empty() || sources.len() > cairn_core::erasure::MAX_SHARDS {
         return Err(Error::InvalidArgument(format!(
             "rebuild piece {shard} of a {k}+{m} stripe on {} servers from {} sources: not a piece",
@@ -118,6 +119,8 @@ mod tests {
             |shard, k, m, stripe: Vec<u32>, sources: Vec<u32>| RebuildPiece { step: 3, id: 7, shard, k, m, stripe, checksum: 0, sources };
         let rebuild = |pieces| PeerRequest::Rebuild { dataset: "d".into(), pieces };
         assert!(peer(&rebuild(vec![piece(0, 0, 0, vec![], vec![2]), piece(5, 3, 2, vec![0, 1, 2, 3, 4], vec![0, 1, 3])]), 0).is_ok());
+        // Shard 0 of a stripe: the whole object decoded from it.
+        assert!(peer(&rebuild(vec![piece(0, 3, 2, vec![0, 1, 2, 3, 4], vec![0, 1, 3])]), 0).is_ok());
         for bad in [
             piece(0, 0, 0, vec![], vec![]),
             piece(0, 3, 2, vec![], vec![1]),

@@ -27,7 +27,7 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
 
 /// Runs a checked claim request.
 pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
-    let (log, meta) = (ctl.gate.leader()?, &ctl.meta);
+    let (log, meta) = (&ctl.gate.leader()?, &ctl.meta);
     let r = match req {
         // Leases the lowest free committed step of `dataset` to `claimer`.
         Request::Claim(ClaimLease { dataset, claimer, lease_ms }) => {

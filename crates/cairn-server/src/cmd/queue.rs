@@ -53,7 +53,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
             ctl.commits.queue(&dataset, cmd).await?;
             let mut answer = queue(ctl, &dataset)?;
             if let Response::Queue { mark, .. } = &mut answer {
-                *mark = ctl.meta.reader_mark(ctl.gate.leader()?, &dataset, &reader);
+                *mark = ctl.meta.reader_mark(&ctl.gate.leader()?, &dataset, &reader);
             }
             answer
         }
@@ -65,7 +65,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
 
 /// The dataset's queue as answered.
 fn queue(ctl: &Control, dataset: &str) -> Result<Response> {
-    let q = ctl.meta.queued(ctl.gate.leader()?, dataset);
+    let q = ctl.meta.queued(&ctl.gate.leader()?, dataset);
     let (limit, policy) = q.limit.unwrap_or((0, Policy::Block));
     Ok(Response::Queue {
         room: limit == 0 || q.queued < limit || q.discarding,
@@ -84,7 +84,7 @@ async fn wait(ctl: &Control, dataset: &str, timeout_ms: u64) -> Result<Response>
     let mut rx = ctl.meta.watch(dataset);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
-        let q = ctl.meta.queued(ctl.gate.leader()?, dataset);
+        let q = ctl.meta.queued(&ctl.gate.leader()?, dataset);
         if q.lapsed || q.held_by_claims {
             let now_ms = crate::control::meta::now_ms();
             ctl.commits.queue(dataset, Cmd::Stream { dataset: dataset.into(), reader: None, next: None, lease_ms: 0, now_ms }).await?;

@@ -50,13 +50,13 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
             ctl.drain.wait(dataset.as_deref(), step, Duration::from_millis(timeout_ms).min(MAX_WAIT)).await
         }
         Request::StepOutcome { dataset, step, session } => gate.leader().map(|log| {
-            let (outcome, reason) = meta.outcome(log, &dataset, step, &session);
+            let (outcome, reason) = meta.outcome(&log, &dataset, step, &session);
             Response::Outcome { outcome: outcome.into(), reason }
         }),
         Request::Steps { dataset, follower } => gate.reader(false, follower).await.map(|(log, _)| Response::Steps {
-            steps: meta.steps(log, &dataset),
-            finished: meta.finished(log, &dataset),
-            pending: meta.pending(log, &dataset),
+            steps: meta.steps(&log, &dataset),
+            finished: meta.finished(&log, &dataset),
+            pending: meta.pending(&log, &dataset),
         }),
         // Linearized: a leader just elected may not have applied every committed entry yet
         // (an `encoded` one whose copies are already gone), and its index must not be older.
@@ -64,7 +64,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::Index { dataset, step, follower } => {
             async {
                 let (log, led) = gate.reader(true, follower).await?;
-                meta.index(log, &dataset, step).map(|i| Response::Index { index: (*i).clone(), follower: !led })
+                meta.index(&log, &dataset, step).map(|i| Response::Index { index: (*i).clone(), follower: !led })
             }
             .await
         }
@@ -86,7 +86,7 @@ async fn wait_step(ctl: &Control, dataset: &str, step: u64, timeout_ms: u64) -> 
     let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms).min(MAX_WAIT);
     loop {
         // A leader that loses its place mid-wait sends the reader to the new one.
-        let log = ctl.gate.leader()?;
+        let log = &ctl.gate.leader()?;
         if ctl.meta.is_committed(log, dataset, step) {
             return Ok(Response::Committed { committed: true });
         }

@@ -114,7 +114,7 @@ impl Commits {
     /// Records a writer's fragment; the last one commits the step. Only the control plane's leader
     /// takes fragments (others answer `not_leader`).
     pub async fn end_step(self: &Arc<Self>, dataset: &str, frag: Fragment, shares: Vec<Share>, keep_last: Option<u64>) -> Result<Response> {
-        let log = self.gate.leader()?;
+        let log = &self.gate.leader()?;
         // Marked from before its fragment is proposed: the leader's sweep of prepared steps must not
         // take up a step this end of step is about to finish itself.
         let (step, session) = (frag.step, frag.session.clone());
@@ -145,7 +145,7 @@ impl Commits {
 
     async fn finish_once(self: &Arc<Self>, dataset: &str, ready: &Ready, keep_last: Option<u64>) -> Result<()> {
         let state = &self.state;
-        let log = self.gate.leader()?;
+        let log = &self.gate.leader()?;
         let view = state.view()?;
         let (step, session) = (ready.index.step, ready.session.clone());
         let started = std::time::Instant::now();
@@ -217,7 +217,7 @@ impl Commits {
 
     /// On becoming leader: finishes every step the previous leader left prepared.
     pub async fn finish_in_flight(self: &Arc<Self>) {
-        let Ok(log) = self.gate.leader() else { return };
+        let Ok(log) = &self.gate.leader() else { return };
         let prepared = cairn_meta::log::query(log, |s| s.in_flight());
         for p in prepared.into_iter().filter(|p| !self.meta.is_finishing(&p.dataset, p.index.step, &p.session)) {
             let ready = Ready { index: p.index, session: p.session, shares: p.shares };
@@ -265,7 +265,7 @@ impl Commits {
     /// ended it learn `reason` from [`outcome`]), and the objects of its fragments are dropped.
     /// A step no rank ended yet has nothing to abort here (the rank dropped its own objects).
     pub async fn abort_step(&self, dataset: &str, step: u64, session: &str, reason: &str) -> Result<Response> {
-        let log = self.gate.leader()?;
+        let log = &self.gate.leader()?;
         if !self.meta.is_finishing(dataset, step, session) {
             self.abort_and_drop(log, dataset, step, session, reason).await;
         }
@@ -275,7 +275,7 @@ impl Commits {
     /// Applies a queue command (the writers' limit, a streaming reader's mark) and frees the
     /// steps it released.
     pub async fn queue(&self, dataset: &str, cmd: cairn_meta::Cmd) -> Result<()> {
-        let released = self.meta.queue(self.gate.leader()?, dataset, cmd).await?;
+        let released = self.meta.queue(&self.gate.leader()?, dataset, cmd).await?;
         for index in released {
             self.told.corec.released(dataset, index.step);
             free(&self.state, dataset, &index).await;
@@ -286,16 +286,16 @@ impl Commits {
     /// Releases a committed step; one the drain to disk still owes once it is drained (waited
     /// for a few seconds, else refused: its only copy would go).
     pub async fn release(&self, dataset: &str, step: u64) -> Result<Response> {
-        if self.told.drain.owes(self.gate.leader()?, dataset, step) {
+        if self.told.drain.owes(&self.gate.leader()?, dataset, step) {
             self.told.drain.wait(Some(dataset), Some(step), RELEASE_WAITS_FOR_DRAIN).await?;
-            if self.told.drain.owes(self.gate.leader()?, dataset, step) {
+            if self.told.drain.owes(&self.gate.leader()?, dataset, step) {
                 return Err(Error::Conflict(format!(
                     "step {step} of '{dataset}' is not on disk yet (the drain owes it, and its copy in memory is the only one); \
                      release it once wait_drained({step}) is true, or let keep_last release it after its drain"
                 )));
             }
         }
-        let index = self.meta.release(self.gate.leader()?, dataset, step).await?;
+        let index = self.meta.release(&self.gate.leader()?, dataset, step).await?;
         self.told.corec.released(dataset, step);
         free(&self.state, dataset, &index).await;
         Ok(Response::Ok)
@@ -303,7 +303,7 @@ impl Commits {
 
     /// Removes `dataset` whole (`cairn rm`, one control-plane command) and frees its objects.
     pub async fn remove(&self, dataset: &str) -> Result<Response> {
-        let released = self.meta.remove(self.gate.leader()?, dataset).await?;
+        let released = self.meta.remove(&self.gate.leader()?, dataset).await?;
         for index in &released {
             self.told.corec.released(dataset, index.step);
             free(&self.state, dataset, index).await;

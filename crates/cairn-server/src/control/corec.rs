@@ -67,7 +67,7 @@ impl Corec {
     /// classifier chooses, in the background.
     pub fn committed(self: &Arc<Self>, dataset: &str, index: &StepIndex, released: &[u64]) {
         let (state, meta) = (&self.state, &self.meta);
-        let (Ok(policy), Ok(view), Ok(log)) = (state.policy(), state.view(), self.gate.leader()) else { return };
+        let (Ok(policy), Ok(view), Ok(log)) = (state.policy(), state.view(), &self.gate.leader()) else { return };
         if !policy.scheme.encodes_later() {
             return;
         }
@@ -96,6 +96,23 @@ impl Corec {
             let me = me.clone();
             async move { me.round().await }
         });
+    }
+
+    /// Encodes again an object recovery decoded into copies because its stripe no longer fit on
+    /// the live servers: with the stripe the live servers allow now (a smaller `k`), or, when
+    /// none does (`k` would be under 2), it stays replicated, its level kept by copies.
+    pub async fn reencode(&self, dataset: &str, step: u64, id: u64) -> Result<()> {
+        let key = Key { dataset: dataset.to_string(), step, id };
+        let Some(copies) = self.copies_of(&key) else { return Ok(()) };
+        let (policy, view) = (self.state.policy()?, self.state.view()?);
+        // (The classifier is left to count it encoded: as a candidate it would be tried again
+        // and again on servers too few for any stripe.)
+        if policy.stripe(copies.level, view.live().len()).is_none() {
+            return Ok(());
+        }
+        let r = self.encode_one(&key, &copies).await;
+        self.classifier_done(&key, r.is_ok());
+        r
     }
 
     /// Forgets the objects of a released step.
@@ -192,7 +209,7 @@ impl Corec {
 
     fn copies_of(&self, key: &Key) -> Option<Copies> {
         let log = self.gate.leader().ok()?;
-        let index = self.meta.index(log, &key.dataset, key.step).ok()?;
+        let index = self.meta.index(&log, &key.dataset, key.step).ok()?;
         let (b, o) = index.blocks.iter().flat_map(|b| b.objects.iter().map(move |o| (b, o))).find(|(_, o)| o.id == key.id)?;
         let level = index.vars.get(&b.var).map_or(0, |d| d.redundancy);
         matches!(o.redundancy, Redundancy::Replicated { .. }).then(|| Copies { holders: o.holders(), level })
@@ -204,7 +221,7 @@ impl Corec {
         let state = &self.state;
         let policy = state.policy()?;
         let view = state.view()?;
-        let log = self.gate.leader()?;
+        let log = &self.gate.leader()?;
         let (holders, level) = (&copies.holders, copies.level);
         let (k, m) = policy
             .stripe(level, view.live().len())

@@ -167,7 +167,7 @@ impl Drain {
     /// Drains the oldest step owed of the first dataset (in name order) whose drain is not
     /// waiting for a retry, if this server leads.
     async fn round(self: &Arc<Self>) -> Next {
-        let (Some(spec), Ok(log)) = (&self.spec, self.gate.leader()) else { return Next::Idle };
+        let (Some(spec), Ok(log)) = (&self.spec, &self.gate.leader()) else { return Next::Idle };
         let every = self.every().unwrap_or(1);
         let owed = query(log, |s| {
             s.datasets().into_iter().filter_map(|d| s.owed(&d, every).into_iter().next().map(|o| (d, o))).collect::<Vec<_>>()
@@ -294,7 +294,7 @@ impl Drain {
         let began = lock(&self.progress).attempts;
         let mut commits = dataset.map(|d| self.meta.watch(d));
         loop {
-            let log = self.gate.leader()?;
+            let log = &self.gate.leader()?;
             let every = self.every().unwrap_or(1);
             let (target, done) = match dataset {
                 None => (None, true),
@@ -382,7 +382,7 @@ impl Drain {
                     moves += 1;
                     let every = self.every().unwrap_or(1);
                     let step = index.step;
-                    let fresh = query(self.gate.leader()?, |s| s.owed(dataset, every).into_iter().find(|(s, _)| *s == step));
+                    let fresh = query(&self.gate.leader()?, |s| s.owed(dataset, every).into_iter().find(|(s, _)| *s == step));
                     match fresh {
                         Some((_, i)) if i.blocks != index.blocks => index = std::borrow::Cow::Owned((*i).clone()),
                         Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,

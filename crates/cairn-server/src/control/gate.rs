@@ -7,7 +7,7 @@ use cairn_meta::raft::node::Timing;
 use cairn_meta::raft::RaftLog;
 use cairn_proto::ClusterView;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::RwLock;
 
 /// How this server takes part in the control plane.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,9 @@ pub struct Gate {
     pub id: u32,
     /// How it takes part.
     pub options: MetaOptions,
-    log: OnceLock<RaftLog>,
+    /// The replica; a new one (a new node id) replaces it when this server, declared down while
+    /// it ran one, rejoins the control plane.
+    log: RwLock<Option<RaftLog>>,
     /// Set once the replica is installed, for those waiting on it.
     started: tokio::sync::watch::Sender<bool>,
     /// Raft traffic to and from this server is dropped: a network partition of the control
@@ -52,13 +54,18 @@ pub struct Gate {
 impl Gate {
     /// The gate of server `id`, its replica not started yet.
     pub fn new(id: u32, options: MetaOptions) -> Gate {
-        Gate { id, options, log: OnceLock::new(), started: tokio::sync::watch::channel(false).0, cut: AtomicBool::new(false) }
+        Gate { id, options, log: RwLock::new(None), started: tokio::sync::watch::channel(false).0, cut: AtomicBool::new(false) }
     }
 
-    /// Installs the started replica.
+    /// Installs the started replica (in place of an earlier one, already shut down).
     pub fn set(&self, log: RaftLog) {
-        let _ = self.log.set(log);
+        *self.log.write().unwrap_or_else(|p| p.into_inner()) = Some(log);
         self.started.send_replace(true);
+    }
+
+    /// Removes the replica, for this server to rejoin under a new node id.
+    pub fn take(&self) -> Option<RaftLog> {
+        self.log.write().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// A receiver told when the replica is installed ([`Gate::set`]).
@@ -67,8 +74,8 @@ impl Gate {
     }
 
     /// This server's replica, if it runs one.
-    pub fn get(&self) -> Option<&RaftLog> {
-        self.log.get()
+    pub fn get(&self) -> Option<RaftLog> {
+        self.log.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether Raft traffic is cut off (tests).
@@ -83,7 +90,7 @@ impl Gate {
 
     /// This server's replica if it leads the control plane, else the not-leader error naming
     /// the leader it knows (commits and their reads go to the leader).
-    pub fn leader(&self) -> Result<&RaftLog> {
+    pub fn leader(&self) -> Result<RaftLog> {
         let log = self.replica()?;
         // A leader cut off from its majority may have been replaced: its state could be stale.
         log.check_quorum()?;
@@ -105,7 +112,7 @@ impl Gate {
     /// that takes a follower's answer, this server's own replica while it heard from a leader
     /// within its follower window, so reads of committed steps go on through an election.
     /// Otherwise the not-leader error, which sends the client on to the leader.
-    pub async fn reader(&self, linearize: bool, follower: bool) -> Result<(&RaftLog, bool)> {
+    pub async fn reader(&self, linearize: bool, follower: bool) -> Result<(RaftLog, bool)> {
         let led = async {
             let log = self.leader()?;
             if linearize {
@@ -125,8 +132,8 @@ impl Gate {
     }
 
     /// This server's replica, or the not-leader error a non-meta server answers with.
-    pub fn replica(&self) -> Result<&RaftLog> {
-        self.log.get().ok_or_else(|| Error::NotLeader {
+    pub fn replica(&self) -> Result<RaftLog> {
+        self.get().ok_or_else(|| Error::NotLeader {
             message: format!("server {} does not run the control plane; ask one of the first meta servers of the ring", self.id),
             leader: None,
         })

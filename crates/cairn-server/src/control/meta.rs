@@ -250,6 +250,15 @@ impl Meta {
         }
     }
 
+    /// Records erasure-coded objects decoded into copies on the given servers (see
+    /// [`Cmd::Decoded`]); returns how many entries changed.
+    pub async fn decoded(&self, log: &dyn MetaLog, dataset: &str, step: u64, objects: Vec<(u64, Vec<u32>)>) -> Result<u64> {
+        match self.batcher.propose(log, Cmd::Decoded { dataset: dataset.to_string(), step, objects }).await? {
+            Outcome::Encoded { changed } => Ok(changed),
+            other => Err(unexpected_outcome("decoded", &other)),
+        }
+    }
+
     /// Records objects rebuilt on `to` for lost `from` (see [`Cmd::Rebuilt`]); returns how many changed.
     pub async fn rebuilt(&self, log: &dyn MetaLog, dataset: &str, step: u64, objects: Vec<(u64, u32, u32)>) -> Result<u64> {
         match self.batcher.propose(log, Cmd::Rebuilt { dataset: dataset.to_string(), step, objects }).await? {

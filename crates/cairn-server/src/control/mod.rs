@@ -68,8 +68,8 @@ impl Control {
     pub fn new(state: Arc<State>, options: MetaOptions, drain: Option<cairn_proto::cluster::DrainSpec>) -> Arc<Control> {
         let gate = Arc::new(Gate::new(state.id, options));
         let meta = Arc::new(meta::Meta::default());
-        let recovery = Arc::new(recovery::Recovery::new(state.clone(), gate.clone(), meta.clone()));
         let corec = Arc::new(corec::Corec::new(state.clone(), gate.clone(), meta.clone()));
+        let recovery = Arc::new(recovery::Recovery::new(state.clone(), gate.clone(), meta.clone(), corec.clone()));
         let drain = Arc::new(drain::Drain::new(state.clone(), gate.clone(), meta.clone(), corec.clone(), drain));
         let told = commit::Told { corec: corec.clone(), recovery: recovery.clone(), drain: drain.clone() };
         let commits = Arc::new(commit::Commits::new(state.clone(), gate.clone(), meta.clone(), told));
@@ -79,80 +79,133 @@ impl Control {
     }
 
     /// Starts this server's replica once the cluster view is known, if it is a meta server, or
-    /// later, once a view change gives it a meta server's slot (a spare replacing a failed one).
+    /// later, once a view change gives it a meta server's slot (a spare replacing a failed one,
+    /// or the next live server promoted in a failed voter's place). A server declared down while
+    /// it runs a replica (cut off, or stopped, for longer than the failure timeout) has had its
+    /// vote taken away: it shuts that replica down (a removed voter would stand for election
+    /// for ever) and joins again under a new node id once a view gives it a slot again.
     pub fn start(self: &Arc<Self>) {
         let ctl = self.clone();
         tokio::spawn(async move {
-            let (state, gate) = (&ctl.state, &ctl.gate);
-            let mut shutdown = state.shutdown.subscribe();
-            // The first view is the cluster file's, once server 0 has written it (a file, so it is
-            // looked for; every later view comes as a message, and is waited for).
-            let first = loop {
-                if let Ok(v) = state.view() {
-                    break v;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            if gate.options.rejoin {
-                ctl.views.refresh();
-            }
-            // One of the first members starts with the cluster; any other joins the running one.
-            let founding = !gate.options.rejoin && gate.members(&first).contains(&state.id);
-            let view = loop {
-                let v = state.view().unwrap_or(first.clone());
-                // A restarted server first learns the current view (its slot may be a spare's now).
-                let settled = !ctl.views.refreshing();
-                if founding || (settled && gate.members(&v).contains(&state.id) && v.is_live(state.id)) {
-                    break v;
-                }
-                // Woken by the next view (or to look again once the refresh settled).
-                tokio::select! {
-                    _ = state.view_at(v.epoch + 1, Duration::from_millis(200)) => {}
-                    _ = shutdown.recv() => return,
-                }
-            };
-            let members = gate.members(&view);
-            let incarnation = if founding { 0 } else { u64::from(raft::rand_u32().max(1)) };
-            let id = (u64::from(state.id) << 32) | incarnation;
-            let net = raft::PeerNet::new(state, gate);
-            let log = match RaftLog::start(id, gate.options.timing, net).await {
-                Ok(l) => l,
-                Err(e) => return tracing::error!(server = state.id, "control plane did not start: {e}"),
-            };
-            gate.set(log.clone());
-            tokio::spawn(ctl.clone().on_leadership(log.clone()));
-            tokio::spawn(ctl.views.clone().follow(log.clone()));
-            ctl.detector.start();
-            let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
-            if founding {
-                if members.first() == Some(&state.id) {
-                    let all: Option<BTreeMap<NodeId, MetaNode>> =
-                        members.iter().map(|s| Some((u64::from(*s) << 32, node(*s).ok()?))).collect();
-                    if let Some(all) = all {
-                        if let Err(e) = log.bootstrap(all).await {
-                            tracing::error!(server = state.id, "control plane bootstrap failed: {e}");
-                        }
-                    }
-                }
-                return;
-            }
-            // A restart or a replacement: ask the meta servers (any; followers name the leader) to
-            // take this node in.
-            let Ok(me) = node(state.id) else { return };
-            let join = RaftRequest::MetaJoin { node: id, server: state.id, addr: me.addr };
-            loop {
-                let now = state.view().unwrap_or(view.clone());
-                for s in gate.members(&now).iter().filter(|s| **s != state.id) {
-                    if crate::peer::call(state, *s, &join).await.is_ok() {
-                        return;
-                    }
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    _ = shutdown.recv() => return,
-                }
+            let mut rejoin = ctl.gate.options.rejoin;
+            // Declared down since the replica started (the view that did so may already be
+            // followed by the one taking this server back as a spare).
+            let mut downs = ctl.state.downs();
+            while ctl.join(rejoin, &mut downs).await && ctl.evicted(&mut downs).await {
+                rejoin = true;
             }
         });
+    }
+
+    /// Waits until this server's replica has lost its vote, and shuts it down: a view leaves
+    /// the server out of the control plane's members (a spare or a lower live slot took its
+    /// place; the leader removes it as it admits that one), or declares it down (`downs`
+    /// changes: the view giving it a slot again may already have followed). `false` when the
+    /// server stops first.
+    async fn evicted(&self, downs: &mut tokio::sync::watch::Receiver<u64>) -> bool {
+        let state = &self.state;
+        let (mut epochs, mut shutdown) = (state.epochs(), state.shutdown.subscribe());
+        loop {
+            let out = state.view().is_ok_and(|v| !self.gate.members(&v).contains(&state.id));
+            if out || downs.has_changed().unwrap_or(false) {
+                break;
+            }
+            tokio::select! {
+                changed = epochs.changed() => if changed.is_err() { return false },
+                changed = downs.changed() => if changed.is_err() { return false } else { break },
+                _ = shutdown.recv() => return false,
+            }
+        }
+        if let Some(old) = self.gate.take() {
+            tracing::warn!(
+                server = state.id,
+                "no longer a control-plane member: its replica stops, to rejoin under a new node id when it is one again"
+            );
+            old.shutdown().await;
+        }
+        true
+    }
+
+    /// Starts a replica once a view gives this server a control-plane slot: founding the
+    /// control plane with the first members, else (`rejoin`, or not a first member) joining the
+    /// running one under a new node id. `false` when the server stops first.
+    async fn join(self: &Arc<Self>, rejoin: bool, downs: &mut tokio::sync::watch::Receiver<u64>) -> bool {
+        let (state, gate) = (&self.state, &self.gate);
+        let mut shutdown = state.shutdown.subscribe();
+        // The first view is the cluster file's, once server 0 has written it (a file, so it is
+        // looked for; every later view comes as a message, and is waited for).
+        let first = loop {
+            if let Ok(v) = state.view() {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if rejoin {
+            self.views.refresh();
+        }
+        // One of the first members starts with the cluster; any other joins the running one.
+        let founding = !rejoin && gate.members(&first).contains(&state.id);
+        let view = loop {
+            let v = state.view().unwrap_or(first.clone());
+            // A restarted server first learns the current view (its slot may be a spare's now).
+            let settled = !self.views.refreshing();
+            if founding || (settled && gate.members(&v).contains(&state.id) && v.is_live(state.id)) {
+                break v;
+            }
+            // Woken by the next view (or to look again once the refresh settled).
+            tokio::select! {
+                _ = state.view_at(v.epoch + 1, Duration::from_millis(200)) => {}
+                _ = shutdown.recv() => return false,
+            }
+        };
+        let members = gate.members(&view);
+        // Declared down before this point concerns no replica: only later ones evict this one.
+        downs.borrow_and_update();
+        let incarnation = if founding { 0 } else { u64::from(raft::rand_u32().max(1)) };
+        let id = (u64::from(state.id) << 32) | incarnation;
+        let net = raft::PeerNet::new(state, gate);
+        let log = match RaftLog::start(id, gate.options.timing, net).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(server = state.id, "control plane did not start: {e}");
+                return false;
+            }
+        };
+        gate.set(log.clone());
+        tokio::spawn(self.clone().on_leadership(log.clone()));
+        tokio::spawn(self.views.clone().follow(log.clone()));
+        self.detector.start();
+        let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
+        if founding {
+            if members.first() == Some(&state.id) {
+                let all: Option<BTreeMap<NodeId, MetaNode>> = members.iter().map(|s| Some((u64::from(*s) << 32, node(*s).ok()?))).collect();
+                if let Some(all) = all {
+                    if let Err(e) = log.bootstrap(all).await {
+                        tracing::error!(server = state.id, "control plane bootstrap failed: {e}");
+                    }
+                }
+            }
+            return true;
+        }
+        // A restart or a replacement: ask the meta servers (any; followers name the leader) to
+        // take this node in, until one does or this server is declared down again.
+        let Ok(me) = node(state.id) else { return true };
+        let join = RaftRequest::MetaJoin { node: id, server: state.id, addr: me.addr };
+        loop {
+            let now = state.view().unwrap_or(view.clone());
+            if now.down.contains(&state.id) {
+                return true;
+            }
+            for s in gate.members(&now).iter().filter(|s| **s != state.id) {
+                if crate::peer::call(state, *s, &join).await.is_ok() {
+                    return true;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = shutdown.recv() => return false,
+            }
+        }
     }
 
     /// While this replica leads: once its state has caught up with every committed entry, it finishes

@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 /// gives that server a meta slot, in place of its earlier nodes and of voters whose servers lost
 /// their meta slots (so the control plane keeps its size as spares replace failed servers).
 pub async fn admit(state: &State, gate: &Gate, id: NodeId, node: MetaNode) -> Result<()> {
-    let log = gate.replica()?;
+    let log = &gate.replica()?;
     let view = state.view()?;
     let members = gate.members(&view);
     if !members.contains(&node.server) || !view.is_live(node.server) {
@@ -250,7 +250,7 @@ pub async fn cas(gate: &Gate, key: String, expect: Option<u64>, value: Option<Ve
 
 /// A compare-and-set value, read at the leader once it has confirmed it leads.
 pub async fn cas_get(gate: &Gate, key: &str) -> Result<Reply> {
-    let log = gate.replica()?;
+    let log = &gate.replica()?;
     log.linearize().await?;
     let found = cairn_meta::log::query(log, |s| s.kv(key).map(|(v, b)| (v, b.to_vec())));
     let (ok, version, value) = found.map_or((false, 0, Vec::new()), |(v, b)| (true, v, b));

@@ -10,16 +10,22 @@
 //! aggressive recovery rebuilds everything at once, for comparison. Either way recovery moves at
 //! most `recovery_rate` bytes per second.
 //!
+//! An erasure-coded object whose stripe no longer fits (a shard's server lost, no spare left,
+//! every live server holding a shard already) is decoded into `m + 1` whole copies on the live
+//! servers, which keeps its level, and then encoded again with the smaller `k` they allow
+//! ([`Corec::reencode`]): RS(3 + 1) on 4 servers becomes RS(2 + 1) on the 3 left.
+//!
 //! Batches, because a chain of calls per object (leader → survivor, survivor → `k - 1` holders,
 //! survivor → new holder) cost 1.4 ms of server CPU per 16 KiB object (996 objects rebuilt with
 //! 1.38 s of CPU), most of it in sending, waking and switching for each small message.
 
+use super::corec::Corec;
 use super::gate::Gate;
 use super::meta::Meta;
 use super::worker::{Next, Worker};
 use crate::state::{Limits, State};
 use crate::sync::lock;
-use cairn_core::index::{Redundancy, StepIndex};
+use cairn_core::index::{ObjectRef, Redundancy, StepIndex};
 use cairn_core::{Error, Result};
 use cairn_proto::message::{PeerRequest, RebuildPiece, Response, MAX_REBUILD};
 use cairn_proto::ClusterView;
@@ -50,6 +56,8 @@ pub struct Recovery {
     state: Arc<State>,
     gate: Arc<Gate>,
     meta: Arc<Meta>,
+    /// Encodes decoded objects again, narrower.
+    corec: Arc<Corec>,
     worker: Worker,
     queue: Mutex<VecDeque<Job>>,
     rebuilt: AtomicU64,
@@ -98,6 +106,9 @@ struct Job {
     planned: bool,
     /// The whole object's bytes (what its rebuild moves, at most).
     bytes: u64,
+    /// An erasure-coded object whose stripe no longer fits: decoded into copies, then encoded
+    /// again narrower (one job per object, `from` its first lost server).
+    narrow: bool,
 }
 
 impl Job {
@@ -107,12 +118,14 @@ impl Job {
 }
 
 impl Recovery {
-    /// The recovery of the leader on `gate`, reading the index through `meta`.
-    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>) -> Recovery {
+    /// The recovery of the leader on `gate`, reading the index through `meta`, encoding again
+    /// through `corec`.
+    pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, corec: Arc<Corec>) -> Recovery {
         Recovery {
             state,
             gate,
             meta,
+            corec,
             worker: Worker::default(),
             queue: Mutex::default(),
             rebuilt: AtomicU64::new(0),
@@ -176,7 +189,7 @@ impl Recovery {
     /// Whether a committed index entry (not counted lost) names server `id` for a piece. Pieces
     /// of a server whose slot a spare took stay named until rebuilt on the spare.
     pub fn still_named(&self, id: u32) -> bool {
-        let Ok(log) = self.gate.leader() else { return true };
+        let Ok(log) = &self.gate.leader() else { return true };
         let lost = lock(&self.lost);
         self.meta.datasets(log).into_iter().any(|ds| {
             self.meta.steps(log, &ds).into_iter().any(|step| {
@@ -215,7 +228,7 @@ impl Recovery {
     /// unless this server leads.
     pub fn census(&self, view: &ClusterView) -> Census {
         let mut c = Census::default();
-        let Ok(log) = self.gate.leader() else { return c };
+        let Ok(log) = &self.gate.leader() else { return c };
         let lost = lock(&self.lost).clone();
         for ds in self.meta.datasets(log) {
             for step in self.meta.steps(log, &ds) {
@@ -228,7 +241,7 @@ impl Recovery {
                         continue;
                     }
                     c.degraded += 1;
-                    c.waiting += u64::from(down.iter().any(|d| target(view, &servers, *d).is_none()));
+                    c.waiting += u64::from(!narrows(view, o) && down.iter().any(|d| target(view, &servers, *d).is_none()));
                     if !lost.contains(&(ds.clone(), step, o.id)) {
                         c.named_down.extend(down);
                     }
@@ -241,7 +254,7 @@ impl Recovery {
     /// Replaces the queue with what `view` leaves short (keeping refills under way and which
     /// jobs were touched), `back` being servers refilled in their own slots.
     fn rescan(self: &Arc<Self>, view: &ClusterView, back: &[u32]) {
-        let Ok(log) = self.gate.leader() else { return };
+        let Ok(log) = &self.gate.leader() else { return };
         let mut jobs = Vec::new();
         for ds in self.meta.datasets(log) {
             for step in self.meta.steps(log, &ds) {
@@ -285,24 +298,30 @@ impl Recovery {
             }
             let servers = o.servers();
             let bytes = o.region.volume() * (block.len / block.region.volume().max(1));
+            let job = |from, to, planned| Job {
+                dataset: dataset.to_string(),
+                step: index.step,
+                id: o.id,
+                from,
+                to,
+                tries: 0,
+                urgent: planned,
+                planned,
+                bytes,
+                narrow: false,
+            };
+            if narrows(view, o) {
+                let from = servers.iter().copied().find(|s| !view.is_live(*s)).expect("narrows: a server is lost");
+                jobs.push(Job { narrow: true, ..job(from, from, false) });
+                continue;
+            }
             for &from in &servers {
                 let to = if back.contains(&from) { Some(from) } else { target(view, &servers, from) };
                 let Some(to) = to else { continue };
                 // A planned move (a retiring or replaced server, still up) is not a failure: it
                 // runs without the lazy pauses that spread a failure's rebuild over its deadline
                 // (a 7 MiB retire took 60 s), still within the recovery byte rate.
-                let planned = view.retiring.contains(&from);
-                jobs.push(Job {
-                    dataset: dataset.to_string(),
-                    step: index.step,
-                    id: o.id,
-                    from,
-                    to,
-                    tries: 0,
-                    urgent: planned,
-                    planned,
-                    bytes,
-                });
+                jobs.push(job(from, to, view.retiring.contains(&from)));
             }
         }
         jobs
@@ -481,6 +500,31 @@ fn target(view: &ClusterView, servers: &[u32], from: u32) -> Option<u32> {
     survivor(view, servers)
 }
 
+/// Whether erasure-coded object `o` is to be decoded into copies (see the module's comment): a
+/// server of its stripe is lost, no spare is left, every live server holds a shard of it already,
+/// `k` of its shards are live (else it is lost) and `m + 1` servers are (for its copies).
+fn narrows(view: &ClusterView, o: &ObjectRef) -> bool {
+    let Redundancy::Encoded { k, m, shards } = &o.redundancy else { return false };
+    let live = shards.iter().filter(|s| view.is_live(**s)).count();
+    live < shards.len()
+        && view.spares.is_empty()
+        && survivor(view, shards).is_none()
+        && live >= *k as usize
+        && view.live().len() > *m as usize
+}
+
+/// `n` live servers for the copies of an object, on as many nodes as there are (one copy per
+/// failure domain first), or `None` when fewer than `n` are live.
+fn spread(view: &ClusterView, n: usize) -> Option<Vec<u32>> {
+    let node = |s: &u32| view.server(*s).map(|e| e.spec.node.clone()).ok();
+    let live = view.live();
+    let mut seen = BTreeSet::new();
+    let (mut out, rest): (Vec<u32>, Vec<u32>) = live.iter().partition(|s| seen.insert(node(s)));
+    out.extend(rest);
+    out.truncate(n);
+    (out.len() == n).then_some(out)
+}
+
 /// A live server holding no piece of an object whose pieces are on `servers`: on a node none
 /// of them is on where there is one (a failure domain of its own), else the first.
 fn survivor(view: &ClusterView, servers: &[u32]) -> Option<u32> {
@@ -550,6 +594,16 @@ impl Recovery {
             Ok(lv) => lv,
             Err(e) => return (batch.into_iter().map(|j| (j, Err(e.duplicate()))).collect(), 0, 0),
         };
+        let log = &log;
+        let (narrow, batch): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.narrow);
+        let mut narrowing = tokio::task::JoinSet::new();
+        for job in narrow {
+            let me = self.clone();
+            narrowing.spawn(async move {
+                let r = me.narrow(&job).await;
+                (job, r)
+            });
+        }
         let mut groups: BTreeMap<(String, u32), Vec<(Job, Prepared)>> = BTreeMap::new();
         for job in batch {
             match prepare(&self.meta, log, &view, &job) {
@@ -604,7 +658,7 @@ impl Recovery {
             entries.spawn(async move {
                 let moved = jobs.iter().map(|(j, to)| (j.id, j.from, *to)).collect();
                 let r = match me.gate.leader() {
-                    Ok(log) => me.meta.rebuilt(log, &dataset, step, moved).await,
+                    Ok(log) => me.meta.rebuilt(&log, &dataset, step, moved).await,
                     Err(e) => Err(e),
                 };
                 (jobs, r)
@@ -620,7 +674,85 @@ impl Recovery {
                 Err(e) => out.extend(jobs.into_iter().map(|(j, _)| (j, Err(e.duplicate())))),
             }
         }
+        while let Some(done) = narrowing.join_next().await {
+            let Ok((job, r)) = done else { continue };
+            if let Ok(moved) = &r {
+                rebuilt += u64::from(*moved > 0);
+                bytes += moved;
+            }
+            out.push((job, r.map(|_| ())));
+        }
         (out, rebuilt, bytes)
+    }
+
+    /// Decodes an object whose stripe no longer fits into `m + 1` copies on live servers (each
+    /// decodes its own from `k` live shards, checked against the object's checksum), records
+    /// them in place of the shards, drops the shards, then has it encoded again narrower.
+    /// Returns the bytes moved (0: nothing was to do any more).
+    async fn narrow(&self, job: &Job) -> Result<u64> {
+        let (log, view) = (&self.gate.leader()?, self.state.view()?);
+        let Ok(index) = self.meta.index(log, &job.dataset, job.step) else { return Ok(0) };
+        let Some(o) = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id) else { return Ok(0) };
+        let Redundancy::Encoded { k, m, shards } = &o.redundancy else { return Ok(0) };
+        if !narrows(&view, o) {
+            return Ok(0); // a spare or a new server came: the object is rebuilt the usual way
+        }
+        let copies = spread(&view, *m as usize + 1).ok_or_else(|| no_target(job))?;
+        let sources: Vec<u32> = shards.iter().copied().filter(|s| view.is_live(*s)).collect();
+        let piece =
+            RebuildPiece { step: job.step, id: job.id, shard: 0, k: *k, m: *m, stripe: shards.clone(), checksum: o.checksum, sources };
+        let (state, dataset) = (&self.state, &job.dataset);
+        // Every copy decoded at once, each by its own server.
+        let mut calls = tokio::task::JoinSet::new();
+        for to in copies.iter().copied() {
+            let (state, req) = (state.clone(), PeerRequest::Rebuild { dataset: dataset.clone(), pieces: vec![piece.clone()] });
+            calls.spawn(async move {
+                match crate::peer::call(&state, to, &req).await? {
+                    Response::Rebuilt { failed } => match failed.into_iter().next() {
+                        Some(f) => Err(Error::from_kind(f.kind, f.message)),
+                        None => Ok(()),
+                    },
+                    other => Err(cairn_proto::message::refused("rebuild", other)),
+                }
+            });
+        }
+        let mut failed = None;
+        while let Some(done) = calls.join_next().await {
+            if let Err(e) = done.unwrap_or_else(|e| Err(Error::Unavailable(format!("a decoding call failed: {e}")))) {
+                failed.get_or_insert(e);
+            }
+        }
+        let drop_copies = || async {
+            for to in &copies {
+                crate::encode::drop_piece(state, *to, dataset, job.step, job.id, 0).await;
+            }
+        };
+        if let Some(e) = failed {
+            drop_copies().await;
+            return Err(e);
+        }
+        // A reply lost after the entry was recorded keeps both copies and shards (an error):
+        // whatever the index names exists.
+        if self.meta.decoded(log, dataset, job.step, vec![(job.id, copies.clone())]).await? == 0 {
+            drop_copies().await;
+            return Ok(0);
+        }
+        tracing::info!(
+            server = state.id,
+            "object {:#x} of '{dataset}' step {}: RS({k} + {m}) no longer fits the {} live servers; {} copies on {copies:?}",
+            job.id,
+            job.step,
+            view.live().len(),
+            m + 1
+        );
+        for (i, s) in shards.iter().enumerate().filter(|(_, s)| view.is_live(**s)) {
+            crate::encode::drop_piece(state, *s, dataset, job.step, job.id, i as u32 + 1).await;
+        }
+        if let Err(e) = self.corec.reencode(dataset, job.step, job.id).await {
+            // Replicated, at its level: the CoREC encoder may encode it later.
+            tracing::warn!(server = state.id, "object {:#x} of '{dataset}' step {} stays replicated: {e}", job.id, job.step);
+        }
+        Ok(job.bytes * u64::from(m + 1))
     }
 }
 
@@ -652,6 +784,41 @@ mod tests {
         assert_eq!((target(&v, &[1, 3], 1), target(&v, &[2, 3], 2)), (None, Some(1)));
     }
 
+    fn recovery(state: Arc<State>) -> Recovery {
+        let (gate, meta) = (Arc::new(Gate::new(0, Default::default())), Arc::<Meta>::default());
+        let corec = Arc::new(Corec::new(state.clone(), gate.clone(), meta.clone()));
+        Recovery::new(state, gate, meta, corec)
+    }
+
+    fn encoded(k: u32, m: u32, shards: Vec<u32>) -> ObjectRef {
+        let region = cairn_core::Region::new(vec![0], vec![8]).unwrap();
+        ObjectRef { id: 1, region, server: shards[0], checksum: 0, redundancy: Redundancy::Encoded { k, m, shards } }
+    }
+
+    #[test]
+    fn a_stripe_that_no_longer_fits_is_narrowed_onto_copies_across_nodes() {
+        // RS(3 + 1) on all 4 servers, server 1 lost, no spare: the 3 left hold a shard each.
+        let v = view(4, 0).fail(1).unwrap();
+        let o = encoded(3, 1, vec![0, 1, 2, 3]);
+        assert!(narrows(&v, &o));
+        assert_eq!(target(&v, &o.servers(), 1), None, "no server to rebuild the shard on");
+        // A fifth server, or a spare, takes the shard the usual way.
+        assert!(!narrows(&view(5, 0).fail(1).unwrap(), &o));
+        assert!(!narrows(&view(4, 1).fail(1).unwrap(), &o), "the spare takes the slot");
+        assert!(!narrows(&view(4, 0), &o), "nothing lost");
+        // Two of RS(3 + 1) lost: beyond its level, nothing to decode from.
+        assert!(!narrows(&v.fail(2).unwrap(), &o));
+        // RS(2 + 2) on 4 with two lost: 2 live shards decode it, but 3 copies need 3 servers.
+        let v2 = view(4, 0).fail(1).unwrap().fail(2).unwrap();
+        assert!(!narrows(&v2, &encoded(2, 2, vec![0, 1, 2, 3])));
+        // The copies go to different nodes first.
+        let mut v = view(4, 0);
+        v.servers[2].spec.node = "n0".into(); // server 2 shares server 0's node
+        assert_eq!(spread(&v, 3), Some(vec![0, 1, 3]));
+        assert_eq!(spread(&v, 4), Some(vec![0, 1, 3, 2]));
+        assert_eq!(spread(&v, 5), None);
+    }
+
     #[test]
     fn without_spares_a_lost_piece_goes_to_a_survivor_in_another_domain() {
         let v = view(4, 0).fail(1).unwrap();
@@ -668,8 +835,9 @@ mod tests {
         // The scan of a view change and the commit of a step name the same pieces; two rebuilds
         // of one piece in a batch would each find the other's copy stored, and fail for good.
         let state = State::new(0, "s".into(), "/nonexistent/cluster.json".into(), 1 << 20, Limits::default());
-        let r = Arc::new(Recovery::new(state, Arc::new(Gate::new(0, Default::default())), Arc::default()));
-        let job = |id| Job { dataset: "d".into(), step: 0, id, from: 1, to: 6, tries: 0, urgent: false, planned: false, bytes: 8 };
+        let r = Arc::new(recovery(state));
+        let job =
+            |id| Job { dataset: "d".into(), step: 0, id, from: 1, to: 6, tries: 0, urgent: false, planned: false, bytes: 8, narrow: false };
         r.add(vec![job(1), job(1), job(2)]);
         r.add(vec![job(2), job(3)]);
         assert_eq!(r.pending(), 3, "(the worker has not run yet on this runtime)");
@@ -697,7 +865,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_recovery_past_its_deadline_reports_by_how_much() {
         let state = State::new(0, "s".into(), "/nonexistent/cluster.json".into(), 1 << 20, Limits::default());
-        let r = Recovery::new(state, Arc::new(Gate::new(0, Default::default())), Arc::default());
+        let r = recovery(state);
         let deadline = Duration::from_secs(5);
         assert_eq!(r.overdue(deadline), 0.0, "idle");
         *lock(&r.since) = Some(tokio::time::Instant::now());

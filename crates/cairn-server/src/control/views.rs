@@ -57,7 +57,7 @@ impl Views {
     /// other servers; the reply does not wait for them.
     pub async fn set_view(self: &Arc<Self>, view: ClusterView) -> Result<Response> {
         let state = &self.state;
-        let log = self.gate.leader()?;
+        let log = &self.gate.leader()?;
         log_first_view(state, log).await?;
         let before = state.view()?;
         match log.propose(Cmd::SetView(ViewChange { view: view.clone() })).await? {
