@@ -42,6 +42,7 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench drain
 	$(PY) -m cairn.bench drain-scale
 	$(PY) -m cairn.bench stream
+	$(PY) -m cairn.bench demo-prefault
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh

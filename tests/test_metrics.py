@@ -69,16 +69,21 @@ def _exprs() -> list[str]:
         [r["expr"] for g in rules["groups"] for r in g["rules"]]
 
 
+def _write(file: Path, object_size: int) -> None:
+    """4 steps of a 64×64 field "p" of dataset "sim" (32 KiB a step)."""
+    with cairn.open("sim", "w", cluster=str(file), object_size=object_size, rank=0, nranks=1) as w:
+        w.define("p", "f8", (64, 64))
+        for s in range(4):
+            with w.step(s):
+                w.put("p", np.full((64, 64), float(s)))
+
+
 def test_prometheus_scrapes_every_server_and_sees_degraded_objects(tmp_path: Path) -> None:
     c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", meta=3, redundancy=1, scheme="replicate",
                       failure_timeout="1s", recovery_deadline="60s")
     prom = None
     try:
-        with cairn.open("sim", "w", cluster=str(c.file), object_size=2048, rank=0, nranks=1) as w:
-            w.define("p", "f8", (64, 64))
-            for s in range(4):
-                with w.step(s):
-                    w.put("p", np.full((64, 64), float(s)))
+        _write(c.file, object_size=2048)
         out = subprocess.run([sys.executable, "-m", "cairn", "cluster", "targets", "--cluster", str(c.file)],
                              capture_output=True, text=True, check=True).stdout
         groups = json.loads(out)
@@ -89,6 +94,7 @@ def test_prometheus_scrapes_every_server_and_sees_degraded_objects(tmp_path: Pat
             lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
             assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
             assert b"cairn_up 1" in body and b"cairn_requests_total{" in body
+            assert b"sim" not in body, "no series names a dataset unless metrics_datasets"
         (tmp_path / "cairn_targets.json").write_text(out)
         shutil.copy(MONITORING / "cairn_alerts.yml", tmp_path / "cairn_alerts.yml")
         config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
@@ -120,4 +126,36 @@ def test_prometheus_scrapes_every_server_and_sees_degraded_objects(tmp_path: Pat
         if prom is not None:
             prom.send_signal(signal.SIGTERM)
             prom.wait(30)
+        c.stop()
+
+
+def _scrape_sum(file: Path, name: str, label: str) -> float:
+    """The sum over every server's scrape of series ``name{label}``, each scrape promtool-clean."""
+    from cairn.cluster_status import targets
+
+    total = 0.0
+    for g in targets(file):
+        body = urllib.request.urlopen(f"http://{g['targets'][0]}/metrics", timeout=5).read()
+        lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+        assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+        for line in body.decode().splitlines():
+            if line.startswith(f"{name}{{{label}}} "):
+                total += float(line.split()[-1])
+    return total
+
+
+def test_metrics_datasets_counts_bytes_by_dataset_name(tmp_path: Path) -> None:
+    """With metrics_datasets, bytes put and got are counted per dataset name too: the two copies
+    of every byte put at level 1, and what a get sent back."""
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", redundancy=1, scheme="replicate",
+                      metrics_datasets=True)
+    try:
+        _write(c.file, object_size=4096)
+        put = _scrape_sum(c.file, "cairn_dataset_put_bytes_total", 'dataset="sim"')
+        assert put == 2 * 4 * 64 * 64 * 8, put
+        with cairn.open("sim", "r", cluster=str(c.file)) as r:
+            assert r.get("p", 2)[0, 0] == 2.0
+        got = _scrape_sum(c.file, "cairn_dataset_get_bytes_total", 'dataset="sim"')
+        assert got == 64 * 64 * 8, got
+    finally:
         c.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -71,5 +72,45 @@ def test_the_default_is_the_memory_up_to_a_gibibyte(tmp_path):
         # Made only while an eighth of the memory stays free: 42 MiB of the 48 aimed for.
         rows = _until(c.file, lambda rows: rows[0]["ready_bytes"] >= 32 * MiB)
         assert rows[0]["target_bytes"] == 48 * MiB and 32 * MiB <= rows[0]["ready_bytes"] <= 42 * MiB, rows
+    finally:
+        c.stop()
+
+
+def test_only_two_leases_worth_is_made_while_the_server_moves_bytes(tmp_path):
+    """Issue 55: a fresh server makes twice its largest lease at once (2 × 16 MiB at first); the
+    rest of its 256 MiB only while it moves no object bytes (SCHED_IDLE, paced), so an
+    application writing beside a fresh cluster keeps the CPU; once it stops, the rest follows."""
+    c = cluster.start(tmp_path / "cluster.json", servers=1, memory="1GiB", prefault="256MiB")
+    try:
+        rows = _until(c.file, lambda rows: rows[0]["ready_bytes"] >= 32 * MiB, within=30)
+        assert rows[0]["ready_bytes"] >= 32 * MiB, rows
+        stop, writing, seen = threading.Event(), threading.Event(), []
+
+        def busy() -> None:
+            a = np.random.default_rng(2).random(MiB // 8)  # 1 MiB a step
+            with cairn.open("busy", "w", engine="staging", cluster=str(c.file), redundancy=0, keep_last=2) as f:
+                f.define("x", "f8", a.shape)
+                step = 0
+                while not stop.is_set():
+                    with f.step(step):
+                        f.put("x", a)
+                    step += 1
+                    writing.set()
+
+        t = threading.Thread(target=busy)
+        t.start()
+        try:
+            assert writing.wait(30), "the writer did not commit a step"
+            start = _prefault(c.file)[0]["ready_bytes"]
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                seen.append(_prefault(c.file)[0]["ready_bytes"])
+        finally:
+            stop.set()
+            t.join(60)
+        # At most one segment (16 MiB) finished as the writing began, beyond two leases' worth.
+        assert max(seen) <= max(start, 32 * MiB) + 16 * MiB, f"made more while busy: from {start}: {seen}"
+        rows = _until(c.file, lambda rows: rows[0]["ready_bytes"] >= 224 * MiB, within=60)
+        assert rows[0]["ready_bytes"] >= 224 * MiB, f"the rest once idle: {rows}"
     finally:
         c.stop()

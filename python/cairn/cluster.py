@@ -130,8 +130,9 @@ DRAIN_KEYS = ("drain", "drain_every", "drain_mtbf")
 MEMORY_KEYS = ("prefault",)
 #: Who may connect to the servers' Unix sockets (``[staging]`` table, ``cairn cluster start`` flags).
 SOCKET_KEYS = ("same_node_other_users", "socket_group")
-#: Where the servers serve Prometheus metrics (``[staging] metrics``, ``--metrics``).
-OPS_KEYS = ("metrics",)
+#: Where the servers serve Prometheus metrics (``[staging] metrics``, ``--metrics``) and whether
+#: their series name datasets (``metrics_datasets``).
+OPS_KEYS = ("metrics", "metrics_datasets")
 
 
 def _redundancy_of(settings: dict[str, Any] | None) -> dict[str, Any]:
@@ -150,7 +151,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
           recovery_deadline: float | str | None = None, recovery_rate: str | int | None = None,
           mtbf: float | str | None = None, drain: str | os.PathLike[str] | None = None,
           drain_every: int | str | None = None, drain_mtbf: float | str | None = None,
-          prefault: str | int | None = None, metrics: str | None = None, config: str | os.PathLike[str] | None = None,
+          prefault: str | int | None = None, metrics: str | None = None,
+          metrics_datasets: bool | str | None = None, config: str | os.PathLike[str] | None = None,
           command: list[str] | None = None, same_node_other_users: bool | str | None = None,
           socket_group: str | None = None) -> LocalCluster:
     """Start ``servers`` (+ ``spares``) server processes (``python -m cairn serve``) in the
@@ -173,7 +175,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     runs each server (default ``python -m cairn serve``; e.g. ``["target/release/cairn-server"]``),
     its flags appended. ``same_node_other_users`` lets other users' clients on this host connect
     to the Unix sockets (mode 0666, or 0660 of ``socket_group``) and copy same-node; without it
-    the sockets are the owner's (0600). ``servers``
+    the sockets are the owner's (0600). ``metrics`` is server 0's Prometheus address
+    ``"HOST:PORT"`` (server i: PORT + i; ``"off"``: none), and ``metrics_datasets`` labels byte
+    counters with dataset names (off by default). ``servers``
     is 1 to 4096 with ``spares`` and ``memory`` at least 1 MiB, or :class:`InvalidArgumentError`."""
     servers, spares = server_count(servers), server_count(spares, "spares", 0)
     if servers + spares > MAX_SERVERS:
@@ -196,6 +200,9 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
     drains["prefault"] = prefault if prefault is not None else staging.get("prefault")
     drains["metrics"] = metrics if metrics is not None else staging.get("metrics")
+    drains["metrics_datasets"] = metrics_datasets if metrics_datasets is not None else staging.get("metrics_datasets")
+    if isinstance(drains["metrics_datasets"], bool):
+        drains["metrics_datasets"] = "true" if drains["metrics_datasets"] else "false"
     sockets = {"same_node_other_users": same_node_other_users, "socket_group": socket_group}
     sockets = {k: v if v is not None else staging.get(k) for k, v in sockets.items()}
     if isinstance(sockets["same_node_other_users"], bool):

@@ -32,7 +32,8 @@ def _mib(n: int) -> str:
 SERVER_DEFAULTS: dict[str, Any] = {"redundancy": 1, "scheme": "corec", "rs_data": 4, "min_efficiency": 0.6, "hot_steps": 2,
                                    "failure_timeout": "3s", "recovery": "lazy", "recovery_deadline": None,
                                    "recovery_rate": "256MiB", "mtbf": None, "drain": None, "drain_every": 1,
-                                   "drain_mtbf": None, "prefault": None, "metrics": None, "same_node_other_users": None, "socket_group": None}
+                                   "drain_mtbf": None, "prefault": None, "metrics": None, "metrics_datasets": None,
+                                   "same_node_other_users": None, "socket_group": None}
 #: The failure and recovery settings among them (the server parses their text).
 FAILURE_KEYS = ("failure_timeout", "recovery", "recovery_deadline", "recovery_rate", "mtbf")
 
@@ -76,6 +77,9 @@ def _redundancy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", default=None, metavar="HOST:PORT|off",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics on server 0, PORT+i on server i (default: "
                         "each server's own address and a free port, in the cluster file; off: none)")
+    p.add_argument("--metrics-datasets", choices=("true", "false"), default=None,
+                   help="label byte counters with dataset names (cairn_dataset_put_bytes_total{dataset}, 256 names at "
+                        "most; default false: the unauthenticated metrics name no dataset)")
     p.add_argument("--same-node-other-users", choices=("true", "false"), default=None,
                    help="let other users' clients on this host connect to the Unix sockets and copy same-node (the "
                         "sockets become 0666, or 0660 of --socket-group); hand them the cluster file, which carries "

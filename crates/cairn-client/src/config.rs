@@ -139,6 +139,9 @@ pub struct StagingConfig {
     /// Clusters started from here: server 0's Prometheus metrics address `HOST:PORT` (server
     /// i takes PORT + i), or `off`; servers default to their own address and a free port.
     pub metrics: Option<String>,
+    /// Clusters started from here: label per-dataset byte counters with dataset names (off by
+    /// default: names can say what a run is about, and the metrics port is unauthenticated).
+    pub metrics_datasets: Option<bool>,
     /// Clusters started from here: same-node copies for other users' clients too (the Unix
     /// socket then connectable by them; docs/protocol.md, threat model).
     pub same_node_other_users: Option<bool>,
@@ -266,6 +269,7 @@ impl Default for StagingConfig {
             drain_mtbf: None,
             prefault: None,
             metrics: None,
+            metrics_datasets: None,
             same_node_other_users: None,
             socket_group: None,
         }
@@ -296,7 +300,7 @@ impl Default for Config {
 
 /// Keys accepted as overrides, in the order the error message lists them.
 const OVERRIDES: &str =
-    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, queue_limit, queue_policy, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault, metrics, same_node_other_users, socket_group";
+    "engine, trace_flush, path, fsync, chunk_size, compression, aggregation, aggregators, cluster, object_size, keep_last, queue_limit, queue_policy, keep, servers, memory, transport, shared_min, timeout, redundancy, scheme, rs_data, min_efficiency, hot_steps, failure_timeout, recovery, recovery_deadline, recovery_rate, mtbf, drain, drain_every, drain_mtbf, prefault, metrics, metrics_datasets, same_node_other_users, socket_group";
 
 impl Config {
     /// Parses TOML text; `origin` names it in errors.
@@ -475,6 +479,7 @@ impl StagingConfig {
                 self.prefault = Some(value.to_string());
             }
             "metrics" => self.metrics = Some(value.to_string()),
+            "metrics_datasets" => self.metrics_datasets = Some(value.parse().map_err(|_| bad("expected true or false"))?),
             "same_node_other_users" => self.same_node_other_users = Some(value.parse().map_err(|_| bad("expected true or false"))?),
             "socket_group" => self.socket_group = Some(value.to_string()),
             "drain" => self.drain = Some(PathBuf::from(value)),

@@ -104,7 +104,11 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         let stop_after = matches!(env.req, ServerRequest::Client(Request::Shutdown));
         let began = std::time::Instant::now();
         let op = op_of(&env.req);
-        let got = matches!(env.req, ServerRequest::Client(Request::Get { .. }));
+        // A get's dataset, named only when bytes are counted by dataset (`metrics_datasets`).
+        let got = match &env.req {
+            ServerRequest::Client(Request::Get { dataset, .. }) => Some(state.stats.datasets.as_ref().map(|_| dataset.clone())),
+            _ => None,
+        };
         await_view(&ctl, env.epoch).await;
         let reply = match check_epoch(&ctl, env.epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
@@ -115,8 +119,8 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         let sent = match reply {
             Ok(Reply::Plain(r)) => write_frame(&mut stream, &r, &[]).await,
             Ok(Reply::WithPayload(r, p)) => {
-                if got {
-                    state.stats.get_bytes.inc_by(p.bytes().len() as u64);
+                if let Some(dataset) = &got {
+                    state.stats.got(dataset.as_deref(), p.bytes().len() as u64);
                 }
                 write_frame(&mut stream, &r, p.bytes()).await
             }

@@ -115,6 +115,10 @@ pub fn render(ctl: &Control) -> String {
     reg.register("cairn_requests", "Requests served, by op (the wire request's name)", stats.requests.clone());
     reg.register("cairn_request_seconds", "Time from a request read to its reply sent, by op", stats.request_seconds.clone());
     reg.register("cairn_connections", "Connections open", stats.connections.clone());
+    if let Some(d) = &stats.datasets {
+        reg.register("cairn_dataset_put_bytes", "Object bytes clients put here, by dataset (metrics_datasets)", d.put.clone());
+        reg.register("cairn_dataset_get_bytes", "Object bytes sent to clients' gets, by dataset (metrics_datasets)", d.get.clone());
+    }
     let leader = ctl.gate.get().is_some_and(|r| r.role().0 == "leader");
     gauge(&mut reg, "cairn_is_leader", "1 on the control plane's leader", i64::from(leader));
     if let Some((census, health)) = crate::cmd::admin::cluster_health(ctl) {

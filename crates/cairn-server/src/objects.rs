@@ -20,7 +20,7 @@ pub fn store(state: &State, h: ObjectPut, sealed: bool, data: Vec<u8>, reservati
 /// [`store`] of bytes whose crc32c `crc` the caller computed (as they arrived).
 pub fn store_checked(state: &State, h: ObjectPut, sealed: bool, data: Memory, crc: u32, reservation: Reservation<'_>) -> Result<()> {
     if !sealed {
-        state.stats.put_bytes.inc_by(data.len() as u64);
+        state.stats.put(&h.dataset, data.len() as u64);
     }
     let o = h.object;
     if crc != o.checksum {

@@ -99,6 +99,7 @@ pub const USAGE: &str = "usage: cairn-server --cluster FILE [--id N] [--servers 
                     [--same-node-other-users true|false] [--drain PATH] [--drain-every N|auto]
                     [--drain-mtbf DURATION] [--prefault SIZE] [--socket-group GROUP]
                     [--log-level FILTER] [--log-format text|json] [--log-file PATH|-] [--metrics HOST:PORT|off]
+                    [--metrics-datasets true|false]
 The id defaults to the MPI/Slurm rank; --host defaults to 127.0.0.1 (0.0.0.0 listens on every interface);
 --meta (1 to 5, default 3) servers run the control plane's Raft replicas. Variables survive --redundancy
 server failures unless they say otherwise (default 1, lowered to servers - 1); cold objects are coded RS(K + R).
@@ -108,13 +109,15 @@ and a spare takes its slot; its objects are rebuilt there within --recovery-dead
 (default 256MiB; 0: no limit). Durations are \"5s\", \"250ms\", \"2m\" or seconds; sizes \"4GiB\", \"512MiB\" or bytes.
 With --drain, the leader writes every committed step whose number is a multiple of --drain-every (default 1;
 auto: Young/Daly from the measured drain cost and --drain-mtbf) to PATH/<dataset>/, a file-engine dataset.
-From start-up the server makes --prefault bytes of shared memory ready for same-node writers in the
-background (default min(--memory, 1GiB); 0: none), so a fresh cluster's first steps run at the warm speed.
+The server makes --prefault bytes of shared memory ready for same-node writers (default min(--memory, 1GiB);
+0: none), so a fresh cluster's first steps run at the warm speed: twice its largest lease at once, the rest
+only while it moves no data, at idle priority.
 The Unix socket is the owner's (0600, in a 0700 folder) unless --same-node-other-users true: then anyone's
 (0666, the folder traversable), or with --socket-group GROUP that group's (0660; the cluster file and folder
 readable by it); the secret and logs stay the owner's.
 Prometheus metrics are served at http://ADDR/metrics (ADDR: the server entry's metrics field): --metrics HOST:PORT
 is server 0's, server i takes PORT+i; the default is the server's own address with a free port; off: none.
+No series names a dataset unless --metrics-datasets true (bytes put and got by dataset, 256 names at most).
 The log (RFC 3339 times, levels, the server id; --log-level or RUST_LOG, default info) goes to
 FILE.d/server-<id>.log, an older one kept as server-<id>.log.1; --log-file - writes it to stderr.
 Each setting is also a key of the [staging] table (failure_timeout = \"5s\"), which flags override.";
@@ -159,6 +162,7 @@ impl ServeOptions {
             "recovery_rate" => l.recovery_rate = parse_size(value.trim().trim_end_matches("/s"))?,
             "mtbf" => l.mtbf = Some(parse_duration(value)?),
             "same_node_other_users" => l.same_node_other_users = switch()?,
+            "metrics_datasets" => l.metrics_datasets = switch()?,
             "meta" => self.meta = count("a meta server count, 1 to 5")?.clamp(1, 5),
             "redundancy" => self.redundancy.redundancy = count("a number of server failures")?,
             "scheme" => self.redundancy.scheme = Scheme::parse(value)?,

@@ -46,6 +46,8 @@ pub struct Limits {
     /// Same-node copies and leases for clients of other users than the server's (refused by
     /// default: see the threat model in docs/protocol.md).
     pub same_node_other_users: bool,
+    /// Prometheus byte counters per dataset, labelled with its name (`metrics_datasets`).
+    pub metrics_datasets: bool,
 }
 
 impl Default for Limits {
@@ -62,6 +64,7 @@ impl Default for Limits {
             max_connections: 1024,
             max_unauthenticated: 512,
             same_node_other_users: false,
+            metrics_datasets: false,
         }
     }
 }
@@ -118,6 +121,7 @@ pub struct State {
 impl State {
     /// New state for server `id` with `memory` bytes of room.
     pub fn new(id: u32, secret: String, cluster_path: PathBuf, memory: u64, limits: Limits) -> Arc<State> {
+        let stats = crate::stats::Stats::new(limits.metrics_datasets);
         Arc::new(State {
             id,
             secret,
@@ -132,7 +136,7 @@ impl State {
             requests: AtomicU64::new(0),
             client_requests: AtomicU64::new(0),
             same_node_bytes: AtomicU64::new(0),
-            stats: crate::stats::Stats::default(),
+            stats,
             policy: OnceLock::new(),
             encoding: tokio::sync::Semaphore::new(1),
             started: Instant::now(),
@@ -234,5 +238,9 @@ impl crate::prefault::Filled for State {
 
     fn id(&self) -> u32 {
         self.id
+    }
+
+    fn moved(&self) -> u64 {
+        self.stats.put_bytes.get() + self.stats.get_bytes.get() + self.store.fresh().served()
     }
 }

@@ -1,6 +1,7 @@
 //! What Prometheus scrapes of a server beside its state (rendered by `metrics`): requests and
 //! their time by op (the wire request's name), bytes clients put and got, step commit times,
-//! steps drained, open connections. Each is an atomic add or a histogram bucket per event.
+//! steps drained, open connections, and with `metrics_datasets` bytes by dataset. Each is an
+//! atomic add or a histogram bucket per event.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -10,6 +11,16 @@ use std::time::Duration;
 
 /// The `op` label of a request.
 pub type OpLabel = Vec<(String, String)>;
+
+/// The `dataset` label of a per-dataset counter.
+pub type DatasetLabel = Vec<(String, String)>;
+
+/// Datasets given a label of their own at most; bytes of later ones count under
+/// [`OTHER_DATASETS`] (a series per name a client chose must not grow without bound).
+pub const MAX_DATASET_LABELS: usize = 256;
+
+/// The label of the datasets beyond [`MAX_DATASET_LABELS`].
+pub const OTHER_DATASETS: &str = "(other)";
 
 /// Buckets from 10 µs to 42 s, ×4 each.
 fn latency() -> Histogram {
@@ -33,10 +44,40 @@ pub struct Stats {
     pub drain_steps: Counter,
     /// Connections open.
     pub connections: Gauge,
+    /// With `metrics_datasets`: object bytes put and got, by dataset.
+    pub datasets: Option<DatasetBytes>,
+}
+
+/// Object bytes put and got, by dataset (`metrics_datasets`).
+#[derive(Debug, Default)]
+pub struct DatasetBytes {
+    /// Bytes clients put, by dataset.
+    pub put: Family<DatasetLabel, Counter>,
+    /// Bytes sent to gets, by dataset.
+    pub get: Family<DatasetLabel, Counter>,
+    /// Datasets labelled so far.
+    named: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl DatasetBytes {
+    /// The label `dataset`'s bytes count under: its name, or [`OTHER_DATASETS`] once
+    /// [`MAX_DATASET_LABELS`] others have one.
+    fn label(&self, dataset: &str) -> DatasetLabel {
+        let mut named = crate::sync::lock(&self.named);
+        let known = named.contains(dataset) || (named.len() < MAX_DATASET_LABELS && named.insert(dataset.to_string()));
+        vec![("dataset".to_string(), if known { dataset } else { OTHER_DATASETS }.to_string())]
+    }
 }
 
 impl Default for Stats {
     fn default() -> Stats {
+        Stats::new(false)
+    }
+}
+
+impl Stats {
+    /// The counters, with per-dataset bytes when `per_dataset`.
+    pub fn new(per_dataset: bool) -> Stats {
         Stats {
             requests: Family::default(),
             request_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
@@ -45,15 +86,54 @@ impl Default for Stats {
             commit_seconds: latency(),
             drain_steps: Counter::default(),
             connections: Gauge::default(),
+            datasets: per_dataset.then(DatasetBytes::default),
         }
     }
-}
 
-impl Stats {
+    /// Counts `bytes` put to `dataset`.
+    pub fn put(&self, dataset: &str, bytes: u64) {
+        self.put_bytes.inc_by(bytes);
+        if let Some(d) = &self.datasets {
+            d.put.get_or_create(&d.label(dataset)).inc_by(bytes);
+        }
+    }
+
+    /// Counts `bytes` sent to a get of `dataset` (`None`: not known, counted in the total only).
+    pub fn got(&self, dataset: Option<&str>, bytes: u64) {
+        self.get_bytes.inc_by(bytes);
+        if let (Some(d), Some(name)) = (&self.datasets, dataset) {
+            d.get.get_or_create(&d.label(name)).inc_by(bytes);
+        }
+    }
+
     /// Counts one request of `op` that took `took`.
     pub fn request(&self, op: &str, took: Duration) {
         let label = vec![("op".to_string(), op.to_string())];
         self.requests.get_or_create(&label).inc();
         self.request_seconds.get_or_create(&label).observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_labels_are_bounded_and_off_by_default() {
+        let off = Stats::default();
+        off.put("secret-run", 8);
+        assert!(off.datasets.is_none() && off.put_bytes.get() == 8);
+        let on = Stats::new(true);
+        for i in 0..MAX_DATASET_LABELS + 3 {
+            on.put(&format!("d{i}"), 1);
+        }
+        on.put("d0", 1);
+        on.got(Some("d0"), 5);
+        let d = on.datasets.as_ref().unwrap();
+        let label = |n: &str| vec![("dataset".to_string(), n.to_string())];
+        assert_eq!(d.put.get_or_create(&label("d0")).get(), 2);
+        assert_eq!(d.put.get_or_create(&label(OTHER_DATASETS)).get(), 3, "the names beyond the bound share one series");
+        assert_eq!(d.get.get_or_create(&label("d0")).get(), 5);
+        assert_eq!((on.put_bytes.get(), on.get_bytes.get()), (MAX_DATASET_LABELS as u64 + 4, 5));
     }
 }

@@ -451,6 +451,14 @@ impl Cluster {
                 hunt.next = Some(target);
                 message
             }
+            // A follower's "not committed" may only lag: it learns of a commit with the leader's
+            // next append, and a leader killed just after a commit took that with it. The
+            // leader elected next says for sure; the follower's word ends the hunt if none does.
+            Ok((Response::Error { kind: ErrorKind::NotFound, message, .. }, _)) if hunt.following => {
+                hunt.lagging = Some(message.clone());
+                hunt.next = None;
+                message
+            }
             Ok((Response::Error { kind: ErrorKind::Busy, retry_after_ms, message, .. }, _)) => {
                 std::thread::sleep(Duration::from_millis(retry_after_ms.unwrap_or(100).min(1000)));
                 hunt.next = Some(target);
@@ -520,6 +528,9 @@ struct Hunt {
     quorum_lost: Option<String>,
     /// Whether the read is asked of followers too (no leader answered).
     following: bool,
+    /// A follower's not-found answer, which may lag the leader's commits: the answer if no
+    /// leader answers.
+    lagging: Option<String>,
     started: Instant,
 }
 
@@ -532,6 +543,7 @@ impl Hunt {
             unreachable: Default::default(),
             quorum_lost: None,
             following: false,
+            lagging: None,
             started: Instant::now(),
         }
     }
@@ -561,6 +573,9 @@ impl Hunt {
             return None;
         }
         let secs = budget.as_secs_f64();
+        if let Some(l) = &self.lagging {
+            return Some(Error::NotFound(format!("{l} (a follower's answer: no leader answered {op} within {secs:.1} s to confirm it)")));
+        }
         Some(match &self.quorum_lost {
             Some(q) => Error::LostQuorum(format!("no leader of the control plane answered {op} within {secs:.1} s: {q}")),
             None => Error::Unavailable(format!(
@@ -568,5 +583,22 @@ impl Hunt {
                  (its quorum) nothing can commit; see `cairn cluster status` (last: {why})"
             )),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_followers_not_found_ends_the_hunt_only_when_no_leader_answers() {
+        let mut hunt = Hunt::new(None);
+        hunt.alive = true;
+        hunt.lagging = Some("step 4 is not committed".into());
+        assert!(hunt.give_up("index", "", &[0, 1], Duration::from_secs(60)).is_none(), "within the budget: ask on");
+        hunt.started -= Duration::from_secs(2);
+        let e = hunt.give_up("index", "", &[0, 1], Duration::from_secs(1)).unwrap();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(e.to_string().contains("step 4 is not committed") && e.to_string().contains("a follower's answer"), "{e}");
     }
 }
