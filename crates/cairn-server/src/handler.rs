@@ -103,7 +103,10 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         appends.carried |= matches!(env.req, ServerRequest::Raft(RaftRequest::Raft { kind: RaftRpc::Append, .. }));
         let stop_after = matches!(env.req, ServerRequest::Client(Request::Shutdown));
         let began = std::time::Instant::now();
-        let op = op_of(&env.req);
+        let op = state.stats.op(op_key(&env.req), || match &env.req {
+            ServerRequest::Raft(_) => "raft".into(),
+            req => req.op_name(),
+        });
         // A get's dataset, named only when bytes are counted by dataset (`metrics_datasets`).
         let got = match &env.req {
             ServerRequest::Client(Request::Get { dataset, .. }) => Some(state.stats.datasets.as_ref().map(|_| dataset.clone())),
@@ -126,7 +129,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Err(e) => write_frame(&mut stream, &Response::error(&e), &[]).await,
         };
-        state.stats.request(&op, began.elapsed());
+        op.done(began.elapsed());
         if stop_after {
             let _ = state.shutdown.send(());
         }
@@ -136,16 +139,13 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// The wire name of `req`'s op for the request counters: found by serializing the request
-/// once per kind (a put_many carries hundreds of headers), then remembered; Raft's messages
-/// carry log entries and are all `raft`.
-fn op_of(req: &ServerRequest) -> std::sync::Arc<str> {
+/// The kind of `req` for its op's counters (named by serializing one request of the kind: a
+/// put_many carries hundreds of headers); Raft's messages carry log entries and are all `raft`.
+fn op_key(req: &ServerRequest) -> crate::stats::OpKey {
     use std::hash::{Hash, Hasher};
-    type Names = std::collections::HashMap<(u8, u64), std::sync::Arc<str>>;
-    static NAMES: std::sync::OnceLock<std::sync::Mutex<Names>> = std::sync::OnceLock::new();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let family = match req {
-        ServerRequest::Raft(_) => return "raft".into(),
+        ServerRequest::Raft(_) => return (2, 0),
         ServerRequest::Client(r) => {
             std::mem::discriminant(r).hash(&mut h);
             0
@@ -155,8 +155,7 @@ fn op_of(req: &ServerRequest) -> std::sync::Arc<str> {
             1
         }
     };
-    let mut names = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    names.entry((family, h.finish())).or_insert_with(|| req.op_name().into()).clone()
+    (family, h.finish())
 }
 
 /// The next request of a connection whose hello said `role` (`None`: it ended cleanly).
