@@ -6,8 +6,9 @@
 //! take one ([`Segment::claim`] cuts it to size and seals it); a recycled segment still goes
 //! only to the user who leased it first.
 //!
-//! Only two leases' worth (twice the largest lease seen, at first twice [`FIRST_CHUNK`]) is made
-//! at once, at the lowest nice value; the rest only while the server moves no object bytes,
+//! Only two leases' worth is made at once (twice [`FIRST_CHUNK`] from start-up, and twice the
+//! first lease's size if those do not fit it), at the lowest nice value; the rest, and whatever
+//! replaces what leases take, only while the server moves no object bytes,
 //! under `SCHED_IDLE` (CPU time no other thread wants) and the idle I/O class, one segment at a
 //! time with a pause as long as its making: 3 servers making 1 GiB each at start-up took a
 //! third of `make demo`'s write speed from its 4 ranks on 2 cores (issue 55).
@@ -45,10 +46,14 @@ pub struct Fresh {
     ready: AtomicU64,
     /// Bytes to keep ready.
     target: AtomicU64,
-    /// Size of the next segment to make: the largest lease of at most [`MAX_CHUNK`] seen.
+    /// Size of the next segment to make: the latest lease's, if at most [`MAX_CHUNK`].
     chunk: AtomicUsize,
     /// Bytes of fresh segments leases took since start.
     served: AtomicU64,
+    /// Bytes still to make at once, before the idle-time rule applies.
+    eager: AtomicU64,
+    /// Whether a lease came yet.
+    leased: std::sync::atomic::AtomicBool,
     /// Rung when a segment is taken.
     taken: (Mutex<()>, Condvar),
 }
@@ -61,6 +66,8 @@ impl Default for Fresh {
             target: AtomicU64::new(0),
             chunk: AtomicUsize::new(FIRST_CHUNK),
             served: AtomicU64::new(0),
+            eager: AtomicU64::new(0),
+            leased: Default::default(),
             taken: (Mutex::new(()), Condvar::new()),
         }
     }
@@ -77,21 +84,30 @@ impl Fresh {
         self.served.load(Ordering::Acquire)
     }
 
-    /// Sets the bytes to keep ready.
+    /// Sets the bytes to keep ready (two [`FIRST_CHUNK`]s of them made at once).
     pub fn set_target(&self, bytes: u64) {
         self.target.store(bytes, Ordering::Release);
+        self.eager.store(bytes.min(2 * FIRST_CHUNK as u64), Ordering::Release);
     }
 
-    /// The smallest fresh segment of at least `len` bytes, if any; else notes the size, so the
-    /// segments made next fit leases like it.
+    /// The smallest fresh segment of `len` to `2 × len` bytes, if any (a lease cuts its segment
+    /// to size: a bigger one would have been zeroed for nothing); and notes the size, so the
+    /// segments made next fit leases like it. The demo's 4 MiB leases took 16 MiB segments, and
+    /// the prefaulter zeroed 4 bytes for each one written (its write phase at 0.83× none).
     pub fn take(&self, len: usize) -> Option<Segment> {
+        if len <= MAX_CHUNK {
+            self.chunk.store(len, Ordering::Release);
+        }
         let mut segs = lock(&self.segs);
-        let size = segs.iter().filter(|(s, v)| **s >= len && !v.is_empty()).map(|(s, _)| *s).min();
+        let size = segs.iter().filter(|(s, v)| fits(**s, len) && !v.is_empty()).map(|(s, _)| *s).min();
+        let first = !self.leased.swap(true, Ordering::AcqRel);
         let Some(size) = size else {
             drop(segs);
-            if len <= MAX_CHUNK {
-                self.chunk.fetch_max(len, Ordering::AcqRel);
+            if first {
+                // Two of the first lease's size at once, if what was made at start-up does not fit.
+                self.eager.store(self.progress().1.min(2 * len as u64), Ordering::Release);
             }
+            self.taken.1.notify_one();
             return None;
         };
         let seg = segs.get_mut(&size).and_then(Vec::pop)?;
@@ -130,19 +146,22 @@ impl Fresh {
         let _ = self.target.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_sub(took)));
     }
 
-    /// Whether what is ready is under two leases' worth (made at once; the rest waits for idle
-    /// time).
+    /// Whether the next segment is made at once (the first two leases' worth), not in idle time.
     fn short(&self) -> bool {
-        let (ready, target) = self.progress();
-        ready < target.min(2 * self.chunk.load(Ordering::Acquire) as u64)
+        self.eager.load(Ordering::Acquire) > 0
     }
 
-    /// The size of the next segment to make, given `free` bytes of memory beyond the share kept
-    /// free; `None` while enough are ready or there is no room.
+    /// Counts a segment of `len` bytes made at once.
+    fn made_at_once(&self, len: usize) {
+        let _ = self.eager.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| Some(e.saturating_sub(len as u64)));
+    }
+
+    /// The size of the next segment to make (the current lease size), given `free` bytes of
+    /// memory beyond the share kept free; `None` while enough are ready or there is no room.
     fn next(&self, free: u64) -> Option<usize> {
         let (ready, target) = self.progress();
         let chunk = self.chunk.load(Ordering::Acquire);
-        (ready < target && chunk as u64 <= free).then(|| chunk.min((target - ready).max(1 << 20) as usize))
+        (ready < target && chunk as u64 <= free).then_some(chunk)
     }
 
     /// Waits until a segment is taken, or `within` passed.
@@ -150,6 +169,12 @@ impl Fresh {
         let g = lock(&self.taken.0);
         let _ = self.taken.1.wait_timeout(g, within);
     }
+}
+
+/// Whether a fresh segment of `size` bytes may serve a lease of `len`: big enough, and not
+/// twice as big.
+fn fits(size: usize, len: usize) -> bool {
+    size >= len && size <= 2 * len
 }
 
 /// What the prefaulter fills: a server's store (implemented by `State`, so this module needs
@@ -229,7 +254,12 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                     let Some(s) = server.upgrade() else { return };
                     let made = std::time::Instant::now();
                     match Segment::fresh(len) {
-                        Ok(seg) => s.add(seg),
+                        Ok(seg) => {
+                            if now == Priority::Soon {
+                                s.fresh().made_at_once(len);
+                            }
+                            s.add(seg)
+                        }
                         Err(e) => {
                             tracing::warn!(server = s.id(), "prefaulting stopped: {e}");
                             s.fresh().set_target(0);
@@ -252,5 +282,36 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
     });
     if let Err(e) = started {
         tracing::warn!("no prefault thread ({e}); first steps fault their pages in");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_lease_takes_a_segment_that_fits_and_the_next_ones_are_made_its_size() {
+        let f = Fresh::default();
+        f.set_target(64 * MIB as u64);
+        assert_eq!(f.next(u64::MAX), Some(FIRST_CHUNK), "before any lease: the client's default object size");
+        for _ in 0..2 {
+            assert!(f.short(), "two of 16 MiB made at once");
+            f.made_at_once(16 * MIB);
+            f.put(Segment::fresh(16 * MIB).unwrap());
+        }
+        assert!(!f.short(), "the rest waits for idle time");
+        // A 4 MiB lease would cut a 16 MiB segment to a quarter: it is made for it instead,
+        // two of its size are made at once, and what is made next is its size.
+        assert!(f.take(4 * MIB).is_none());
+        assert_eq!((f.short(), f.next(u64::MAX)), (true, Some(4 * MIB)));
+        f.made_at_once(8 * MIB);
+        assert!(f.take(4 * MIB).is_none() && !f.short(), "only the first lease's size is made at once");
+        f.put(Segment::fresh(5 * MIB).unwrap());
+        assert_eq!(f.take(4 * MIB).map(|s| s.len()), Some(5 * MIB), "within twice the lease");
+        assert_eq!(f.take(12 * MIB).map(|s| s.len()), Some(16 * MIB));
+        assert_eq!(f.served(), (5 + 16) as u64 * MIB as u64);
+        assert_eq!(f.next(8 * MIB as u64), None, "no room for a 12 MiB segment");
     }
 }
