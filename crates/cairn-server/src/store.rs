@@ -594,8 +594,11 @@ mod tests {
         s.fresh().set_target(8 << 20);
         s.add_fresh(Segment::fresh(4 << 20).unwrap());
         assert_eq!((s.fresh().progress(), s.pooled_bytes()), ((4 << 20, 8 << 20), 4 << 20));
-        let (r, seg) = s.reserve_segment(1 << 20, 1001).unwrap();
-        assert_eq!((seg.len(), seg.owner(), r.bytes), (1 << 20, 1001, 1 << 20));
+        // Not for a lease of under half its size: its zeroed pages would be cut away.
+        let (_r, small) = s.reserve_segment(1 << 20, 1001).unwrap();
+        assert_eq!((small.len(), s.fresh().progress().0), (1 << 20, 4 << 20));
+        let (r, seg) = s.reserve_segment(3 << 20, 1001).unwrap();
+        assert_eq!((seg.len(), seg.owner(), r.bytes), (3 << 20, 1001, 3 << 20));
         assert_eq!((s.fresh().progress().0, s.pooled_bytes()), (0, 0), "taken, counted once as the lease's");
         // Too big for any fresh one: made for it, and the next made ahead will be that big.
         let (_r, big) = s.reserve_segment(6 << 20, 1001).unwrap();
