@@ -196,17 +196,11 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     failure = {"failure_timeout": failure_timeout, "recovery": recovery, "recovery_deadline": recovery_deadline,
                "recovery_rate": recovery_rate, "mtbf": mtbf}
     failure = {k: v if v is not None else staging.get(k) for k, v in failure.items()}
-    drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf}
+    drains = {"drain": drain, "drain_every": drain_every, "drain_mtbf": drain_mtbf, "prefault": prefault, "metrics": metrics,
+              "metrics_datasets": metrics_datasets}
     drains = {k: v if v is not None else staging.get(k) for k, v in drains.items()}
-    drains["prefault"] = prefault if prefault is not None else staging.get("prefault")
-    drains["metrics"] = metrics if metrics is not None else staging.get("metrics")
-    drains["metrics_datasets"] = metrics_datasets if metrics_datasets is not None else staging.get("metrics_datasets")
-    if isinstance(drains["metrics_datasets"], bool):
-        drains["metrics_datasets"] = "true" if drains["metrics_datasets"] else "false"
     sockets = {"same_node_other_users": same_node_other_users, "socket_group": socket_group}
     sockets = {k: v if v is not None else staging.get(k) for k, v in sockets.items()}
-    if isinstance(sockets["same_node_other_users"], bool):
-        sockets["same_node_other_users"] = "true" if sockets["same_node_other_users"] else "false"
     if drains["drain"] is not None:
         drains["drain"] = os.path.abspath(os.fspath(drains["drain"]))
     chosen = {k: v if v is not None else toml.get(k) for k, v in given.items()}
@@ -219,8 +213,8 @@ def start(file: str | os.PathLike[str] = "cluster.json", servers: int = 2, spare
     flags = {"io_timeout": io_timeout, "hello_timeout": hello_timeout, "peer_timeout": peer_timeout, **failure, **drains,
              **sockets}
     for key, value in flags.items():
-        if value is not None:
-            extra += ["--" + key.replace("_", "-"), str(value)]
+        if value is not None:  # a switch (True, or a config file's true) as the server reads it
+            extra += ["--" + key.replace("_", "-"), ("true" if value else "false") if isinstance(value, bool) else str(value)]
     file = Path(file).absolute()
     pids = _native.cluster_start(str(file), servers, spares, None if topology is None else _check.path(topology, "topology"),
                                  memory, bind, timeout, command or [sys.executable, "-m", "cairn", "serve"], extra)

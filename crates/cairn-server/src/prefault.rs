@@ -241,17 +241,19 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                         now = wanted;
                         schedule(now);
                     }
-                    if now == Priority::Idle {
+                    let s = if now == Priority::Idle {
                         // Only once the server moved no bytes for a while: looked at again after.
                         let before = s.moved();
                         drop(s);
                         std::thread::sleep(IDLE);
                         match server.upgrade() {
-                            Some(s) if s.moved() == before => {}
-                            _ => continue,
+                            Some(s) if s.moved() == before => s,
+                            Some(_) => continue,
+                            None => return,
                         }
-                    }
-                    let Some(s) = server.upgrade() else { return };
+                    } else {
+                        s
+                    };
                     let made = std::time::Instant::now();
                     match Segment::fresh(len) {
                         Ok(seg) => {
