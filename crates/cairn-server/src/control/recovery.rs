@@ -107,8 +107,9 @@ struct Job {
     /// The whole object's bytes (what its rebuild moves, at most).
     bytes: u64,
     /// An erasure-coded object whose stripe no longer fits: decoded into copies, then encoded
-    /// again narrower (one job per object, `from` its first lost server).
-    narrow: bool,
+    /// again narrower (one job per object, `from` its first lost server). The stripe's servers
+    /// when queued (shard `i + 1` on the `i`th), whose shards go once the copies are recorded.
+    narrow: Option<Vec<u32>>,
 }
 
 impl Job {
@@ -308,11 +309,12 @@ impl Recovery {
                 urgent: planned,
                 planned,
                 bytes,
-                narrow: false,
+                narrow: None,
             };
             if narrows(view, o) {
                 let from = servers.iter().copied().find(|s| !view.is_live(*s)).expect("narrows: a server is lost");
-                jobs.push(Job { narrow: true, ..job(from, from, false) });
+                let Redundancy::Encoded { shards, .. } = &o.redundancy else { unreachable!("narrows: encoded") };
+                jobs.push(Job { narrow: Some(shards.clone()), ..job(from, from, false) });
                 continue;
             }
             for &from in &servers {
@@ -399,7 +401,15 @@ impl Recovery {
                     tracing::error!(server = id, "object {:#x} of '{}' step {} lost: {e}", job.id, job.dataset, job.step);
                     lock(&self.lost).insert((job.dataset.clone(), job.step, job.id));
                 }
-                Err(_) if job.tries + 1 < TRIES => {
+                Err(e) if job.tries + 1 < TRIES => {
+                    tracing::debug!(
+                        server = id,
+                        "object {:#x} of '{}' step {}: try {} failed: {e}",
+                        job.id,
+                        job.dataset,
+                        job.step,
+                        job.tries + 1
+                    );
                     lock(&self.queue).push_back(Job { tries: job.tries + 1, ..job });
                 }
                 Err(e) => {
@@ -550,9 +560,14 @@ struct Prepared {
 }
 
 /// Looks a job up in the index: `None` when the object is gone or its piece already moved.
+/// The object `job` is about, as the committed index names it now.
+fn object(meta: &Meta, log: &dyn cairn_meta::MetaLog, job: &Job) -> Option<ObjectRef> {
+    let index = meta.index(log, &job.dataset, job.step).ok()?;
+    index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id).cloned()
+}
+
 fn prepare(meta: &Meta, log: &dyn cairn_meta::MetaLog, view: &ClusterView, job: &Job) -> Result<Option<Prepared>> {
-    let Ok(index) = meta.index(log, &job.dataset, job.step) else { return Ok(None) };
-    let Some(o) = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id) else { return Ok(None) };
+    let Some(o) = object(meta, log, job) else { return Ok(None) };
     // A server back in its own slot (`from == to`) is refilled: the index names it already.
     // Otherwise the piece goes to whoever holds the lost server's slot now.
     let refill = job.from == job.to;
@@ -595,12 +610,12 @@ impl Recovery {
             Err(e) => return (batch.into_iter().map(|j| (j, Err(e.duplicate()))).collect(), 0, 0),
         };
         let log = &log;
-        let (narrow, batch): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.narrow);
+        let (narrow, batch): (Vec<Job>, Vec<Job>) = batch.into_iter().partition(|j| j.narrow.is_some());
         let mut narrowing = tokio::task::JoinSet::new();
         for job in narrow {
             let me = self.clone();
             narrowing.spawn(async move {
-                let r = me.narrow(&job).await;
+                let r = me.narrow(&job, job.narrow.as_deref().unwrap_or_default()).await;
                 (job, r)
             });
         }
@@ -689,12 +704,20 @@ impl Recovery {
     /// decodes its own from `k` live shards, checked against the object's checksum), records
     /// them in place of the shards, drops the shards, then has it encoded again narrower.
     /// Returns the bytes moved (0: nothing was to do any more).
-    async fn narrow(&self, job: &Job) -> Result<u64> {
+    async fn narrow(&self, job: &Job, stripe: &[u32]) -> Result<u64> {
         let (log, view) = (&self.gate.leader()?, self.state.view()?);
-        let Ok(index) = self.meta.index(log, &job.dataset, job.step) else { return Ok(0) };
-        let Some(o) = index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id) else { return Ok(0) };
-        let Redundancy::Encoded { k, m, shards } = &o.redundancy else { return Ok(0) };
-        if !narrows(&view, o) {
+        let o = match object(&self.meta, log, job) {
+            Some(o) if matches!(o.redundancy, Redundancy::Encoded { .. }) => o,
+            // Recorded by an earlier try told it failed (its entry committed all the same):
+            // the shards and the encoding are still to do; the copies it moved count now.
+            Some(o) if matches!(o.redundancy, Redundancy::Replicated { .. }) => {
+                self.narrowed(job, stripe).await?;
+                return Ok(job.bytes * o.servers().len() as u64);
+            }
+            _ => return Ok(0),
+        };
+        let Redundancy::Encoded { k, m, shards } = &o.redundancy else { unreachable!("matched above") };
+        if !narrows(&view, &o) {
             return Ok(0); // a spare or a new server came: the object is rebuilt the usual way
         }
         let copies = spread(&view, *m as usize + 1).ok_or_else(|| no_target(job))?;
@@ -702,7 +725,8 @@ impl Recovery {
         let piece =
             RebuildPiece { step: job.step, id: job.id, shard: 0, k: *k, m: *m, stripe: shards.clone(), checksum: o.checksum, sources };
         let (state, dataset) = (&self.state, &job.dataset);
-        // Every copy decoded at once, each by its own server.
+        // Every copy decoded at once, each by its own server (a copy an earlier try stored is
+        // found there and kept).
         let mut calls = tokio::task::JoinSet::new();
         for to in copies.iter().copied() {
             let (state, req) = (state.clone(), PeerRequest::Rebuild { dataset: dataset.clone(), pieces: vec![piece.clone()] });
@@ -722,37 +746,44 @@ impl Recovery {
                 failed.get_or_insert(e);
             }
         }
-        let drop_copies = || async {
+        if let Some(e) = failed {
             for to in &copies {
                 crate::encode::drop_piece(state, *to, dataset, job.step, job.id, 0).await;
             }
-        };
-        if let Some(e) = failed {
-            drop_copies().await;
             return Err(e);
         }
-        // A reply lost after the entry was recorded keeps both copies and shards (an error):
-        // whatever the index names exists.
-        if self.meta.decoded(log, dataset, job.step, vec![(job.id, copies.clone())]).await? == 0 {
-            drop_copies().await;
-            return Ok(0);
+        let recorded = self.meta.decoded(log, dataset, job.step, vec![(job.id, copies.clone())]).await;
+        // The index decides, not the answer: a proposal answered with an error (a leader out of
+        // touch with its quorum for a moment, as when a voter is replaced) may commit all the
+        // same, and the copies it names must stay. Still encoded: the copies stay for a retry.
+        let Some(Redundancy::Replicated { servers }) = object(&self.meta, log, job).map(|o| o.redundancy) else {
+            return recorded.map(|_| 0);
+        };
+        for to in copies.iter().filter(|c| !servers.contains(c)) {
+            crate::encode::drop_piece(state, *to, dataset, job.step, job.id, 0).await;
         }
         tracing::info!(
             server = state.id,
-            "object {:#x} of '{dataset}' step {}: RS({k} + {m}) no longer fits the {} live servers; {} copies on {copies:?}",
+            "object {:#x} of '{dataset}' step {}: RS({k} + {m}) no longer fits the {} live servers; {} copies on {servers:?}",
             job.id,
             job.step,
             view.live().len(),
-            m + 1
+            servers.len()
         );
-        for (i, s) in shards.iter().enumerate().filter(|(_, s)| view.is_live(**s)) {
+        self.narrowed(job, stripe).await?;
+        Ok(job.bytes * servers.len() as u64)
+    }
+
+    /// The rest of a narrowing once its copies are recorded: drops the old stripe's shards
+    /// (shard `i + 1` on `stripe[i]`) and has the object encoded again. An encoding that fails
+    /// is an error, so the job is tried again.
+    async fn narrowed(&self, job: &Job, stripe: &[u32]) -> Result<()> {
+        let (state, dataset) = (&self.state, &job.dataset);
+        let view = state.view()?;
+        for (i, s) in stripe.iter().enumerate().filter(|(_, s)| view.is_live(**s)) {
             crate::encode::drop_piece(state, *s, dataset, job.step, job.id, i as u32 + 1).await;
         }
-        if let Err(e) = self.corec.reencode(dataset, job.step, job.id).await {
-            // Replicated, at its level: the CoREC encoder may encode it later.
-            tracing::warn!(server = state.id, "object {:#x} of '{dataset}' step {} stays replicated: {e}", job.id, job.step);
-        }
-        Ok(job.bytes * u64::from(m + 1))
+        self.corec.reencode(dataset, job.step, job.id).await
     }
 }
 
@@ -837,7 +868,7 @@ mod tests {
         let state = State::new(0, "s".into(), "/nonexistent/cluster.json".into(), 1 << 20, Limits::default());
         let r = Arc::new(recovery(state));
         let job =
-            |id| Job { dataset: "d".into(), step: 0, id, from: 1, to: 6, tries: 0, urgent: false, planned: false, bytes: 8, narrow: false };
+            |id| Job { dataset: "d".into(), step: 0, id, from: 1, to: 6, tries: 0, urgent: false, planned: false, bytes: 8, narrow: None };
         r.add(vec![job(1), job(1), job(2)]);
         r.add(vec![job(2), job(3)]);
         assert_eq!(r.pending(), 3, "(the worker has not run yet on this runtime)");
