@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cairn
 from cairn import _native, cluster
 
 from .conftest import PY, ROOT, check
@@ -43,7 +44,7 @@ def _client(d: Path) -> Path:
     return exe
 
 
-def _as_nobody(exe: Path, file: Path, d: Path, transport: str = "auto") -> subprocess.CompletedProcess[str]:
+def _as_nobody(exe: Path, file: Path, d: Path, transport: str = "auto", *args: str) -> subprocess.CompletedProcess[str]:
     """Runs the client as nobody with its own copy of the cluster file (handed over by its owner)."""
     mine = d / "nobody-cluster.json"
     shutil.copy(file, mine)
@@ -52,7 +53,9 @@ def _as_nobody(exe: Path, file: Path, d: Path, transport: str = "auto") -> subpr
     cfg = d / "nobody.toml"
     cfg.write_text(f'engine = "staging"\n[staging]\ncluster = "{mine}"\ntimeout = 5\ntransport = "{transport}"\n')
     cfg.chmod(0o644)
-    return subprocess.run([str(exe), str(cfg), f"other-{transport}"], capture_output=True, text=True, timeout=60, user=NOBODY, group=NOBODY, cwd=d)
+    name = args[0] if args else f"other-{transport}"
+    return subprocess.run([str(exe), str(cfg), name, *args[1:]], capture_output=True, text=True, timeout=60, user=NOBODY, group=NOBODY,
+                          cwd=d)
 
 
 def _mode(p: Path) -> int:
@@ -90,6 +93,34 @@ def test_same_node_other_users_lets_another_user_put_same_node_and_read(shared_d
         assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
         copied = sum(r.get("same_node_bytes") or 0 for r in cluster.status(file))
         assert copied >= 512 << 10, f"the put went same-node: {copied} bytes"
+    finally:
+        cluster.stop(file)
+
+
+def _mapped_gets(file: Path) -> int:
+    return sum(r.get("mapped_gets") or 0 for r in cluster.status(file))
+
+
+def test_another_users_reader_is_never_handed_a_mapping_of_a_segment(shared_dir):
+    """Root's writer puts into shared segments (root's); `nobody`, allowed the same-node path,
+    reads them back as payloads: a segment is mapped only by readers of the user it was leased
+    to (whose writer may write into it anyway), so nothing of another user is ever mapped. Root's
+    own reader reads the same objects out of mappings of those segments."""
+    file = shared_dir / "c.json"
+    _cli_start(file, "--same-node-other-users", "true")
+    try:
+        x = 0.5 * np.arange(65536)
+        with cairn.open("rootdata", "w", engine="staging", cluster=file, shared_min=64 << 10) as w:
+            w.define("x", "f8", x.shape)
+            with w.step(0):
+                w.put("x", x)
+        assert sum(r.get("shared_bytes") or 0 for r in cluster.status(file)) >= x.nbytes, "root's put went into segments"
+        out = _as_nobody(_client(shared_dir), file, shared_dir, "auto", "rootdata", "read")
+        assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
+        assert _mapped_gets(file) == 0, "nobody was handed a mapping of root's segment"
+        with cairn.open("rootdata", "r", engine="staging", cluster=file) as r:
+            assert np.array_equal(r.get("x", 0), x)
+        assert _mapped_gets(file) > 0, "root's reader reads its own segments mapped"
     finally:
         cluster.stop(file)
 

@@ -434,6 +434,10 @@ def _same_node_bytes(c) -> int:
     return sum(row.get("same_node_bytes") or 0 for row in cluster.status(c.file))
 
 
+def _mapped_gets(c) -> int:
+    return sum(row.get("mapped_gets") or 0 for row in cluster.status(c.file))
+
+
 def _shared_bytes(c) -> int:
     return sum(row.get("shared_bytes") or 0 for row in cluster.status(c.file))
 
@@ -442,13 +446,14 @@ def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(
     """transport "auto" (the default): puts of objects move their bytes on the same node
     (counted by the servers): objects of at least shared_min bytes are written into shared
     segments the servers keep, smaller ones copied by the servers ("attach" copies all), with the
-    same results as the Unix socket and TCP, which move none that way. Gets come over the Unix
-    socket (a server writes a client's memory only through /proc/PID/mem, slower: issue 40)."""
+    same results as the Unix socket and TCP, which move none that way. With "auto", gets of whole
+    copies in shared segments are read out of read-only mappings of them (issue 55); the rest come
+    as payloads (a server never writes a client's memory)."""
     c = cluster.start(tmp_path / "cluster.json", servers=2, memory="256MiB")
     try:
         a = np.random.default_rng(0).random((300, 200))
         for transport in ("auto", "attach", "socket", "tcp"):
-            before, shared = _same_node_bytes(c), _shared_bytes(c)
+            before, shared, mapped = _same_node_bytes(c), _shared_bytes(c), _mapped_gets(c)
             opts = dict(engine="staging", cluster=c.file, object_size=32 << 10, transport=transport, shared_min=16 << 10)
             with cairn.open(transport, "w", **opts) as w:
                 w.define("p", "f8", a.shape)
@@ -459,8 +464,9 @@ def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(
                 assert np.array_equal(r.get("p", 0), a)
                 assert np.array_equal(r.get("p", 0, offset=(7, 3), count=(250, 101)), a[7:257, 3:104])
             moved, kept = _same_node_bytes(c) - before, _shared_bytes(c) - shared
+            assert (_mapped_gets(c) > mapped) == (transport == "auto"), transport
             if transport in ("auto", "attach"):
-                # Two copies of each object put (level 1); the reads came as payloads.
+                # Two copies of each object put (level 1); the reads came mapped or as payloads.
                 assert moved == 2 * a.nbytes, moved
             else:
                 assert moved == 0, (transport, moved)

@@ -30,6 +30,7 @@ pub mod frame;
 pub mod health;
 pub mod message;
 pub mod sync_io;
+pub mod unix;
 pub mod view;
 
 pub use frame::{Prefix, MAX_HEADER, MAX_HELLO, PREFIX_LEN};

@@ -111,6 +111,9 @@ pub const MAX_KEYS: usize = 8192;
 /// Runs of client memory one same-node put or get may name (more go as a payload).
 pub const MAX_RUNS: usize = 4096;
 
+/// Segments a reader reports unmapped in one get at most.
+pub const MAX_UNMAPPED: usize = 1024;
+
 /// What travels in a request frame's header: the request and the cluster-view epoch the sender
 /// placed it by (absent for requests that do not depend on placement: hello, status, views).
 /// Clients send [`Request`]s; servers, on connections whose hello says [`Role::Peer`], send
@@ -418,6 +421,12 @@ pub enum Request {
         /// 0 for a whole copy, `i + 1` for shard `i`.
         #[serde(default, skip_serializing_if = "is_zero")]
         shard: u32,
+        /// Set by a same-node reader that maps segments (on a Unix socket): a whole copy held
+        /// in a segment of the reader's user is answered [`Response::Mapped`] instead of with its
+        /// bytes. The ids are segments the reader unmapped since its last get (at most
+        /// [`MAX_UNMAPPED`]), whose descriptors it must be handed again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map: Option<Vec<u64>>,
     },
     /// Reader → the control plane's leader: objects of a committed step were just read degraded
     /// (a piece on a lost server); lazy recovery rebuilds them next. Answered with [`Response::Ok`].
@@ -703,6 +712,10 @@ pub struct ServerStatus {
     /// gets), since start.
     #[serde(default)]
     pub same_node_bytes: u64,
+    /// Gets a same-node reader read out of its mapping of the shared segment holding the object
+    /// (issue 55: one copy), since start.
+    #[serde(default)]
+    pub mapped_gets: u64,
     /// Bytes of objects held in shared segments that writers on this host filled (leases).
     #[serde(default)]
     pub shared_bytes: u64,
@@ -916,6 +929,20 @@ pub enum Response {
     Data {
         /// crc32c of the payload.
         checksum: u32,
+    },
+    /// A same-node get's object is the whole of shared segment `segment` (`len` bytes) of the
+    /// server; the reader copies it out of its read-only mapping and checks it against the
+    /// committed crc32c. With `fd`, a one-byte payload follows that carries a descriptor of the
+    /// segment, open read-only (`SCM_RIGHTS`): sent once per segment and connection, until the
+    /// reader reports it unmapped.
+    Mapped {
+        /// The segment's id (unique in the server's lifetime).
+        segment: u64,
+        /// The segment's bytes (the object's).
+        len: u64,
+        /// Whether a descriptor comes with this reply.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        fd: bool,
     },
     /// What a rebuild could not do, piece by piece (the rest are stored).
     Rebuilt {

@@ -19,8 +19,8 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 pub enum Stream {
     /// Over TCP.
     Tcp(std::net::TcpStream),
-    /// Over the server's Unix socket.
-    Unix(std::os::unix::net::UnixStream),
+    /// Over the server's Unix socket (read so that descriptors passed with replies are kept).
+    Unix(crate::unix::UnixConn),
 }
 
 impl Stream {
@@ -28,7 +28,7 @@ impl Stream {
     pub fn set_timeouts(&self, t: std::time::Duration) -> std::io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
-            Stream::Unix(s) => s.set_read_timeout(Some(t)).and_then(|()| s.set_write_timeout(Some(t))),
+            Stream::Unix(s) => s.sock.set_read_timeout(Some(t)).and_then(|()| s.sock.set_write_timeout(Some(t))),
         }
     }
 }

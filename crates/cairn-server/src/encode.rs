@@ -31,7 +31,8 @@ pub struct Stripe {
 /// Encodes object `id` of `dataset` step `step` into the shards of `stripe`.
 pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, stripe: Stripe) -> Result<Response> {
     let Stripe { k, m, shards, holders } = stripe;
-    let (data, base) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, 0)))?;
+    let (data, base, crc) =
+        state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, 0), o.checksum))?;
     // Waiting for the turn is bounded well within the leader's deadline for this call, so an
     // encoding the leader gave up on does not store shards after it dropped them.
     let wait = state.limits.peer_timeout / 2;
@@ -42,7 +43,9 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
     };
     // Data shards cut by another holder are not computed here (None).
     let cut_there: Vec<bool> = shards.iter().enumerate().map(|(i, s)| i < k as usize && *s != state.id && holders.contains(s)).collect();
+    let what = format!("object {id:#x} of '{dataset}' step {step}");
     let pieces = tokio::task::spawn_blocking(move || -> Result<Vec<Option<Vec<u8>>>> {
+        crate::objects::intact(&data, crc, || what)?;
         let code = Code::new(k as usize, m as usize)?;
         let mut all: Vec<Option<Vec<u8>>> = (0..code.k()).map(|i| (!cut_there[i]).then(|| code.shard(&data, i))).collect();
         all.extend(code.parity(&data).into_iter().map(Some));
@@ -87,6 +90,7 @@ async fn store_shard(state: &State, to: u32, h: ObjectPut, bytes: Vec<u8>) -> Re
 /// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
 pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
     let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, shard + 1)))?;
+    crate::objects::intact(&data, h.object.checksum, || format!("object {id:#x} of '{dataset}' step {step}"))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
     let mut h = h;
     h.object.checksum = cairn_core::checksum::crc(&bytes);

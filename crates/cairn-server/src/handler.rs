@@ -26,7 +26,7 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     mut place: Place,
     auth: Arc<Semaphore>,
-    local: Option<std::result::Result<crate::cma::Peer, String>>,
+    local: Option<(std::result::Result<crate::cma::Peer, String>, Option<std::os::fd::OwnedFd>)>,
 ) {
     let state = ctl.state.clone();
     state.stats.connections.inc();
@@ -61,8 +61,8 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         );
         return refuse(&mut stream, &busy).await;
     };
-    let same_node = matches!(local, Some(Ok(_)));
-    let mut local = local.map(|p| Local::new(state.clone(), p));
+    let same_node = matches!(local, Some((Ok(_), _)));
+    let mut local = local.map(|(p, sock)| Local::new(state.clone(), p, sock));
     let epoch = state.view().map_or(0, |v| v.epoch);
     stream.arm();
     if write_frame(&mut stream, &Response::Welcome { server: state.id, epoch, same_node }, &[]).await.is_err() {
@@ -119,6 +119,12 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         };
         let fatal = matches!(&reply, Err(Error::Io { .. }));
         stream.arm();
+        // A mapped get's bytes count as got, though the reader copies them itself.
+        if let (Some(dataset), Ok(Reply::Plain(Response::Mapped { len, .. }) | Reply::WithFd(Response::Mapped { len, .. }, _))) =
+            (&got, &reply)
+        {
+            state.stats.got(dataset.as_deref(), *len);
+        }
         let sent = match reply {
             Ok(Reply::Plain(r)) => write_frame(&mut stream, &r, &[]).await,
             Ok(Reply::WithPayload(r, p)) => {
@@ -127,6 +133,10 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 write_frame(&mut stream, &r, p.bytes()).await
             }
+            Ok(Reply::WithFd(r, fd)) => match local.as_ref() {
+                Some(l) => send_with_fd(&mut stream, l, &r, &fd, state.limits.io_timeout).await,
+                None => write_frame(&mut stream, &Response::error(&crate::cma::not_local()), &[]).await,
+            },
             Err(e) => write_frame(&mut stream, &Response::error(&e), &[]).await,
         };
         op.done(began.elapsed());
@@ -137,6 +147,20 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+/// Writes reply `r`'s head announcing a one-byte payload, then that byte with descriptor `fd`.
+async fn send_with_fd<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    local: &Local,
+    r: &Response,
+    fd: &std::os::fd::OwnedFd,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    let head = cairn_proto::frame::encode_head(r, 1);
+    stream.write_all(&head).await.map_err(|e| Error::io("writing a frame", e))?;
+    stream.flush().await.map_err(|e| Error::io("writing a frame", e))?;
+    local.send_fd(fd, timeout).await
 }
 
 /// The kind of `req` for its op's counters (named by serializing one request of the kind: a

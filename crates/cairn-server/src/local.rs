@@ -5,12 +5,16 @@ use crate::cma::Peer;
 use crate::segment::{Memory, Segment};
 use crate::state::State;
 use cairn_core::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Objects under lease per connection at most, and so segments (and descriptors) a writer can
 /// hold before it puts.
 pub const MAX_LEASES: usize = 1024;
+
+/// Segments whose descriptors a connection holds at most (a reader's mappings, see
+/// [`Local::mapping`]); past it, gets of objects in other segments answer with their bytes.
+pub const MAX_SHOWN: usize = 1024;
 
 /// A connection's peer on this host (bound to the process that opened it, see [`Peer`]) and
 /// the segments it leased. Leases it did not put are given back when the connection ends.
@@ -21,12 +25,68 @@ pub struct Local {
     state: Arc<State>,
     next: u64,
     leases: HashMap<u64, Segment>,
+    /// The connection's socket (a duplicate), to pass descriptors over; none in unit tests.
+    sock: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    /// Segments whose read-only descriptor the reader was handed and has not reported unmapped.
+    shown: HashSet<u64>,
 }
 
 impl Local {
-    /// The peer of a Unix-socket connection to `state`'s server ([`Peer::bind`]'s result).
-    pub fn new(state: Arc<State>, peer: std::result::Result<Peer, String>) -> Local {
-        Local { peer, state, next: 1, leases: HashMap::new() }
+    /// The peer of a Unix-socket connection to `state`'s server ([`Peer::bind`]'s result);
+    /// `sock` the connection's socket (duplicated), over which descriptors are passed.
+    pub fn new(state: Arc<State>, peer: std::result::Result<Peer, String>, sock: Option<std::os::fd::OwnedFd>) -> Local {
+        // Registered for writing only: reads stay with the connection's own stream. Its
+        // duplicate is already non-blocking (a file status flag, shared with the original).
+        // SAFETY: the descriptor is owned by the AsyncFd and neither replaced nor closed while
+        // registered.
+        let sock = sock.and_then(|s| unsafe { tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::WRITABLE) }.ok());
+        Local { peer, state, next: 1, leases: HashMap::new(), sock, shown: HashSet::new() }
+    }
+
+    /// How a same-node reader reads an object held in `seg`: `Some(None)` from its mapping of
+    /// the segment, `Some(Some(fd))` from a mapping of the read-only descriptor `fd` it is to be
+    /// handed now, `None` from a payload: the segment belongs to another user (a lessee of it may
+    /// write into it; a reader of another user is never handed one), or the reader holds too
+    /// many.
+    pub fn mapping(&mut self, seg: &Segment) -> Result<Option<Option<std::os::fd::OwnedFd>>> {
+        if self.sock.is_none() || self.peer()?.uid() != seg.owner() {
+            return Ok(None);
+        }
+        if self.shown.contains(&seg.id()) {
+            return Ok(Some(None));
+        }
+        if self.shown.len() >= MAX_SHOWN {
+            return Ok(None);
+        }
+        let fd = seg.read_only()?;
+        self.shown.insert(seg.id());
+        Ok(Some(Some(fd)))
+    }
+
+    /// Forgets the segments the reader reports unmapped: it is handed them again when next read.
+    pub fn unmapped(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.shown.remove(id);
+        }
+    }
+
+    /// Sends one byte carrying descriptor `fd` to the reader (after a reply's head announcing
+    /// it), waiting for room in the socket's buffer at most `timeout`.
+    pub async fn send_fd(&self, fd: &std::os::fd::OwnedFd, timeout: std::time::Duration) -> Result<()> {
+        let sock = self.sock.as_ref().ok_or_else(crate::cma::not_local)?;
+        let send = async {
+            loop {
+                let mut ready = sock.writable().await?;
+                match ready.try_io(|s| cairn_proto::unix::send_fd(s, 0, fd)) {
+                    Ok(r) => return r,
+                    Err(_would_block) => continue,
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, send).await {
+            Ok(r) => r.map_err(|e| Error::io("passing a segment's descriptor", e)),
+            Err(_) => Err(Error::io("passing a segment's descriptor", std::io::ErrorKind::TimedOut.into())),
+        }
     }
 
     /// The client process same-node copies go to and from.
@@ -118,7 +178,7 @@ mod tests {
         use cairn_core::ErrorKind;
         let path = std::path::PathBuf::from("/nonexistent/cluster.json");
         let state = State::new(0, "s".into(), path, 1 << 20, crate::Limits::default());
-        let mut local = Local::new(state.clone(), Ok(Peer::this_process()));
+        let mut local = Local::new(state.clone(), Ok(Peer::this_process()), None);
         let got = local.lease(&[256 << 10, 256 << 10], &[]).unwrap();
         assert_eq!(state.store.used(), 512 << 10);
         // More than the memory left: refused whole, nothing kept.

@@ -75,3 +75,17 @@ pub fn seal_or_drop(state: &State, req: impl Into<ServerRequest>) -> Result<()> 
         other => Err(Error::InvalidArgument(format!("expected a seal or drop request, got {}", other.op_name()))),
     }
 }
+
+/// Checks an object in a shared segment against its crc32c before any of it leaves the server
+/// (a get's payload, encoding): the writer that filled the segment may still map it and could
+/// have changed it after its put. Memory of this server's own was checked as it arrived.
+pub fn intact(data: &Memory, checksum: u32, what: impl FnOnce() -> String) -> Result<()> {
+    if matches!(data, Memory::Shared(_)) && cairn_core::checksum::crc(data) != checksum {
+        return Err(Error::Corrupt(format!(
+            "{} changed in its shared segment after it was put (its writer still maps it); it is not served. \
+             Read it from another copy, or write the step again",
+            what()
+        )));
+    }
+    Ok(())
+}

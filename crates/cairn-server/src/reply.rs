@@ -13,6 +13,9 @@ pub enum Reply {
     Plain(Response),
     /// A response followed by raw bytes.
     WithPayload(Response, Payload),
+    /// A response followed by one byte carrying a descriptor for a same-node reader
+    /// ([`Response::Mapped`] with `fd`).
+    WithFd(Response, std::os::fd::OwnedFd),
 }
 
 /// Payload bytes of a reply: a stored object shared without copying, or bytes cut out of one.

@@ -7,9 +7,19 @@
 //! steady-state steps copy at memcpy speed; cross-memory attach reached 0.3–0.5× memcpy
 //! (`cma.rs`, measured by the `same_node_copy` example).
 //!
+//! Same-node readers of the segment's user read a whole copy out of a read-only mapping of the
+//! segment (issue 55): its descriptor, reopened read-only, is passed over the Unix socket once
+//! per connection ([`crate::local::Local::mapping`]), and the reader keeps the mapping while the
+//! pool hands the segment to the next object of its size.
+//!
 //! What it costs: the writer keeps a writable mapping (it reuses it when the same segment is
-//! leased to it again), so it could change an object after its put. Checksums stay end to end
-//! (the writer computes them, every reader verifies), so such a change is detected, not served.
+//! leased to it again), so it could change an object after its put. So no byte of a segment
+//! leaves the server unchecked against the object's crc32c (`objects::intact`: payload gets,
+//! recovery pieces, encoding; the drain checks all it gathers), and a mapped reader checks what
+//! it copies: such a change is detected, never served. The check costs a crc32c pass (~50 GB/s
+//! here) where bytes leave, instead of one after every put on the writer's critical path.
+//! A dropped segment's pages are given back at once ([`Drop`]): mappings others keep of it do
+//! not hold memory the server no longer counts.
 //! A writer that dies while it copies never puts: its connection's leases go back to the pool,
 //! and nothing half-written is stored. One that hangs loses its connection, and so its leases,
 //! after the connection's deadline: a connection holding leases is never idle.
@@ -23,7 +33,12 @@ pub struct Segment {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
     owner: u32,
+    id: u64,
 }
+
+/// Ids of segments: unique in this process's lifetime, so a reader's mapping named by one is
+/// never taken for another segment's.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 // SAFETY: the mapping is plain shared memory owned by this value; access goes through `&[u8]`.
 unsafe impl Send for Segment {}
@@ -77,7 +92,8 @@ impl Segment {
         if ptr == libc::MAP_FAILED {
             return Err(fail("map"));
         }
-        Ok(Segment { fd, ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len, owner: u32::MAX })
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Segment { fd, ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len, owner: u32::MAX, id })
     }
 
     /// This fresh segment cut to `len` (at most its size; the pages past it go back to the
@@ -126,6 +142,22 @@ impl Segment {
         self.len == 0
     }
 
+    /// Its id (unique in this process's lifetime).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// A new descriptor of it that can only read (a reopen through `/proc/self/fd` with
+    /// `O_RDONLY`): a mapping made from it cannot write, for a same-node reader to be handed.
+    pub fn read_only(&self) -> Result<std::os::fd::OwnedFd> {
+        let path = format!("/proc/self/fd/{}", self.fd());
+        std::fs::OpenOptions::new()
+            .read(true)
+            .open(&path)
+            .map(std::os::fd::OwnedFd::from)
+            .map_err(|e| Error::io(format!("reopening shared segment {} read-only", self.id), e))
+    }
+
     /// Its descriptor in this process (for the lease's holder to open).
     pub fn fd(&self) -> i32 {
         use std::os::fd::AsRawFd;
@@ -148,6 +180,16 @@ impl Drop for Segment {
     fn drop(&mut self) {
         // SAFETY: unmaps the mapping made in `new`, which nothing borrows any more.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if self.owner != u32::MAX {
+            // Its pages go back to the system now, though a writer or reader that was handed
+            // it may still map it: memory the server no longer counts is never kept alive by
+            // a mapping (one that reads on sees zeros; nothing points it there any more).
+            // SAFETY: fallocate on the descriptor this value owns (sealed against shrinking and
+            // growing only, so punching a hole is allowed); failure leaves the pages to the mappings.
+            unsafe {
+                libc::fallocate(self.fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 0, self.len as libc::off_t);
+            }
+        }
     }
 }
 
@@ -202,6 +244,27 @@ mod tests {
             libc::munmap(p, 8192);
         }
         assert!(seg.bytes().iter().all(|b| *b == 7));
+    }
+
+    #[test]
+    fn a_read_only_descriptor_maps_for_reading_only_and_a_dropped_segment_frees_its_pages() {
+        use std::os::fd::AsRawFd;
+        let seg = Segment::new(1 << 20, 0).unwrap();
+        let ro = seg.read_only().unwrap();
+        // SAFETY: maps the segment through the read-only descriptor; checked, then unmapped.
+        unsafe {
+            let w = libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, ro.as_raw_fd(), 0);
+            assert_eq!(w, libc::MAP_FAILED, "no writable shared mapping from a read-only descriptor");
+            let r = libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ, libc::MAP_SHARED, ro.as_raw_fd(), 0);
+            assert_ne!(r, libc::MAP_FAILED);
+            let bytes = seg.bytes().as_ptr().cast_mut();
+            std::ptr::write_bytes(bytes, 9, 1 << 20);
+            assert_eq!(*r.cast::<u8>().add(12345), 9, "the reader sees the segment");
+            drop(seg);
+            // Its pages were given back although the reader still maps it: it reads zeros.
+            assert_eq!(*r.cast::<u8>().add(12345), 0);
+            libc::munmap(r, 1 << 20);
+        }
     }
 
     #[test]

@@ -44,7 +44,9 @@ pub async fn run(ctl: Arc<Control>, listeners: Listeners, shutdown: impl Future<
                         // same-node copies of this connection may touch.
                         use std::os::fd::AsFd;
                         let peer = crate::cma::Peer::bind(s.as_fd(), ctl.state.limits.same_node_other_users);
-                        handle(ctl, s, place, auth, Some(peer)).await
+                        // Descriptors for same-node readers go over it (see `Local::mapping`).
+                        let sock = s.as_fd().try_clone_to_owned().ok();
+                        handle(ctl, s, place, auth, Some((peer, sock))).await
                     }
                 }
             });

@@ -106,6 +106,8 @@ pub struct State {
     pub client_requests: AtomicU64,
     /// Object bytes copied straight from or to local clients' memory.
     pub same_node_bytes: AtomicU64,
+    /// Gets answered with a mapping of a shared segment (same-node readers).
+    pub mapped_gets: AtomicU64,
     /// What Prometheus scrapes beside the state (`metrics`).
     pub stats: crate::stats::Stats,
     /// The cluster's redundancy settings (from the cluster file, read when first needed).
@@ -136,6 +138,7 @@ impl State {
             requests: AtomicU64::new(0),
             client_requests: AtomicU64::new(0),
             same_node_bytes: AtomicU64::new(0),
+            mapped_gets: AtomicU64::new(0),
             stats,
             policy: OnceLock::new(),
             encoding: tokio::sync::Semaphore::new(1),

@@ -311,7 +311,7 @@ impl RawConn {
     pub fn open_unix_path(path: &Path, secret: &str) -> Result<RawConn> {
         let stream = std::os::unix::net::UnixStream::connect(path).map_err(|e| Error::io("connecting", e))?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::io("connecting", e))?;
-        RawConn { stream: Stream::Unix(stream) }.hello(secret, Role::Client)
+        RawConn { stream: Stream::Unix(cairn_proto::unix::UnixConn::new(stream)) }.hello(secret, Role::Client)
     }
 
     fn hello(mut self, secret: &str, role: Role) -> Result<RawConn> {
@@ -356,7 +356,7 @@ pub fn put_request(dataset: &str, id: u64, len: u64, checksum: u32) -> Request {
 /// The get of object `id` of [`put_request`].
 pub fn get_request(dataset: &str, id: u64, len: u64) -> Request {
     let want = cairn_core::Region::new(vec![0], vec![len]).expect("a 1-D box");
-    Request::Get { dataset: dataset.into(), step: 0, id, want, shard: 0 }
+    Request::Get { dataset: dataset.into(), step: 0, id, want, shard: 0, map: None }
 }
 
 /// `put` as a same-node put naming `runs` (address, length) of the connected process's memory.

@@ -40,6 +40,10 @@ pub(crate) struct Conn {
     pub(crate) leasing: bool,
     /// The server's segments mapped here.
     pub(crate) maps: super::shm::Maps,
+    /// Whole copies in the server's segments are read out of read-only mappings (`shm`).
+    pub(crate) mapping: bool,
+    /// The server's segments mapped here for reading.
+    pub(crate) rmaps: super::shm::ReadMaps,
 }
 
 impl Conn {
@@ -47,13 +51,24 @@ impl Conn {
         let (server, addr) = (entry.spec.id, entry.addr.clone());
         let unix = entry.unix.as_deref().filter(|p| transport != Transport::Tcp && entry.host == hostname() && p.exists());
         let stream = match unix {
-            Some(p) => UnixStream::connect(p).map(Stream::Unix),
+            Some(p) => UnixStream::connect(p).map(|s| Stream::Unix(cairn_proto::unix::UnixConn::new(s))),
             None => tcp(&addr, timeout).map(Stream::Tcp),
         }
         .and_then(|s| s.set_timeouts(timeout).map(|()| s));
         let stream = stream.map_err(|e| fail(server, &addr, "connect", timeout, &Error::io("connecting", e)))?;
         let local = matches!(stream, Stream::Unix(_));
-        let mut c = Conn { stream, server, addr, timeout, epoch: None, same_node: false, leasing: false, maps: Default::default() };
+        let mut c = Conn {
+            stream,
+            server,
+            addr,
+            timeout,
+            epoch: None,
+            same_node: false,
+            leasing: false,
+            maps: Default::default(),
+            mapping: false,
+            rmaps: Default::default(),
+        };
         let nonce = match c.recv(0, "hello")?.0 {
             Response::Challenge { nonce, .. } => nonce,
             other => return Err(refused("connect", other)),
@@ -72,6 +87,7 @@ impl Conn {
         if local && matches!(transport, Transport::Auto | Transport::Attach) {
             c.same_node = bound;
             c.leasing = c.same_node && transport == Transport::Auto;
+            c.mapping = c.leasing;
         }
         Ok(c)
     }
@@ -126,6 +142,14 @@ impl Conn {
         read_payload_crc(&mut self.stream, parts).map_err(|e| self.fail(op, e))
     }
 
+    /// The oldest descriptor the server passed on this connection and no reply claimed yet.
+    pub(crate) fn take_fd(&mut self) -> Option<std::os::fd::OwnedFd> {
+        match &mut self.stream {
+            Stream::Unix(u) => u.take_fd(),
+            Stream::Tcp(_) => None,
+        }
+    }
+
     /// Reads and drops a reply's payload.
     pub(crate) fn skip(&mut self, len: u64, op: &str) -> Result<()> {
         skip_payload(&mut self.stream, len).map_err(|e| self.fail(op, e))
@@ -146,7 +170,7 @@ impl Conn {
         let set = |c: &Conn, t: Duration| {
             match &c.stream {
                 Stream::Tcp(s) => s.set_read_timeout(Some(t)),
-                Stream::Unix(s) => s.set_read_timeout(Some(t)),
+                Stream::Unix(s) => s.sock.set_read_timeout(Some(t)),
             }
             .map_err(|e| c.fail("wait", Error::io("setting a timeout", e)))
         };

@@ -77,6 +77,10 @@ const TOUCHES_QUEUED: usize = 64;
 struct Fetch<'a> {
     req: Request,
     what: String,
+    /// The object as the committed index names it (its box, element size and crc32c): what a
+    /// copy out of a mapping of its segment is cut from and checked against.
+    object: &'a ObjectRef,
+    elem: usize,
     parts: Vec<&'a mut [u8]>,
     /// Servers holding a copy, in the order to try them.
     holders: Vec<u32>,
@@ -175,10 +179,18 @@ impl StagingReader {
         self.cluster.with(server, |c| {
             let mut first_err = None;
             let mut sent = 0;
+            // Gets whose mapping did not serve: asked again for a payload, after the others.
+            let mut again = Vec::new();
+            if c.mapping {
+                c.rmaps.trim();
+            }
             for i in 0..fetches.len() {
                 while sent < fetches.len() && sent < i + WINDOW {
-                    // Replies come as payloads, on the same node too: a server never writes into
-                    // a client's memory (issue 52).
+                    // Replies come as payloads or, on the same node, as mappings of the segment
+                    // holding the object: a server never writes into a client's memory (issue 52).
+                    if let Request::Get { map, shard: 0, .. } = &mut fetches[sent].req {
+                        *map = c.mapping.then(|| c.rmaps.take_unmapped());
+                    }
                     c.send(&fetches[sent].req, &[])?;
                     sent += 1;
                 }
@@ -186,6 +198,13 @@ impl StagingReader {
                 let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
                 let (resp, len) = c.recv(want, "get")?;
                 match self.cluster.settle(resp) {
+                    Ok(Response::Mapped { segment, len: size, fd }) if len == u64::from(fd) => match copy_mapped(c, f, segment, size, fd) {
+                        Ok(true) => f.done = true,
+                        Ok(false) => again.push(i),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    },
                     Ok(Response::Data { checksum }) if len == want => {
                         let got = c.read_payload_crc(&mut f.parts, "get")?;
                         if got != checksum {
@@ -195,6 +214,32 @@ impl StagingReader {
                             )));
                         } else {
                             f.done = true;
+                        }
+                    }
+                    Ok(other) => {
+                        c.skip(len, "get")?;
+                        first_err.get_or_insert(unexpected("get", &other));
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            for i in again {
+                let f = &mut fetches[i];
+                if let Request::Get { map, .. } = &mut f.req {
+                    *map = None;
+                }
+                c.send(&f.req, &[])?;
+                let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
+                let (resp, len) = c.recv(want, "get")?;
+                match self.cluster.settle(resp) {
+                    Ok(Response::Data { checksum }) if len == want => {
+                        if c.read_payload_crc(&mut f.parts, "get")? == checksum {
+                            f.done = true;
+                        } else {
+                            first_err
+                                .get_or_insert(Error::Corrupt(format!("{} arrived damaged from server {server}; read it again", f.what)));
                         }
                     }
                     Ok(other) => {
@@ -343,8 +388,8 @@ impl StagingReader {
                 encoded.push((o, want, parts));
                 continue;
             }
-            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0 };
-            by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), parts, holders, done: false });
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0, map: None };
+            by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), object: o, elem, parts, holders, done: false });
         }
         if !encoded.is_empty() {
             let objs: Vec<&ObjectRef> = encoded.iter().map(|(o, _, _)| *o).collect();
@@ -371,6 +416,52 @@ impl StagingReader {
             handles.into_iter().try_for_each(|h| h.join().expect("fetch thread panicked"))
         })
     }
+}
+
+/// A get answered with a mapping: claims the segment's descriptor when one came (the reply's
+/// one-byte payload carries it), then copies the fetch's box out of the mapping, checking the
+/// whole object against the committed crc32c as it goes (in one pass for a whole object).
+/// `false` when the mapping cannot serve it (not mapped here, or the bytes do not match: its
+/// step released and the segment reused, or changed by its writer): the server's payload (or
+/// its refusal) decides then.
+fn copy_mapped(c: &mut super::conn::Conn, f: &mut Fetch<'_>, segment: u64, size: u64, fd: bool) -> Result<bool> {
+    if fd {
+        c.skip(1, "get")?;
+        let mapped = c.take_fd().map(|passed| c.rmaps.insert(segment, passed, size as usize));
+        if !matches!(mapped, Some(Ok(()))) {
+            c.rmaps.forget(segment);
+            c.mapping = false; // the rest of this connection's gets come as payloads
+            return Ok(false);
+        }
+    }
+    let o = f.object;
+    let bytes = o.region.volume() * f.elem as u64;
+    let Some(map) = c.rmaps.get(segment).filter(|m| m.bytes().len() as u64 == bytes && size == bytes) else {
+        c.rmaps.forget(segment);
+        return Ok(false);
+    };
+    let src = map.bytes();
+    let Request::Get { want, .. } = &f.req else { unreachable!("fetches are gets") };
+    let crc = if *want == o.region {
+        super::shm::copy_crc(src, &mut f.parts)
+    } else {
+        // The box's runs out of the object, in the box's order, into the parts that hold it.
+        let mut parts = f.parts.iter_mut().map(|p| &mut **p);
+        let (mut part, mut at): (&mut [u8], usize) = (parts.next().unwrap_or_default(), 0);
+        for_each_run(&o.region, want, want, f.elem, |s, _, len| {
+            let (mut s, mut len) = (s as usize, len);
+            while len > 0 {
+                if at == part.len() {
+                    (part, at) = (parts.next().expect("the parts hold the box"), 0);
+                }
+                let n = len.min(part.len() - at);
+                part[at..at + n].copy_from_slice(&src[s..s + n]);
+                (s, len, at) = (s + n, len - n, at + n);
+            }
+        });
+        cairn_core::checksum::crc(src)
+    };
+    Ok(crc == o.checksum)
 }
 
 impl StagingReader {
@@ -429,9 +520,24 @@ impl StagingReader {
                 .iter()
                 .map(|&(j, i)| {
                     let o = objs[j];
-                    let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want: o.region.clone(), shard: i as u32 + 1 };
+                    let req = Request::Get {
+                        dataset: self.dataset.clone(),
+                        step,
+                        id: o.id,
+                        want: o.region.clone(),
+                        shard: i as u32 + 1,
+                        map: None,
+                    };
                     let part = chunks.remove(&(j, i)).expect("each shard fetched once");
-                    Fetch { req, what: format!("shard {i} of {}", what(o)), parts: vec![part], holders: Vec::new(), done: false }
+                    Fetch {
+                        req,
+                        what: format!("shard {i} of {}", what(o)),
+                        object: o,
+                        elem: 1, /* shards are never mapped */
+                        parts: vec![part],
+                        holders: Vec::new(),
+                        done: false,
+                    }
                 })
                 .collect();
             work.push((srv, list, fetches));

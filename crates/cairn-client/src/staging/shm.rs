@@ -1,16 +1,21 @@
-//! Same-node puts into shared memory the server leases (cairn-server's `segment.rs`): the
-//! writer opens each leased segment through `/proc/<server pid>/fd/<fd>`, copies its object in
-//! while it checksums it and reduces its statistics (one pass: each 64 KiB is checksummed while
-//! it is in the cache), and puts the object naming the lease. The server keeps the segment as
-//! the object's memory: one copy in all, at memcpy speed once the server's pool recycles
-//! segments (cross-memory attach, the fallback, copies at 0.3–0.5× memcpy here). The writer
-//! keeps its mappings (bounded, [`Maps`]) for the next lease of the same segment.
+//! Same-node puts and gets through shared memory the server owns (cairn-server's
+//! `segment.rs`).
 //!
-//! Gets stay with cross-memory attach. Measured (`python -m cairn.bench staging`, 256 MiB
-//! steps of 16 MiB objects, one reader): a reader mapping each object's segment read-only and
-//! copying out of it got 5.4–5.7 GB/s, the server's copy into the reader's array 6.5 GB/s. Each
-//! step is read once, so every get paid for a fresh mapping (page tables filled, then torn
-//! down), which a put avoids by reusing the mapping of a recycled segment.
+//! Puts: the writer opens each leased segment through `/proc/<server pid>/fd/<fd>`, copies its
+//! object in while it checksums it and reduces its statistics (one pass: each 64 KiB is
+//! checksummed while it is in the cache), and puts the object naming the lease. The server
+//! keeps the segment as the object's memory: one copy in all, at memcpy speed once the server's
+//! pool recycles segments (cross-memory attach, the fallback, copies at 0.3–0.5× memcpy here).
+//! The writer keeps its mappings (bounded, [`Maps`]) for the next lease of the same segment.
+//!
+//! Gets: a whole copy held in a segment of this process's user is answered with the segment's
+//! id, and the first time with a read-only descriptor of it passed over the Unix socket; the
+//! reader keeps the mapping ([`ReadMaps`]) and copies the object out of it while it checksums
+//! it against the committed crc32c: one copy, where the payload path made two (the server's
+//! into the socket, this process's out of it). The server recycles the segment for the next
+//! object of its size and user, so a stream's steps are read through the mappings of the first.
+//! A segment the server gives up has its pages given back at once (a hole punched), so a
+//! mapping kept here never holds memory the server no longer counts.
 
 use cairn_core::{Error, Result};
 
@@ -58,8 +63,8 @@ unsafe impl Send for Mapped {}
 
 /// Mappings kept per connection at most, and bytes they map at most: a server's pool hands
 /// the same segments out step after step, and mapping one (its page tables filled, then torn
-/// down with a TLB flush) costs a tenth of copying into it. A kept mapping keeps its segment's
-/// memory alive after the server frees it, so both are bounded.
+/// down with a TLB flush) costs a tenth of copying into it. Page tables and address space are
+/// what a kept mapping costs here, so both are bounded.
 const MAX_MAPS: usize = 64;
 const MAX_MAPPED: usize = 1 << 30;
 
@@ -111,5 +116,162 @@ impl Maps {
             }
         };
         Ok(&mut self.kept[at].map)
+    }
+}
+
+/// Segments a reader keeps mapped per connection at most, and bytes they map at most; past
+/// them the least recently read go (reported to the server with the next get).
+const MAX_READ_MAPS: usize = 256;
+const MAX_READ_MAPPED: usize = 4 << 30;
+
+/// A server's segment mapped read-only here, unmapped when dropped.
+pub(crate) struct RoMapped {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl RoMapped {
+    /// Maps `len` bytes of the read-only descriptor `fd` the server passed (its size checked).
+    fn open(fd: std::os::fd::OwnedFd, len: usize) -> Result<RoMapped> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::from(fd);
+        let size = file.metadata().map_err(|e| Error::io("looking up a shared segment passed for a get", e))?.len();
+        if size != len as u64 || len == 0 {
+            return Err(Error::Corrupt(format!("a shared segment passed for a get holds {size} bytes, not {len}")));
+        }
+        // SAFETY: maps `len` bytes of the file just checked to hold them, read-only; the mapping
+        // outlives the descriptor. The server sealed it against shrinking, and a hole it punches
+        // reads as zeros (caught by the checksum), so reads never fault.
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_POPULATE, file.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::io("mapping a shared segment for a get", std::io::Error::last_os_error()));
+        }
+        Ok(RoMapped { ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len })
+    }
+
+    /// Its bytes, as they are now (a writer of the same user may still change them: check them
+    /// against the committed crc32c as they are copied).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for RoMapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `open`, which nothing borrows any more.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+// SAFETY: the mapping is owned by the value and only read through it.
+unsafe impl Send for RoMapped {}
+
+/// The read-only mappings of one server's segments a reader's connection keeps, by segment id,
+/// and the ids it unmapped and has not told the server of yet.
+#[derive(Default)]
+pub(crate) struct ReadMaps {
+    kept: std::collections::HashMap<u64, (RoMapped, u64)>,
+    tick: u64,
+    unmapped: Vec<u64>,
+}
+
+impl std::fmt::Debug for ReadMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadMaps").field("kept", &self.kept.len()).field("unmapped", &self.unmapped.len()).finish()
+    }
+}
+
+impl ReadMaps {
+    /// Maps segment `id` from descriptor `fd` (replacing a mapping of the same id).
+    pub(crate) fn insert(&mut self, id: u64, fd: std::os::fd::OwnedFd, len: usize) -> Result<()> {
+        let map = RoMapped::open(fd, len)?;
+        self.tick += 1;
+        self.kept.insert(id, (map, self.tick));
+        Ok(())
+    }
+
+    /// The mapping of segment `id`, if kept.
+    pub(crate) fn get(&mut self, id: u64) -> Option<&RoMapped> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.kept.get_mut(&id).map(|(m, used)| {
+            *used = tick;
+            &*m
+        })
+    }
+
+    /// Forgets segment `id` (its mapping was wrong or is gone): the server hands it again.
+    pub(crate) fn forget(&mut self, id: u64) {
+        self.kept.remove(&id);
+        self.unmapped.push(id);
+    }
+
+    /// Unmaps the least recently read past the bounds. Called before a batch of gets is sent,
+    /// never within one: a reply may name any segment the server knew mapped when it was sent.
+    pub(crate) fn trim(&mut self) {
+        let mapped = |k: &std::collections::HashMap<u64, (RoMapped, u64)>| k.values().map(|(m, _)| m.len).sum::<usize>();
+        while self.kept.len() > MAX_READ_MAPS || (self.kept.len() > 1 && mapped(&self.kept) > MAX_READ_MAPPED) {
+            let oldest = *self.kept.iter().min_by_key(|(_, (_, used))| *used).expect("not empty").0;
+            self.forget(oldest);
+        }
+    }
+
+    /// The ids to report unmapped with the next get (at most what one get carries).
+    pub(crate) fn take_unmapped(&mut self) -> Vec<u64> {
+        let n = self.unmapped.len().min(cairn_proto::message::MAX_UNMAPPED);
+        self.unmapped.drain(..n).collect()
+    }
+}
+
+/// Copies `src` into `parts` (which it fills exactly, in order) a cache-sized piece at a time,
+/// returning the crc32c of what it copied, computed on each piece while it is in the cache.
+pub(crate) fn copy_crc(src: &[u8], parts: &mut [&mut [u8]]) -> u32 {
+    const PIECE: usize = 64 << 10;
+    let (mut crc, mut at) = (0u32, 0usize);
+    for part in parts.iter_mut() {
+        for piece in part.chunks_mut(PIECE) {
+            let from = &src[at..at + piece.len()];
+            piece.copy_from_slice(from);
+            crc = cairn_core::checksum::crc_append(crc, from);
+            at += piece.len();
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_into_parts_checksums_what_it_copied() {
+        let src: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let mut out = vec![0u8; src.len()];
+        let (a, rest) = out.split_at_mut(100_001);
+        let (b, c) = rest.split_at_mut(3);
+        let crc = copy_crc(&src, &mut [a, b, c]);
+        assert_eq!(out, src);
+        assert_eq!(crc, cairn_core::checksum::crc(&src));
+    }
+
+    #[test]
+    fn read_mappings_past_the_bounds_go_least_recent_first_and_are_reported() {
+        let mut maps = ReadMaps::default();
+        for id in 0..(MAX_READ_MAPS as u64 + 2) {
+            let f = tempfile::tempfile().unwrap();
+            f.set_len(4096).unwrap();
+            maps.insert(id, f.into(), 4096).unwrap();
+        }
+        assert!(maps.get(0).is_some(), "0 read again: 1 and 2 are now the oldest");
+        maps.trim();
+        assert_eq!(maps.kept.len(), MAX_READ_MAPS);
+        assert_eq!(maps.take_unmapped(), vec![1, 2]);
+        assert!(maps.get(0).is_some() && maps.get(1).is_none());
+        // A descriptor whose size is not the one named is refused.
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(100).unwrap();
+        assert!(maps.insert(99, f.into(), 4096).is_err());
     }
 }

@@ -57,6 +57,7 @@ fn status(ctl: &Control) -> Response {
             steps,
             requests: state.requests.load(Ordering::Relaxed),
             same_node_bytes: state.same_node_bytes.load(Ordering::Relaxed),
+            mapped_gets: state.mapped_gets.load(Ordering::Relaxed),
             shared_bytes: state.store.shared_bytes(),
             uptime_s: state.started.elapsed().as_secs_f64(),
             meta: meta.to_string(),

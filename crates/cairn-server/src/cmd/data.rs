@@ -119,8 +119,12 @@ pub async fn apply<S: AsyncRead + Unpin>(
             let local = local.as_mut().ok_or_else(crate::cma::not_local)?;
             plain(local.lease(&sizes, &release).map(|leases| Response::Leased { pid: std::process::id(), leases }))
         }
-        // Gets always answer with a payload: a server never writes into a client's memory.
-        Request::Get { dataset, step, id, want, shard } => get(state, &dataset, step, (id, shard), &want),
+        // Gets answer with a payload, or a same-node reader's with a mapping of the segment:
+        // a server never writes into a client's memory.
+        Request::Get { dataset, step, id, want, shard: 0, map: Some(unmapped) } if local.is_some() => {
+            get_mapped(state, local.as_mut().expect("checked"), &dataset, step, id, &want, &unmapped)
+        }
+        Request::Get { dataset, step, id, want, shard, .. } => get(state, &dataset, step, (id, shard), &want),
         req @ Request::Drop { .. } => plain(seal_or_drop(state, req).map(|_| Response::Ok)),
         other => Err(super::guard::misrouted("data", &other.op_name())),
     }
@@ -245,11 +249,41 @@ fn cut_runs(runs: &[(u64, u64)], lens: impl Iterator<Item = u64>) -> Vec<Vec<(u6
     .collect()
 }
 
-/// Returns the box `want` of an object's copy, or a whole shard.
+/// A same-node reader's get of a whole copy: [`Response::Mapped`] when the object lies in a
+/// segment of the reader's user (with the segment's read-only descriptor the first time), else
+/// its bytes as [`get`] answers. The reader checks what it copies out against the committed
+/// crc32c, so what the server does not send, it need not check.
+fn get_mapped(state: &State, local: &mut Local, dataset: &str, step: u64, id: u64, want: &Region, unmapped: &[u64]) -> Result<Reply> {
+    if unmapped.len() > cairn_proto::message::MAX_UNMAPPED {
+        return Err(Error::InvalidArgument(format!(
+            "a get reports {} segments unmapped; at most {}",
+            unmapped.len(),
+            cairn_proto::message::MAX_UNMAPPED
+        )));
+    }
+    local.unmapped(unmapped);
+    let (data, _, _, _) = state.store.get(dataset, step, (id, 0))?;
+    if let Memory::Shared(seg) = &*data {
+        if let Some(fd) = local.mapping(seg)? {
+            state.mapped_gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let r = Response::Mapped { segment: seg.id(), len: seg.len() as u64, fd: fd.is_some() };
+            return Ok(match fd {
+                Some(fd) => Reply::WithFd(r, fd),
+                None => Reply::Plain(r),
+            });
+        }
+    }
+    get(state, dataset, step, (id, 0), want)
+}
+
+/// Returns the box `want` of an object's copy, or a whole shard. An object in a shared segment
+/// is checked against its crc32c first: its writer may still map the segment, and no byte
+/// leaves the server that does not match what was committed.
 pub fn get(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, want: &Region) -> Result<Reply> {
     Region::new(want.offset.clone(), want.count.clone())?;
     let (data, region, elem, checksum) = state.store.get(dataset, step, key)?;
     let id = key.0;
+    crate::objects::intact(&data, checksum, || format!("object {id:#x} of '{dataset}' step {step}"))?;
     if want == &region || key.1 > 0 {
         return Ok(Reply::WithPayload(Response::Data { checksum }, Payload::Shared(data)));
     }
