@@ -226,15 +226,14 @@ impl ReadMaps {
 }
 
 /// Copies `src` into `parts` (which it fills exactly, in order) a cache-sized piece at a time,
-/// returning the crc32c of what it copied, computed on each piece while it is in the cache.
+/// returning the crc32c of what it copied, computed on each piece while it is in the cache
+/// ([`cairn_core::checksum::crc_copy`]).
 pub(crate) fn copy_crc(src: &[u8], parts: &mut [&mut [u8]]) -> u32 {
     const PIECE: usize = 64 << 10;
     let (mut crc, mut at) = (0u32, 0usize);
     for part in parts.iter_mut() {
         for piece in part.chunks_mut(PIECE) {
-            let from = &src[at..at + piece.len()];
-            piece.copy_from_slice(from);
-            crc = cairn_core::checksum::crc_append(crc, from);
+            crc = cairn_core::checksum::crc_copy(crc, &src[at..at + piece.len()], piece);
             at += piece.len();
         }
     }
