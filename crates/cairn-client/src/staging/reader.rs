@@ -436,13 +436,21 @@ fn copy_mapped(c: &mut super::conn::Conn, f: &mut Fetch<'_>, segment: u64, size:
     }
     let o = f.object;
     let bytes = o.region.volume() * f.elem as u64;
-    let Some(map) = c.rmaps.get(segment).filter(|m| m.bytes().len() as u64 == bytes && size == bytes) else {
+    let Some(map) = c.rmaps.get(segment).filter(|m| m.len() as u64 == bytes && size == bytes) else {
         c.rmaps.forget(segment);
         return Ok(false);
     };
-    let src = map.bytes();
     let Request::Get { want, .. } = &f.req else { unreachable!("fetches are gets") };
-    let crc = if *want == o.region {
+    let want = want.clone();
+    let crc = map.read(|src| copy_out(src, f, &want));
+    Ok(crc == o.checksum)
+}
+
+/// Copies the box `want` of fetch `f`'s object out of `src` (the object's bytes) into the fetch's
+/// parts; returns the crc32c of the whole object.
+fn copy_out(src: &[u8], f: &mut Fetch<'_>, want: &Region) -> u32 {
+    let o = f.object;
+    if *want == o.region {
         super::shm::copy_crc(src, &mut f.parts)
     } else {
         // The box's runs out of the object, in the box's order, into the parts that hold it.
@@ -460,8 +468,7 @@ fn copy_mapped(c: &mut super::conn::Conn, f: &mut Fetch<'_>, segment: u64, size:
             }
         });
         cairn_core::checksum::crc(src)
-    };
-    Ok(crc == o.checksum)
+    }
 }
 
 impl StagingReader {

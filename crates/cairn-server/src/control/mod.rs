@@ -39,6 +39,10 @@ use std::time::Duration;
 
 pub use gate::{members, Gate, MetaOptions};
 
+/// How long a leader left out of the control plane's members keeps its replica at most, for it
+/// to commit its own removal and step down.
+const STEP_DOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The control plane's services of one server.
 #[derive(Debug)]
 pub struct Control {
@@ -97,7 +101,8 @@ impl Control {
         });
     }
 
-    /// Waits until this server's replica has lost its vote, and shuts it down: a view leaves
+    /// Waits until this server's replica has lost its vote, and shuts it down (a leader once it
+    /// stepped down, or after [`STEP_DOWN_WAIT`]): a view leaves
     /// the server out of the control plane's members (a spare or a lower live slot took its
     /// place; the leader removes it as it admits that one), or declares it down (`downs`
     /// changes: the view giving it a slot again may already have followed). `false` when the
@@ -114,6 +119,20 @@ impl Control {
                 changed = epochs.changed() => if changed.is_err() { return false },
                 changed = downs.changed() => if changed.is_err() { return false } else { break },
                 _ = shutdown.recv() => return false,
+            }
+        }
+        // A leader left out (retired, say) still commits the membership that removes it and
+        // what the call that retired it proposes next; it steps down once that is done.
+        // Stopped before, those proposals failed ("raft stopped").
+        if let Some(log) = self.gate.get() {
+            let (mut metrics, wait) = (log.raft().metrics(), tokio::time::sleep(STEP_DOWN_WAIT));
+            tokio::pin!(wait);
+            while log.leader() == Some(log.id()) {
+                tokio::select! {
+                    changed = metrics.changed() => if changed.is_err() { break },
+                    () = &mut wait => break,
+                    _ = shutdown.recv() => return false,
+                }
             }
         }
         if let Some(old) = self.gate.take() {
