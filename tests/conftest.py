@@ -78,6 +78,14 @@ def cfg(request: pytest.FixtureRequest, tmp_path: Path):
 PY = sys.executable
 
 
+def status_total(file, field: str) -> int:
+    """A counter of the servers' status (``same_node_bytes``, ``shared_bytes``, ``mapped_gets`` ...)
+    summed over the cluster in ``file``."""
+    from cairn import cluster
+
+    return sum(row.get(field) or 0 for row in cluster.status(file))
+
+
 def stopped_or_gone(file) -> bool:
     """Whether no cluster runs with ``file``: it is gone, or `cairn cluster stop` marked it stopped."""
     import json as _json

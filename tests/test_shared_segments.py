@@ -19,6 +19,8 @@ import pytest
 import cairn
 from cairn import cluster
 
+from .conftest import status_total
+
 SHAPE = (4, 1 << 17)  # 4 MiB of float64: four 1 MiB objects, each a slab of 32768 columns
 OBJ = SHAPE[1] * 8
 
@@ -28,7 +30,7 @@ def _opts(c, **kw) -> dict:
 
 
 def _mapped_gets(c) -> int:
-    return sum(r.get("mapped_gets") or 0 for r in cluster.status(c.file))
+    return status_total(c.file, "mapped_gets")
 
 
 def _segment_mappings(perms: str = "r--s") -> set[str]:
@@ -84,7 +86,6 @@ def test_a_writer_keeps_its_mappings_across_steps_and_a_new_session_reuses_the_s
     anew, and both sessions' steps read back exactly."""
     c = cluster.start(tmp_path / "cluster.json", servers=1, memory="256MiB", prefault="0")
     try:
-        shared = lambda: sum(r.get("shared_bytes") or 0 for r in cluster.status(c.file))  # noqa: E731
         w = cairn.open("m", "w", keep_last=2, **_opts(c))
         w.define("p", "f8", SHAPE)
         for s in range(12):
@@ -92,7 +93,7 @@ def test_a_writer_keeps_its_mappings_across_steps_and_a_new_session_reuses_the_s
                 w.put("p", _field(s))
         first = _segment_mappings("rw-s")
         assert 4 <= len(first) <= 16, f"{len(first)} segments mapped for 48 objects put"
-        assert shared() == 2 * 4 * OBJ, "the two kept steps are held in segments"
+        assert status_total(c.file, "shared_bytes") == 2 * 4 * OBJ, "the two kept steps are held in segments"
         w.close()
         assert not _segment_mappings("rw-s"), "a closed session unmaps"
         w = cairn.open("m", "a", keep_last=2, **_opts(c))

@@ -20,7 +20,7 @@ import pytest
 import cairn
 from cairn import _native, cluster
 
-from .conftest import PY, ROOT, check
+from .conftest import PY, ROOT, check, status_total
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs servers as root and a client as nobody")
 NOBODY = 65534
@@ -77,7 +77,7 @@ def test_by_default_the_socket_is_the_owners_and_another_user_gets_no_same_node_
         out = _as_nobody(_client(shared_dir), file, shared_dir)
         # The secret authenticates over TCP; the socket (and its folder) stay closed to it.
         assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
-        assert sum(r.get("same_node_bytes") or 0 for r in cluster.status(file)) == 0
+        assert status_total(file, "same_node_bytes") == 0
     finally:
         cluster.stop(file)
 
@@ -91,14 +91,10 @@ def test_same_node_other_users_lets_another_user_put_same_node_and_read(shared_d
             (0o711, 0o666, 0o600, 0o600, 0o600)
         out = _as_nobody(_client(shared_dir), file, shared_dir)
         assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
-        copied = sum(r.get("same_node_bytes") or 0 for r in cluster.status(file))
+        copied = status_total(file, "same_node_bytes")
         assert copied >= 512 << 10, f"the put went same-node: {copied} bytes"
     finally:
         cluster.stop(file)
-
-
-def _mapped_gets(file: Path) -> int:
-    return sum(r.get("mapped_gets") or 0 for r in cluster.status(file))
 
 
 def test_another_users_reader_is_never_handed_a_mapping_of_a_segment(shared_dir):
@@ -114,13 +110,13 @@ def test_another_users_reader_is_never_handed_a_mapping_of_a_segment(shared_dir)
             w.define("x", "f8", x.shape)
             with w.step(0):
                 w.put("x", x)
-        assert sum(r.get("shared_bytes") or 0 for r in cluster.status(file)) >= x.nbytes, "root's put went into segments"
+        assert status_total(file, "shared_bytes") >= x.nbytes, "root's put went into segments"
         out = _as_nobody(_client(shared_dir), file, shared_dir, "auto", "rootdata", "read")
         assert out.returncode == 0 and "other user: ok" in out.stdout, out.stdout + out.stderr
-        assert _mapped_gets(file) == 0, "nobody was handed a mapping of root's segment"
+        assert status_total(file, "mapped_gets") == 0, "nobody was handed a mapping of root's segment"
         with cairn.open("rootdata", "r", engine="staging", cluster=file) as r:
             assert np.array_equal(r.get("x", 0), x)
-        assert _mapped_gets(file) > 0, "root's reader reads its own segments mapped"
+        assert status_total(file, "mapped_gets") > 0, "root's reader reads its own segments mapped"
     finally:
         cluster.stop(file)
 

@@ -18,7 +18,7 @@ import pytest
 import cairn
 from cairn import cluster
 
-from .conftest import PY, stopped_or_gone
+from .conftest import PY, status_total, stopped_or_gone
 
 
 def wait_for(cond, what: str, timeout: float = 10.0) -> None:
@@ -431,15 +431,15 @@ def test_corec_loses_no_committed_byte_to_r_sigkills_while_writing_and_reading(t
 
 
 def _same_node_bytes(c) -> int:
-    return sum(row.get("same_node_bytes") or 0 for row in cluster.status(c.file))
+    return status_total(c.file, "same_node_bytes")
 
 
 def _mapped_gets(c) -> int:
-    return sum(row.get("mapped_gets") or 0 for row in cluster.status(c.file))
+    return status_total(c.file, "mapped_gets")
 
 
 def _shared_bytes(c) -> int:
-    return sum(row.get("shared_bytes") or 0 for row in cluster.status(c.file))
+    return status_total(c.file, "shared_bytes")
 
 
 def test_servers_on_this_host_copy_object_bytes_straight_from_and_to_the_client(tmp_path):

@@ -194,32 +194,9 @@ impl StagingReader {
                     c.send(&fetches[sent].req, &[])?;
                     sent += 1;
                 }
-                let f = &mut fetches[i];
-                let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
-                let (resp, len) = c.recv(want, "get")?;
-                match self.cluster.settle(resp) {
-                    Ok(Response::Mapped { segment, len: size, fd }) if len == u64::from(fd) => match copy_mapped(c, f, segment, size, fd) {
-                        Ok(true) => f.done = true,
-                        Ok(false) => again.push(i),
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                        }
-                    },
-                    Ok(Response::Data { checksum }) if len == want => {
-                        let got = c.read_payload_crc(&mut f.parts, "get")?;
-                        if got != checksum {
-                            first_err.get_or_insert(Error::Corrupt(format!(
-                                "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
-                                f.what
-                            )));
-                        } else {
-                            f.done = true;
-                        }
-                    }
-                    Ok(other) => {
-                        c.skip(len, "get")?;
-                        first_err.get_or_insert(unexpected("get", &other));
-                    }
+                match self.read_reply(c, &mut fetches[i], server)? {
+                    Ok(true) => fetches[i].done = true,
+                    Ok(false) => again.push(i),
                     Err(e) => {
                         first_err.get_or_insert(e);
                     }
@@ -231,20 +208,13 @@ impl StagingReader {
                     *map = None;
                 }
                 c.send(&f.req, &[])?;
-                let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
-                let (resp, len) = c.recv(want, "get")?;
-                match self.cluster.settle(resp) {
-                    Ok(Response::Data { checksum }) if len == want => {
-                        if c.read_payload_crc(&mut f.parts, "get")? == checksum {
-                            f.done = true;
-                        } else {
-                            first_err
-                                .get_or_insert(Error::Corrupt(format!("{} arrived damaged from server {server}; read it again", f.what)));
-                        }
-                    }
-                    Ok(other) => {
-                        c.skip(len, "get")?;
-                        first_err.get_or_insert(unexpected("get", &other));
+                match self.read_reply(c, f, server)? {
+                    Ok(true) => f.done = true,
+                    Ok(false) => {
+                        first_err.get_or_insert(Error::Corrupt(format!(
+                            "{}: server {server} answered a get without `map` with a mapping",
+                            f.what
+                        )));
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -252,6 +222,33 @@ impl StagingReader {
                 }
             }
             first_err.map_or(Ok(()), Err)
+        })
+    }
+
+    /// Reads the reply to fetch `f`'s get from `server`: `Ok(Ok(true))` its bytes arrived intact,
+    /// `Ok(Ok(false))` a mapping could not serve it (ask again for a payload), `Ok(Err(e))` the
+    /// fetch failed with `e` (the connection stays in step), `Err` the connection failed.
+    fn read_reply(&self, c: &mut super::conn::Conn, f: &mut Fetch<'_>, server: u32) -> Result<Result<bool>> {
+        let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
+        let (resp, len) = c.recv(want, "get")?;
+        Ok(match self.cluster.settle(resp) {
+            Ok(Response::Mapped { segment, len: size, fd }) if len == u64::from(fd) => Ok(copy_mapped(c, f, segment, size, fd)?),
+            Ok(Response::Data { checksum }) if len == want => {
+                let got = c.read_payload_crc(&mut f.parts, "get")?;
+                if got != checksum {
+                    Err(Error::Corrupt(format!(
+                        "{} arrived damaged from server {server} (crc32c {got:#x}, expected {checksum:#x}); read it again",
+                        f.what
+                    )))
+                } else {
+                    Ok(true)
+                }
+            }
+            Ok(other) => {
+                c.skip(len, "get")?;
+                Err(unexpected("get", &other))
+            }
+            Err(e) => Err(e),
         })
     }
 
@@ -441,22 +438,20 @@ fn copy_mapped(c: &mut super::conn::Conn, f: &mut Fetch<'_>, segment: u64, size:
         return Ok(false);
     };
     let Request::Get { want, .. } = &f.req else { unreachable!("fetches are gets") };
-    let want = want.clone();
-    let crc = map.read(|src| copy_out(src, f, &want));
+    let crc = map.read(|src| copy_out(src, o, f.elem, want, &mut f.parts));
     Ok(crc == o.checksum)
 }
 
-/// Copies the box `want` of fetch `f`'s object out of `src` (the object's bytes) into the fetch's
-/// parts; returns the crc32c of the whole object.
-fn copy_out(src: &[u8], f: &mut Fetch<'_>, want: &Region) -> u32 {
-    let o = f.object;
+/// Copies the box `want` of object `o` (of `elem`-byte elements) out of `src` (the object's
+/// bytes) into `parts`, which hold the box in order; returns the crc32c of the whole object.
+fn copy_out(src: &[u8], o: &ObjectRef, elem: usize, want: &Region, parts: &mut [&mut [u8]]) -> u32 {
     if *want == o.region {
-        super::shm::copy_crc(src, &mut f.parts)
+        super::shm::copy_crc(src, parts)
     } else {
         // The box's runs out of the object, in the box's order, into the parts that hold it.
-        let mut parts = f.parts.iter_mut().map(|p| &mut **p);
+        let mut parts = parts.iter_mut().map(|p| &mut **p);
         let (mut part, mut at): (&mut [u8], usize) = (parts.next().unwrap_or_default(), 0);
-        for_each_run(&o.region, want, want, f.elem, |s, _, len| {
+        for_each_run(&o.region, want, want, elem, |s, _, len| {
             let (mut s, mut len) = (s as usize, len);
             while len > 0 {
                 if at == part.len() {

@@ -19,40 +19,47 @@
 
 use cairn_core::{Error, Result};
 
-/// A server's shared segment mapped writable in this process, unmapped when dropped.
+/// A server's shared segment mapped in this process (writable for a writer's lease, read-only
+/// for a reader, [`RoMapped`]), unmapped when dropped.
 pub(crate) struct Mapped {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
-/// Segments a reader maps of at least this many bytes are mapped without their page tables,
-/// which a helper thread fills ahead of the first copy out of them (see [`RoMapped::read`]);
-/// smaller ones are mapped populated.
-const HELPED: usize = 4 << 20;
-
 impl Mapped {
-    /// Maps the segment of `len` bytes at `path` (`/proc/<server pid>/fd/<fd>`).
+    /// Maps the segment of `len` bytes at `path` (`/proc/<server pid>/fd/<fd>`) writable.
     fn open(path: &str, len: usize) -> Result<Mapped> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
             .map_err(|e| Error::io(format!("opening the shared segment {path} (same-node puts fall back to copies)"), e))?;
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
-        // SAFETY: maps `len` bytes of the file just opened (its size checked by the caller; the
-        // server sealed it against shrinking); the mapping outlives the descriptor.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED | libc::MAP_POPULATE, file.as_raw_fd(), 0) };
+        Mapped::map(&file, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_POPULATE)
+            .map_err(|e| Error::io(format!("mapping the shared segment {path}"), e))
+    }
+
+    /// Maps `len` bytes of `file` shared, with `prot` and the further `flags`.
+    fn map(file: &std::fs::File, len: usize, prot: libc::c_int, flags: libc::c_int) -> std::io::Result<Mapped> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: maps `len` bytes of the open file (its size checked by the caller; the server
+        // sealed it against shrinking); the mapping outlives the descriptor.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED | flags, file.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
-            return Err(Error::io(format!("mapping the shared segment {path}"), std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         Ok(Mapped { ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len })
     }
 
-    /// Its bytes, to fill. (A helper thread filling the page tables of a fresh mapping while
-    /// the writer copies, as readers do, measured no better: the first-steps bench's cold puts
-    /// went from 0.35–0.64× memcpy to 0.25–0.45× over two runs, the helper competing with the
-    /// writers and servers for this VM's 2 cores.)
+    /// Its bytes as they are now.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Its bytes, to fill (a writable mapping's). (A helper thread filling the page tables of a
+    /// fresh mapping while the writer copies, as readers do, measured no better: the first-steps
+    /// bench's cold puts went from 0.35–0.64× memcpy to 0.25–0.45× over two runs, the helper
+    /// competing with the writers and servers for this VM's 2 cores.)
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` maps `len` writable bytes for as long as `self` lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
@@ -61,7 +68,7 @@ impl Mapped {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `open`, which nothing borrows any more.
+        // SAFETY: unmaps the mapping made in `map`, which nothing borrows any more.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -132,53 +139,50 @@ impl Maps {
 const MAX_READ_MAPS: usize = 256;
 const MAX_READ_MAPPED: usize = 4 << 30;
 
-/// A server's segment mapped read-only here, unmapped when dropped.
+/// Segments a reader maps of at least this many bytes are mapped without their page tables,
+/// which a helper thread fills ahead of the first copy out of them (see [`RoMapped::read`]);
+/// smaller ones are mapped populated.
+const HELPED: usize = 4 << 20;
+
+/// A server's segment mapped read-only here.
 pub(crate) struct RoMapped {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
+    map: Mapped,
     /// Mapped but its page tables not filled yet (see [`RoMapped::read`]).
     fresh: bool,
 }
 
 impl RoMapped {
     /// Maps `len` bytes of the read-only descriptor `fd` the server passed (its size checked).
+    /// A hole the server punches in it reads as zeros (caught by the checksum): reads never fault.
     fn open(fd: std::os::fd::OwnedFd, len: usize) -> Result<RoMapped> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::File::from(fd);
         let size = file.metadata().map_err(|e| Error::io("looking up a shared segment passed for a get", e))?.len();
         if size != len as u64 || len == 0 {
             return Err(Error::Corrupt(format!("a shared segment passed for a get holds {size} bytes, not {len}")));
         }
         let fresh = len >= HELPED;
-        let flags = libc::MAP_SHARED | if fresh { 0 } else { libc::MAP_POPULATE };
-        // SAFETY: maps `len` bytes of the file just checked to hold them, read-only; the mapping
-        // outlives the descriptor. The server sealed it against shrinking, and a hole it punches
-        // reads as zeros (caught by the checksum), so reads never fault.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, flags, file.as_raw_fd(), 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::io("mapping a shared segment for a get", std::io::Error::last_os_error()));
-        }
-        Ok(RoMapped { ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len, fresh })
+        let map = Mapped::map(&file, len, libc::PROT_READ, if fresh { 0 } else { libc::MAP_POPULATE })
+            .map_err(|e| Error::io("mapping a shared segment for a get", e))?;
+        Ok(RoMapped { map, fresh })
     }
 
     /// Its bytes' length.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.map.len
     }
 
     /// Runs `f` on its bytes as they are now (a writer of the same user may still change them:
     /// check them against the committed crc32c as they are copied). The first time for a large
     /// segment, a helper thread fills the page tables (`MADV_POPULATE_READ`, a piece at a time
     /// from the start) while `f` copies behind it: a first 128 MiB get took 28.3 ms mapped
-    /// populated, 16.3 ms so (a warm one 12.1 ms). Where the kernel lacks it, the copy faults
+    /// populated, 16.4 ms so (a warm one 12.3 ms). Where the kernel lacks it, the copy faults
     /// pages in.
     pub(crate) fn read<T>(&mut self, f: impl FnOnce(&[u8]) -> T) -> T {
-        // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) };
+        let bytes = self.map.bytes();
         if !std::mem::take(&mut self.fresh) {
             return f(bytes);
         }
-        let (addr, len) = (self.ptr.as_ptr() as usize, self.len);
+        let (addr, len) = (bytes.as_ptr() as usize, bytes.len());
         std::thread::scope(|s| {
             s.spawn(move || populate(addr, len));
             f(bytes)
@@ -197,16 +201,6 @@ fn populate(addr: usize, len: usize) {
         }
     }
 }
-
-impl Drop for RoMapped {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `open`, which nothing borrows any more.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
-// SAFETY: the mapping is owned by the value and only read through it.
-unsafe impl Send for RoMapped {}
 
 /// The read-only mappings of one server's segments a reader's connection keeps, by segment id,
 /// and the ids it unmapped and has not told the server of yet.
@@ -251,7 +245,7 @@ impl ReadMaps {
     /// Unmaps the least recently read past the bounds. Called before a batch of gets is sent,
     /// never within one: a reply may name any segment the server knew mapped when it was sent.
     pub(crate) fn trim(&mut self) {
-        let mapped = |k: &std::collections::HashMap<u64, (RoMapped, u64)>| k.values().map(|(m, _)| m.len).sum::<usize>();
+        let mapped = |k: &std::collections::HashMap<u64, (RoMapped, u64)>| k.values().map(|(m, _)| m.len()).sum::<usize>();
         while self.kept.len() > MAX_READ_MAPS || (self.kept.len() > 1 && mapped(&self.kept) > MAX_READ_MAPPED) {
             let oldest = *self.kept.iter().min_by_key(|(_, (_, used))| *used).expect("not empty").0;
             self.forget(oldest);

@@ -12,7 +12,7 @@ use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::{Error, Region, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_PUT_MANY};
+use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_PUT_MANY, MAX_UNMAPPED};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Checks a data request whose frame announced `payload_len` payload bytes.
@@ -61,6 +61,9 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
         other => {
             no_payload(&other.op_name(), payload_len)?;
             match other {
+                Request::Get { map: Some(unmapped), .. } if unmapped.len() > MAX_UNMAPPED => {
+                    Err(Error::InvalidArgument(format!("a get reports {} segments unmapped; at most {MAX_UNMAPPED}", unmapped.len())))
+                }
                 Request::Lease { sizes, release } if sizes.len() > MAX_PUT_MANY || release.len() > MAX_PUT_MANY || sizes.contains(&0) => {
                     Err(Error::InvalidArgument(format!(
                         "a lease of {} segments (giving back {}): ask for 0 to {MAX_PUT_MANY}, each of at least one byte",
@@ -254,16 +257,9 @@ fn cut_runs(runs: &[(u64, u64)], lens: impl Iterator<Item = u64>) -> Vec<Vec<(u6
 /// its bytes as [`get`] answers. The reader checks what it copies out against the committed
 /// crc32c, so what the server does not send, it need not check.
 fn get_mapped(state: &State, local: &mut Local, dataset: &str, step: u64, id: u64, want: &Region, unmapped: &[u64]) -> Result<Reply> {
-    if unmapped.len() > cairn_proto::message::MAX_UNMAPPED {
-        return Err(Error::InvalidArgument(format!(
-            "a get reports {} segments unmapped; at most {}",
-            unmapped.len(),
-            cairn_proto::message::MAX_UNMAPPED
-        )));
-    }
     local.unmapped(unmapped);
-    let (data, _, _, _) = state.store.get(dataset, step, (id, 0))?;
-    if let Memory::Shared(seg) = &*data {
+    let found = state.store.get(dataset, step, (id, 0))?;
+    if let Memory::Shared(seg) = &*found.0 {
         if let Some(fd) = local.mapping(seg)? {
             state.mapped_gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let r = Response::Mapped { segment: seg.id(), len: seg.len() as u64, fd: fd.is_some() };
@@ -273,15 +269,26 @@ fn get_mapped(state: &State, local: &mut Local, dataset: &str, step: u64, id: u6
             });
         }
     }
-    get(state, dataset, step, (id, 0), want)
+    payload(found, dataset, step, (id, 0), want)
 }
 
-/// Returns the box `want` of an object's copy, or a whole shard. An object in a shared segment
-/// is checked against its crc32c first: its writer may still map the segment, and no byte
-/// leaves the server that does not match what was committed.
+/// Returns the box `want` of an object's copy, or a whole shard.
 pub fn get(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, want: &Region) -> Result<Reply> {
+    payload(state.store.get(dataset, step, key)?, dataset, step, key, want)
+}
+
+/// The reply to a get of `want` of the object `found` ([`crate::store::Store::get`]'s answer).
+/// An object in a shared segment is checked against its crc32c first: its writer may still map
+/// the segment, and no byte leaves the server that does not match what was committed.
+fn payload(
+    found: (std::sync::Arc<Memory>, Region, u32, u32),
+    dataset: &str,
+    step: u64,
+    key: crate::store::ObjKey,
+    want: &Region,
+) -> Result<Reply> {
     Region::new(want.offset.clone(), want.count.clone())?;
-    let (data, region, elem, checksum) = state.store.get(dataset, step, key)?;
+    let (data, region, elem, checksum) = found;
     let id = key.0;
     crate::objects::intact(&data, checksum, || format!("object {id:#x} of '{dataset}' step {step}"))?;
     if want == &region || key.1 > 0 {

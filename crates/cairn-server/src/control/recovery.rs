@@ -559,13 +559,13 @@ struct Prepared {
     refill: bool,
 }
 
-/// Looks a job up in the index: `None` when the object is gone or its piece already moved.
 /// The object `job` is about, as the committed index names it now.
 fn object(meta: &Meta, log: &dyn cairn_meta::MetaLog, job: &Job) -> Option<ObjectRef> {
     let index = meta.index(log, &job.dataset, job.step).ok()?;
     index.blocks.iter().flat_map(|b| &b.objects).find(|o| o.id == job.id).cloned()
 }
 
+/// Looks a job up in the index: `None` when the object is gone or its piece already moved.
 fn prepare(meta: &Meta, log: &dyn cairn_meta::MetaLog, view: &ClusterView, job: &Job) -> Result<Option<Prepared>> {
     let Some(o) = object(meta, log, job) else { return Ok(None) };
     // A server back in its own slot (`from == to`) is refilled: the index names it already.
@@ -615,7 +615,7 @@ impl Recovery {
         for job in narrow {
             let me = self.clone();
             narrowing.spawn(async move {
-                let r = me.narrow(&job, job.narrow.as_deref().unwrap_or_default()).await;
+                let r = me.narrow(&job).await;
                 (job, r)
             });
         }
@@ -704,14 +704,14 @@ impl Recovery {
     /// decodes its own from `k` live shards, checked against the object's checksum), records
     /// them in place of the shards, drops the shards, then has it encoded again narrower.
     /// Returns the bytes moved (0: nothing was to do any more).
-    async fn narrow(&self, job: &Job, stripe: &[u32]) -> Result<u64> {
+    async fn narrow(&self, job: &Job) -> Result<u64> {
         let (log, view) = (&self.gate.leader()?, self.state.view()?);
         let o = match object(&self.meta, log, job) {
             Some(o) if matches!(o.redundancy, Redundancy::Encoded { .. }) => o,
             // Recorded by an earlier try told it failed (its entry committed all the same):
             // the shards and the encoding are still to do; the copies it moved count now.
             Some(o) if matches!(o.redundancy, Redundancy::Replicated { .. }) => {
-                self.narrowed(job, stripe).await?;
+                self.narrowed(job).await?;
                 return Ok(job.bytes * o.servers().len() as u64);
             }
             _ => return Ok(0),
@@ -770,17 +770,17 @@ impl Recovery {
             view.live().len(),
             servers.len()
         );
-        self.narrowed(job, stripe).await?;
+        self.narrowed(job).await?;
         Ok(job.bytes * servers.len() as u64)
     }
 
     /// The rest of a narrowing once its copies are recorded: drops the old stripe's shards
-    /// (shard `i + 1` on `stripe[i]`) and has the object encoded again. An encoding that fails
-    /// is an error, so the job is tried again.
-    async fn narrowed(&self, job: &Job, stripe: &[u32]) -> Result<()> {
+    /// (shard `i + 1` on the job's `narrow[i]`) and has the object encoded again. An encoding
+    /// that fails is an error, so the job is tried again.
+    async fn narrowed(&self, job: &Job) -> Result<()> {
         let (state, dataset) = (&self.state, &job.dataset);
         let view = state.view()?;
-        for (i, s) in stripe.iter().enumerate().filter(|(_, s)| view.is_live(**s)) {
+        for (i, s) in job.narrow.iter().flatten().enumerate().filter(|(_, s)| view.is_live(**s)) {
             crate::encode::drop_piece(state, *s, dataset, job.step, job.id, i as u32 + 1).await;
         }
         self.corec.reencode(dataset, job.step, job.id).await
