@@ -18,6 +18,7 @@
 //!   errors carry a typed [`cairn_core::Reason`] where callers act on them.
 //! - [`health`]: a cluster's health, its state and reasons.
 //! - [`batch`]: how keyed values are cut into `kv_put` requests.
+//! - [`shm`]: mappings of same-node shared segments, on huge-page boundaries.
 //! - [`sync_io`]: blocking frame I/O over `Read`/`Write` (clients).
 //! - `async_io` (feature `tokio`): the same over tokio streams (servers).
 
@@ -29,6 +30,7 @@ pub mod cluster;
 pub mod frame;
 pub mod health;
 pub mod message;
+pub mod shm;
 pub mod sync_io;
 pub mod unix;
 pub mod view;

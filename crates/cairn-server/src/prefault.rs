@@ -1,17 +1,19 @@
 //! Prefaulted memory for a fresh server's first steps. A segment's pages cost a fault and a
-//! zeroing each the first time (in a VM, often an exit to the host too): a new cluster's first
-//! steps put at ~0.9 GB/s against ~4 GB/s once released steps' memory is recycled (issue 45).
-//! A thread makes shared segments ahead, their pages populated, up to `[staging] prefault`
-//! bytes (default `min(memory, 1GiB)`; 0: none). They were never leased, so any user's lease may
-//! take one ([`Segment::claim`] cuts it to size and seals it); a recycled segment still goes
-//! only to the user who leased it first.
+//! zeroing each the first time (in a VM, often an exit to the host too), and every process that
+//! maps it a page-table entry per page: a new cluster's first steps put at ~0.9 GB/s against ~4
+//! GB/s once released steps' memory is recycled (issue 45). A thread makes shared segments ahead,
+//! of huge pages ([`Segment::ahead`]: a writer's first mapping of one costs a fault per 2 MiB, so
+//! a fresh cluster's first 128 MiB puts ran at 0.76–1.04× the warm ones, 0.37–0.59× with small
+//! pages; issue 55), up to `[staging] prefault` bytes (default `min(memory, 1GiB)`; 0: none).
+//! They were never leased, so any user's lease may take one ([`Segment::claim`] cuts it to size
+//! and seals it); a recycled segment still goes only to the user who leased it first.
 //!
 //! Only two leases' worth is made at once (twice [`FIRST_CHUNK`] from start-up, and twice the
 //! first lease's size if those do not fit it), at the lowest nice value; the rest, and whatever
-//! replaces what leases take, only while the server moves no object bytes,
-//! under `SCHED_IDLE` (CPU time no other thread wants) and the idle I/O class, one segment at a
-//! time with a pause as long as its making: 3 servers making 1 GiB each at start-up took a
-//! third of `make demo`'s write speed from its 4 ranks on 2 cores (issue 55).
+//! replaces what leases take, only while the server moves no object bytes and the machine leaves
+//! a whole CPU idle ([`CpuTimes`]), under `SCHED_IDLE` (CPU time no other thread wants) and the
+//! idle I/O class, one segment at a time with a pause as long as its making: 3 servers making 1 GiB
+//! each at start-up took a third of `make demo`'s write speed from its 4 ranks on 2 cores (issue 55).
 //!
 //! Fresh segments are pooled memory: they count against the limit with the recycled buffers and
 //! are evicted (last) when a reservation needs room. What eviction takes lowers the target, so a
@@ -215,6 +217,45 @@ fn schedule(p: Priority) {
     }
 }
 
+/// The machine's CPU time so far, from `/proc/stat` (in clock ticks, all CPUs together).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuTimes {
+    idle: u64,
+    total: u64,
+    cpus: u32,
+}
+
+impl CpuTimes {
+    /// Now; `None` where `/proc/stat` cannot be read (then only the server's own idleness counts).
+    fn now() -> Option<CpuTimes> {
+        CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// From `/proc/stat`'s text: its `cpu` line (idle and iowait are idle time; guest time is
+    /// already counted in user time) and how many `cpuN` lines follow.
+    fn parse(stat: &str) -> Option<CpuTimes> {
+        let mut lines = stat.lines();
+        let fields: Vec<u64> = lines.next()?.strip_prefix("cpu ")?.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
+        let idle = fields.get(3)? + fields.get(4).unwrap_or(&0);
+        let total = fields.iter().take(8).sum();
+        let cpus = lines.take_while(|l| l.starts_with("cpu")).count() as u32;
+        Some(CpuTimes { idle, total, cpus: cpus.max(1) })
+    }
+
+    /// How many CPUs' worth stayed idle from `self` to `later`. The prefaulter's work is taken
+    /// from whatever runs beside it whatever its priority: memory bandwidth, and in a VM the
+    /// host's faults on a first touch, which stall the whole virtual CPU (4 MiB of huge pages
+    /// took 9–10 ms from memory the host had taken back, 0.2–0.5 ms otherwise). So beyond the
+    /// first leases' worth it makes segments only while the machine leaves a whole CPU idle.
+    fn idle_cpus(&self, later: &CpuTimes) -> f64 {
+        let total = later.total.saturating_sub(self.total);
+        if total == 0 {
+            return 0.0;
+        }
+        later.idle.saturating_sub(self.idle) as f64 / total as f64 * f64::from(later.cpus)
+    }
+}
+
 /// The room for fresh segments in a store of `limit` bytes with `taken` used or pooled.
 pub fn room(limit: u64, taken: u64) -> u64 {
     limit.saturating_sub(taken + limit / FREE_SHARE)
@@ -242,12 +283,15 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                         schedule(now);
                     }
                     let s = if now == Priority::Idle {
-                        // Only once the server moved no bytes for a while: looked at again after.
+                        // Only once the server moved no bytes for a while, and the machine left a
+                        // whole CPU idle meanwhile: looked at again after.
                         let before = s.moved();
                         drop(s);
+                        let cpu = CpuTimes::now();
                         std::thread::sleep(IDLE);
+                        let idle = cpu.zip(CpuTimes::now()).map_or(f64::INFINITY, |(a, b)| a.idle_cpus(&b));
                         match server.upgrade() {
-                            Some(s) if s.moved() == before => s,
+                            Some(s) if s.moved() == before && idle >= 1.0 => s,
                             Some(_) => continue,
                             None => return,
                         }
@@ -255,8 +299,15 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                         s
                     };
                     let made = std::time::Instant::now();
-                    match Segment::fresh(len) {
+                    match Segment::ahead(len) {
                         Ok(seg) => {
+                            tracing::debug!(
+                                server = s.id(),
+                                len,
+                                ms = made.elapsed().as_secs_f64() * 1e3,
+                                soon = now == Priority::Soon,
+                                "prefaulted a segment"
+                            );
                             if now == Priority::Soon {
                                 s.fresh().made_at_once(len);
                             }
@@ -290,6 +341,20 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_idle_share_of_the_machine_is_read_from_proc_stat() {
+        let at = |user: u64, idle: u64| format!("cpu  {user} 0 10 {idle} 5 0 0 0 0 0\ncpu0 1 2 3 4\ncpu1 1 2 3 4\nintr 5\n");
+        let a = CpuTimes::parse(&at(100, 1000)).unwrap();
+        assert_eq!(a, CpuTimes { idle: 1005, total: 1115, cpus: 2 });
+        let busy = CpuTimes::parse(&at(300, 1000)).unwrap();
+        assert_eq!(a.idle_cpus(&busy), 0.0, "both CPUs busy");
+        let half = CpuTimes::parse(&at(200, 1100)).unwrap();
+        assert!((a.idle_cpus(&half) - 1.0).abs() < 1e-9, "one CPU's worth idle");
+        assert_eq!(a.idle_cpus(&a), 0.0, "no time passed: not known idle");
+        assert!(CpuTimes::parse("intr 5\n").is_none());
+        assert!(CpuTimes::now().is_some_and(|c| c.cpus >= 1 && c.total >= c.idle));
+    }
 
     const MIB: usize = 1 << 20;
 

@@ -38,16 +38,13 @@ impl Mapped {
             .map_err(|e| Error::io(format!("mapping the shared segment {path}"), e))
     }
 
-    /// Maps `len` bytes of `file` shared, with `prot` and the further `flags`.
+    /// Maps `len` bytes of `file` shared, with `prot` and the further `flags` (on a huge-page
+    /// boundary: the server makes segments of huge pages where it can, see `cairn_proto::shm`).
     fn map(file: &std::fs::File, len: usize, prot: libc::c_int, flags: libc::c_int) -> std::io::Result<Mapped> {
         use std::os::fd::AsRawFd;
-        // SAFETY: maps `len` bytes of the open file (its size checked by the caller; the server
-        // sealed it against shrinking); the mapping outlives the descriptor.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED | flags, file.as_raw_fd(), 0) };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapped { ptr: std::ptr::NonNull::new(ptr.cast()).expect("mmap succeeded"), len })
+        // The file's size was checked by the caller; the server sealed it against shrinking.
+        let ptr = cairn_proto::shm::map(file.as_raw_fd(), len, prot, flags)?;
+        Ok(Mapped { ptr, len })
     }
 
     /// Its bytes as they are now.
