@@ -26,6 +26,7 @@ pub struct FileConfig {
     /// process crashes; costs a disk flush per step).
     pub fsync: bool,
     /// Checksum chunk size in bytes.
+    #[serde(deserialize_with = "units::size")]
     pub chunk_size: u32,
     /// Compression of stored blocks: `none`, `aware` (pco for numbers, zstd otherwise, chosen by
     /// each variable's element type), `zstd[:LEVEL]` or `gzip[:LEVEL]`. Reads decompress
@@ -73,6 +74,7 @@ pub struct StagingConfig {
     /// Cluster file written by `cairn cluster start`; none starts an embedded local cluster.
     pub cluster: Option<PathBuf>,
     /// Target object size in bytes: larger blocks are halved until their pieces fit.
+    #[serde(deserialize_with = "units::size")]
     pub object_size: u64,
     /// Keep only this many newest committed steps; older ones are released at each commit.
     pub keep_last: Option<u64>,
@@ -86,6 +88,7 @@ pub struct StagingConfig {
     /// Embedded cluster: number of servers.
     pub servers: u32,
     /// Embedded cluster: memory limit per server, e.g. "4GiB".
+    #[serde(deserialize_with = "units::size_text")]
     pub memory: String,
     /// How this process reaches servers: "auto" (servers on this host: same-node copies, where the
     /// server copies object bytes straight from and to this process's memory, over a Unix socket;
@@ -95,10 +98,12 @@ pub struct StagingConfig {
     /// Same-node puts ("auto"): objects of at least this many bytes are written into shared-memory
     /// segments the server leases and keeps as their memory (one copy, at memcpy speed); smaller
     /// ones are copied by the server from this process's memory.
+    #[serde(deserialize_with = "units::size")]
     pub shared_min: u64,
     /// Seconds every read and write to a server may take to make progress; a server that misses
     /// it (hung, overloaded, gone) is reported by `UnavailableError`. Waits such as `wait_step`
     /// add their own timeout to it.
+    #[serde(deserialize_with = "units::seconds")]
     pub timeout: f64,
     /// Redundancy level of variables that do not name one (default: the cluster's, set by
     /// `cairn cluster start --redundancy`); also the level a cluster started from here gets.
@@ -122,6 +127,7 @@ pub struct StagingConfig {
     pub recovery_deadline: Option<Duration>,
     /// Clusters started from here: bytes per second recovery may send ("256MiB", the servers'
     /// default; 0: no limit).
+    #[serde(deserialize_with = "units::some_size_text")]
     pub recovery_rate: Option<String>,
     /// Clusters started from here: the mean time between server failures expected.
     pub mtbf: Option<Duration>,
@@ -135,6 +141,7 @@ pub struct StagingConfig {
     pub drain_mtbf: Option<Duration>,
     /// Clusters started from here: bytes of shared memory each server makes ready for same-node
     /// writers from start-up ("1GiB"; servers default to `min(memory, 1GiB)`; 0: none).
+    #[serde(deserialize_with = "units::some_size_text")]
     pub prefault: Option<String>,
     /// Clusters started from here: server 0's Prometheus metrics address `HOST:PORT` (server
     /// i takes PORT + i), or `off`; servers default to their own address and a free port.
@@ -148,6 +155,65 @@ pub struct StagingConfig {
     /// Clusters started from here, with `same_node_other_users`: only this group's users may
     /// connect (socket 0660 of the group; the cluster file readable by it).
     pub socket_group: Option<String>,
+}
+
+/// Size and seconds keys as users write them: every size key takes a size with a unit
+/// (`cairn_proto::cluster::parse_size`: `"4G"`, `"512MiB"`) or an integer of bytes, every
+/// seconds key a number of seconds or a duration (`"250ms"`, `"2m"`).
+mod units {
+    use serde::{Deserialize, Deserializer};
+
+    /// A size or a seconds value as written in TOML.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Int(u64),
+        Float(f64),
+        Text(String),
+    }
+
+    /// `text` as a size in bytes, `None` if it does not fit `T`; an error if it is no size.
+    pub(super) fn parse<T: TryFrom<u64>>(text: &str) -> cairn_core::Result<Option<T>> {
+        Ok(T::try_from(cairn_proto::cluster::parse_size(text)?).ok())
+    }
+
+    fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Written::deserialize(d)? {
+            Written::Int(n) => Ok(n),
+            Written::Float(_) => Err(serde::de::Error::custom("a size is an integer of bytes or text with a unit, e.g. \"4GiB\"")),
+            Written::Text(t) => cairn_proto::cluster::parse_size(&t).map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub(super) fn size<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
+        let n = bytes(d)?;
+        T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} bytes is too large here")))
+    }
+
+    /// A size kept as written (servers parse it again), checked; an integer becomes its text.
+    pub(super) fn size_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        match Written::deserialize(d)? {
+            Written::Int(n) => Ok(n.to_string()),
+            Written::Float(_) => Err(serde::de::Error::custom("a size is an integer of bytes or text with a unit, e.g. \"4GiB\"")),
+            Written::Text(t) => {
+                cairn_proto::cluster::parse_size(t.trim_end_matches("/s")).map_err(serde::de::Error::custom)?;
+                Ok(t)
+            }
+        }
+    }
+
+    pub(super) fn some_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        size_text(d).map(Some)
+    }
+
+    /// Seconds: a number, or a duration with a unit.
+    pub(super) fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Written::deserialize(d)? {
+            Written::Int(n) => Ok(n as f64),
+            Written::Float(f) => Ok(f),
+            Written::Text(t) => cairn_proto::cluster::parse_duration(&t).map(|d| d.as_secs_f64()).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// `drain_every`: a step count, or `"auto"`.
@@ -402,7 +468,7 @@ impl Config {
             "path" => self.file.path = PathBuf::from(value),
             "fsync" => self.file.fsync = value.parse().map_err(|_| bad("expected true or false"))?,
             "chunk_size" => {
-                self.file.chunk_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
+                self.file.chunk_size = units::parse(value)?.filter(|c| *c > 0).ok_or_else(|| bad("expected a positive size"))?
             }
             "compression" => {
                 self.file.compression = value.to_string();
@@ -427,22 +493,23 @@ impl StagingConfig {
         let bad = |what: &str| Error::Config(format!("override {key}={value:?}: {what}"));
         match key {
             "cluster" => self.cluster = Some(PathBuf::from(value)),
-            "object_size" => {
-                self.object_size = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive byte count"))?
-            }
+            "object_size" => self.object_size = units::parse(value)?.filter(|c| *c > 0).ok_or_else(|| bad("expected a positive size"))?,
             "keep_last" => {
                 self.keep_last = Some(value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive step count"))?)
             }
             "keep" => self.keep = value.parse().map_err(|_| bad("expected true or false"))?,
             "servers" => self.servers = value.parse().ok().filter(|c| *c > 0).ok_or_else(|| bad("expected a positive server count"))?,
-            "memory" => self.memory = value.to_string(),
+            "memory" => {
+                cairn_proto::cluster::parse_size(value)?;
+                self.memory = value.to_string();
+            }
             "transport" => {
                 Transport::parse(value)?;
                 self.transport = value.to_string();
             }
-            "shared_min" => self.shared_min = value.parse().map_err(|_| bad("expected a byte count"))?,
+            "shared_min" => self.shared_min = units::parse(value)?.ok_or_else(|| bad("expected a size"))?,
             "timeout" => {
-                self.timeout = value.parse().map_err(|_| bad("expected seconds, e.g. 10 or 2.5"))?;
+                self.timeout = cairn_proto::cluster::parse_duration(value)?.as_secs_f64();
                 self.deadline()?;
             }
             "redundancy" => self.redundancy = Some(value.parse().map_err(|_| bad("expected a number of server failures"))?),
@@ -575,6 +642,26 @@ mod tests {
             assert!(e.to_string().contains(key) && e.to_string().contains("positive"), "{e}");
         }
         assert_eq!(Config::parse("[file]\nchunk_size = 1\n[staging]\nobject_size = 1\n", "t").unwrap().file.chunk_size, 1);
+    }
+
+    #[test]
+    fn sizes_take_units_or_bytes_and_seconds_take_durations() {
+        let text = "[file]\nchunk_size = \"64K\"\n[staging]\nprefault = 0\nmemory = 4294967296\nobject_size = \"8M\"\n\
+                    shared_min = 65536\ntimeout = \"250ms\"\nrecovery_rate = \"256MiB/s\"\n";
+        let c = Config::parse(text, "t").unwrap();
+        assert_eq!((c.file.chunk_size, c.staging.object_size, c.staging.shared_min), (64 << 10, 8 << 20, 65536));
+        assert_eq!((c.staging.prefault.as_deref(), c.staging.memory.as_str()), (Some("0"), "4294967296"));
+        assert_eq!(c.staging.deadline().unwrap(), std::time::Duration::from_millis(250));
+        assert_eq!(Config::parse("[staging]\ntimeout = 2\n", "t").unwrap().staging.timeout, 2.0);
+        for bad in ["[staging]\nprefault = 1.5\n", "[staging]\nmemory = \"lots\"\n", "[staging]\ntimeout = \"soon\"\n"] {
+            assert_eq!(Config::parse(bad, "t").unwrap_err().kind(), cairn_core::ErrorKind::Config, "{bad}");
+        }
+        let mut c = Config::default();
+        for (k, v) in [("object_size", "4M"), ("chunk_size", "1MiB"), ("shared_min", "0"), ("timeout", "1m"), ("memory", "2G")] {
+            c.set(k, v).unwrap();
+        }
+        assert_eq!((c.staging.object_size, c.file.chunk_size, c.staging.shared_min, c.staging.timeout), (4 << 20, 1 << 20, 0, 60.0));
+        assert!(c.set("memory", "2 parsecs").is_err() && c.set("chunk_size", "8T").is_err());
     }
 
     #[test]

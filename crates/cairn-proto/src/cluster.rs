@@ -166,29 +166,72 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Bytes in a size such as `"4GiB"`, `"512MB"`, `"1e9"` or `"1000000"` (units up to TiB, decimal
-/// and binary).
+/// Bytes in a size as HPC users write them, one parser for the CLI, `cairn.toml`, `cairn serve`
+/// and the job script: case-insensitive; a bare `K`/`M`/`G`/`T` is binary (as in Slurm: `4G` =
+/// 4 GiB), `KB`/`MB`/`GB`/`TB` decimal, `KiB`/`MiB`/`GiB`/`TiB` binary, `B` or no unit bytes;
+/// the number may have a fraction or exponent (`1.5GiB`, `1e9`). A bare-letter size prints its
+/// meaning once ([`size_note`]): until this release `4G` meant 4×10⁹ bytes.
 pub fn parse_size(text: &str) -> Result<u64> {
+    let bytes = size(text)?;
+    if let Some(note) = size_note(text) {
+        static SHOWN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut shown = SHOWN.lock().unwrap_or_else(|p| p.into_inner());
+        if !shown.iter().any(|t| t == text) && shown.len() < 64 {
+            shown.push(text.to_string());
+            eprintln!("{note}");
+        }
+    }
+    Ok(bytes)
+}
+
+/// The number and unit (lower-cased) of a size.
+fn split_unit(text: &str) -> (&str, String) {
     let t = text.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
-    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        "t" | "tb" => 1_000_000_000_000,
-        "tib" => 1 << 40,
-        _ => u64::MAX,
+    (t[..split].trim(), t[split..].trim().to_ascii_lowercase())
+}
+
+fn size(text: &str) -> Result<u64> {
+    let (num, unit) = split_unit(text);
+    let mult: Option<u64> = match unit.as_str() {
+        "" | "b" => Some(1),
+        "k" | "kib" => Some(1 << 10),
+        "m" | "mib" => Some(1 << 20),
+        "g" | "gib" => Some(1 << 30),
+        "t" | "tib" => Some(1 << 40),
+        "kb" => Some(1_000),
+        "mb" => Some(1_000_000),
+        "gb" => Some(1_000_000_000),
+        "tb" => Some(1_000_000_000_000),
+        _ => None,
     };
     let value = num.parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
-    match value.map(|v| v * mult as f64) {
-        Some(bytes) if mult != u64::MAX && bytes < u64::MAX as f64 => Ok(bytes as u64),
-        _ => Err(Error::Config(format!("size {text:?} not understood; write e.g. 4GiB, 512MiB or 1000000"))),
+    match (value, mult) {
+        (Some(v), Some(m)) if v * (m as f64) < u64::MAX as f64 => Ok((v * m as f64) as u64),
+        _ => {
+            Err(Error::Config(format!("size {text:?} not understood; write e.g. 4GiB or 4G (binary), 4GB (decimal), or a number of bytes")))
+        }
     }
+}
+
+/// The one-line note of what a size with a bare `K`/`M`/`G`/`T` means (printed once per text for
+/// one release, since such sizes were decimal before); `None` for other sizes.
+pub fn size_note(text: &str) -> Option<String> {
+    let (_, unit) = split_unit(text);
+    let decimal = match unit.as_str() {
+        "k" => "KB",
+        "m" => "MB",
+        "g" => "GB",
+        "t" => "TB",
+        _ => return None,
+    };
+    let bytes = size(text).ok()?;
+    let t = text.trim();
+    Some(format!(
+        "cairn: note: size {t:?} is {bytes} bytes: a bare {} is binary, as in Slurm (write {}{decimal} for powers of 10)",
+        unit.to_ascii_uppercase(),
+        &t[..t.len() - 1].trim_end()
+    ))
 }
 
 /// A duration such as `"5s"`, `"250ms"`, `"2m"`, `"1.5"` (seconds) or `"1h"`: positive and finite.
@@ -299,7 +342,22 @@ mod tests {
         assert_eq!(parse_size("1e9").unwrap(), 1_000_000_000);
         assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
         assert_eq!(parse_size("123").unwrap(), 123);
-        for bad in ["", "4 parsecs", "-1GiB", "GiB", "1e400", "nan"] {
+        // As Slurm users write them: a bare letter is binary, any case.
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("4g").unwrap(), 4 << 30);
+        assert_eq!(parse_size("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2K").unwrap(), 2048);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_size("4gb").unwrap(), 4_000_000_000);
+        assert_eq!(parse_size("4GIB").unwrap(), 4 << 30);
+        assert_eq!(parse_size("3kB").unwrap(), 3000);
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(
+            size_note("4G").unwrap(),
+            "cairn: note: size \"4G\" is 4294967296 bytes: a bare G is binary, as in Slurm (write 4GB for powers of 10)"
+        );
+        assert!(size_note("4GiB").is_none() && size_note("4GB").is_none() && size_note("4096").is_none());
+        for bad in ["", "4 parsecs", "-1GiB", "GiB", "1e400", "nan", "4Gi", "4 GiBs"] {
             assert_eq!(parse_size(bad).unwrap_err().kind(), cairn_core::ErrorKind::Config, "{bad}");
         }
     }

@@ -14,6 +14,8 @@
 //! a whole CPU idle ([`CpuTimes`]), under `SCHED_IDLE` (CPU time no other thread wants) and the
 //! idle I/O class, one segment at a time with a pause as long as its making: 3 servers making 1 GiB
 //! each at start-up took a third of `make demo`'s write speed from its 4 ranks on 2 cores (issue 55).
+//! Before the first lease (a job script starts the cluster seconds before its job) the pause is a
+//! short look at the machine only, so that a fresh cluster's first steps find their segments made.
 //!
 //! Fresh segments are pooled memory: they count against the limit with the recycled buffers and
 //! are evicted (last) when a reservation needs room. What eviction takes lowers the target, so a
@@ -39,6 +41,9 @@ const FREE_SHARE: u64 = 8;
 /// Beyond the first two leases' worth, a segment is made only after the server moved no object
 /// bytes for this long.
 const IDLE: Duration = Duration::from_millis(100);
+
+/// Before any lease came, how long the machine is looked at between segments (a few clock ticks).
+const BEFORE_JOBS_LOOK: Duration = Duration::from_millis(30);
 
 /// The pool of fresh segments and what the prefaulter aims for.
 #[derive(Debug)]
@@ -148,6 +153,11 @@ impl Fresh {
         let _ = self.target.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_sub(took)));
     }
 
+    /// Whether no lease came yet: no job runs here, so idle time is made the most of.
+    fn before_jobs(&self) -> bool {
+        !self.leased.load(Ordering::Acquire)
+    }
+
     /// Whether the next segment is made at once (the first two leases' worth), not in idle time.
     fn short(&self) -> bool {
         self.eager.load(Ordering::Acquire) > 0
@@ -217,6 +227,20 @@ fn schedule(p: Priority) {
     }
 }
 
+/// Waits `within`; then the server if it moved no object bytes meanwhile and the machine left
+/// a whole CPU idle, `Ok(None)` if not, `Err` if the server is gone.
+fn idle_for<T: Filled>(server: &Weak<T>, s: Arc<T>, within: Duration) -> Result<Option<Arc<T>>, ()> {
+    let before = s.moved();
+    drop(s);
+    let cpu = CpuTimes::now();
+    std::thread::sleep(within);
+    let idle = cpu.zip(CpuTimes::now()).map_or(f64::INFINITY, |(a, b)| a.idle_cpus(&b));
+    match server.upgrade() {
+        Some(s) => Ok((s.moved() == before && idle >= 1.0).then_some(s)),
+        None => Err(()),
+    }
+}
+
 /// The machine's CPU time so far, from `/proc/stat` (in clock ticks, all CPUs together).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct CpuTimes {
@@ -273,6 +297,9 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
         // Writers' copies and the network come first.
         let mut now = Priority::Soon;
         schedule(now);
+        // Whether the machine stayed idle through the short look after the last segment, made
+        // before any job came (then the next is made without the longer wait).
+        let mut still_idle = false;
         loop {
             let Some(s) = server.upgrade() else { return };
             match s.fresh().next(s.room()) {
@@ -282,18 +309,13 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                         now = wanted;
                         schedule(now);
                     }
-                    let s = if now == Priority::Idle {
+                    let s = if now == Priority::Idle && !std::mem::take(&mut still_idle) {
                         // Only once the server moved no bytes for a while, and the machine left a
                         // whole CPU idle meanwhile: looked at again after.
-                        let before = s.moved();
-                        drop(s);
-                        let cpu = CpuTimes::now();
-                        std::thread::sleep(IDLE);
-                        let idle = cpu.zip(CpuTimes::now()).map_or(f64::INFINITY, |(a, b)| a.idle_cpus(&b));
-                        match server.upgrade() {
-                            Some(s) if s.moved() == before && idle >= 1.0 => s,
-                            Some(_) => continue,
-                            None => return,
+                        match idle_for(&server, s, IDLE) {
+                            Ok(Some(s)) => s,
+                            Ok(None) => continue,
+                            Err(()) => return,
                         }
                     } else {
                         s
@@ -320,8 +342,15 @@ pub fn spawn<T: Filled>(server: Weak<T>, target: u64) {
                         }
                     }
                     if now == Priority::Idle {
-                        drop(s);
-                        std::thread::sleep(made.elapsed()); // paced: at most half of the idle time
+                        // Paced once a job runs: at most half of the idle time. Before, a short
+                        // look, and on at once if the machine stayed idle: a job script starts
+                        // the cluster seconds before its job, time nothing else wants.
+                        let before_jobs = s.fresh().before_jobs();
+                        let pause = if before_jobs { BEFORE_JOBS_LOOK } else { made.elapsed() };
+                        match idle_for(&server, s, pause) {
+                            Ok(s) => still_idle = before_jobs && s.is_some(),
+                            Err(()) => return,
+                        }
                     }
                 }
                 None => {
