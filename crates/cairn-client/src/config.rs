@@ -127,7 +127,7 @@ pub struct StagingConfig {
     pub recovery_deadline: Option<Duration>,
     /// Clusters started from here: bytes per second recovery may send ("256MiB", the servers'
     /// default; 0: no limit).
-    #[serde(deserialize_with = "units::some_size_text")]
+    #[serde(deserialize_with = "units::some_rate_text")]
     pub recovery_rate: Option<String>,
     /// Clusters started from here: the mean time between server failures expected.
     pub mtbf: Option<Duration>,
@@ -177,33 +177,36 @@ mod units {
         Ok(T::try_from(cairn_proto::cluster::parse_size(text)?).ok())
     }
 
-    fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    /// The bytes of a written size (with `rate`, a trailing `/s` allowed) and its text.
+    fn written<'de, D: Deserializer<'de>>(d: D, rate: bool) -> Result<(u64, String), D::Error> {
         match Written::deserialize(d)? {
-            Written::Int(n) => Ok(n),
+            Written::Int(n) => Ok((n, n.to_string())),
             Written::Float(_) => Err(serde::de::Error::custom("a size is an integer of bytes or text with a unit, e.g. \"4GiB\"")),
-            Written::Text(t) => cairn_proto::cluster::parse_size(&t).map_err(serde::de::Error::custom),
+            Written::Text(t) => {
+                let n =
+                    cairn_proto::cluster::parse_size(if rate { t.trim_end_matches("/s") } else { &t }).map_err(serde::de::Error::custom)?;
+                Ok((n, t))
+            }
         }
     }
 
     pub(super) fn size<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
-        let n = bytes(d)?;
+        let (n, _) = written(d, false)?;
         T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} bytes is too large here")))
     }
 
     /// A size kept as written (servers parse it again), checked; an integer becomes its text.
     pub(super) fn size_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-        match Written::deserialize(d)? {
-            Written::Int(n) => Ok(n.to_string()),
-            Written::Float(_) => Err(serde::de::Error::custom("a size is an integer of bytes or text with a unit, e.g. \"4GiB\"")),
-            Written::Text(t) => {
-                cairn_proto::cluster::parse_size(t.trim_end_matches("/s")).map_err(serde::de::Error::custom)?;
-                Ok(t)
-            }
-        }
+        written(d, false).map(|(_, t)| t)
     }
 
     pub(super) fn some_size_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         size_text(d).map(Some)
+    }
+
+    /// A rate in bytes per second (`"256MiB/s"`, or as a size), kept as written.
+    pub(super) fn some_rate_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        written(d, true).map(|(_, t)| Some(t))
     }
 
     /// Seconds: a number, or a duration with a unit.
@@ -415,15 +418,8 @@ impl Config {
                 d.get().map_err(|e| Error::Config(format!("[staging] {key}: {e}")))?;
             }
         }
-        if let Some(r) = &self.staging.recovery_rate {
-            cairn_proto::cluster::parse_size(r.trim_end_matches("/s"))
-                .map_err(|e| Error::Config(format!("[staging] recovery_rate: {e}")))?;
-        }
         if let Some(p) = &self.staging.queue_policy {
             queue_policy(p)?;
-        }
-        if let Some(p) = &self.staging.prefault {
-            cairn_proto::cluster::parse_size(p).map_err(|e| Error::Config(format!("[staging] prefault: {e}")))?;
         }
         if let Some(r) = &self.staging.recovery {
             if r != "lazy" && r != "aggressive" {
@@ -653,7 +649,12 @@ mod tests {
         assert_eq!((c.staging.prefault.as_deref(), c.staging.memory.as_str()), (Some("0"), "4294967296"));
         assert_eq!(c.staging.deadline().unwrap(), std::time::Duration::from_millis(250));
         assert_eq!(Config::parse("[staging]\ntimeout = 2\n", "t").unwrap().staging.timeout, 2.0);
-        for bad in ["[staging]\nprefault = 1.5\n", "[staging]\nmemory = \"lots\"\n", "[staging]\ntimeout = \"soon\"\n"] {
+        for bad in [
+            "[staging]\nprefault = 1.5\n",
+            "[staging]\nmemory = \"lots\"\n",
+            "[staging]\nmemory = \"4GiB/s\"\n",
+            "[staging]\ntimeout = \"soon\"\n",
+        ] {
             assert_eq!(Config::parse(bad, "t").unwrap_err().kind(), cairn_core::ErrorKind::Config, "{bad}");
         }
         let mut c = Config::default();

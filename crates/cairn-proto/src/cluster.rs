@@ -184,7 +184,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
     Ok(bytes)
 }
 
-/// The number and unit (lower-cased) of a size.
+/// The number and unit (lower-cased) of a size or a duration.
 fn split_unit(text: &str) -> (&str, String) {
     let t = text.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
@@ -236,9 +236,7 @@ pub fn size_note(text: &str) -> Option<String> {
 
 /// A duration such as `"5s"`, `"250ms"`, `"2m"`, `"1.5"` (seconds) or `"1h"`: positive and finite.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration> {
-    let t = text.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
-    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_lowercase());
+    let (num, unit) = split_unit(text);
     let mult = match unit.as_str() {
         "" | "s" => Some(1.0),
         "ms" => Some(1e-3),

@@ -77,6 +77,19 @@ pub fn make_huge(ptr: NonNull<u8>, len: usize) -> bool {
     unsafe { libc::madvise(ptr.as_ptr().cast(), whole, libc::MADV_COLLAPSE) == 0 }
 }
 
+/// Bytes of this process's shared mapping that starts at `addr` mapped by huge pages
+/// (`ShmemPmdMapped` in `/proc/self/smaps`); `None` if no mapping starts there.
+pub fn huge_mapped(addr: usize) -> Option<usize> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let head = format!("{addr:x}-");
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    lines.next()?;
+    // The mapping's fields, up to the next mapping's header (which has no ':' after its first word).
+    let line =
+        lines.take_while(|l| l.split_whitespace().next().is_some_and(|w| w.ends_with(':'))).find(|l| l.starts_with("ShmemPmdMapped:"))?;
+    line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kib| kib << 10)
+}
+
 /// The system's page size.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -101,15 +114,6 @@ mod tests {
         unsafe { libc::munmap(p.as_ptr().cast(), len) };
     }
 
-    /// Bytes of the mapping starting at `start` that its page tables map by huge pages.
-    fn pmd_mapped(start: usize) -> usize {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let head = format!("{start:x}-");
-        let entry = smaps.split_once(&format!("\n{head}")).map(|(_, e)| e).unwrap_or_else(|| smaps.strip_prefix(&head).unwrap());
-        let line = entry.lines().find(|l| l.starts_with("ShmemPmdMapped:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() << 10
-    }
-
     #[test]
     fn big_segments_map_at_huge_boundaries_and_their_huge_pages_keep_what_was_written() {
         let len = 3 * HUGE + 12345;
@@ -130,7 +134,7 @@ mod tests {
         let r = unsafe { std::slice::from_raw_parts(q.as_ptr(), len) };
         assert_eq!((r[HUGE + 7], r[len - 1], r[0]), (42, 9, 0), "both map the same memory");
         if huge {
-            assert_eq!(pmd_mapped(q.as_ptr() as usize), 3 * HUGE, "the second mapping maps the huge pieces whole");
+            assert_eq!(huge_mapped(q.as_ptr() as usize).unwrap(), 3 * HUGE, "the second mapping maps the huge pieces whole");
         }
         unmap(p, len);
         unmap(q, len);

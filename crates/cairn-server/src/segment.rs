@@ -84,7 +84,8 @@ impl Segment {
         if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
             return Err(fail("size"));
         }
-        let ptr = cairn_proto::shm::map(raw, len, libc::PROT_READ | libc::PROT_WRITE, 0).map_err(|_| fail("map"))?;
+        let ptr = cairn_proto::shm::map(raw, len, libc::PROT_READ | libc::PROT_WRITE, 0)
+            .map_err(|e| Error::Capacity(format!("cannot map a {len}-byte shared segment: {e}")))?;
         // Huge pages first if asked, then the (rest of the) file's pages allocated under the
         // file's own lock, and this mapping's page tables filled: shared memory that cannot be
         // allocated fails here, not later with SIGBUS, and ENOMEM under a memory cgroup is not
@@ -291,14 +292,6 @@ mod tests {
         }
     }
 
-    /// Bytes of this process's mapping at `addr` that are mapped by huge pages.
-    fn pmd_mapped(addr: usize) -> usize {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let head = format!("{addr:x}-");
-        let entry = smaps.split("\n").skip_while(|l| !l.starts_with(&head)).find(|l| l.starts_with("ShmemPmdMapped:")).unwrap();
-        entry.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() << 10
-    }
-
     /// Whether this kernel makes shared memory huge on `MADV_COLLAPSE` (Linux ≥ 6.1, shmem not denied).
     fn collapses() -> bool {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -324,9 +317,9 @@ mod tests {
         unsafe { a.as_ptr().add(huge + 1).write(5) };
         assert_eq!(ahead.bytes()[huge + 1], 5, "the writer's mapping is the server's segment");
         if collapses() {
-            assert_eq!(pmd_mapped(a.as_ptr() as usize), 2 * huge, "made ahead: mapped by huge pages");
+            assert_eq!(cairn_proto::shm::huge_mapped(a.as_ptr() as usize).unwrap(), 2 * huge, "made ahead: mapped by huge pages");
         }
-        assert_eq!(pmd_mapped(l.as_ptr() as usize), 0, "made on demand: small pages");
+        assert_eq!(cairn_proto::shm::huge_mapped(l.as_ptr() as usize).unwrap(), 0, "made on demand: small pages");
         // SAFETY: unmaps the two mappings made above.
         unsafe {
             libc::munmap(a.as_ptr().cast(), ahead.len());
