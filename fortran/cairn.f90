@@ -3,12 +3,18 @@
 !   use cairn
 !   type(cairn_file) :: f
 !   call cairn_open(f, "run1", "w", ierr, config="cairn.toml", comm=MPI_COMM_WORLD)  ! or rank=, nranks=
-!   call cairn_define(f, "T", "f8", shape, ierr, dims=["x", "y", "z"])
+!   call cairn_define(f, "T", "f8", shape, ierr, dims=["x", "y", "z"], attrs='{"units": "K"}')
+!   call cairn_set_attr(f, "T", "long_name", "temperature", ierr)   ! or real(8), integer; var "": the dataset's
 !   call cairn_begin_step(f, step, ierr)
 !   call cairn_put(f, "T", block, offset, ierr)   ! real(8), real(4), integer(4), integer(8); any rank
 !   call cairn_end_step(f, ierr)
 !   call cairn_get(f, "T", step, offset, block, ierr)
 !   call cairn_close(f, ierr)
+!
+! A restart opens with "a", reads its state at `cairn_next_step(f, next, ierr)` minus one with
+! `cairn_get` on the same handle, and goes on; `cairn_halt_requested()` says when the job wants it
+! to stop (its halt file, or the allocation's end). `config` is a cairn.toml's path or TOML text
+! (text holding a newline or "="): 'engine = "file"' // new_line('a') // 'path = "out"'.
 !
 ! `ierr` is 0 on success, else the C API's status; `cairn_error_message(msg)` says why. Shapes,
 ! offsets and dims are in Fortran order, reversed against C and Python (as ADIOS2's Fortran
@@ -20,7 +26,7 @@ module cairn
   implicit none
   private
   public :: cairn_file, cairn_open, cairn_define, cairn_begin_step, cairn_put, cairn_end_step, cairn_get, &
-            cairn_close, cairn_error_message
+            cairn_close, cairn_error_message, cairn_set_attr, cairn_next_step, cairn_halt_requested
 
   !> An open dataset (a writer or a reader).
   type :: cairn_file
@@ -31,6 +37,12 @@ module cairn
   interface cairn_put
     module procedure put_r8, put_r4, put_i4, put_i8
   end interface cairn_put
+
+  !> Sets one attribute of variable `var` (before its first committed step) or, with `var` "",
+  !> of the dataset: character, real(8), integer(4) or integer(8) values.
+  interface cairn_set_attr
+    module procedure set_attr_text, set_attr_r8, set_attr_i4, set_attr_i8
+  end interface cairn_set_attr
 
   !> Reads the box at `offset` whose extents are the block's shape into the block.
   interface cairn_get
@@ -88,6 +100,19 @@ module cairn
       type(c_ptr), value :: out
       integer(c_size_t), value :: out_bytes
     end function c_get
+    integer(c_int) function c_set_attr(f, var, key, value) bind(C, name="cairn_set_attr")
+      import :: c_int, c_char, c_ptr
+      type(c_ptr), value :: f
+      character(kind=c_char), dimension(*), intent(in) :: var, key, value
+    end function c_set_attr
+    integer(c_int) function c_next_step(f, step) bind(C, name="cairn_next_step")
+      import :: c_int, c_ptr, c_int64_t
+      type(c_ptr), value :: f
+      integer(c_int64_t), intent(out) :: step
+    end function c_next_step
+    integer(c_int) function c_halt_requested() bind(C, name="cairn_halt_requested")
+      import :: c_int
+    end function c_halt_requested
     integer(c_int) function c_close(f) bind(C, name="cairn_close")
       import :: c_int, c_ptr
       type(c_ptr), value :: f
@@ -156,18 +181,19 @@ contains
   end subroutine cairn_open
 
   !> Defines a global variable of element type `dtype` ("f8", "f4", "i4", "i8") and `shape`
-  !> (Fortran order); `dims` names its dimensions (Fortran order); `constant` makes it
-  !> step-invariant.
-  subroutine cairn_define(f, name, dtype, shape, ierr, dims, constant)
+  !> (Fortran order); `dims` names its dimensions (Fortran order); `attrs` holds its attributes
+  !> as a JSON object ('{"units": "K"}'); `constant` makes it step-invariant.
+  subroutine cairn_define(f, name, dtype, shape, ierr, dims, constant, attrs)
     type(cairn_file), intent(in) :: f
     character(*), intent(in) :: name, dtype
     integer(8), intent(in) :: shape(:)
     integer, intent(out) :: ierr
     character(*), intent(in), optional :: dims(:)
     logical, intent(in), optional :: constant
-    character(kind=c_char), allocatable, target :: names(:, :)
+    character(*), intent(in), optional :: attrs
+    character(kind=c_char), allocatable, target :: names(:, :), json(:)
     type(c_ptr), allocatable, target :: ptrs(:)
-    type(c_ptr) :: p
+    type(c_ptr) :: p, a
     integer(c_int) :: k
     integer :: i, j, n
     p = c_null_ptr
@@ -187,7 +213,13 @@ contains
     if (present(constant)) then
       if (constant) k = 1
     end if
-    ierr = int(c_define_ex(f%ptr, cstr(name), cstr(dtype), int(size(shape), c_int), reversed(shape), p, c_null_ptr, k))
+    a = c_null_ptr
+    if (present(attrs)) then
+      allocate(json(len_trim(attrs) + 1))
+      json = cstr(attrs)
+      a = c_loc(json)
+    end if
+    ierr = int(c_define_ex(f%ptr, cstr(name), cstr(dtype), int(size(shape), c_int), reversed(shape), p, a, k))
   end subroutine cairn_define
 
   !> Begins step `step`.
@@ -204,6 +236,74 @@ contains
     integer, intent(out) :: ierr
     ierr = int(c_end_step(f%ptr))
   end subroutine cairn_end_step
+
+  !> Where a writer resumes: the step after the last one committed when it was opened.
+  subroutine cairn_next_step(f, step, ierr)
+    type(cairn_file), intent(in) :: f
+    integer(8), intent(out) :: step
+    integer, intent(out) :: ierr
+    integer(c_int64_t) :: s
+    ierr = int(c_next_step(f%ptr, s))
+    step = int(s, 8)
+  end subroutine cairn_next_step
+
+  !> Whether the job asks the application to stop now: `$CAIRN_HALT_FILE` exists, or fewer than
+  !> `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`.
+  logical function cairn_halt_requested()
+    cairn_halt_requested = c_halt_requested() /= 0
+  end function cairn_halt_requested
+
+  subroutine set_attr_text(f, var, key, value, ierr)
+    type(cairn_file), intent(in) :: f
+    character(*), intent(in) :: var, key, value
+    integer, intent(out) :: ierr
+    character(len=:), allocatable :: json
+    integer :: i
+    json = '"'
+    do i = 1, len_trim(value)  ! JSON escapes: quote, backslash, control characters
+      select case (iachar(value(i:i)))
+      case (34, 92)
+        json = json // '\' // value(i:i)
+      case (0:31)
+        json = json // ' '
+      case default
+        json = json // value(i:i)
+      end select
+    end do
+    ierr = int(c_set_attr(f%ptr, cstr(var), cstr(key), cstr(json // '"')))
+  end subroutine set_attr_text
+
+  subroutine set_attr_r8(f, var, key, value, ierr)
+    type(cairn_file), intent(in) :: f
+    character(*), intent(in) :: var, key
+    real(8), intent(in) :: value
+    integer, intent(out) :: ierr
+    character(len=40) :: json
+    if (value /= value .or. abs(value) > huge(value)) then
+      ierr = 6  ! CAIRN_ERR_INVALID_ARGUMENT: JSON has no NaN or infinity
+      return
+    end if
+    write (json, '(es26.17e3)') value  ! 17 digits: the double round-trips
+    ierr = int(c_set_attr(f%ptr, cstr(var), cstr(key), cstr(adjustl(json))))
+  end subroutine set_attr_r8
+
+  subroutine set_attr_i4(f, var, key, value, ierr)
+    type(cairn_file), intent(in) :: f
+    character(*), intent(in) :: var, key
+    integer(4), intent(in) :: value
+    integer, intent(out) :: ierr
+    call set_attr_i8(f, var, key, int(value, 8), ierr)
+  end subroutine set_attr_i4
+
+  subroutine set_attr_i8(f, var, key, value, ierr)
+    type(cairn_file), intent(in) :: f
+    character(*), intent(in) :: var, key
+    integer(8), intent(in) :: value
+    integer, intent(out) :: ierr
+    character(len=24) :: json
+    write (json, '(i0)') value
+    ierr = int(c_set_attr(f%ptr, cstr(var), cstr(key), cstr(json)))
+  end subroutine set_attr_i8
 
   !> Closes the file.
   subroutine cairn_close(f, ierr)

@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`); netcdf-bin
-# and hdf5-tools: exports are checked by ncdump and h5dump; libudunits2: compliance-checker's units;
+# iproute2: the network-partition tests make namespaces and veth pairs (`ip`, `tc`); netcdf-bin,
+# hdf5-tools, cdo and nco: exports are checked by ncdump, h5dump, CDO and ncks; libudunits2: compliance-checker's units;
 # pkg-config and cmake: C programs build against `make install`'s files; gfortran: the Fortran module;
 # mpich beside Open MPI (which stays the default mpicc/mpirun): cairn_open_mpi is tested with both;
 # prometheus (its binary and promtool; the system service is not started): the metrics test;
@@ -14,12 +14,12 @@ if ! command -v mpicc >/dev/null || ! command -v redis-server >/dev/null || ! co
    || ! command -v ncdump >/dev/null || ! command -v h5dump >/dev/null || [ ! -e /usr/lib/x86_64-linux-gnu/libudunits2.so.0 ] \
    || ! command -v pkg-config >/dev/null || ! command -v cmake >/dev/null || ! command -v gfortran >/dev/null \
    || ! command -v mpicc.mpich >/dev/null || ! command -v prometheus >/dev/null \
-   || ! command -v chromedriver >/dev/null; then
+   || ! command -v chromedriver >/dev/null || ! command -v cdo >/dev/null || ! command -v ncks >/dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     libopenmpi-dev openmpi-bin mpich libmpich-dev redis-server iproute2 netcdf-bin hdf5-tools libudunits2-0 pkg-config cmake \
-    gfortran prometheus chromium chromium-driver >/dev/null
+    gfortran prometheus chromium chromium-driver cdo nco >/dev/null
 fi
 if ! command -v cargo >/dev/null; then
   echo "cargo not found: install Rust (https://rustup.rs) first" >&2

@@ -5,7 +5,9 @@ C wrote."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import cairn
@@ -44,3 +46,24 @@ def test_c_claimers_share_the_steps_and_consume_them_into_a_result(tmp_path):
     for s in range(6):
         assert list(dst.get("b", s)) == [2 * (s + q) for q in (0, 0.25, 0.5, 0.75)]
     assert cairn.open("src", "r", engine="file", path=data).steps() == [], "every source step consumed"
+
+
+def test_a_c_restart_reads_its_state_through_the_append_handle_with_toml_text_settings(tmp_path):
+    lib = ROOT / "target" / "release"
+    exe = tmp_path / "restart"
+    check(subprocess.run(["cc", str(ROOT / "tests/c/restart.c"), "-Wall", "-Werror", "-I", str(ROOT / "crates/cairn-capi/include"),
+                          "-L", str(lib), "-lcairn", f"-Wl,-rpath,{lib}", "-o", str(exe)], capture_output=True, text=True))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "SLURM_"))}
+    out = check(subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=60, env=env))
+    assert "C restart: resumed at 3, halt 0" in out
+    r = cairn.open("ckpt", "r", engine="file", path=tmp_path)
+    assert r.steps() == [0, 1, 2, 3] and list(r.get("state", 3)) == [21.0 + i for i in range(8)]
+    # The job's halt file, then the allocation's end within the margin, ask the program to stop.
+    halt = tmp_path / "halt"
+    halt.touch()
+    out = check(subprocess.run([str(exe), str(tmp_path / "2")], capture_output=True, text=True, timeout=60,
+                               env={**env, "CAIRN_HALT_FILE": str(halt)}))
+    assert "halt 1" in out
+    out = check(subprocess.run([str(exe), str(tmp_path / "3")], capture_output=True, text=True, timeout=60,
+                               env={**env, "CAIRN_HALT_SECONDS": "600", "SLURM_JOB_END_TIME": str(int(time.time()) + 60)}))
+    assert "halt 1" in out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, check, mpirun
+from .conftest import PY, ROOT, check, mpirun
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +176,28 @@ def test_four_fortran_ranks_write_with_comm_and_read_what_python_wrote(prefix, t
         a = r.get("T", s)
         assert a.shape == (12, 4, 5), "Fortran (nx, ny, nz) reads as (nz, ny, nx)"
         np.testing.assert_array_equal(a, s * 1e6 + i + 100 * j + 10000 * k)
+
+
+def test_fortran_attributes_and_toml_text_settings_reach_ncdump_and_a_restart_reads_through_its_handle(prefix, tmp_path):
+    """Issue 56: Fortran's `cairn_define(attrs=)` and `cairn_set_attr` (text, real(8),
+    integer(4), integer(8); var "" for the dataset) appear in `ncdump -h` of the export; the
+    settings are TOML text; the restart reads through its "a" handle."""
+    fc = shutil.which("gfortran")
+    if fc is None or not (prefix / "lib/pkgconfig/cairn-fortran.pc").exists() or shutil.which("ncdump") is None:
+        pytest.skip("gfortran or ncdump is not installed (make setup installs them)")
+    exe = _fortran_build(prefix, tmp_path, fc, ROOT / "tests/fortran/restart_attrs.f90")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "SLURM_"))}
+    out = check(subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=60, env=env))
+    assert "fortran restart: resumed at 2, halt F" in out
+    nc = tmp_path / "ftemp.nc"
+    check(subprocess.run([PY, "-m", "cairn", "export", str(tmp_path / "ftemp"), "-o", str(nc)], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT))
+    head = check(subprocess.run(["ncdump", "-h", str(nc)], capture_output=True, text=True))
+    for line in ('T:units = "K"', 'T:long_name = "air \\"temperature\\""', "T:valid_max = 350.5", ':title = "Fortran run"',
+                 ":version = 3", ":seed = 12345678901"):
+        assert line in head, f"{line} not in\n{head}"
+    halt = tmp_path / "halt"
+    halt.touch()
+    out = check(subprocess.run([str(exe), str(tmp_path / "again")], capture_output=True, text=True, timeout=60,
+                               env={**env, "CAIRN_HALT_FILE": str(halt)}))
+    assert "halt T" in out

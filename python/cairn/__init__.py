@@ -14,6 +14,7 @@ The engine (``file`` or ``staging``) comes from ``cairn.toml``, never from code.
 from typing import TYPE_CHECKING, Any
 
 from ._native import __version__
+from ._native import halt_requested as _halt_requested
 from .exceptions import *  # noqa: F403
 from .exceptions import __all__ as _exc_all
 
@@ -28,6 +29,14 @@ _LAZY = {"open": "._api", "Writer": "._api", "Reader": "._api", "VariableInfo": 
          "Variable": ".variable"}
 
 
+def halt_requested() -> bool:
+    """Whether the job asks this application to stop now (save a checkpoint, close, exit):
+    ``$CAIRN_HALT_FILE`` exists (the job script creates it on ``SIGUSR1``, e.g. ``#SBATCH
+    --signal=B:USR1@300``), or fewer than ``$CAIRN_HALT_SECONDS`` remain before
+    ``$SLURM_JOB_END_TIME``. Cheap enough to ask once per step."""
+    return _halt_requested()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
@@ -37,4 +46,4 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module 'cairn' has no attribute {name!r}")
 
-__all__ = ["open", "Writer", "Reader", "Variable", "VariableInfo", "BlockInfo", "__version__", *_exc_all]
+__all__ = ["open", "halt_requested", "Writer", "Reader", "Variable", "VariableInfo", "BlockInfo", "__version__", *_exc_all]

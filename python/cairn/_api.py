@@ -8,13 +8,13 @@ import os
 import time
 import uuid
 import warnings
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from . import _check, cf, _native, metadata
 from ._mpi import Exchange, node_ids
-from .exceptions import (CairnError, CapacityError, ConfigError, InvalidArgumentError, NotFoundError, StepsMissedWarning,
+from .exceptions import (CairnError, CapacityError, ConfigError, ConflictError, InvalidArgumentError, NotFoundError, StepsMissedWarning,
                          UnavailableError, step_aborted, step_error)
 from .info import BlockInfo, VariableInfo
 from .variable import Variable
@@ -101,13 +101,21 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
     nranks: int | None = None,
     comm: Any = None,
     session: str | None = None,
+    from_step: int | None = None,
     **overrides: Any,
 ) -> Writer | Reader:
     """Open dataset ``name``.
 
     ``mode`` is ``"w"`` (write, starting without definitions; a dataset that has steps opens too,
     its committed steps staying immutable, so claimers can share a destination), ``"a"`` (add steps
-    to an existing one, taking its definitions over, e.g. after a restart) or ``"r"``. Writers are
+    to an existing one, taking its definitions over, e.g. after a restart) or ``"r"``. A writer
+    reads committed steps too (``steps``, ``get``, ``get_local``, ``variables``, ``f[name]``), so a
+    restart is ``f = open(name, "a")``, ``f.get(..., step=f.next_step - 1)``, then go on writing.
+    ``from_step=N`` (mode ``"a"``) goes back to an older step, as when the newest are bad: the
+    committed steps from ``N`` on are discarded on every level (staging memory and its drained
+    copies; the ``file`` engine's indexes) and writing continues at ``N`` (``f.next_step == N``).
+    Rank 0 discards (refused with :class:`ConflictError` while a step is begun and not ended);
+    the other ranks wait until it did. Readers of a discarded step get :class:`NotFoundError`. Writers are
     rank ``rank`` of ``nranks`` (or take both from an mpi4py ``comm``); a step commits when every
     rank has ended it. ``config`` names a ``cairn.toml`` (else
     ``$CAIRN_CONFIG``, else ``./cairn.toml``); keyword ``overrides`` such as ``engine="file"`` or
@@ -138,8 +146,15 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
                                                      f"give the number of writer ranks, from 1 to {_check.U32}")
     if session is not None:
         session = _check.text(session, "session", "give the same text on every rank of this launch, e.g. a job id")
+    if from_step is not None:
+        if mode != "a":
+            raise InvalidArgumentError(f"from_step={from_step!r} with mode {mode!r}: going back to an older step continues a "
+                                       "dataset; open it with mode 'a'")
+        from_step = _step(from_step)
     ov += _embedded_cluster(cfg, ov, mode, rank, nranks, comm)
     where = _where(cfg, ov)
+    if from_step is not None:
+        _discard_from(name, cfg, ov, from_step, rank, comm)
     if mode == "r":
         return Reader(_native.Reader(name, cfg, ov), name, where)
     if rank < 0 or nranks < 1 or rank >= nranks:
@@ -153,7 +168,39 @@ def open(  # noqa: A001 - mirrors builtins.open on purpose
         if exchange is not None:
             exchange.free()
         raise
-    return Writer(inner, comm, where, exchange)
+    return Writer(inner, comm, where, exchange, lambda: _native.Reader(name, cfg, ov), from_step)
+
+
+#: How long ranks other than 0 wait for rank 0's discard of steps (``from_step``).
+_DISCARD_WAIT = 120.0
+
+
+def _discard_from(name: str, cfg: str | None, ov: list[tuple[str, str]], step: int, rank: int, comm: Any) -> None:
+    """Rank 0 discards the committed steps of ``name`` from ``step`` on; the other ranks return
+    once it did (told over ``comm``, else seen in the listing), so every rank resumes at ``step``."""
+    reader = _native.Reader(name, cfg, ov)
+    if comm is not None:
+        error = None
+        if rank == 0:
+            try:
+                reader.discard_from(step)
+            except CairnError as e:
+                error = e
+        failed = comm.bcast(None if error is None else f"{type(error).__name__}: {error}", root=0)
+        if error is not None:
+            raise error
+        if failed is not None:
+            raise ConflictError(f"rank 0 could not discard the steps of '{name}' from {step}: {failed}")
+        return
+    if rank == 0:
+        reader.discard_from(step)
+        return
+    deadline = time.monotonic() + _DISCARD_WAIT
+    while any(s >= step for s in reader.steps()):
+        if time.monotonic() >= deadline:
+            raise ConflictError(f"'{name}' still has committed steps from {step} on after {_DISCARD_WAIT:g} s: rank 0 "
+                                f"discards them (from_step={step}); open rank 0 with from_step too")
+        time.sleep(0.05)
 
 
 def _collective(comm: Any, cfg: str | None, ov: list[tuple[str, str]]) -> tuple[Exchange | None, list[int] | None]:
@@ -210,12 +257,94 @@ def _embedded_cluster(cfg: str | None, ov: list[tuple[str, str]], mode: str, ran
 _shared_cluster: str | None = None
 
 
-class Writer:
+class _Reads:
+    """The read calls of both handles: a :class:`Reader`'s, and a :class:`Writer`'s, which reads
+    the committed steps through a reader of its own (a restart loads its state from the handle it
+    goes on writing with)."""
+
+    _rd: _native.Reader
+
+    def steps(self) -> list[int]:
+        """Committed steps, sorted. Re-read on every call, so new commits appear."""
+        return self._rd.steps()
+
+    def variables(self) -> dict[str, VariableInfo]:
+        """Variables of the committed steps: name -> :class:`VariableInfo` (with ``dims`` and
+        ``attrs``)."""
+        return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None,
+                                None if dims is None else tuple(dims), metadata.from_json(attrs), constant)
+                for n, d, s, dims, attrs, constant in self._rd.variables()}
+
+    def __getitem__(self, name: str) -> Variable:
+        """Variable ``name``, read lazily by indexing with the step first:
+        ``r["pressure"][9, 0:128, :, 5]``, ``r["pressure"][-1]`` (the last committed step)."""
+        info = self.variables().get(_var(name))
+        if info is None:
+            raise NotFoundError(f"unknown variable '{name}'; defined: [{', '.join(self.variables())}]")
+        return Variable(self, name, info)
+
+    def blocks(self, name: str, step: int) -> list[BlockInfo]:
+        """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
+        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, redundancy, state, level)
+                for w, o, c, lo, hi, mean, crc, n, stored, codec, redundancy, (state, level)
+                in self._rd.blocks(_var(name), _step(step))]
+
+    def get(self, name: str, step: int | None = None, offset: Sequence[int] | None = None,
+            count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
+        assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill.
+        A constant variable is read without a step (``get("x")``)."""
+        name = _var(name)
+        step = self.constant_step(name) if step is None else _step(step)
+        dtype, shape = self._rd.var(name, step)
+        if shape is None:
+            raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
+        off = [0] * len(shape) if offset is None else _check.extents(offset, "offset")
+        cnt = [max(n - o, 0) for n, o in zip(shape, off)] if count is None else _check.extents(count, "count")
+        _inside(name, shape, off, cnt)
+        if out is None:
+            out = _empty(name, cnt, _np_name(dtype))
+        elif not isinstance(out, np.ndarray):
+            raise InvalidArgumentError(f"out={_check.show(out)}: give a C-contiguous numpy array to fill, or None")
+        elif out.shape != tuple(cnt) or out.dtype != np.dtype(_np_name(dtype)):
+            raise InvalidArgumentError(f"out has shape {out.shape} {out.dtype}; need {tuple(cnt)} {_np_name(dtype)}")
+        self._rd.get_into(name, step, off, cnt, out)
+        return out
+
+    def constant_step(self, name: str) -> int:
+        """The step constant variable ``name`` was written in (the first kept step holding it);
+        :class:`InvalidArgumentError` for a per-step variable, which needs a step."""
+        return self._rd.constant_step(_var(name))
+
+    def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
+        """The block writer ``writer`` put for local variable ``name`` at ``step``."""
+        name, step, writer = _var(name), _step(step), _writer(writer)
+        dtype, _ = self._rd.var(name, step)
+        out = np.empty(self._rd.local_count(name, step, writer), dtype=_np_name(dtype))
+        self._rd.get_local_into(name, step, writer, out)
+        return out
+
+    def get_trace(self, name: str, step: int, writer: int) -> np.ndarray:
+        """The trace records writer ``writer`` appended to ``name`` at ``step``, in order (an
+        empty array if it appended none)."""
+        name, step, writer = _var(name), _step(step), _writer(writer)
+        dtype, count = self._rd.trace_count(name, step, writer)
+        out = np.empty(count, dtype=_np_name(dtype))
+        if out.size:
+            self._rd.get_local_into(name, step, writer, out)
+        return out
+
+
+class Writer(_Reads):
     """One rank's handle for writing steps. Use as a context manager; see :func:`open`."""
 
     def __init__(self, inner: _native.Writer, comm: Any = None, where: tuple[str, str | None] = ("file", None),
-                 exchange: Exchange | None = None) -> None:
+                 exchange: Exchange | None = None, reads: Callable[[], _native.Reader] | None = None,
+                 from_step: int | None = None) -> None:
         self._inner = inner
+        self._from_step = from_step
+        self._reads = reads
+        self._reader: _native.Reader | None = None
         self._comm = comm
         self._exchange = exchange
         self._where = where
@@ -261,6 +390,15 @@ class Writer:
         self._local[name] = local
 
     @property
+    def _rd(self) -> _native.Reader:  # type: ignore[override]
+        # Opened at the first read: a writer that never reads costs no second connection.
+        if self._reader is None:
+            if self._reads is None:
+                raise InvalidArgumentError("this writer was not opened by cairn.open; open a Reader to read")
+            self._reader = self._reads()
+        return self._reader
+
+    @property
     def attrs(self) -> metadata.DatasetAttrs:
         """The dataset's attributes, a dict: ``f.attrs["title"] = "run 1"``. Set them before or
         inside the first step; every step carries them (a restart in mode ``"a"`` keeps them)."""
@@ -269,8 +407,9 @@ class Writer:
     @property
     def next_step(self) -> int:
         """Where to resume: the step after the last one committed when opened (0 for a new
-        dataset). In mode ``"a"`` the definitions of that step are kept, so no ``define`` is needed."""
-        return self._inner.next_step
+        dataset; with ``from_step``, that step). In mode ``"a"`` the definitions of that step are
+        kept, so no ``define`` is needed."""
+        return self._inner.next_step if self._from_step is None else self._from_step
 
     @contextlib.contextmanager
     def step(self, step: int, consume: Reader | Sequence[Reader] | None = None) -> Iterator[Writer]:
@@ -469,17 +608,13 @@ class Writer:
         self.close()
 
 
-class Reader:
+class Reader(_Reads):
     """Read handle over committed steps; any number of processes may read at once."""
 
     def __init__(self, inner: _native.Reader, name: str = "", where: tuple[str, str | None] = ("file", None)) -> None:
-        self._inner = inner
+        self._inner = self._rd = inner
         self._name = name
         self._where = where
-
-    def steps(self) -> list[int]:
-        """Committed steps, sorted. Re-read on every call, so new commits appear."""
-        return self._inner.steps()
 
     def wait_drained(self, step: int | None = None, timeout: float | None = None) -> bool:
         """Wait until ``step`` (default: the newest committed step the cluster's drain cadence
@@ -591,13 +726,6 @@ class Reader:
         ranks it waits for)``, on both engines."""
         return self._inner.pending()
 
-    def variables(self) -> dict[str, VariableInfo]:
-        """Variables of the committed steps: name -> :class:`VariableInfo` (with ``dims`` and
-        ``attrs``)."""
-        return {n: VariableInfo(np.dtype(_np_name(d)), None if s is None else tuple(s), s is None,
-                                None if dims is None else tuple(dims), metadata.from_json(attrs), constant)
-                for n, d, s, dims, attrs, constant in self._inner.variables()}
-
     @property
     def attrs(self) -> dict[str, Any]:
         """The dataset's attributes (as of the last committed step)."""
@@ -615,65 +743,6 @@ class Reader:
         # Named, not tokenized: the reader's native handle cannot be hashed by content.
         return da.from_array(arr, chunks=arr.chunks(), asarray=False, lock=False, fancy=False,
                              meta=np.empty((0,) * arr.ndim, dtype=arr.dtype), name=f"cairn-{name}-{uuid.uuid4().hex}")
-
-    def __getitem__(self, name: str) -> Variable:
-        """Variable ``name``, read lazily by indexing with the step first:
-        ``r["pressure"][9, 0:128, :, 5]``, ``r["pressure"][-1]`` (the last committed step)."""
-        info = self.variables().get(_var(name))
-        if info is None:
-            raise NotFoundError(f"unknown variable '{name}'; defined: [{', '.join(self.variables())}]")
-        return Variable(self, name, info)
-
-    def blocks(self, name: str, step: int) -> list[BlockInfo]:
-        """Blocks of ``name`` at ``step`` with their boxes and min/max/mean/checksum."""
-        return [BlockInfo(w, tuple(o), tuple(c), lo, hi, mean, crc, n, stored, codec, redundancy, state, level)
-                for w, o, c, lo, hi, mean, crc, n, stored, codec, redundancy, (state, level)
-                in self._inner.blocks(_var(name), _step(step))]
-
-    def get(self, name: str, step: int | None = None, offset: Sequence[int] | None = None,
-            count: Sequence[int] | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        """Read the box ``offset + count`` (default: the whole array) of ``name`` at ``step``,
-        assembled from whichever blocks intersect it. ``out`` may be a C-contiguous array to fill.
-        A constant variable is read without a step (``get("x")``)."""
-        name = _var(name)
-        step = self.constant_step(name) if step is None else _step(step)
-        dtype, shape = self._inner.var(name, step)
-        if shape is None:
-            raise InvalidArgumentError(f"'{name}' is a local variable; use get_local(name, step, writer)")
-        off = [0] * len(shape) if offset is None else _check.extents(offset, "offset")
-        cnt = [max(n - o, 0) for n, o in zip(shape, off)] if count is None else _check.extents(count, "count")
-        _inside(name, shape, off, cnt)
-        if out is None:
-            out = _empty(name, cnt, _np_name(dtype))
-        elif not isinstance(out, np.ndarray):
-            raise InvalidArgumentError(f"out={_check.show(out)}: give a C-contiguous numpy array to fill, or None")
-        elif out.shape != tuple(cnt) or out.dtype != np.dtype(_np_name(dtype)):
-            raise InvalidArgumentError(f"out has shape {out.shape} {out.dtype}; need {tuple(cnt)} {_np_name(dtype)}")
-        self._inner.get_into(name, step, off, cnt, out)
-        return out
-
-    def constant_step(self, name: str) -> int:
-        """The step constant variable ``name`` was written in (the first kept step holding it);
-        :class:`InvalidArgumentError` for a per-step variable, which needs a step."""
-        return self._inner.constant_step(_var(name))
-
-    def get_local(self, name: str, step: int, writer: int) -> np.ndarray:
-        """The block writer ``writer`` put for local variable ``name`` at ``step``."""
-        name, step, writer = _var(name), _step(step), _writer(writer)
-        dtype, _ = self._inner.var(name, step)
-        out = np.empty(self._inner.local_count(name, step, writer), dtype=_np_name(dtype))
-        self._inner.get_local_into(name, step, writer, out)
-        return out
-
-    def get_trace(self, name: str, step: int, writer: int) -> np.ndarray:
-        """The trace records writer ``writer`` appended to ``name`` at ``step``, in order (an
-        empty array if it appended none)."""
-        name, step, writer = _var(name), _step(step), _writer(writer)
-        dtype, count = self._inner.trace_count(name, step, writer)
-        out = np.empty(count, dtype=_np_name(dtype))
-        if out.size:
-            self._inner.get_local_into(name, step, writer, out)
-        return out
 
     def close(self) -> None:
         """Release the handle (files are closed when it is collected)."""

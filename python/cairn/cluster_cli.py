@@ -12,6 +12,7 @@ from typing import Any
 from . import _check, _native, cluster
 from .cluster_status import health, role, status_json, targets
 from ._check import arg, seconds_arg
+from .exceptions import CairnError, CapacityError, UnavailableError
 
 
 #: argparse types: each word checked as the Python API checks the value (a bad one exits 2).
@@ -160,6 +161,101 @@ def cmd_stop(args: argparse.Namespace) -> None:
     print(f"stopped {n} servers of {args.file}; their logs stay in {cluster.entries_dir(args.file)}")
 
 
+def _toml(table: dict[str, Any], name: str = "") -> str:
+    """``table`` (JSON-like: text, numbers, booleans, None, tables) as TOML; None values are left
+    out (TOML has no null; every optional key of cairn.toml means "unset" by absence)."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):  # a JSON string is a TOML basic string, but for DEL
+            return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+        raise TypeError(f"cairn.toml holds no value like {v!r}")
+
+    scalars = [f"{k} = {value(v)}\n" for k, v in table.items() if v is not None and not isinstance(v, dict)]
+    out = (f"[{name}]\n" if name and scalars else "") + "".join(scalars)
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out += "\n" + _toml(v, f"{name}.{k}" if name else k)
+    return out
+
+
+def cmd_client_config(args: argparse.Namespace) -> None:
+    """The user's settings (resolved by the one parser clients use, so every key they set is
+    kept) with the cluster and transport set, written as TOML and read back to check it."""
+    cluster_file = os.path.abspath(args.file)
+    over = [("engine", "staging"), ("cluster", cluster_file), ("transport", args.transport)]
+    drain = json.loads(_native.config_json(None, []))["staging"].get("drain")
+    if drain is not None:  # servers and readers run elsewhere: the path the user meant, from here
+        over.append(("drain", os.path.abspath(drain)))
+    settings = json.loads(_native.config_json(None, over))
+    tmp = f"{args.output}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"# {cluster_file}'s clients: the user's cairn.toml with engine, cluster and transport set "
+                "(cairn cluster client-config)\n" + _toml(settings))
+    if json.loads(_native.config_json(tmp, [])) != settings:
+        os.remove(tmp)
+        raise AssertionError(f"the settings written to {tmp} do not read back as they were: a bug in cairn cluster client-config")
+    os.replace(tmp, args.output)
+
+
+def _undrained(file: str, drain: dict[str, Any]) -> dict[str, list[int]]:
+    """Per dataset, the committed steps the cadence owes the disk that are only in memory."""
+    import cairn
+
+    left: dict[str, list[int]] = {}
+    for name in cluster.request(file, 0, "datasets")["names"]:
+        newest = drain["steps"].get(name, -1)
+        r = cairn.open(name, "r", engine="staging", cluster=file)
+        try:
+            owed = [s for s in r.steps() if s > newest and s % max(1, drain["every"]) == 0 and _in_memory_only(r, s)]
+        finally:
+            r.close()
+        if owed:
+            left[name] = owed
+    return left
+
+
+def _in_memory_only(r: Any, step: int) -> bool:
+    """Whether ``step`` is read from memory (a step an earlier run drained reads from disk)."""
+    for var in r.variables():
+        try:
+            blocks = r.blocks(var, step)
+        except (KeyError, CairnError):
+            continue
+        if blocks:
+            return any(b.level == "memory" for b in blocks)
+    return True
+
+
+def cmd_drain(args: argparse.Namespace) -> None:
+    from .dataset_cli import steps_text
+
+    path = cluster.document(args.file).get("drain")
+    if not path:
+        print(f"the cluster of {args.file} drains nothing to disk")
+        return
+    failed = None
+    try:
+        cluster.drain(args.file, timeout=args.timeout, progress=True)
+    except (CapacityError, UnavailableError) as e:  # the time is up or the disk full: say what is left
+        failed = e
+    st = cluster.drain_status(args.file)
+    if st is None:
+        raise UnavailableError(f"no leader of {args.file} answers: which steps are on disk in {path['path']} is unknown")
+    left = _undrained(args.file, st)
+    if left:
+        steps = "; ".join(f"{name} {steps_text(s)}" for name, s in sorted(left.items()))
+        why = [str(failed)] if failed else []
+        if st["error"] and st["error"] not in "".join(why):
+            why.append(f"the drain's error: {st['error']}")
+        raise UnavailableError(f"steps left undrained (only in memory, lost when the cluster stops): {steps}"
+                               + "".join(f"; {w}" for w in why))
+    newest = ", ".join(f"{d} {s}" for d, s in sorted(st["steps"].items())) or "none"
+    print(f"every step owed is drained to {st['path']} (newest on disk: {newest})")
+
+
 def cmd_dashboard(args: argparse.Namespace) -> None:
     from . import dashboard
 
@@ -297,6 +393,18 @@ def add(sub: Any) -> None:
     sp.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     sp.add_argument("--no-drain", action="store_true", help="stop at once, without draining the steps still owed to disk")
     sp.set_defaults(func=cmd_stop)
+    dr = csub.add_parser("drain", help="wait until every committed step the cadence owes is on disk; fails naming the steps "
+                                       "left only in memory")
+    dr.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
+    dr.add_argument("--timeout", type=_SECONDS, default=None, help="seconds to wait at most (default: until done)")
+    dr.set_defaults(func=cmd_drain)
+    cc = csub.add_parser("client-config", help="write the cairn.toml of a cluster's clients: the user's ($CAIRN_CONFIG, "
+                                               "else ./cairn.toml) with engine staging and [staging] cluster and transport set")
+    cc.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
+    cc.add_argument("--transport", choices=("auto", "socket", "tcp"), default="tcp",
+                    help="how clients reach the servers (default tcp: a job's servers run on nodes of their own)")
+    cc.add_argument("--output", "-o", required=True, metavar="FILE", help="where to write it")
+    cc.set_defaults(func=cmd_client_config)
     rp = csub.add_parser("replace", help="give a server's ring slot to a spare (a view change); a live server's pieces "
                                          "are copied to the spare first, then it stops")
     rp.add_argument("server", type=_ID, help="the server to replace (down, or live)")

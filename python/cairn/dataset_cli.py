@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from . import pack_cli
-from ._check import output_folder
+from ._check import U64, int_arg, output_folder
 from ._api import Reader
 from .exceptions import InvalidArgumentError, NotFoundError
 from .locate import configured, open_reader
@@ -225,6 +225,9 @@ def cmd_rm(args: argparse.Namespace) -> None:
     from . import cluster as cluster_mod
 
     path = args.path.rstrip("/")
+    if args.from_step is not None:
+        _rm_from(path, args)
+        return
     if args.cluster is None and os.path.isdir(os.path.join(path, "steps")):
         n = len(open_reader(path).steps())
         shutil.rmtree(path)
@@ -245,6 +248,24 @@ def cmd_rm(args: argparse.Namespace) -> None:
             print(f"removed its drained copy {copy}")
         else:
             print(f"its drained copy {copy} is kept (`cairn rm --all` removes it too)")
+
+
+def _rm_from(path: str, args: argparse.Namespace) -> None:
+    """Discards the committed steps from ``--from-step`` on, on every level (``cairn.open(name,
+    "a", from_step=N)`` from the shell)."""
+    if args.all:
+        raise InvalidArgumentError("--all goes with removing a dataset whole; --from-step discards the drained copies of "
+                                   "those steps anyway")
+    if args.cluster is None and not os.path.isdir(os.path.join(path, "steps")) and configured() is None:
+        raise NotFoundError(f"no dataset {path}: no such folder; give a dataset folder, or a staging dataset's name with --cluster")
+    f = open_reader(path, args.cluster)
+    before = f.steps()
+    gone = f._inner.discard_from(args.from_step)
+    kept = [s for s in before if s < args.from_step]
+    where = "in the cluster and its drain" if args.cluster else ""
+    print(f"discarded the steps of {os.path.basename(path)} from {args.from_step} on {where}".rstrip()
+          + f" ({gone} committed steps); it continues at step {args.from_step}"
+          + (f", the newest kept is {kept[-1]}" if kept else ", no step is kept"))
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -271,4 +292,6 @@ def add(sub: argparse._SubParsersAction) -> None:
     rm.add_argument("path", help="dataset folder, or with --cluster a staging dataset's name")
     rm.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
     rm.add_argument("--all", action="store_true", help="also remove the copy the cluster drained to disk")
+    rm.add_argument("--from-step", type=int_arg(0, U64, "step"), metavar="N", help="discard only the committed steps from N on (memory "
+                    "and drained copies), to restart from an older step: `cairn.open(NAME, 'a', from_step=N)`")
     rm.set_defaults(func=cmd_rm)

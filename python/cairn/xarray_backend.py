@@ -4,7 +4,9 @@ Every global variable becomes a data variable with a ``step`` dimension first (c
 committed step numbers, int64), except constants (``define(..., constant=True)``), which have no
 step axis (a 1-D constant named like its dimension is an index coordinate); then its dimension names (``define(..., dims=...)``, else
 ``<name>_dim<i>``), with its attributes; the dataset's attributes are the Dataset's. A per-step
-scalar variable with ``axis: "T"`` and CF time units is a ``time`` coordinate along ``step``.
+scalar variable with ``axis: "T"`` and CF time units is a ``time`` coordinate along ``step``; the
+backend keeps ``step`` as the dimension (``ds.swap_dims(step="time")`` gives the layout of a
+``.nc`` export, where ``time`` is the record dimension).
 CF decoding is xarray's own, as for netCDF files: ``mask_and_scale`` (``_FillValue``,
 ``missing_value``, ``scale_factor``, ``add_offset``), ``decode_times``, ``decode_timedelta``,
 ``use_cftime``, ``concat_characters``, ``decode_coords``. Values are read lazily, only the boxes

@@ -74,8 +74,11 @@ const char *cairn_last_error(void);
 // call, as [`cairn_last_error`].
 const char *cairn_last_error_code(void);
 
-// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
-// of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
+// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read); a write handle reads
+// committed steps too ([`cairn_steps`], [`cairn_get`], …: a restart opens "a", reads its state at
+// [`cairn_next_step`] − 1 and goes on). `config` is the path of a cairn.toml, or TOML text itself
+// (text holding a newline or `=`, e.g. `"engine = \"file\"\npath = \"out\""`), or NULL for
+// $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
 // `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by
 // their session: `$CAIRN_SESSION`, else the launcher's (PMIx namespace, Slurm step), else for a
 // single writer a random one; several writers without one are refused. On success `*out` holds a
@@ -124,8 +127,10 @@ enum cairn_status cairn_define(struct cairn_file *f,
 // [`cairn_get`]. A per-step variable is `CAIRN_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
-// `f` is a read handle; `var` is NUL-terminated; `step` points to a `uint64_t`.
-enum cairn_status cairn_constant_step(struct cairn_file *f, const char *var, uint64_t *step);
+// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `step` points to a `uint64_t`.
+enum cairn_status cairn_constant_step(struct cairn_file *f,
+                                      const char *var,
+                                      uint64_t *step);
 
 // [`cairn_define`] with dimension names (`dim_names`: NULL, or `ndim` NUL-terminated names in C
 // order), attributes (`attrs_json`: NULL, or a JSON object such as `{"units": "K"}`) and
@@ -159,6 +164,18 @@ enum cairn_status cairn_put_typed(struct cairn_file *f,
                                   const uint64_t *offset,
                                   const uint64_t *count);
 
+// Where a writer resumes, into `*step`: the step after the last one committed when the handle
+// was opened (0 for a new dataset). A restart reads its state at `*step - 1`.
+//
+// # Safety
+// `f` is a write handle; `step` points to a `uint64_t`.
+enum cairn_status cairn_next_step(struct cairn_file *f, uint64_t *step);
+
+// 1 when the job asks the application to stop now (save its state, close, exit): the file
+// `$CAIRN_HALT_FILE` exists (the job script creates it on `SIGUSR1`), or fewer than
+// `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`; else 0.
+int cairn_halt_requested(void);
+
 // Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every
 // step this writer ends from now on.
 //
@@ -166,17 +183,31 @@ enum cairn_status cairn_put_typed(struct cairn_file *f,
 // `f` is a write handle; `attrs_json` is NUL-terminated.
 enum cairn_status cairn_set_attrs(struct cairn_file *f, const char *attrs_json);
 
+// Sets one attribute, `key` = `value_json` (a JSON value: `"\"K\""`, `"273.15"`, `"[1, 2]"`),
+// of variable `var` (defined, before its first committed step) or of the dataset (`var` NULL or
+// `""`). What Fortran's `cairn_set_attr` calls.
+//
+// # Safety
+// `f` is a write handle; `var` is NULL or NUL-terminated; `key` and `value_json` are NUL-terminated.
+enum cairn_status cairn_set_attr(struct cairn_file *f,
+                                 const char *var,
+                                 const char *key,
+                                 const char *value_json);
+
 // The committed steps, sorted: the first `cap` of them into `steps` (NULL with `cap` 0 to count),
 // and how many there are into `*n`.
 //
 // # Safety
-// `f` is a read handle; `steps` has room for `cap` values; `n` points to a `size_t`.
-enum cairn_status cairn_steps(struct cairn_file *f, uint64_t *steps, size_t cap, size_t *n);
+// `f` is an open handle (a write handle reads through a reader of its own); `steps` has room for `cap` values; `n` points to a `size_t`.
+enum cairn_status cairn_steps(struct cairn_file *f,
+                              uint64_t *steps,
+                              size_t cap,
+                              size_t *n);
 
 // Waits until `step` is committed or `timeout_s` seconds pass; `*committed` says which.
 //
 // # Safety
-// `f` is a read handle; `committed` points to an `int`.
+// `f` is an open handle (a write handle reads through a reader of its own); `committed` points to an `int`.
 enum cairn_status cairn_wait_step(struct cairn_file *f,
                                   uint64_t step,
                                   double timeout_s,
@@ -187,7 +218,7 @@ enum cairn_status cairn_wait_step(struct cairn_file *f,
 // [`CAIRN_MAX_DIMS`]), and whether it is constant (`*constant`).
 //
 // # Safety
-// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
+// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
 // [`CAIRN_MAX_DIMS`] values;
 // `ndim` and `constant` point to `int`s.
 enum cairn_status cairn_var_info(struct cairn_file *f,
@@ -202,7 +233,7 @@ enum cairn_status cairn_var_info(struct cairn_file *f,
 // `out_bytes` bytes, exactly the block's size).
 //
 // # Safety
-// `f` is a read handle; `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
+// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
 enum cairn_status cairn_get_local(struct cairn_file *f,
                                   const char *var,
                                   uint64_t step,
@@ -214,7 +245,7 @@ enum cairn_status cairn_get_local(struct cairn_file *f,
 // `out` (NULL with `cap` 0 to count), how many there are into `*n`.
 //
 // # Safety
-// `f` is a read handle; `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
+// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
 // `size_t`.
 enum cairn_status cairn_blocks(struct cairn_file *f,
                                const char *var,
@@ -229,7 +260,7 @@ enum cairn_status cairn_blocks(struct cairn_file *f,
 // the buffer.
 //
 // # Safety
-// `f` is a read handle; `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
+// `f` is an open handle (a write handle reads through a reader of its own); `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
 // points to a `size_t`.
 enum cairn_status cairn_attrs(struct cairn_file *f,
                               const char *var,
@@ -241,7 +272,7 @@ enum cairn_status cairn_attrs(struct cairn_file *f,
 // Frees committed step `step` for every reader (its data is gone; later reads of it fail).
 //
 // # Safety
-// `f` is a read handle.
+// `f` is an open handle (a write handle reads through a reader of its own).
 enum cairn_status cairn_release(struct cairn_file *f, uint64_t step);
 
 // Begins step `step`; it commits when every rank has called [`cairn_end_step`] for it.
@@ -302,7 +333,7 @@ enum cairn_status cairn_abort_step(struct cairn_file *f);
 // which has room for `out_bytes` bytes (the box's element count × element size).
 //
 // # Safety
-// `f` is a read handle; `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
+// `f` is an open handle (a write handle reads through a reader of its own); `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
 enum cairn_status cairn_get(struct cairn_file *f,
                             const char *var,
                             uint64_t step,

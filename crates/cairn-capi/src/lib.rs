@@ -11,6 +11,7 @@ use cairn_client::{Config, DType, Error, ErrorKind, Reader, Writer};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
 
 pub mod claims;
 pub mod mpi;
@@ -45,10 +46,29 @@ pub enum Status {
 
 /// An open dataset: a writer (mode "w" or "a") or a reader (mode "r").
 pub enum CairnFile {
-    /// Write handle, with the communicator of [`cairn_open_mpi`] (freed after the writer).
-    W(Box<Writer>, Option<std::sync::Arc<mpi::Comm>>),
+    /// Write handle, with the communicator of [`cairn_open_mpi`] (freed after the writer) and
+    /// what its read calls use (a restart reads its state through the handle it goes on with).
+    W(Box<Writer>, Option<Arc<mpi::Comm>>, Box<LaterReader>),
     /// Read handle (shared with its claimers' heartbeats).
-    R(std::sync::Arc<Reader>),
+    R(Arc<Reader>),
+}
+
+/// The reader of a write handle, opened at its first read call: a writer that never reads
+/// costs no second connection.
+pub struct LaterReader {
+    name: String,
+    cfg: Config,
+    reader: OnceLock<Arc<Reader>>,
+}
+
+impl LaterReader {
+    fn get(&self) -> Result<&Arc<Reader>, Error> {
+        if let Some(r) = self.reader.get() {
+            return Ok(r);
+        }
+        let r = Arc::new(Reader::open(&self.name, &self.cfg)?);
+        Ok(self.reader.get_or_init(|| r))
+    }
 }
 
 thread_local! {
@@ -130,7 +150,7 @@ unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Err
 pub(crate) unsafe fn writer<'a>(f: *mut CairnFile) -> Result<&'a mut Writer, Error> {
     // SAFETY: the caller passes a live handle.
     match unsafe { f.as_mut() } {
-        Some(CairnFile::W(w, _)) => Ok(&mut **w),
+        Some(CairnFile::W(w, ..)) => Ok(&mut **w),
         Some(CairnFile::R(_)) => Err(invalid("this handle was opened for reading (mode \"r\"); open with \"w\" or \"a\" to write")),
         None => Err(invalid("file handle is NULL")),
     }
@@ -151,8 +171,11 @@ pub extern "C" fn cairn_last_error_code() -> *const c_char {
     LAST_CODE.with(|c| c.borrow().as_ptr())
 }
 
-/// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read). `config` is the path
-/// of a cairn.toml, or NULL for $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
+/// Opens dataset `name`. `mode` is "w" (new), "a" (add steps) or "r" (read); a write handle reads
+/// committed steps too ([`cairn_steps`], [`cairn_get`], …: a restart opens "a", reads its state at
+/// [`cairn_next_step`] − 1 and goes on). `config` is the path of a cairn.toml, or TOML text itself
+/// (text holding a newline or `=`, e.g. `"engine = \"file\"\npath = \"out\""`), or NULL for
+/// $CAIRN_CONFIG / ./cairn.toml / defaults. Writers are `rank` of
 /// `nranks`; readers ignore both. Ranks of one launch are told apart from a crashed earlier run by
 /// their session: `$CAIRN_SESSION`, else the launcher's (PMIx namespace, Slurm step), else for a
 /// single writer a random one; several writers without one are refused. On success `*out` holds a
@@ -176,7 +199,7 @@ pub unsafe extern "C" fn cairn_open(
                 return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
             }
             let session = cairn_client::session::default_session(rank as u32, nranks as u32)?;
-            Ok(CairnFile::W(Box::new(Writer::open(name, cfg, rank as u32, nranks as u32, append, &session)?), None))
+            Ok((Writer::open(name, cfg, rank as u32, nranks as u32, append, &session)?, None))
         })
     }
 }
@@ -191,7 +214,7 @@ unsafe fn open_with(
     mode: *const c_char,
     config: *const c_char,
     out: *mut *mut CairnFile,
-    writer: impl FnOnce(&str, &Config, bool) -> Result<CairnFile, Error>,
+    writer: impl FnOnce(&str, &Config, bool) -> Result<(Writer, Option<Arc<mpi::Comm>>), Error>,
 ) -> Status {
     guard(|| {
         // SAFETY: per this function's contract.
@@ -200,16 +223,29 @@ unsafe fn open_with(
         if out.is_null() {
             return Err(invalid("out (the handle pointer) is NULL"));
         }
-        let cfg = Config::load(cfg_path.map(std::path::Path::new), &[])?;
+        let cfg = config_of(cfg_path)?;
         let file = match mode {
-            "r" => CairnFile::R(std::sync::Arc::new(Reader::open(name, &cfg)?)),
-            "w" | "a" => writer(name, &cfg, mode == "a")?,
+            "r" => CairnFile::R(Arc::new(Reader::open(name, &cfg)?)),
+            "w" | "a" => {
+                let (w, comm) = writer(name, &cfg, mode == "a")?;
+                let later = LaterReader { name: name.to_string(), cfg, reader: OnceLock::new() };
+                CairnFile::W(Box::new(w), comm, Box::new(later))
+            }
             m => return Err(invalid(&format!("mode {m:?}: use \"w\", \"a\" or \"r\""))),
         };
         // SAFETY: `out` was checked non-null and is valid for a write per the contract.
         unsafe { *out = Box::into_raw(Box::new(file)) };
         Ok(())
     })
+}
+
+/// The configuration `config` names: TOML text when it holds a newline or `=` (no file name of
+/// a cairn.toml does), else a file's path; `None`: $CAIRN_CONFIG, ./cairn.toml, defaults.
+fn config_of(config: Option<&str>) -> Result<Config, Error> {
+    match config {
+        Some(text) if text.contains('\n') || text.contains('=') => Config::parse(text, "the config text"),
+        path => Config::load(path.map(std::path::Path::new), &[]),
+    }
 }
 
 /// Opens dataset `name` as [`cairn_open`] does, for the ranks of an MPI communicator: `comm` is
@@ -265,7 +301,7 @@ pub unsafe extern "C" fn cairn_open_mpi(
                     Err(e) => return Err(e),
                 }
             };
-            Ok(CairnFile::W(Box::new(w), Some(comm)))
+            Ok((w, Some(comm)))
         })
     };
     // This rank's checks failed before it got to the agreement: it tells the others.
@@ -297,7 +333,7 @@ pub unsafe extern "C" fn cairn_define(
 /// [`cairn_get`]. A per-step variable is `CAIRN_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NUL-terminated; `step` points to a `uint64_t`.
+/// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `step` points to a `uint64_t`.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_constant_step(f: *mut CairnFile, var: *const c_char, step: *mut u64) -> Status {
     guard(|| {
@@ -395,17 +431,44 @@ pub unsafe extern "C" fn cairn_put_typed(
     unsafe { cairn_put(f, var, data, ndim, offset, count) }
 }
 
-/// The reader of a read handle, or the error for another handle.
+/// The reader of a handle: a read handle's, or the one a write handle opens at its first read.
 ///
 /// # Safety
 /// `f` is null or a handle from [`cairn_open`].
-pub(crate) unsafe fn reader<'a>(f: *mut CairnFile) -> Result<&'a std::sync::Arc<Reader>, Error> {
+pub(crate) unsafe fn reader<'a>(f: *mut CairnFile) -> Result<&'a Arc<Reader>, Error> {
     // SAFETY: per this function's contract.
     match unsafe { f.as_ref() } {
         Some(CairnFile::R(r)) => Ok(r),
-        Some(CairnFile::W(..)) => Err(invalid("this handle was opened for writing; open with \"r\" to read")),
+        Some(CairnFile::W(_, _, later)) => later.get(),
         None => Err(invalid("file handle is NULL")),
     }
+}
+
+/// Where a writer resumes, into `*step`: the step after the last one committed when the handle
+/// was opened (0 for a new dataset). A restart reads its state at `*step - 1`.
+///
+/// # Safety
+/// `f` is a write handle; `step` points to a `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_next_step(f: *mut CairnFile, step: *mut u64) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        if step.is_null() {
+            return Err(invalid("step is NULL"));
+        }
+        // SAFETY: checked non-null; valid for a write per the contract.
+        unsafe { *step = w.next_step() };
+        Ok(())
+    })
+}
+
+/// 1 when the job asks the application to stop now (save its state, close, exit): the file
+/// `$CAIRN_HALT_FILE` exists (the job script creates it on `SIGUSR1`), or fewer than
+/// `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`; else 0.
+#[no_mangle]
+pub extern "C" fn cairn_halt_requested() -> c_int {
+    c_int::from(cairn_client::halt::requested())
 }
 
 /// Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every
@@ -422,11 +485,33 @@ pub unsafe extern "C" fn cairn_set_attrs(f: *mut CairnFile, attrs_json: *const c
     })
 }
 
+/// Sets one attribute, `key` = `value_json` (a JSON value: `"\"K\""`, `"273.15"`, `"[1, 2]"`),
+/// of variable `var` (defined, before its first committed step) or of the dataset (`var` NULL or
+/// `""`). What Fortran's `cairn_set_attr` calls.
+///
+/// # Safety
+/// `f` is a write handle; `var` is NULL or NUL-terminated; `key` and `value_json` are NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn cairn_set_attr(f: *mut CairnFile, var: *const c_char, key: *const c_char, value_json: *const c_char) -> Status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let w = unsafe { writer(f)? };
+        let var = if var.is_null() { "" } else { unsafe { text(var, "var")? } };
+        let (key, value) = unsafe { (text(key, "key")?, text(value_json, "value_json")?) };
+        if key.is_empty() {
+            return Err(invalid("attribute key is empty; give its name, e.g. \"units\""));
+        }
+        let value: serde_json::Value = serde_json::from_str(value)
+            .map_err(|e| invalid(&format!("value of attribute '{key}' is not JSON ({e}): {value:?}; quote text, e.g. \"\\\"K\\\"\"")))?;
+        w.set_attr((!var.is_empty()).then_some(var), key, value)
+    })
+}
+
 /// The committed steps, sorted: the first `cap` of them into `steps` (NULL with `cap` 0 to count),
 /// and how many there are into `*n`.
 ///
 /// # Safety
-/// `f` is a read handle; `steps` has room for `cap` values; `n` points to a `size_t`.
+/// `f` is an open handle (a write handle reads through a reader of its own); `steps` has room for `cap` values; `n` points to a `size_t`.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_steps(f: *mut CairnFile, steps: *mut u64, cap: usize, n: *mut usize) -> Status {
     guard(|| {
@@ -449,7 +534,7 @@ pub unsafe extern "C" fn cairn_steps(f: *mut CairnFile, steps: *mut u64, cap: us
 /// Waits until `step` is committed or `timeout_s` seconds pass; `*committed` says which.
 ///
 /// # Safety
-/// `f` is a read handle; `committed` points to an `int`.
+/// `f` is an open handle (a write handle reads through a reader of its own); `committed` points to an `int`.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_wait_step(f: *mut CairnFile, step: u64, timeout_s: f64, committed: *mut c_int) -> Status {
     guard(|| {
@@ -471,7 +556,7 @@ pub unsafe extern "C" fn cairn_wait_step(f: *mut CairnFile, step: u64, timeout_s
 /// [`CAIRN_MAX_DIMS`]), and whether it is constant (`*constant`).
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
+/// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `dtype` has 8 bytes, `shape` room for
 /// [`CAIRN_MAX_DIMS`] values;
 /// `ndim` and `constant` point to `int`s.
 #[no_mangle]
@@ -510,7 +595,7 @@ pub unsafe extern "C" fn cairn_var_info(
 /// `out_bytes` bytes, exactly the block's size).
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
+/// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `out` has room for `out_bytes` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_get_local(
     f: *mut CairnFile,
@@ -558,7 +643,7 @@ pub struct CairnBlock {
 /// `out` (NULL with `cap` 0 to count), how many there are into `*n`.
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
+/// `f` is an open handle (a write handle reads through a reader of its own); `var` is NUL-terminated; `out` has room for `cap` blocks; `n` points to a
 /// `size_t`.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_blocks(
@@ -603,7 +688,7 @@ pub unsafe extern "C" fn cairn_blocks(
 /// the buffer.
 ///
 /// # Safety
-/// `f` is a read handle; `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
+/// `f` is an open handle (a write handle reads through a reader of its own); `var` is NULL or NUL-terminated; `buf` has room for `cap` bytes; `len`
 /// points to a `size_t`.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_attrs(
@@ -637,7 +722,7 @@ pub unsafe extern "C" fn cairn_attrs(
 /// Frees committed step `step` for every reader (its data is gone; later reads of it fail).
 ///
 /// # Safety
-/// `f` is a read handle.
+/// `f` is an open handle (a write handle reads through a reader of its own).
 #[no_mangle]
 pub unsafe extern "C" fn cairn_release(f: *mut CairnFile, step: u64) -> Status {
     // SAFETY: per this function's contract.
@@ -760,7 +845,7 @@ pub unsafe extern "C" fn cairn_abort_step(f: *mut CairnFile) -> Status {
 /// which has room for `out_bytes` bytes (the box's element count × element size).
 ///
 /// # Safety
-/// `f` is a read handle; `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
+/// `f` is an open handle (a write handle reads through a reader of its own); `offset` and `count` hold `ndim` values; `out` holds `out_bytes` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cairn_get(
     f: *mut CairnFile,
@@ -797,8 +882,8 @@ pub unsafe extern "C" fn cairn_close(f: *mut CairnFile) -> Status {
     // SAFETY: per this function's contract, `f` came from Box::into_raw in cairn_open.
     let file = unsafe { Box::from_raw(f) };
     guard(move || match *file {
-        CairnFile::W(w, None) => w.close(),
-        CairnFile::W(w, Some(comm)) => {
+        CairnFile::W(w, None, _) => w.close(),
+        CairnFile::W(w, Some(comm), _) => {
             // Every rank reaches the barrier, so one rank's error (or a panic, caught here: an
             // unwind would free the communicator while the others wait in the barrier) never
             // leaves the others waiting; then every step any rank ended is committed. The writer

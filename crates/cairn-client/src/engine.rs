@@ -181,6 +181,10 @@ pub trait ReadEngine: Send + Sync {
         Err(Error::InvalidArgument("a file-engine dataset is its folder: remove that (`cairn rm PATH`)".into()))
     }
 
+    /// Discards the committed steps from `from` on, on every level (see
+    /// [`crate::Reader::discard_from`]); returns how many committed steps went.
+    fn discard_from(&self, from: u64) -> Result<u64>;
+
     /// Registers streaming reader `reader`, moves it to `next` (the first step it has not
     /// passed), renews it (`next` none) or, with `leave`, ends its registration; returns how
     /// long a registration lasts unrenewed and the reader's mark (the first step it holds; none

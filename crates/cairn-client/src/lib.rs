@@ -11,12 +11,14 @@
 //! - [`file`]: the `file` engine (per-writer data files, atomically published step indexes).
 //! - [`staging`]: the `staging` engine (objects in staging servers' memory, commits through the control plane).
 //! - `trace`: the writer's trace buffer (per-process records written every `trace_flush` steps).
+//! - [`halt`]: whether the job asks the application to stop (halt file, time limit).
 //! - [`claims`], [`stream`]: D²T claimers and releasing stream readers, each kept alive by a `heartbeat` thread.
 
 pub mod claims;
 pub mod config;
 pub mod engine;
 pub mod file;
+pub mod halt;
 mod heartbeat;
 mod names;
 pub mod reader;

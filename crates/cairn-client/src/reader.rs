@@ -84,6 +84,16 @@ impl Reader {
         self.engine.remove()
     }
 
+    /// Discards the committed steps from `from` on (a restart from an older step, when the
+    /// newest are bad): staging releases them, forgets them in the control plane (claims,
+    /// commit records, released steps; readers of one get `Released`), moves the drained mark
+    /// back and deletes their drained copies, in one control-plane command, refused while a
+    /// step is begun and not ended; the file engine removes their indexes and the fragments
+    /// and leases of steps from `from` on. Returns how many committed steps went.
+    pub fn discard_from(&self, from: u64) -> Result<u64> {
+        self.engine.discard_from(from)
+    }
+
     /// Registers streaming reader `reader` of the dataset, moves it to `next` (the first step it
     /// has not passed), renews it (`next` none), or with `leave` ends its registration; steps
     /// every registered reader passed are released. Returns how long a registration lasts

@@ -171,6 +171,28 @@ impl Writer {
         Ok(())
     }
 
+    /// Sets attribute `key` to `value`: the dataset's (`var` None) or a defined variable's, before
+    /// any committed step holds it (a committed definition is immutable: redefining it differs).
+    pub fn set_attr(&mut self, var: Option<&str>, key: &str, value: serde_json::Value) -> Result<()> {
+        let Some(var) = var else {
+            let mut attrs = self.attrs.clone();
+            attrs.insert(key.to_string(), value);
+            return self.set_attrs(attrs);
+        };
+        let def = self.vars.get(var).ok_or_else(|| unknown_var(var, self.vars.keys()))?;
+        if self.engine.committed_def(var)?.is_some() {
+            return Err(Error::Conflict(format!(
+                "variable '{var}' is in a committed step already, where its attributes are fixed; set attribute '{key}' \
+                 before the variable's first step (or set it on the dataset)"
+            )));
+        }
+        let mut attrs = def.attrs.clone();
+        attrs.insert(key.to_string(), value);
+        let changed = def.clone().with_meta(def.dims.clone(), attrs)?;
+        self.vars.insert(var.to_string(), changed);
+        Ok(())
+    }
+
     /// Defines a variable: a global array of `shape`, or a local (ragged) one when `shape` is None.
     /// Defining it again identically is allowed; differently is a conflict.
     pub fn define(&mut self, name: &str, dtype: DType, shape: Option<Vec<u64>>) -> Result<()> {

@@ -88,6 +88,30 @@ impl Layout {
         }
     }
 
+    /// Discards the steps from `from` on (a restart from an older step): their committed
+    /// indexes, newest first so a crash midway leaves a prefix of the steps, then the fragments
+    /// of steps not committed and the claims' leases. Returns how many committed steps went. The
+    /// data files are append-only: the steps' bytes stay as dead space.
+    pub fn discard_from(&self, from: u64) -> Result<u64> {
+        let gone: Vec<u64> = self.steps()?.into_iter().filter(|s| *s >= from).rev().collect();
+        for step in &gone {
+            let p = self.step_path(*step);
+            match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(format!("discarding step {step} (removing {})", p.display()), e))
+                }
+                _ => {}
+            }
+        }
+        let step_of = |name: &str, prefix: &str| name.strip_prefix(prefix)?.get(..12)?.parse::<u64>().ok();
+        for (dir, prefix) in [("pending", "step-"), ("claims", "")] {
+            for name in self.list(dir)?.into_iter().filter(|n| step_of(n, prefix).is_some_and(|s| s >= from)) {
+                let _ = std::fs::remove_file(self.dir(dir).join(name));
+            }
+        }
+        Ok(gone.len() as u64)
+    }
+
     /// Creates the dataset directories.
     pub fn create(&self) -> Result<()> {
         for d in ["data", "pending", "steps"] {

@@ -112,6 +112,11 @@ pub enum Cmd {
     Remove {
         /// Dataset.
         dataset: String,
+        /// Only the steps from this one on (a restart from an older step): committed ones
+        /// released and remembered as discarded, their claims, commit records and released-step
+        /// memory forgotten, the drained mark moved back before it.
+        #[serde(default)]
+        from: Option<u64>,
     },
     /// Objects of a committed step were erasure coded (CoREC): their index entries now name
     /// their shards instead of their copies. Objects no longer replicated (or gone) are skipped.
@@ -317,6 +322,10 @@ struct Dataset {
     /// is told so at once instead of waiting for a commit that will never come (issue 40).
     #[serde(default)]
     released: BTreeSet<u64>,
+    /// Steps discarded by a restart from an older step and not written again since (the newest
+    /// [`RELEASED_KEPT`]): a read of one is told so, a new commit of one is no repeat.
+    #[serde(default)]
+    discarded: BTreeSet<u64>,
     /// The newest step drained to disk (every earlier step the cadence names is, too).
     #[serde(default)]
     drained: Option<u64>,
@@ -418,6 +427,11 @@ impl Dataset {
         self.released.contains(&step) && !self.committed.contains_key(&step)
     }
 
+    /// Whether `step` was discarded (a restart from an older step) and not committed again since.
+    fn was_discarded(&self, step: u64) -> bool {
+        self.discarded.contains(&step) && !self.committed.contains_key(&step)
+    }
+
     /// The error for a step that is not committed: released, or not (yet) committed.
     fn missing(&self, dataset: &str, step: u64) -> Error {
         if self.was_released(step) {
@@ -426,6 +440,12 @@ impl Dataset {
                 None => "no step is kept now".into(),
             };
             return Error::Released(format!("step {step} of '{dataset}' was committed and then released (keep_last or release); {kept}"));
+        }
+        if self.was_discarded(step) {
+            return Error::Released(format!(
+                "step {step} of '{dataset}' was discarded by a restart from an older step (from_step) and is not written \
+                 again yet; read a step before it, or wait for the new one"
+            ));
         }
         not_committed(dataset, step, &self.committed)
     }
@@ -505,13 +525,22 @@ impl MetaState {
                 }
                 Ok(Outcome::Trimmed { released: ds.trim() })
             }
-            Cmd::Drained { dataset, step } => self.datasets.get_mut(&dataset).ok_or_else(|| no_dataset(&dataset)).map(|ds| {
-                ds.drained = ds.drained.max(Some(step));
-                Outcome::Drained { released: ds.trim() }
-            }),
+            Cmd::Drained { dataset, step } => match self.datasets.get_mut(&dataset) {
+                // Discarded while it was written (a restart from an older step): the drain
+                // removes what it wrote, and the mark stays where the discard put it.
+                Some(ds) if ds.was_discarded(step) => {
+                    Err(Error::NotFound(format!("step {step} of '{dataset}' was discarded while it drained; its drained copy goes too")))
+                }
+                Some(ds) => {
+                    ds.drained = ds.drained.max(Some(step));
+                    Ok(Outcome::Drained { released: ds.trim() })
+                }
+                None => Err(no_dataset(&dataset)),
+            },
             Cmd::Abort(Abort { dataset, step, session, reason }) => Ok(self.abort(&dataset, step, &session, reason)),
             Cmd::Release(Release { dataset, step }) => self.release(&dataset, step),
-            Cmd::Remove { dataset } => self.remove(&dataset),
+            Cmd::Remove { dataset, from: None } => self.remove(&dataset),
+            Cmd::Remove { dataset, from: Some(from) } => self.truncate(&dataset, from),
             Cmd::Claim { lease: ClaimLease { dataset, claimer, lease_ms }, now_ms } => {
                 let ds = self.datasets.entry(dataset).or_default();
                 ds.clock_ms = ds.clock_ms.max(now_ms);
@@ -718,6 +747,33 @@ impl MetaState {
         }
         let ds = self.datasets.remove(dataset).expect("looked up above");
         Ok(Outcome::Removed { released: ds.committed.into_values().collect() })
+    }
+
+    /// Discards the steps of `dataset` from `from` on (see [`Cmd::Remove`]); returns the
+    /// indexes of the committed ones. Refused while a step is begun and not ended.
+    fn truncate(&mut self, dataset: &str, from: u64) -> Result<Outcome, Error> {
+        let Some(ds) = self.datasets.get_mut(dataset) else { return Ok(Outcome::Removed { released: Vec::new() }) };
+        if let Some(step) = ds.pending.keys().chain(ds.prepared.keys()).min() {
+            return Err(Error::Conflict(format!(
+                "step {step} of '{dataset}' is begun and not ended (some writer ranks ended it, others not yet): end or \
+                 abort it (or wait until its writers are done, or their crash is noticed) before discarding steps from {from}"
+            )));
+        }
+        let released: Vec<Arc<StepIndex>> = ds.committed.split_off(&from).into_values().collect();
+        let forgotten = ds.released.split_off(&from);
+        ds.discarded.extend(released.iter().map(|i| i.step).chain(forgotten));
+        while ds.discarded.len() > RELEASED_KEPT {
+            ds.discarded.pop_first();
+        }
+        ds.committed_by.split_off(&from);
+        ds.aborted.split_off(&from);
+        ds.abort_reasons.split_off(&from);
+        for index in &released {
+            ds.claims.gone(index.step);
+        }
+        // Every step before `from` the mark covered stays drained.
+        ds.drained = ds.drained.and_then(|d| from.checked_sub(1).map(|before| d.min(before)));
+        Ok(Outcome::Removed { released })
     }
 
     fn encoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<Outcome, Error> {
@@ -1035,6 +1091,49 @@ pub(crate) mod tests {
             "a second finisher is told it is done"
         );
         assert_eq!(commit(&mut s, 0, "b", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "another session cannot");
+    }
+
+    fn step(s: &mut MetaState, step: u64, session: &str, keep_last: Option<u64>) {
+        add(s, step, 0, 1, session);
+        commit(s, step, session, keep_last);
+    }
+
+    #[test]
+    fn discarding_from_a_step_forgets_it_everywhere_and_a_new_session_writes_it_again() {
+        let mut s = MetaState::default();
+        for n in 0..6 {
+            step(&mut s, n, "a", Some(4));
+        }
+        s.apply(Cmd::Drained { dataset: "d".into(), step: 5 });
+        assert_eq!(s.steps("d"), vec![2, 3, 4, 5], "keep_last released 0 and 1");
+        let Outcome::Removed { released } = s.apply(Cmd::Remove { dataset: "d".into(), from: Some(1) }) else { panic!("removed") };
+        assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+        assert!(s.steps("d").is_empty());
+        assert_eq!(s.drained("d"), Some(0), "the mark moves back before the discarded steps");
+        assert_eq!(s.index("d", 3).unwrap_err().reason(), Some(cairn_core::Reason::Released), "a reader is told");
+        assert!(s.index("d", 3).unwrap_err().to_string().contains("discarded"));
+        assert_eq!(s.index("d", 1).unwrap_err().reason(), Some(cairn_core::Reason::Released), "released before, discarded now");
+        assert_eq!(s.index("d", 0).unwrap_err().reason(), Some(cairn_core::Reason::Released), "before `from`: still released");
+        assert_eq!(s.outcome("d", 3, "b"), ("unknown", None), "no commit record is left to confuse a new writer");
+        // A drain of a discarded step that finishes late is refused: its copy goes.
+        assert_eq!(s.apply(Cmd::Drained { dataset: "d".into(), step: 4 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        step(&mut s, 1, "b", None);
+        assert_eq!(s.steps("d"), vec![1]);
+        assert_eq!(s.outcome("d", 1, "b").0, "committed");
+        let Outcome::Removed { released } = s.apply(Cmd::Remove { dataset: "d".into(), from: Some(0) }) else { panic!("removed") };
+        assert_eq!(released.len(), 1);
+        assert_eq!(s.drained("d"), None);
+    }
+
+    #[test]
+    fn discarding_is_refused_while_a_step_is_begun_and_not_ended() {
+        let mut s = MetaState::default();
+        step(&mut s, 0, "a", None);
+        add(&mut s, 1, 0, 2, "a");
+        let e = s.apply(Cmd::Remove { dataset: "d".into(), from: Some(0) }).into_result().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Conflict);
+        assert!(e.to_string().contains("step 1 of 'd' is begun and not ended"), "{e}");
+        assert_eq!(s.steps("d"), vec![0]);
     }
 
     #[test]

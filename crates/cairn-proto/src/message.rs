@@ -530,10 +530,15 @@ pub enum Request {
     /// Forgets a committed step; its objects are freed.
     Release(Release),
     /// Forgets a dataset whole (`cairn rm`): every committed step (objects freed), its queue,
-    /// readers, claims, released steps and drained mark; answered with [`Response::Removed`].
+    /// readers, claims, released steps and drained mark; or with `from`, only its steps from
+    /// `from` on (`cairn rm --from-step`, `open("a", from_step=)`), their drained copies too;
+    /// answered with [`Response::Removed`].
     RemoveDataset {
         /// Dataset name.
         dataset: String,
+        /// The first step discarded (none: the dataset whole).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u64>,
     },
     /// Leases the lowest free committed step to `claimer` (see [`ClaimLease`]).
     Claim(ClaimLease),

@@ -39,6 +39,12 @@ fn config_json(path: Option<String>, overrides: Vec<(String, String)>) -> PyResu
     Ok(serde_json::to_string(&config(path, overrides)?).expect("configs serialize"))
 }
 
+/// Whether the job asks the application to stop (see `cairn_client::halt`).
+#[pyfunction]
+fn halt_requested() -> bool {
+    cairn_client::halt::requested()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -49,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<claims::PyRegistration>()?;
     m.add_class::<kv::PyKvStore>()?;
     m.add_function(wrap_pyfunction!(config_json, m)?)?;
+    m.add_function(wrap_pyfunction!(halt_requested, m)?)?;
     m.add_function(wrap_pyfunction!(codec::compress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;

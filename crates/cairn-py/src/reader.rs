@@ -64,6 +64,11 @@ impl PyReader {
         py.detach(|| self.inner.remove()).map_err(to_py)
     }
 
+    /// Discards the committed steps from `step` on, on every level; how many went.
+    fn discard_from(&self, py: Python<'_>, step: u64) -> PyResult<u64> {
+        py.detach(|| self.inner.discard_from(step)).map_err(to_py)
+    }
+
     /// Leases the lowest free committed step to `claimer` for `lease_s` seconds (one ask; see
     /// `Claimer`).
     fn claim(&self, py: Python<'_>, claimer: &str, lease_s: f64) -> PyResult<(Option<u64>, bool)> {

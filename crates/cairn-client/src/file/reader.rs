@@ -160,6 +160,15 @@ impl FileReader {
 /// Reads smaller than this stay on the calling thread (thread start-up would cost more).
 const PARALLEL_MIN_BYTES: usize = 8 << 20;
 
+impl FileReader {
+    /// Forgets the cached indexes of steps from `from` on (discarded: a new step of the same
+    /// number is other data).
+    pub(crate) fn forget_from(&self, from: u64) {
+        self.indexes.lock().unwrap().retain(|s, _| *s < from);
+        self.metas.lock().unwrap().retain(|s, _| *s < from);
+    }
+}
+
 impl ReadEngine for FileReader {
     fn steps(&self) -> Result<Vec<u64>> {
         consume::visible_steps(&self.layout)
@@ -189,6 +198,18 @@ impl ReadEngine for FileReader {
 
     fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
         self.layout.pending()
+    }
+
+    fn discard_from(&self, from: u64) -> Result<u64> {
+        if let Some((step, _)) = consume::in_flight(&self.layout)?.into_iter().find(|(s, _)| *s >= from) {
+            return Err(Error::Conflict(format!(
+                "step {step} of {} is being consumed (a consume-and-produce commit is in flight); wait for it, then \
+                 discard the steps from {from}",
+                self.layout.root.display()
+            )));
+        }
+        self.forget_from(from);
+        self.layout.discard_from(from)
     }
 
     fn release(&self, step: u64) -> Result<()> {

@@ -236,6 +236,15 @@ impl ReadEngine for Levels {
         self.memory.remove()
     }
 
+    fn discard_from(&self, from: u64) -> Result<u64> {
+        // The leader deletes the drained copies; this reader forgets what it cached of them.
+        let n = self.memory.discard_from(from)?;
+        if let Some(d) = self.disk.get() {
+            d.forget_from(from);
+        }
+        Ok(n)
+    }
+
     fn stream_at(&self, reader: &str, next: Option<u64>, leave: bool) -> Result<(Duration, Option<u64>)> {
         self.memory.stream_at(reader, next, leave)
     }

@@ -719,7 +719,17 @@ impl ReadEngine for StagingReader {
     }
 
     fn remove(&self) -> Result<u64> {
-        match self.cluster.coord(&Request::RemoveDataset { dataset: self.dataset.clone() })? {
+        match self.cluster.coord(&Request::RemoveDataset { dataset: self.dataset.clone(), from: None })? {
+            Response::Removed { steps } => Ok(steps),
+            other => Err(unexpected("remove_dataset", &other)),
+        }
+    }
+
+    fn discard_from(&self, from: u64) -> Result<u64> {
+        self.cache.lock().expect("cache lock").retain(|s, _| *s < from);
+        // The leader waits up to a minute for a drain of a discarded step in flight.
+        let req = Request::RemoveDataset { dataset: self.dataset.clone(), from: Some(from) };
+        match self.cluster.coord_waiting(&req, Duration::from_secs(70))? {
             Response::Removed { steps } => Ok(steps),
             other => Err(unexpected("remove_dataset", &other)),
         }

@@ -82,6 +82,9 @@ impl<E: crate::engine::ReadEngine> crate::engine::ReadEngine for Noted<E> {
     fn release(&self, step: u64) -> Result<()> {
         self.inner.release(step)
     }
+    fn discard_from(&self, from: u64) -> Result<u64> {
+        self.inner.discard_from(from)
+    }
     fn pending(&self) -> Result<Vec<(u64, u32, u32)>> {
         self.inner.pending()
     }

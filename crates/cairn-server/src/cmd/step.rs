@@ -22,7 +22,7 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
             }
             fragment.validate()
         }
-        Request::RemoveDataset { dataset } | Request::WaitDrained { dataset: Some(dataset), .. }
+        Request::RemoveDataset { dataset, .. } | Request::WaitDrained { dataset: Some(dataset), .. }
             if dataset.is_empty() || dataset.len() > MAX_KEY =>
         {
             Err(Error::InvalidArgument(format!("a dataset is named by 1 to {MAX_KEY} bytes")))
@@ -44,7 +44,7 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::EndStep { dataset, fragment, shares, keep_last } => ctl.commits.end_step(&dataset, fragment, shares, keep_last).await,
         Request::AbortStep(a) => ctl.commits.abort_step(&a.dataset, a.step, &a.session, &a.reason).await,
         Request::Release(r) => ctl.commits.release(&r.dataset, r.step).await,
-        Request::RemoveDataset { dataset } => ctl.commits.remove(&dataset).await,
+        Request::RemoveDataset { dataset, from } => ctl.commits.remove(&dataset, from, DISCARD_WAIT).await,
         Request::WaitStep { dataset, step, timeout_ms } => wait_step(ctl, &dataset, step, timeout_ms).await,
         Request::WaitDrained { dataset, step, timeout_ms } => {
             ctl.drain.wait(dataset.as_deref(), step, Duration::from_millis(timeout_ms).min(MAX_WAIT)).await
@@ -79,6 +79,10 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
 
 /// Longest wait one `wait_step` may ask for (a day); clients wait longer by asking again.
 const MAX_WAIT: Duration = Duration::from_secs(86_400);
+
+/// How long a discard of steps waits for a drain of one of them in flight (a drained step is
+/// one file per server; a minute covers gigabytes). The client waits as long, and a little more.
+pub const DISCARD_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits until `step` commits or the timeout passes.
 async fn wait_step(ctl: &Control, dataset: &str, step: u64, timeout_ms: u64) -> Result<Response> {

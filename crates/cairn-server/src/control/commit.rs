@@ -17,6 +17,7 @@ use cairn_proto::message::{PeerRequest, Request, Response, Share};
 use cairn_proto::ClusterView;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// How long a release of a step the drain still owes waits for it before it is refused.
 const RELEASE_WAITS_FOR_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
@@ -301,12 +302,19 @@ impl Commits {
         Ok(Response::Ok)
     }
 
-    /// Removes `dataset` whole (`cairn rm`, one control-plane command) and frees its objects.
-    pub async fn remove(&self, dataset: &str) -> Result<Response> {
-        let released = self.meta.remove(&self.gate.leader()?, dataset).await?;
+    /// Removes `dataset` whole (`cairn rm`, one control-plane command), or its steps from `from`
+    /// on with their drained copies (waiting up to `timeout` for a drain of one in flight), and
+    /// frees their objects.
+    pub async fn remove(&self, dataset: &str, from: Option<u64>, timeout: Duration) -> Result<Response> {
+        let released = self.meta.remove(&self.gate.leader()?, dataset, from).await?;
         for index in &released {
             self.told.corec.released(dataset, index.step);
             free(&self.state, dataset, index).await;
+        }
+        if let Some(from) = from {
+            // The drain level too, so a restart never reads a discarded step back from disk.
+            let drained = self.told.drain.discard(dataset, from, timeout).await?;
+            return Ok(Response::Removed { steps: (released.len() as u64).max(drained) });
         }
         Ok(Response::Removed { steps: released.len() as u64 })
     }

@@ -81,6 +81,25 @@ struct Progress {
     /// Running mean of the seconds between commits, and the last commit.
     period_s: Option<f64>,
     last_commit: Option<Instant>,
+    /// The step being written now: a discard of it waits until the write is over.
+    in_flight: Option<(String, u64)>,
+}
+
+/// Marks a step in flight for as long as it lives (also when the round is dropped midway).
+struct InFlight<'a>(&'a Drain);
+
+impl<'a> InFlight<'a> {
+    fn mark(drain: &'a Drain, dataset: &str, step: u64) -> InFlight<'a> {
+        lock(&drain.progress).in_flight = Some((dataset.to_string(), step));
+        InFlight(drain)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.progress).in_flight = None;
+        self.0.changes.send_modify(|n| *n += 1);
+    }
 }
 
 #[derive(Debug)]
@@ -183,6 +202,7 @@ impl Drain {
             return next.map_or(Next::Idle, |at| Next::After(at.saturating_duration_since(now)));
         };
         let started = Instant::now();
+        let _flight = InFlight::mark(self, &dataset, step);
         let attempt = {
             let mut p = lock(&self.progress);
             p.attempts += 1;
@@ -217,7 +237,8 @@ impl Drain {
                 self.changes.send_modify(|n| *n += 1);
                 Next::Again
             }
-            // Removed meanwhile (`cairn rm`): the step just written is no step of a dataset now.
+            // Removed or discarded meanwhile (`cairn rm`, a restart from an older step): the
+            // step just written is no step of the dataset now.
             Err(e) if e.kind() == cairn_core::ErrorKind::NotFound => {
                 if !d.found {
                     let _ = cairn_file::drain::remove_drained(&Layout::new(&spec.path, &dataset), step);
@@ -276,6 +297,40 @@ impl Drain {
             attempts: p.attempts,
             failed_attempt: newest.map_or(0, |f| f.attempt),
         }
+    }
+
+    /// After steps of `dataset` from `from` on were discarded: waits (up to `timeout`) for a
+    /// drain of one of them in flight, then removes their drained copies (newest first, so a
+    /// crash midway leaves a prefix); returns how many went. Nothing without a drain.
+    pub async fn discard(&self, dataset: &str, from: u64, timeout: Duration) -> Result<u64> {
+        let Some(spec) = &self.spec else { return Ok(0) };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.changes.subscribe();
+        loop {
+            let busy = lock(&self.progress).in_flight.clone().filter(|(d, s)| d == dataset && *s >= from);
+            let Some((_, step)) = busy else { break };
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return Err(Error::Unavailable(format!(
+                    "step {step} of '{dataset}' is still being drained after {timeout:?}; its steps from {from} were \
+                     discarded in memory, but their drained copies are kept: run the same command again"
+                )));
+            }
+        }
+        lock(&self.progress).failures.remove(dataset);
+        let layout = Layout::new(&spec.path, dataset);
+        blocking(move || {
+            let steps = match layout.steps() {
+                Ok(s) => s,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+                Err(e) => return Err(e),
+            };
+            let gone: Vec<u64> = steps.into_iter().filter(|s| *s >= from).rev().collect();
+            for step in &gone {
+                cairn_file::drain::remove_drained(&layout, *step)?;
+            }
+            Ok(gone.len() as u64)
+        })
+        .await
     }
 
     /// Waits until `step` of `dataset` (default: its newest committed step the cadence drains) is

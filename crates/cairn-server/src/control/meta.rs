@@ -201,9 +201,10 @@ impl Meta {
         Ok(index)
     }
 
-    /// Removes `dataset` whole; returns the indexes of the committed steps it had.
-    pub async fn remove(&self, log: &dyn MetaLog, dataset: &str) -> Result<Vec<Arc<StepIndex>>> {
-        let released = match self.batcher.propose(log, Cmd::Remove { dataset: dataset.to_string() }).await? {
+    /// Removes `dataset` whole, or its steps from `from` on; returns the indexes of the
+    /// committed steps that went.
+    pub async fn remove(&self, log: &dyn MetaLog, dataset: &str, from: Option<u64>) -> Result<Vec<Arc<StepIndex>>> {
+        let released = match self.batcher.propose(log, Cmd::Remove { dataset: dataset.to_string(), from }).await? {
             Outcome::Removed { released } => released,
             other => return Err(unexpected_outcome("remove", &other)),
         };

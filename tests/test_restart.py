@@ -1,0 +1,160 @@
+"""Restart as complete as SCR's (issue 56): a handle opened with mode "a" reads the committed
+steps it continues (both engines, on fewer ranks than wrote, from the drain after every server
+was SIGKILLed), and `from_step` goes back to an older step on every level (staging memory, its
+drained copies, the file engine's indexes), also from the shell (`cairn rm --from-step`)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cairn
+from cairn import cluster
+
+from .conftest import PY, ROOT
+from .test_drain import N, _field, _kill_all, _write
+
+
+def _state(step: int) -> np.ndarray:
+    """Per-step local state (particles), ragged by writer."""
+    return np.arange(5 + step, dtype="i8") * (step + 1)
+
+
+def _write_file(path: Path, name: str, steps: range, nranks: int = 2) -> None:
+    ws = [cairn.open(name, "w", engine="file", path=path, rank=r, nranks=nranks, session="first") for r in range(nranks)]
+    for w in ws:
+        w.define("t", "f8", (N, 32))
+        w.define("p", "i8", local=True)
+    rows = N // nranks
+    for s in steps:
+        for r, w in enumerate(ws):
+            with w.step(s):
+                w.put("t", _field(s)[r * rows:(r + 1) * rows], offset=(r * rows, 0))
+                w.put("p", _state(s) + r)
+    for w in ws:
+        w.close()
+
+
+def test_a_file_restart_reads_its_state_through_the_append_handle_on_fewer_ranks(tmp_path):
+    _write_file(tmp_path, "sim", range(3))
+    # The crashed run had 2 ranks; the restart has 1 and reads everything through its handle.
+    with cairn.open("sim", "a", engine="file", path=tmp_path, session="restart") as f:
+        assert f.next_step == 3 and f.steps() == [0, 1, 2]
+        last = f.next_step - 1
+        np.testing.assert_array_equal(f.get("t", step=last), _field(2))
+        np.testing.assert_array_equal(f["t"][last, 0:4], _field(2)[0:4])
+        np.testing.assert_array_equal(f.get_local("p", last, writer=1), _state(2) + 1)
+        assert set(f.variables()) == {"t", "p"} and len(f.blocks("t", last)) == 2
+        with f.step(f.next_step):
+            f.put("t", _field(3), offset=(0, 0))
+            f.put("p", _state(3))
+        # What this handle just committed is readable through it too.
+        assert f.steps() == [0, 1, 2, 3]
+        np.testing.assert_array_equal(f.get("t", step=3), _field(3))
+
+
+def test_a_staging_restart_after_every_server_was_killed_reads_from_the_drain_through_its_handle(tmp_path):
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "a.json", servers=3, memory="64MiB", redundancy=1, drain=drain)
+    try:
+        ws = _write(c.file, "sim", range(3))
+        assert ws[0].wait_drained(step=2, timeout=60)
+    finally:
+        _kill_all(c)
+    c2 = cluster.start(tmp_path / "b.json", servers=3, memory="64MiB", redundancy=1, drain=drain)
+    try:
+        # One rank (the crashed run had two) reads its state from the drain, then goes on.
+        with cairn.open("sim", "a", engine="staging", cluster=c2.file, session="restart") as f:
+            assert f.next_step == 3 and f.steps() == [0, 1, 2]
+            np.testing.assert_array_equal(f.get("t", step=f.next_step - 1), _field(2))
+            assert {b.level for b in f.blocks("t", 2)} == {"disk"}
+            with f.step(f.next_step):
+                f.put("t", _field(3), offset=(0, 0))
+            np.testing.assert_array_equal(f.get("t", step=3), _field(3))
+            assert f.steps() == [0, 1, 2, 3]
+    finally:
+        c2.stop()
+
+
+def test_from_step_discards_memory_and_drained_copies_and_the_rewritten_steps_drain(tmp_path):
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "a.json", servers=3, memory="64MiB", redundancy=1, drain=drain)
+    try:
+        ws = _write(c.file, "sim", range(6))
+        assert ws[0].wait_drained(step=5, timeout=60)
+        for w in ws:
+            w.close()
+        reader = cairn.open("sim", "r", engine="staging", cluster=c.file)
+        assert reader.get("t", 4) is not None
+        # Step 3 on was bad: back to it, on both levels.
+        f = cairn.open("sim", "a", engine="staging", cluster=c.file, session="again", from_step=3)
+        assert f.next_step == 3 and f.steps() == [0, 1, 2]
+        assert cairn.open("sim", "r", engine="file", path=drain).steps() == [0, 1, 2], "drained copies from 3 on are gone"
+        with pytest.raises(cairn.NotFoundError) as e:
+            reader.get("t", 4)
+        assert e.value.code == "released" and "discarded" in str(e.value)
+        # The rewritten steps carry other data, in memory and once drained.
+        for s in (3, 4):
+            with f.step(s):
+                f.put("t", -_field(s), offset=(0, 0))
+        assert f.wait_drained(step=4, timeout=60)
+        np.testing.assert_array_equal(reader.get("t", 4), -_field(4))
+        f.close()
+    finally:
+        _kill_all(c)
+    disk = cairn.open("sim", "r", engine="file", path=drain)
+    assert disk.steps() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(disk.get("t", 2), _field(2))
+    np.testing.assert_array_equal(disk.get("t", 4), -_field(4))
+
+
+def test_from_step_is_refused_while_a_step_is_begun_and_not_ended(tmp_path):
+    c = cluster.start(tmp_path / "a.json", servers=2, memory="64MiB", redundancy=0)
+    try:
+        ws = _write(c.file, "sim", range(2))
+        # Rank 0 ends step 2; rank 1 has not yet.
+        ws[0].begin_step(2)
+        ws[0].put("t", _field(2)[:N // 2], offset=(0, 0))
+        assert ws[0].end_step() is False
+        with pytest.raises(cairn.ConflictError, match=r"step 2 of 'sim' is begun and not ended"):
+            cairn.open("sim", "a", engine="staging", cluster=c.file, session="x", from_step=1)
+        assert cairn.open("sim", "r", engine="staging", cluster=c.file).steps() == [0, 1], "nothing was discarded"
+        with pytest.raises(cairn.InvalidArgumentError, match="mode 'a'"):
+            cairn.open("sim", "w", engine="staging", cluster=c.file, from_step=1)
+    finally:
+        c.stop()
+
+
+def _rm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "cairn", "rm", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_rm_from_step_goes_back_on_both_engines_from_the_shell(tmp_path):
+    _write_file(tmp_path, "sim", range(5))
+    out = _rm(str(tmp_path / "sim"), "--from-step", "2")
+    assert out.returncode == 0, out.stderr
+    assert "discarded the steps of sim from 2 on (3 committed steps); it continues at step 2, the newest kept is 1" in out.stdout
+    with cairn.open("sim", "a", engine="file", path=tmp_path, session="r2") as f:
+        assert f.next_step == 2 and f.steps() == [0, 1]
+        with f.step(2):
+            f.put("t", -_field(2), offset=(0, 0))
+            f.put("p", _state(2))
+    np.testing.assert_array_equal(cairn.open("sim", "r", engine="file", path=tmp_path).get("t", 2), -_field(2))
+
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "c.json", servers=2, memory="64MiB", redundancy=0, drain=drain)
+    try:
+        ws = _write(c.file, "st", range(4))
+        assert ws[0].wait_drained(step=3, timeout=60)
+        out = _rm("st", "--from-step", "1", "--cluster", str(c.file))
+        assert out.returncode == 0, out.stderr
+        assert "discarded the steps of st from 1 on in the cluster and its drain" in out.stdout
+        assert cairn.open("st", "r", engine="staging", cluster=c.file).steps() == [0]
+        assert cairn.open("st", "r", engine="file", path=drain).steps() == [0]
+        bad = _rm("st", "--from-step", "-1", "--cluster", str(c.file))
+        assert bad.returncode != 0 and "step" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        c.stop()
