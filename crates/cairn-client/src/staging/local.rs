@@ -208,18 +208,22 @@ impl LocalCluster {
         let entries = c.view().servers.clone();
         let mut waiting = Vec::new();
         let mut running = 0;
+        // A pid names a process of the host that recorded it: another node's server (a job's)
+        // is only asked to shut down, never killed by a number that means something else here.
+        let here = cairn_proto::cluster::hostname();
         for s in &entries {
+            let pid = if s.host == here { s.pid } else { 0 };
             match c.call(s.spec.id, &Request::Shutdown) {
-                Ok(Response::Ok) => waiting.push(s.pid),
+                Ok(Response::Ok) => waiting.push(pid),
                 _ => {
-                    running += u32::from(s.pid > 0 && alive(s.pid));
-                    kill(s.pid);
+                    running += u32::from(pid > 0 && alive(pid));
+                    kill(pid);
                 }
             }
         }
         running += waiting.len() as u32;
         let deadline = Instant::now() + timeout;
-        for pid in waiting {
+        for pid in waiting.into_iter().filter(|p| *p > 0) {
             while alive(pid) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
