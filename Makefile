@@ -4,21 +4,27 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MPIRUN := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
-.PHONY: help setup build demo test test-rust test-python install bench fuzz lint check clean
+.PHONY: help setup setup-demo build demo wheel test test-rust test-python install bench fuzz lint check clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-setup: ## install system packages, the venv and build everything (idempotent)
+setup: ## install system packages, the venv with the test and benchmark tools, and build everything (idempotent)
 	@scripts/setup.sh
+
+setup-demo: ## only what the demo needs: the venv with numpy, tqdm (mpi4py where mpicc is) and the extension; no apt
+	@scripts/setup_demo.sh
 
 build: ## rebuild the Python extension and the C library after code changes
 	$(VENV)/bin/maturin develop --release -q
 	cargo build --release -q -p cairn-capi -p cairn-server
 	scripts/build_c.sh
 
-demo: setup ## the main job: a local staging cluster; 4 MPI ranks write a 3-D field, 3 ranks read boxes back
+demo: setup-demo ## the main job: a local staging cluster; 4 ranks (MPI where mpirun is) write a 3-D field, 3 read boxes back
 	$(PY) -m cairn.demo
+
+wheel: ## make wheel [WHEELS=DIR]: a wheel (default target/wheels/) that pip installs without cargo, apt or root
+	@scripts/build_wheel.sh $(WHEELS)
 
 test: setup test-rust test-python ## run every test (what CI runs)
 
@@ -30,7 +36,7 @@ test-python: ## the Python package's module layers (layers.toml), then pytest: A
 	$(PY) scripts/python_layers.py
 	$(PY) -m pytest
 
-install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, the Fortran module, pkg-config and CMake files
+install: ## make install PREFIX=DIR: libcairn.so, cairn.h, cairn-server, the cairn command, the Fortran module, pkg-config and CMake files
 	scripts/install.sh $(or $(PREFIX),/usr/local)
 
 bench: setup ## benchmarks with same-run baselines; results in bench/results/

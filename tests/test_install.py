@@ -42,6 +42,31 @@ def test_install_lays_out_the_library_header_server_and_package_files(prefix):
         assert (prefix / "lib/libcairn_mpi_openmpi.so").exists()
 
 
+def test_install_puts_a_cairn_command_that_runs_the_installed_package(prefix, tmp_path):
+    """Issue 56: DIR/bin/cairn runs the package under DIR (not this checkout's) with the Python
+    named by $CAIRN_PYTHON (default python3 on PATH), and says what to install when that Python
+    lacks numpy or tqdm."""
+    cairn = str(prefix / "bin" / "cairn")
+    env = {**os.environ, "CAIRN_PYTHON": PY}
+    # PYTHONVERBOSE: Python names the file of every module it imports.
+    p = subprocess.run([cairn, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**env, "PYTHONVERBOSE": "1"})
+    assert p.returncode == 0 and "cluster" in p.stdout, p.stderr[-2000:]
+    assert f"{prefix}/lib/python" in p.stderr and f"{ROOT}/python/cairn" not in p.stderr
+    f = tmp_path / "cluster.json"
+    try:
+        check(subprocess.run([cairn, "cluster", "start", "--servers", "3", "--memory", "256MiB", "--file", str(f)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env))
+        assert "health: OK" in check(subprocess.run([cairn, "cluster", "status", "--file", str(f)], capture_output=True, text=True,
+                                                    timeout=60, cwd=tmp_path, env=env))
+    finally:
+        check(subprocess.run([cairn, "cluster", "stop", "--file", str(f)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                             env=env))
+    bare = tmp_path / "bare"
+    check(subprocess.run([PY, "-m", "venv", "--without-pip", str(bare)], capture_output=True, text=True, timeout=60))
+    p = subprocess.run([cairn, "--version"], capture_output=True, text=True, timeout=60, env={**env, "CAIRN_PYTHON": str(bare / "bin/python")})
+    assert p.returncode == 1 and "lacks numpy and tqdm" in p.stderr and "pip install numpy tqdm" in p.stderr, p.stderr
+
+
 def test_a_c_program_builds_with_pkg_config_and_runs_without_ld_library_path(prefix, tmp_path):
     if shutil.which("pkg-config") is None:
         pytest.skip("pkg-config is not installed (make setup installs it)")
