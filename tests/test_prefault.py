@@ -6,6 +6,7 @@ the server makes more, and what is read back is what was put."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -26,6 +27,17 @@ def _prefault(file) -> list[dict[str, int]]:
     return [s["prefault"] for s in json.loads(out)["servers"]]
 
 
+def _collapses() -> bool:
+    """Whether this kernel makes shared memory huge on MADV_COLLAPSE (as segment.rs's test asks)."""
+    release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            denied = "[deny]" in f.read()
+    except OSError:
+        return False
+    return release >= (6, 1) and not denied
+
+
 def _until(file, cond, within: float = 60.0) -> list[dict[str, int]]:
     """The servers' prefault rows once `cond` holds for them (re-read as the servers work)."""
     deadline = time.monotonic() + within
@@ -44,6 +56,10 @@ def test_servers_make_shared_memory_ready_and_same_node_puts_use_it(tmp_path):
         ready = lambda rows: all(r["ready_bytes"] == r["target_bytes"] == 64 * MiB for r in rows)  # noqa: E731
         rows = _until(file, ready)
         assert ready(rows), rows
+        # Made of huge pages where the kernel collapses shared memory (Linux >= 6.1, not denied).
+        assert all(0 <= r["huge_bytes"] <= r["ready_bytes"] for r in rows), rows
+        if _collapses():
+            assert all(r["huge_bytes"] > 0 for r in rows), f"MADV_COLLAPSE works here, yet no segment is huge: {rows}"
         a = np.random.default_rng(1).random(4 * MiB)  # 32 MiB: two 16 MiB objects per server
         with cairn.open("pf", "w", engine="staging", cluster=str(file), redundancy=0) as f:
             f.define("x", "f8", a.shape)
@@ -61,7 +77,7 @@ def test_servers_make_shared_memory_ready_and_same_node_puts_use_it(tmp_path):
 def test_prefault_zero_makes_nothing_ahead(tmp_path):
     c = cluster.start(tmp_path / "cluster.json", servers=1, memory="64MiB", prefault=0)
     try:
-        assert _prefault(c.file) == [{"ready_bytes": 0, "target_bytes": 0, "taken_bytes": 0}]
+        assert _prefault(c.file) == [{"ready_bytes": 0, "target_bytes": 0, "taken_bytes": 0, "huge_bytes": 0}]
     finally:
         c.stop()
 

@@ -71,7 +71,7 @@ def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None)
                      "objects": r["objects"], "replicas": r.get("replicas"), "shards": r.get("shards"),
                      # Shared memory made ready ahead of same-node writers ([staging] prefault).
                      "prefault": {"ready_bytes": r.get("prefault_ready"), "target_bytes": r.get("prefault_target"),
-                                  "taken_bytes": r.get("prefault_taken")}}
+                                  "taken_bytes": r.get("prefault_taken"), "huge_bytes": r.get("prefault_huge")}}
                     for r in rows],
         # The leader's recovery of lost servers' objects, so scripts can wait for it.
         "recovery": {"pending_objects": sum(r.get("recovery_pending") or 0 for r in rows),

@@ -766,6 +766,9 @@ pub struct ServerStatus {
     /// Bytes of shared segments made ahead of leases and ready (see `[staging] prefault`).
     #[serde(default)]
     pub prefault_ready: u64,
+    /// Bytes of them made of huge pages (the rest: small pages, where the kernel refused).
+    #[serde(default)]
+    pub prefault_huge: u64,
     /// Bytes of them the server aims to keep ready (lowered when its data needs the memory).
     #[serde(default)]
     pub prefault_target: u64,

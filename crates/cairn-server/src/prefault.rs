@@ -49,8 +49,9 @@ const BEFORE_JOBS_LOOK: Duration = Duration::from_millis(30);
 #[derive(Debug)]
 pub struct Fresh {
     segs: Mutex<HashMap<usize, Vec<Segment>>>,
-    /// Bytes in `segs`.
+    /// Bytes in `segs`, and those of them made of huge pages.
     ready: AtomicU64,
+    huge: AtomicU64,
     /// Bytes to keep ready.
     target: AtomicU64,
     /// Size of the next segment to make: the latest lease's, if at most [`MAX_CHUNK`].
@@ -70,6 +71,7 @@ impl Default for Fresh {
         Fresh {
             segs: Mutex::default(),
             ready: AtomicU64::new(0),
+            huge: AtomicU64::new(0),
             target: AtomicU64::new(0),
             chunk: AtomicUsize::new(FIRST_CHUNK),
             served: AtomicU64::new(0),
@@ -84,6 +86,12 @@ impl Fresh {
     /// Bytes ready, and bytes aimed for.
     pub fn progress(&self) -> (u64, u64) {
         (self.ready.load(Ordering::Acquire), self.target.load(Ordering::Acquire))
+    }
+
+    /// Bytes ready made of huge pages: what an operator checks when first puts run slow (this
+    /// kernel may refuse `MADV_COLLAPSE`, or have no free 2 MiB blocks).
+    pub fn huge(&self) -> u64 {
+        self.huge.load(Ordering::Acquire)
     }
 
     /// Bytes of fresh segments leases took since start.
@@ -120,6 +128,9 @@ impl Fresh {
         let seg = segs.get_mut(&size).and_then(Vec::pop)?;
         // Counted under the lock, so `ready` never goes below what the pool holds.
         self.ready.fetch_sub(size as u64, Ordering::AcqRel);
+        if seg.huge() {
+            self.huge.fetch_sub(size as u64, Ordering::AcqRel);
+        }
         drop(segs);
         self.served.fetch_add(size as u64, Ordering::AcqRel);
         self.taken.1.notify_one();
@@ -131,6 +142,9 @@ impl Fresh {
         let n = seg.len();
         let mut segs = lock(&self.segs);
         self.ready.fetch_add(n as u64, Ordering::AcqRel);
+        if seg.huge() {
+            self.huge.fetch_add(n as u64, Ordering::AcqRel);
+        }
         segs.entry(n).or_default().push(seg);
     }
 
@@ -143,6 +157,9 @@ impl Fresh {
             while *freed < bytes {
                 let Some(s) = v.pop() else { break };
                 *freed += s.len() as u64;
+                if s.huge() {
+                    self.huge.fetch_sub(s.len() as u64, Ordering::AcqRel);
+                }
                 gone.push(Memory::Shared(s));
             }
         }

@@ -34,6 +34,8 @@ pub struct Segment {
     len: usize,
     owner: u32,
     id: u64,
+    /// Made of huge pages ([`Segment::ahead`] where the kernel let it).
+    huge: bool,
 }
 
 /// Ids of segments: unique in this process's lifetime, so a reader's mapping named by one is
@@ -115,7 +117,7 @@ impl Segment {
             tracing::debug!(len, "a shared segment is made of small pages (MADV_COLLAPSE refused)");
         }
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Segment { fd, ptr, len, owner: u32::MAX, id })
+        Ok(Segment { fd, ptr, len, owner: u32::MAX, id, huge: made_huge })
     }
 
     /// This fresh segment cut to `len` (at most its size; the pages past it go back to the
@@ -147,6 +149,11 @@ impl Segment {
         }
         self.owner = owner;
         Ok(self)
+    }
+
+    /// Whether it is made of huge pages (a first mapping costs a fault per 2 MiB, not per 4 KiB).
+    pub fn huge(&self) -> bool {
+        self.huge
     }
 
     /// The user whose writers lease it (a lessee may keep a mapping, so it never goes to another).

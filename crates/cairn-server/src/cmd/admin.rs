@@ -75,6 +75,7 @@ fn status(ctl: &Control) -> Response {
             prefault_ready,
             prefault_target,
             prefault_taken: state.store.fresh().served(),
+            prefault_huge: state.store.fresh().huge(),
             recovery_degraded,
             voters,
             health,
