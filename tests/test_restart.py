@@ -158,3 +158,41 @@ def test_rm_from_step_goes_back_on_both_engines_from_the_shell(tmp_path):
         assert bad.returncode != 0 and "step" in bad.stderr and "Traceback" not in bad.stderr
     finally:
         c.stop()
+
+
+def test_ranks_started_apart_agree_on_from_step_and_a_stopped_cluster_discards_on_its_drain(tmp_path):
+    import threading
+
+    _write_file(tmp_path, "sim", range(5))
+    # Rank 1 opens first: it waits until rank 0 discarded, so both resume at step 2.
+    opened: dict[int, cairn.Writer] = {}
+
+    def rank(r: int) -> None:
+        opened[r] = cairn.open("sim", "a", engine="file", path=tmp_path, rank=r, nranks=2, session="back", from_step=2)
+
+    late = threading.Thread(target=rank, args=(1,))
+    late.start()
+    late.join(0.5)
+    assert late.is_alive(), "rank 1 waits for rank 0's discard"
+    rank(0)
+    late.join(30)
+    assert [opened[r].next_step for r in (0, 1)] == [2, 2]
+    for r in (0, 1):
+        with opened[r].step(2):
+            opened[r].put("t", -_field(2)[r * N // 2:(r + 1) * N // 2], offset=(r * N // 2, 0))
+            opened[r].put("p", _state(2))
+    for r in (0, 1):
+        opened[r].close()
+    np.testing.assert_array_equal(cairn.open("sim", "r", engine="file", path=tmp_path).get("t", 2), -_field(2))
+
+    # A stopped cluster keeps only its drain: the discard goes there.
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "s.json", servers=2, memory="64MiB", redundancy=0, drain=drain)
+    ws = _write(c.file, "st", range(3))
+    assert ws[0].wait_drained(step=2, timeout=60)
+    for w in ws:
+        w.close()
+    c.stop()
+    out = _rm("st", "--from-step", "1", "--cluster", str(c.file))
+    assert out.returncode == 0, out.stderr
+    assert cairn.open("st", "r", engine="file", path=drain).steps() == [0]
