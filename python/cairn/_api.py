@@ -178,12 +178,11 @@ _DISCARD_WAIT = 120.0
 def _discard_from(name: str, cfg: str | None, ov: list[tuple[str, str]], step: int, rank: int, comm: Any) -> None:
     """Rank 0 discards the committed steps of ``name`` from ``step`` on; the other ranks return
     once it did (told over ``comm``, else seen in the listing), so every rank resumes at ``step``."""
-    reader = _native.Reader(name, cfg, ov)
     if comm is not None:
         error = None
         if rank == 0:
             try:
-                reader.discard_from(step)
+                _native.Reader(name, cfg, ov).discard_from(step)
             except CairnError as e:
                 error = e
         failed = comm.bcast(None if error is None else f"{type(error).__name__}: {error}", root=0)
@@ -192,6 +191,7 @@ def _discard_from(name: str, cfg: str | None, ov: list[tuple[str, str]], step: i
         if failed is not None:
             raise ConflictError(f"rank 0 could not discard the steps of '{name}' from {step}: {failed}")
         return
+    reader = _native.Reader(name, cfg, ov)
     if rank == 0:
         reader.discard_from(step)
         return

@@ -258,6 +258,22 @@ pub fn remove_drained(layout: &Layout, step: u64) -> Result<()> {
     Ok(())
 }
 
+/// Removes the drained steps of `layout` from `from` on (a restart from an older step), newest
+/// first so a crash midway leaves a prefix, the same way beneath the drain folder; returns how
+/// many went (none when nothing of the dataset was drained).
+pub fn discard_drained(layout: &Layout, from: u64) -> Result<u64> {
+    let steps = match layout.steps() {
+        Ok(s) => s,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let gone: Vec<u64> = steps.into_iter().filter(|s| *s >= from).rev().collect();
+    for step in &gone {
+        remove_drained(layout, *step)?;
+    }
+    Ok(gone.len() as u64)
+}
+
 /// Whether `disk`, a step found on disk, is committed staging step `index` as drained by cluster
 /// `cluster`: the same cluster id and, block by block in order, the same staged objects (ids,
 /// boxes, crc32c). A step without an identity (drained by an older Cairn, or written by the

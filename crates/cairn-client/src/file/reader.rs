@@ -155,12 +155,7 @@ impl FileReader {
             handles.into_iter().try_for_each(|h| h.join().expect("reader threads do not panic"))
         })
     }
-}
 
-/// Reads smaller than this stay on the calling thread (thread start-up would cost more).
-const PARALLEL_MIN_BYTES: usize = 8 << 20;
-
-impl FileReader {
     /// Forgets the cached indexes of steps from `from` on (discarded: a new step of the same
     /// number is other data).
     pub(crate) fn forget_from(&self, from: u64) {
@@ -168,6 +163,9 @@ impl FileReader {
         self.metas.lock().unwrap().retain(|s, _| *s < from);
     }
 }
+
+/// Reads smaller than this stay on the calling thread (thread start-up would cost more).
+const PARALLEL_MIN_BYTES: usize = 8 << 20;
 
 impl ReadEngine for FileReader {
     fn steps(&self) -> Result<Vec<u64>> {

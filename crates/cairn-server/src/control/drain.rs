@@ -318,19 +318,7 @@ impl Drain {
         }
         lock(&self.progress).failures.remove(dataset);
         let layout = Layout::new(&spec.path, dataset);
-        blocking(move || {
-            let steps = match layout.steps() {
-                Ok(s) => s,
-                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
-                Err(e) => return Err(e),
-            };
-            let gone: Vec<u64> = steps.into_iter().filter(|s| *s >= from).rev().collect();
-            for step in &gone {
-                cairn_file::drain::remove_drained(&layout, *step)?;
-            }
-            Ok(gone.len() as u64)
-        })
-        .await
+        blocking(move || cairn_file::drain::discard_drained(&layout, from)).await
     }
 
     /// Waits until `step` of `dataset` (default: its newest committed step the cadence drains) is
