@@ -16,6 +16,7 @@ from cairn import cluster
 
 from .conftest import PY, ROOT
 from .test_drain import N, _field, _kill_all, _write
+from .test_staging import wait_for
 
 
 def _state(step: int) -> np.ndarray:
@@ -158,6 +159,48 @@ def test_rm_from_step_goes_back_on_both_engines_from_the_shell(tmp_path):
         assert bad.returncode != 0 and "step" in bad.stderr and "Traceback" not in bad.stderr
     finally:
         c.stop()
+
+
+FAILPOINT_SERVER = ROOT / "target" / "release" / "cairn-server-failpoints"
+
+
+@pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+def test_a_leader_killed_between_a_discard_and_its_drained_copies_leaves_them_to_the_next(tmp_path, monkeypatch):
+    """The discard is a log command, then the leader's removal of the drained copies: killed in
+    between (and its client gone too, so nobody retries), the next leader removes them, and the
+    rewritten steps drain as this cluster's, not refused as another run's."""
+    monkeypatch.setenv("CAIRN_FAILPOINTS", "discard.before_copies")
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "a.json", servers=3, memory="64MiB", redundancy=1, drain=drain, failure_timeout="1s",
+                      command=[str(FAILPOINT_SERVER)])
+    marker = cluster.entries_dir(c.file) / "failpoint-discard.before_copies"
+    try:
+        ws = _write(c.file, "sim", range(6))
+        assert ws[0].wait_drained(step=5, timeout=60)
+        for w in ws:
+            w.close()
+        rm = subprocess.Popen([PY, "-m", "cairn", "rm", "sim", "--from-step", "3", "--cluster", str(c.file)], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(marker.exists, "the leader to reach the fail point", 30)
+        rm.kill()
+        rm.wait(10)
+        assert sum(p.poll() is not None for p in c.procs) == 1, "the leader died after the discard's command"
+        wait_for(lambda: cairn.open("sim", "r", engine="file", path=drain).steps() == [0, 1, 2],
+                 "the next leader to remove the drained copies of steps 3 to 5", 60)
+        logs = "".join(p.read_text(errors="replace") for p in cluster.entries_dir(c.file).glob("server-*.log"))
+        assert "removed 3 drained copies of discarded steps of sim" in logs
+        f = cairn.open("sim", "a", engine="staging", cluster=c.file, session="again")
+        assert f.next_step == 3
+        for s in (3, 4):
+            with f.step(s):
+                f.put("t", -_field(s), offset=(0, 0))
+        assert f.wait_drained(step=4, timeout=60), "the rewritten steps drain"
+        f.close()
+    finally:
+        _kill_all(c)
+    disk = cairn.open("sim", "r", engine="file", path=drain)
+    assert disk.steps() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(disk.get("t", 4), -_field(4))
 
 
 def test_ranks_started_apart_agree_on_from_step_and_a_stopped_cluster_discards_on_its_drain(tmp_path):

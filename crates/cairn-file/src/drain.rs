@@ -262,12 +262,22 @@ pub fn remove_drained(layout: &Layout, step: u64) -> Result<()> {
 /// first so a crash midway leaves a prefix, the same way beneath the drain folder; returns how
 /// many went (none when nothing of the dataset was drained).
 pub fn discard_drained(layout: &Layout, from: u64) -> Result<u64> {
+    remove_drained_where(layout, |s| s >= from)
+}
+
+/// Removes those of drained steps `steps` of `layout` that are on disk (a discard a killed
+/// leader left half done), newest first; returns how many went.
+pub fn discard_steps(layout: &Layout, steps: &[u64]) -> Result<u64> {
+    remove_drained_where(layout, |s| steps.binary_search(&s).is_ok())
+}
+
+fn remove_drained_where(layout: &Layout, gone: impl Fn(u64) -> bool) -> Result<u64> {
     let steps = match layout.steps() {
         Ok(s) => s,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
-    let gone: Vec<u64> = steps.into_iter().filter(|s| *s >= from).rev().collect();
+    let gone: Vec<u64> = steps.into_iter().filter(|s| gone(*s)).rev().collect();
     for step in &gone {
         remove_drained(layout, *step)?;
     }

@@ -671,6 +671,8 @@ impl MetaState {
         let p = ds.take_prepared(step, session).expect("checked above");
         ds.committed.insert(step, p.index);
         ds.committed_by.insert(step, session.to_string());
+        // Written again after a discard: its new drained copy is no discarded step's.
+        ds.discarded.remove(&step);
         // Other sessions' fragments of this step (a crashed run) can never complete now.
         ds.pending.remove(&step);
         ds.prepared.remove(&step);
@@ -980,6 +982,16 @@ impl MetaState {
         ds.committed.range(after..).filter(|(s, _)| s.is_multiple_of(every.max(1))).map(|(s, i)| (*s, i.clone())).collect()
     }
 
+    /// Per dataset, the steps discarded by a restart from an older step and not written again
+    /// since: a new leader removes drained copies of them that a killed one left.
+    pub fn discarded(&self) -> Vec<(String, Vec<u64>)> {
+        self.datasets
+            .iter()
+            .map(|(n, d)| (n.clone(), d.discarded.iter().copied().filter(|s| d.was_discarded(*s)).collect::<Vec<_>>()))
+            .filter(|(_, steps)| !steps.is_empty())
+            .collect()
+    }
+
     /// The `NotFound` error of `step` of `dataset` if it was committed and released.
     pub fn released(&self, dataset: &str, step: u64) -> Option<Error> {
         let ds = self.datasets.get(dataset)?;
@@ -1117,9 +1129,14 @@ pub(crate) mod tests {
         assert_eq!(s.outcome("d", 3, "b"), ("unknown", None), "no commit record is left to confuse a new writer");
         // A drain of a discarded step that finishes late is refused: its copy goes.
         assert_eq!(s.apply(Cmd::Drained { dataset: "d".into(), step: 4 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(s.discarded(), vec![("d".to_string(), vec![1, 2, 3, 4, 5])], "what a new leader sweeps from the drain");
         step(&mut s, 1, "b", None);
         assert_eq!(s.steps("d"), vec![1]);
         assert_eq!(s.outcome("d", 1, "b").0, "committed");
+        s.apply(Cmd::Release(Release { dataset: "d".into(), step: 1 }));
+        assert_eq!(s.discarded(), vec![("d".to_string(), vec![2, 3, 4, 5])], "written again, then released: no discarded step");
+        assert!(!s.index("d", 1).unwrap_err().to_string().contains("discarded"));
+        step(&mut s, 1, "c", None);
         let Outcome::Removed { released } = s.apply(Cmd::Remove { dataset: "d".into(), from: Some(0) }) else { panic!("removed") };
         assert_eq!(released.len(), 1);
         assert_eq!(s.drained("d"), None);

@@ -312,7 +312,9 @@ impl Commits {
             free(&self.state, dataset, index).await;
         }
         if let Some(from) = from {
-            // The drain level too, so a restart never reads a discarded step back from disk.
+            crate::failpoint::hit("discard.before_copies");
+            // The drain level too, so a restart never reads a discarded step back from disk (a
+            // leader killed before this line leaves it to the next one: `Drain::sweep`).
             let drained = self.told.drain.discard(dataset, from, timeout).await?;
             return Ok(Response::Removed { steps: (released.len() as u64).max(drained) });
         }

@@ -36,6 +36,7 @@ use cairn_proto::message::{DrainStatus, Response};
 use cairn_proto::ClusterView;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -66,6 +67,9 @@ pub struct Drain {
     progress: Mutex<Progress>,
     /// Bumped whenever a step is drained or the drain's error changes; waiters watch it.
     changes: watch::Sender<u64>,
+    /// Set when this server starts to lead: its first round removes drained copies of discarded
+    /// steps that a leader killed midway through a discard left.
+    sweep_due: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -124,7 +128,17 @@ impl Progress {
 impl Drain {
     /// The drain of the server with `state` (none when `spec` is none).
     pub fn new(state: Arc<State>, gate: Arc<Gate>, meta: Arc<Meta>, corec: Arc<Corec>, spec: Option<DrainSpec>) -> Drain {
-        Drain { state, gate, meta, corec, spec, worker: Worker::default(), progress: Mutex::default(), changes: watch::channel(0).0 }
+        Drain {
+            state,
+            gate,
+            meta,
+            corec,
+            spec,
+            worker: Worker::default(),
+            progress: Mutex::default(),
+            changes: watch::channel(0).0,
+            sweep_due: AtomicBool::new(false),
+        }
     }
 
     /// The cadence the leader passes with each commit, so `keep_last` holds the steps it names
@@ -171,6 +185,13 @@ impl Drain {
         self.resume();
     }
 
+    /// Starts the drain when this server starts to lead (once per term), first sweeping what a
+    /// previous leader's discard left.
+    pub fn lead(self: &Arc<Self>) {
+        self.sweep_due.store(true, Ordering::Relaxed);
+        self.resume();
+    }
+
     /// Starts (or wakes) the drain: at each commit, and when this server starts to lead.
     pub fn resume(self: &Arc<Self>) {
         if self.spec.is_none() {
@@ -187,6 +208,13 @@ impl Drain {
     /// waiting for a retry, if this server leads.
     async fn round(self: &Arc<Self>) -> Next {
         let (Some(spec), Ok(log)) = (&self.spec, &self.gate.leader()) else { return Next::Idle };
+        if self.sweep_due.swap(false, Ordering::Relaxed) {
+            if let Err(e) = self.sweep(&spec.path, log).await {
+                tracing::warn!(server = self.state.id, "removing drained copies of discarded steps: {e}");
+                self.sweep_due.store(true, Ordering::Relaxed);
+                return Next::After(RETRY);
+            }
+        }
         let every = self.every().unwrap_or(1);
         let owed = query(log, |s| {
             s.datasets().into_iter().filter_map(|d| s.owed(&d, every).into_iter().next().map(|o| (d, o))).collect::<Vec<_>>()
@@ -297,6 +325,23 @@ impl Drain {
             attempts: p.attempts,
             failed_attempt: newest.map_or(0, |f| f.attempt),
         }
+    }
+
+    /// Removes the drained copies of every step the log remembers as discarded (and not written
+    /// again): a leader killed between a discard's command and its removal of the copies left
+    /// them, where a staging reader falling back to disk would find them and a rewrite's drain
+    /// would refuse them as another run's. Runs in the drain's own worker, so no drain of this
+    /// server writes meanwhile.
+    async fn sweep(&self, path: &Path, log: &dyn MetaLog) -> Result<()> {
+        let discarded = query(log, |s| s.discarded());
+        for (dataset, steps) in discarded {
+            let layout = Layout::new(path, &dataset);
+            let gone = blocking(move || cairn_file::drain::discard_steps(&layout, &steps)).await?;
+            if gone > 0 {
+                tracing::info!(server = self.state.id, "removed {gone} drained copies of discarded steps of {dataset}");
+            }
+        }
+        Ok(())
     }
 
     /// After steps of `dataset` from `from` on were discarded: waits (up to `timeout`) for a

@@ -245,7 +245,7 @@ impl Control {
                 // Once per term: recovery a previous leader left under way.
                 if !resumed {
                     self.recovery.resume();
-                    self.drain.resume();
+                    self.drain.lead();
                     resumed = true;
                 }
             }
