@@ -7,6 +7,12 @@ memory is recycled (warm). Readers get every kept step with the natural ``f.get(
 run: as many numpy copies in parallel as writers or readers, into a reused buffer (memcpy) and
 into a new array each time (``a.copy()``, which pays the same page faults a new array does).
 Each time is the best of ``--repeat`` runs.
+
+Where a cold get's time goes: a second fresh reader process gets the same steps into an ``out``
+array it touched beforehand (``get_first_out``: Cairn's part of a first get, its mappings of the
+server's segments included), and the first ``a.copy()`` of a fresh process (``copy_new_first``)
+is what a new array's memory costs this machine the first time (on this VM, memory the host took
+back after a process freed it is faulted in again at ~2 ms per MiB).
 """
 
 from __future__ import annotations
@@ -54,16 +60,17 @@ def _writer(cl: str, shape, rank: int, nw: int, barrier, q) -> None:
     q.put(times)
 
 
-def _reader(cl: str, shape, rank: int, nw: int, barrier, q) -> None:
+def _reader(cl: str, shape, rank: int, nw: int, into: bool, barrier, q) -> None:
     x0, x1 = _slab(shape[0], rank, nw)
     f = cairn.open("first", "r", engine="staging", cluster=cl)
     steps = f.steps()
     off, cnt = (x0,) + (0,) * (len(shape) - 1), (x1 - x0, *shape[1:])
+    out = np.ones(cnt) if into else None  # touched: only Cairn's part of a first get is timed
     barrier.wait()
     times = []
     for s in steps * 2:  # first gets, then the same steps again
         t = time.perf_counter()
-        f.get("x", s, off, cnt)
+        f.get("x", s, off, cnt, out=out)
         times.append(time.perf_counter() - t)
     q.put(times)
 
@@ -97,19 +104,20 @@ def measure(mib: int, tmp: str, repeat: int = 2) -> list[dict[str, Any]]:
     for dims, shape in (("1-D", (n,)), ("3-D", (max(2, n // (256 * 256)), 256, 256))):
         for servers in (1, 2):
             for nw in (1, 2):
-                put = get = mem = new = None
+                put = get = into = mem = new = None
                 for _ in range(repeat):
                     c = cluster.start(os.path.join(tmp, "first.json"), servers=servers,
                                       memory=f"{(4 * mib) // servers + 512}MiB", redundancy=0)
                     try:
                         time.sleep(COLD_DELAY)
                         put = best(put, _run(_writer, lambda r: (str(c.file), shape, r, nw), nw))
-                        get = best(get, _run(_reader, lambda r: (str(c.file), shape, r, nw), nw))
+                        get = best(get, _run(_reader, lambda r: (str(c.file), shape, r, nw, False), nw))
+                        into = best(into, _run(_reader, lambda r: (str(c.file), shape, r, nw, True), nw))
                     finally:
                         c.stop()
                     mem = best(mem, _run(_copies, lambda r: (_data(shape, r, nw), False), nw))
                     new = best(new, _run(_copies, lambda r: (_data(shape, r, nw), True), nw))
-                assert put and get and mem and new
+                assert put and get and into and mem and new
                 mb = n * 8 / 1e6
                 cold_put, warm_put = np.mean(put[:COLD_STEPS]), np.median(put[-WARM_STEPS:])
                 cold_get, warm_get = np.mean(get[: len(get) // 2]), np.median(get[len(get) // 2:])
@@ -120,11 +128,15 @@ def measure(mib: int, tmp: str, repeat: int = 2) -> list[dict[str, Any]]:
                              "memcpy_MBps": mb / memcpy, "copy_new_MBps": mb / copy_new,
                              "put_cold_vs_memcpy": memcpy / cold_put, "put_warm_vs_memcpy": memcpy / warm_put,
                              "get_cold_vs_memcpy": memcpy / cold_get, "get_warm_vs_memcpy": memcpy / warm_get,
-                             "get_warm_vs_copy_new": copy_new / warm_get})
+                             "get_warm_vs_copy_new": copy_new / warm_get,
+                             "get_first_MBps": mb / get[0], "get_first_out_MBps": mb / into[0],
+                             "copy_new_first_MBps": mb / new[0], "get_first_vs_copy_new_first": new[0] / get[0],
+                             "get_first_out_vs_warm": warm_get / into[0]})
     return rows
 
 
 #: The columns printed.
 COLUMNS = ["shape", "servers", "procs", "put_cold_MBps", "put_warm_MBps", "get_cold_MBps", "get_warm_MBps", "memcpy_MBps",
            "copy_new_MBps", "put_cold_vs_memcpy", "put_warm_vs_memcpy", "get_cold_vs_memcpy", "get_warm_vs_memcpy",
-           "get_warm_vs_copy_new"]
+           "get_warm_vs_copy_new", "get_first_MBps", "get_first_out_MBps", "copy_new_first_MBps", "get_first_vs_copy_new_first",
+           "get_first_out_vs_warm"]
