@@ -220,3 +220,60 @@ def test_a_rank_that_cannot_open_makes_every_rank_fail_not_wait(tmp_path):
     """)
     out = check(mpirun(4, PY, "-c", script, str(tmp_path), timeout=60)).strip()
     assert out == ";".join(["unavailable"] * 4), out
+
+
+# argv: path, aggregation, steps, silent rank (traces nothing; -1: none)
+TRACER = textwrap.dedent("""
+    import sys, numpy as np, cairn
+    from mpi4py import MPI
+    from cairn import _mpi
+    comm = MPI.COMM_WORLD
+    path, agg, steps, silent = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    sends = [0]
+    real = _mpi.Exchange.send
+    def counted(self, *a):
+        sends[0] += 1
+        return real(self, *a)
+    _mpi.Exchange.send = counted
+    with cairn.open("tr", "w", engine="file", path=path, comm=comm, aggregation=agg, aggregators=2, trace_flush=5) as f:
+        f.define("x", dtype="f8", shape=(comm.size, 4))
+        f.define("e", dtype="f8", local=True)
+        for s in range(steps):
+            with f.step(s):
+                f.put("x", np.full((1, 4), s + comm.rank / 10), offset=(comm.rank, 0))
+                if comm.rank != silent:
+                    f.trace("e", np.arange(3 + comm.rank, dtype="f8") + 100 * s)
+    with open(f"{path}/sends-{comm.rank}", "w") as out:  # not stdout: mpirun interleaves ranks' lines
+        out.write(str(sends[0]))
+""")
+
+
+@pytest.mark.parametrize("aggregation", ["send", "offsets"])
+def test_a_trace_flush_ends_its_held_steps_in_one_exchange(tmp_path, aggregation):
+    """Ranks 0-1 and 2-3 are the groups; rank 1 is a member. With trace_flush 5 it ends 4 held
+    steps and the flush step at each flush: one batch message for the 4 (plus, with `send`, a data
+    message per step), not one exchange per step."""
+    check(mpirun(4, PY, "-c", TRACER, str(tmp_path), aggregation, "20", "-1"))
+    sends = {r: int((tmp_path / f"sends-{r}").read_text()) for r in range(4)}
+    per_flush = 2 if aggregation == "offsets" else 2 + 5
+    assert sends[1] == 4 * per_flush, sends
+    with cairn.open("tr", "r", engine="file", path=str(tmp_path)) as f:
+        assert f.steps() == list(range(20))
+        for s in range(20):
+            np.testing.assert_array_equal(f.get("x", s)[:, 0], s + np.arange(4) / 10)
+            for w in range(4):
+                np.testing.assert_array_equal(f.get_trace("e", s, w), np.arange(3 + w, dtype="f8") + 100 * s)
+
+
+@pytest.mark.parametrize("aggregation", ["send", "offsets"])
+def test_a_rank_that_traces_nothing_ends_each_step_while_the_others_hold_theirs(tmp_path, aggregation):
+    """Rank 3 holds no step (it has no records) and ends each at once; the others hold 4 per
+    flush. Each exchange commits the steps every rank sent, and every step commits whole."""
+    check(mpirun(4, PY, "-c", TRACER, str(tmp_path), aggregation, "12", "3"))
+    with cairn.open("tr", "r", engine="file", path=str(tmp_path)) as f:
+        assert f.steps() == list(range(12))
+        for s in range(12):
+            np.testing.assert_array_equal(f.get("x", s)[:, 0], s + np.arange(4) / 10)
+            for w in range(3):
+                np.testing.assert_array_equal(f.get_trace("e", s, w), np.arange(3 + w, dtype="f8") + 100 * s)
+            assert f.get_trace("e", s, 3).size == 0

@@ -69,6 +69,20 @@ pub trait WriteEngine: Send {
     /// committed it. Several steps may be unpublished at once (steps held for a trace flush);
     /// they are published in order.
     fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool>;
+    /// Publishes the parts of several steps in order, as [`WriteEngine::end_step`] one after
+    /// another would (the steps a trace flush held); the collective file writer ends them all in
+    /// one exchange. Returns whether this call committed each step ended, and the error that
+    /// stopped the others (which stay unpublished, for a retry).
+    fn end_steps(&mut self, steps: &[(u64, &StepPart)]) -> (Vec<bool>, Option<Error>) {
+        let mut ended = Vec::with_capacity(steps.len());
+        for (step, part) in steps {
+            match self.end_step(*step, part) {
+                Ok(committed) => ended.push(committed),
+                Err(e) => return (ended, Some(e)),
+            }
+        }
+        (ended, None)
+    }
     /// Records that this rank closed the dataset; once every rank did, streams and claims of it
     /// end after its last step.
     fn close(&mut self) -> Result<()> {

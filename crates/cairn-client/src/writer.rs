@@ -580,15 +580,20 @@ impl Writer {
             }
             self.traces.clear();
         }
-        // In order; a step that fails to publish stays held with those after it, for a retry.
-        while let Some((step, part)) = self.held.first() {
-            let step = *step;
-            if !self.engine.end_step(step, part)? {
-                self.unsettled.insert(step);
-            }
-            self.held.remove(0);
+        // In order, in one exchange where the engine can; a step that fails to publish stays
+        // held with those after it, for a retry.
+        if self.held.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let held = std::mem::take(&mut self.held);
+        let (ended, error) = self.engine.end_steps(&held.iter().map(|(s, p)| (*s, p)).collect::<Vec<_>>());
+        for ((step, _), committed) in held.iter().zip(&ended) {
+            if !committed {
+                self.unsettled.insert(*step);
+            }
+        }
+        self.held = held.into_iter().skip(ended.len()).collect();
+        error.map_or(Ok(()), Err)
     }
 
     /// Abandons the open step (its blocks and trace records never become visible); a no-op

@@ -5,7 +5,12 @@
 //! operations instead of O(N): mcrEngine's N→M aggregation and ADIOS2 BP5's aggregators with
 //! gathered metadata. Messages go through an [`Exchange`] the caller supplies (mpi4py in Python);
 //! `end_step` is collective: every rank of the communicator calls it, and it returns once the
-//! step is committed (or with the same error on every rank).
+//! step is committed (or with the same error on every rank). The steps a trace flush held end in
+//! one exchange (`end_steps`): one message up and one down per rank, one flush of each group's
+//! file, then rank 0 commits them in order. Ranks may group their steps differently (one holds
+//! steps for its trace records while another, with none, ends each at once), but all end the
+//! same steps in the same order: each exchange commits the steps every rank sent (the common
+//! prefix of their lists), and a rank with more goes on with the rest.
 
 use super::writer::commit_index;
 use super::{claim, consume};
@@ -126,11 +131,54 @@ impl Groups {
     }
 }
 
-/// What travels up the tree: the fragments gathered so far, or why the step failed.
+/// One step as it travels up the tree: its fragments gathered so far, or why it failed.
 #[derive(Serialize, Deserialize)]
 enum Up {
     Frags(Vec<Fragment>),
     Failed(Failure),
+}
+
+/// What a rank sends up for the steps it ends together: their numbers and each one's [`Up`]
+/// (after merging, the steps every rank of the subtree sent).
+#[derive(Serialize, Deserialize)]
+struct Batch {
+    steps: Vec<u64>,
+    ups: Vec<Up>,
+}
+
+/// What travels down: how many of the steps committed (in order), and why the next did not.
+#[derive(Serialize, Deserialize)]
+struct Outcome {
+    committed: usize,
+    failure: Option<Failure>,
+}
+
+impl Batch {
+    /// Takes in a batch from another rank: its fragments join ours, its failures win, and only
+    /// the steps both sent stay (the others are ended in a later exchange).
+    fn merge(&mut self, from: Batch) {
+        let common = self.steps.iter().zip(&from.steps).take_while(|(a, b)| a == b).count();
+        self.steps.truncate(common);
+        self.ups.truncate(common);
+        for (mine, theirs) in self.ups.iter_mut().zip(from.ups) {
+            match (mine, theirs) {
+                (Up::Failed(_), _) => {}
+                (mine, Up::Failed(f)) => *mine = Up::Failed(f),
+                (Up::Frags(a), Up::Frags(b)) => a.extend(b),
+            }
+        }
+    }
+
+    /// Fails every step not failed yet with `e` (a write or flush of the group's file).
+    fn fail_all(&mut self, e: &Error) {
+        for up in self.ups.iter_mut().filter(|u| matches!(u, Up::Frags(_))) {
+            *up = Up::Failed(Failure::of(e));
+        }
+    }
+
+    fn any_left(&self) -> bool {
+        self.ups.iter().any(|u| matches!(u, Up::Frags(_)))
+    }
 }
 
 /// An error that crossed ranks.
@@ -312,46 +360,46 @@ impl AggWriter {
         Ok(())
     }
 
-    /// A member's part of a step: its blocks reach the group's file, its fragment the
-    /// aggregator; then it waits for the outcome.
-    fn member_step(&mut self, frag: Fragment, bytes: &[u8]) -> Result<bool> {
+    /// A member's part of the steps `batch` ends: their blocks reach the group's file, their
+    /// fragments the aggregator; then it waits for the outcome.
+    fn member_steps(&mut self, mut batch: Batch, bytes: &[&[u8]]) -> Result<Outcome> {
         let agg = self.groups.aggregator(self.rank);
         match self.mode {
             Mode::Send => {
-                // Two messages, so the blocks go from where the puts left them, uncopied.
-                self.ex.send(agg, &to_msg(&frag))?;
-                self.ex.send(agg, bytes)?;
+                // The fragments, then each step's blocks as a message of its own: sent from where
+                // the puts left them, uncopied.
+                self.ex.send(agg, &to_msg(&batch))?;
+                for b in bytes {
+                    self.ex.send(agg, b)?;
+                }
             }
             // The blocks are in the group's file since their puts.
             Mode::Offsets => {
-                let step = frag.step;
-                let flushed =
-                    if self.member_fsync { self.data().sync_data().ctx(|| format!("flushing {}", self.data_rel)) } else { Ok(()) };
-                let up = match (self.failed.get(&step), flushed) {
-                    (Some(f), _) => Up::Failed(f.clone()),
-                    (None, Err(e)) => Up::Failed(Failure::of(&e)),
-                    (None, Ok(())) => Up::Frags(vec![frag]),
-                };
-                self.ex.send(agg, &to_msg(&up))?
+                if self.member_fsync && batch.any_left() {
+                    if let Err(e) = self.data().sync_data().ctx(|| format!("flushing {}", self.data_rel)) {
+                        batch.fail_all(&e);
+                    }
+                }
+                self.ex.send(agg, &to_msg(&batch))?
             }
         }
-        self.outcome(agg).map(|()| false)
+        self.outcome(agg)
     }
 
-    /// Waits for the outcome of the step from `from`, and passes it on to this rank's children
+    /// Waits for the outcome of the steps from `from`, and passes it on to this rank's children
     /// in the tree and (aggregators) to its members.
-    fn outcome(&mut self, from: u32) -> Result<()> {
+    fn outcome(&mut self, from: u32) -> Result<Outcome> {
         let msg = self.ex.recv(from)?;
-        let failed: Option<Failure> = from_msg((*msg).as_ref(), from, "step outcome")?;
-        self.pass_down(&failed)?;
-        failed.map_or(Ok(()), |f| Err(Error::from_kind(f.kind, f.message)))
+        let outcome: Outcome = from_msg((*msg).as_ref(), from, "steps' outcome")?;
+        self.pass_down(&outcome)?;
+        Ok(outcome)
     }
 
-    fn pass_down(&self, failed: &Option<Failure>) -> Result<()> {
+    fn pass_down(&self, outcome: &Outcome) -> Result<()> {
         if self.groups.aggregator(self.rank) != self.rank {
             return Ok(());
         }
-        let msg = to_msg(failed);
+        let msg = to_msg(outcome);
         for to in self.groups.tree(self.rank).1.into_iter().chain(self.groups.members(self.rank)) {
             self.ex.send(to, &msg)?;
         }
@@ -359,72 +407,127 @@ impl AggWriter {
     }
 
     /// An aggregator's part: its group's blocks into the group's file, the group's fragments
-    /// and its subtree's up the tree; rank 0 merges and commits.
-    fn aggregator_step(&mut self, mut frag: Fragment, bytes: &[u8]) -> Result<bool> {
+    /// and its subtree's up the tree; rank 0 commits the steps in order.
+    fn aggregator_steps(&mut self, mut batch: Batch, bytes: &[&[u8]]) -> Result<Outcome> {
         let members = self.groups.members(self.rank);
-        let mut frags = Vec::with_capacity(1 + members.len());
-        let mut failed: Option<Failure> = None;
         match self.mode {
             Mode::Send => {
                 let base = self.end;
-                rebase(&mut frag, &self.data_rel, base);
-                frags.push(frag);
-                let mut received = Vec::with_capacity(members.len());
-                let mut at = base + bytes.len() as u64;
-                for &m in &members {
-                    let mut f: Fragment = from_msg((*self.ex.recv(m)?).as_ref(), m, "step fragment")?;
-                    let data = self.ex.recv(m)?;
-                    rebase(&mut f, &self.data_rel, at);
-                    at += (*data).as_ref().len() as u64;
-                    received.push(data);
-                    frags.push(f);
+                let mut at = base;
+                for (up, b) in batch.ups.iter_mut().zip(bytes) {
+                    if let Up::Frags(fs) = up {
+                        fs.iter_mut().for_each(|f| rebase(f, &self.data_rel, at));
+                    }
+                    at += b.len() as u64;
                 }
-                let pieces: Vec<&[u8]> = std::iter::once(bytes).chain(received.iter().map(|d| (**d).as_ref())).collect();
+                let mut received = Vec::new();
+                for &m in &members {
+                    let mut theirs: Batch = from_msg((*self.ex.recv(m)?).as_ref(), m, "step fragments")?;
+                    // As many messages as steps it ended, whichever those are.
+                    for up in &mut theirs.ups {
+                        let data = self.ex.recv(m)?;
+                        if let Up::Frags(fs) = up {
+                            fs.iter_mut().for_each(|f| rebase(f, &self.data_rel, at));
+                        }
+                        at += (*data).as_ref().len() as u64;
+                        received.push(data);
+                    }
+                    batch.merge(theirs);
+                }
+                let pieces: Vec<&[u8]> = bytes.iter().copied().chain(received.iter().map(|d| (**d).as_ref())).collect();
                 if let Err(e) = self.write_at(base, &pieces) {
-                    failed = Some(Failure::of(&e));
+                    batch.fail_all(&e);
                 }
                 // Also after a failed write: its bytes, whole or partial, are dead space.
                 self.end = at;
             }
             Mode::Offsets => {
-                failed = self.failed.get(&frag.step).cloned();
-                frags.push(frag);
                 for &m in &members {
-                    match from_msg::<Up>((*self.ex.recv(m)?).as_ref(), m, "step fragment")? {
-                        Up::Frags(f) => frags.extend(f),
-                        Up::Failed(f) => failed = failed.or(Some(f)),
-                    }
+                    let theirs: Batch = from_msg((*self.ex.recv(m)?).as_ref(), m, "step fragments")?;
+                    batch.merge(theirs);
                 }
             }
         }
-        if failed.is_none() && self.fsync {
-            // Covers the members' writes too (offsets mode): they went to this file's pages.
+        if batch.any_left() && self.fsync {
+            // Once for every step; covers the members' writes too (offsets mode): they went to
+            // this file's pages.
             if let Err(e) = self.data().sync_data().ctx(|| format!("flushing {}", self.data_rel)) {
-                failed = Some(Failure::of(&e));
+                batch.fail_all(&e);
             }
         }
         let (parent, children) = self.groups.tree(self.rank);
         for c in children {
-            match from_msg::<Up>((*self.ex.recv(c)?).as_ref(), c, "fragments")? {
-                Up::Frags(f) => frags.extend(f),
-                Up::Failed(f) => failed = failed.or(Some(f)),
+            let theirs: Batch = from_msg((*self.ex.recv(c)?).as_ref(), c, "fragments")?;
+            batch.merge(theirs);
+        }
+        if let Some(p) = parent {
+            self.ex.send(p, &to_msg(&batch))?;
+            return self.outcome(p);
+        }
+        // Rank 0: the whole of every step is here; they commit in order, up to the first failure.
+        let mut outcome = Outcome { committed: 0, failure: None };
+        if batch.ups.is_empty() {
+            let e = Error::InvalidArgument(
+                "the ranks of this collective writer ended different steps: every rank must begin and end the same steps, \
+                 in the same order"
+                    .into(),
+            );
+            outcome.failure = Some(Failure::of(&e));
+        }
+        for up in batch.ups {
+            let done = match up {
+                Up::Failed(f) => Err(f),
+                Up::Frags(frags) => self.commit(frags).map_err(|e| Failure::of(&e)),
+            };
+            match done {
+                Ok(()) => outcome.committed += 1,
+                Err(f) => {
+                    outcome.failure = Some(f);
+                    break;
+                }
             }
         }
-        let up = match failed {
-            Some(f) => Up::Failed(f),
-            None => Up::Frags(frags),
+        self.pass_down(&outcome)?;
+        Ok(outcome)
+    }
+
+    /// One exchange of [`WriteEngine::end_steps`]: ends the first of `steps` that every rank
+    /// sent (at least one, or an error); returns whether this call committed each.
+    fn end_round(&mut self, steps: &[(u64, &StepPart)]) -> (Vec<bool>, Option<Error>) {
+        let staged: Vec<(Vec<BlockRecord>, Vec<u8>)> = steps.iter().map(|(s, _)| self.staged.remove(s).unwrap_or_default()).collect();
+        let ups = steps
+            .iter()
+            .zip(&staged)
+            .map(|((step, part), (blocks, _))| match self.failed.get(step) {
+                Some(f) => Up::Failed(f.clone()),
+                None => {
+                    let mut frag = Fragment::new(*step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), blocks.clone());
+                    frag.attrs = part.attrs.clone();
+                    frag.consume = part.consume.clone();
+                    Up::Frags(vec![frag])
+                }
+            })
+            .collect();
+        let batch = Batch { steps: steps.iter().map(|(s, _)| *s).collect(), ups };
+        let bytes: Vec<&[u8]> = staged.iter().map(|(_, b)| b.as_slice()).collect();
+        let outcome = if self.groups.aggregator(self.rank) == self.rank {
+            self.aggregator_steps(batch, &bytes)
+        } else {
+            self.member_steps(batch, &bytes)
         };
-        if let Some(p) = parent {
-            self.ex.send(p, &to_msg(&up))?;
-            return self.outcome(p).map(|()| false);
+        let (committed, error) = match outcome {
+            Ok(o) => (o.committed, o.failure.map(|f| Error::from_kind(f.kind, f.message))),
+            Err(e) => (0, Some(e)),
+        };
+        for (i, ((step, _), kept)) in steps.iter().zip(staged).enumerate() {
+            if i < committed {
+                self.committed.insert(*step);
+            } else {
+                // Kept, so that a retry ends the step with the same blocks.
+                self.staged.insert(*step, kept);
+            }
         }
-        // Rank 0: the whole step is here.
-        let committed = match up {
-            Up::Failed(f) => Err(Error::from_kind(f.kind, f.message)),
-            Up::Frags(frags) => self.commit(frags),
-        };
-        self.pass_down(&committed.as_ref().err().map(Failure::of))?;
-        committed.map(|()| true)
+        (vec![self.rank == 0; committed], error)
     }
 
     fn commit(&self, frags: Vec<Fragment>) -> Result<()> {
@@ -486,25 +589,22 @@ impl WriteEngine for AggWriter {
     }
 
     fn end_step(&mut self, step: u64, part: &StepPart) -> Result<bool> {
-        let (blocks, bytes) = self.staged.remove(&step).unwrap_or_default();
-        let mut frag = Fragment::new(step, self.rank, self.nranks, self.session.clone(), part.defs.clone(), blocks.clone());
-        frag.attrs = part.attrs.clone();
-        frag.consume = part.consume.clone();
-        let done = if self.groups.aggregator(self.rank) == self.rank {
-            self.aggregator_step(frag, &bytes)
-        } else {
-            self.member_step(frag, &bytes)
-        };
-        match &done {
-            Ok(_) => {
-                self.committed.insert(step);
-            }
-            // Kept, so that a retry ends the step with the same blocks.
-            Err(_) => {
-                self.staged.insert(step, (blocks, bytes));
+        match self.end_steps(&[(step, part)]) {
+            (_, Some(e)) => Err(e),
+            (committed, None) => Ok(committed.first().copied().unwrap_or(false)),
+        }
+    }
+
+    fn end_steps(&mut self, steps: &[(u64, &StepPart)]) -> (Vec<bool>, Option<Error>) {
+        let mut ended = Vec::with_capacity(steps.len());
+        while ended.len() < steps.len() {
+            let (committed, error) = self.end_round(&steps[ended.len()..]);
+            ended.extend(committed);
+            if error.is_some() {
+                return (ended, error);
             }
         }
-        done
+        (ended, None)
     }
 
     fn close(&mut self) -> Result<()> {
