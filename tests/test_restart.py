@@ -5,7 +5,9 @@ drained copies, the file engine's indexes), also from the shell (`cairn rm --fro
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +161,46 @@ def test_rm_from_step_goes_back_on_both_engines_from_the_shell(tmp_path):
         assert bad.returncode != 0 and "step" in bad.stderr and "Traceback" not in bad.stderr
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("victim", ["leader", "holder"])
+def test_a_hung_server_costs_a_discard_only_its_deadlines(tmp_path, victim):
+    """A SIGSTOPped leader (the discard's coordinator) or holder of the discarded steps' objects:
+    the discard goes through the others within the deadlines, and the resumed server serves the
+    rewritten steps. (Detection is held off: this is about each call's own deadline.)"""
+    deadline = 3.0
+    drain = tmp_path / "drain"
+    c = cluster.start(tmp_path / "a.json", servers=3, memory="64MiB", redundancy=1, drain=drain, peer_timeout=0.5,
+                      failure_timeout="60s")
+    try:
+        ws = _write(c.file, "sim", range(6))
+        assert ws[0].wait_drained(step=5, timeout=60)
+        for w in ws:
+            w.close()
+        leader = next(row["leader"] for row in cluster.status(c.file) if row.get("leader") is not None)
+        hung = leader if victim == "leader" else (leader + 1) % 3
+        c.procs[hung].send_signal(signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            f = cairn.open("sim", "a", engine="staging", cluster=c.file, session="again", from_step=3, timeout=deadline)
+            took = time.monotonic() - t
+            assert took < 3 * deadline + 10, took
+            assert f.next_step == 3 and f.steps() == [0, 1, 2]
+            assert cairn.open("sim", "r", engine="file", path=drain).steps() == [0, 1, 2]
+        finally:
+            c.procs[hung].send_signal(signal.SIGCONT)
+        for s in (3, 4):
+            with f.step(s):
+                f.put("t", -_field(s), offset=(0, 0))
+        assert f.wait_drained(step=4, timeout=60)
+        f.close()
+        r = cairn.open("sim", "r", engine="staging", cluster=c.file)
+        assert r.steps() == [0, 1, 2, 3, 4]
+        np.testing.assert_array_equal(r.get("t", 4), -_field(4))
+        logs = "".join(p.read_text(errors="replace") for p in cluster.entries_dir(c.file).glob("server-*.log"))
+        assert "discarded steps of sim from 3 on (3 committed)" in logs
+    finally:
+        _kill_all(c)
 
 
 FAILPOINT_SERVER = ROOT / "target" / "release" / "cairn-server-failpoints"

@@ -312,12 +312,15 @@ impl Commits {
             free(&self.state, dataset, index).await;
         }
         if let Some(from) = from {
+            // An operator reading the logs sees why steps went (status shows only what is left).
+            tracing::info!(server = self.state.id, "discarded steps of {dataset} from {from} on ({} committed)", released.len());
             crate::failpoint::hit("discard.before_copies");
             // The drain level too, so a restart never reads a discarded step back from disk (a
             // leader killed before this line leaves it to the next one: `Drain::sweep`).
             let drained = self.told.drain.discard(dataset, from, timeout).await?;
             return Ok(Response::Removed { steps: (released.len() as u64).max(drained) });
         }
+        tracing::info!(server = self.state.id, "removed dataset {dataset} ({} committed steps)", released.len());
         Ok(Response::Removed { steps: released.len() as u64 })
     }
 }
