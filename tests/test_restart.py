@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import cairn
 from cairn import cluster
 
-from .conftest import PY, ROOT
+from .conftest import PY, ROOT, check, mpirun
 from .test_drain import N, _field, _kill_all, _write
 from .test_staging import wait_for
 
@@ -281,3 +282,43 @@ def test_ranks_started_apart_agree_on_from_step_and_a_stopped_cluster_discards_o
     out = _rm("st", "--from-step", "1", "--cluster", str(c.file))
     assert out.returncode == 0, out.stderr
     assert cairn.open("st", "r", engine="file", path=drain).steps() == [0]
+
+
+# argv: path, mode, first step, last step (exclusive), from_step (-1: none), engine, cluster file
+RANKS = textwrap.dedent("""
+    import sys, numpy as np, cairn
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    path, mode, first, last, back, engine, cl = sys.argv[1:8]
+    first, last, back = int(first), int(last), int(back)
+    where = dict(path=path) if engine == "file" else dict(cluster=cl)
+    opts = dict(from_step=back) if back >= 0 else {}
+    n = 8 * comm.size
+    with cairn.open("sim", mode, engine=engine, comm=comm, session=f"{mode}{back}", **where, **opts) as f:
+        if mode == "w":
+            f.define("t", "f8", (n,))
+        assert f.next_step == (first if mode == "a" else 0), (comm.rank, f.next_step)
+        assert all(s < first for s in f.steps()), (comm.rank, f.steps())
+        sign = -1.0 if mode == "a" else 1.0
+        for s in range(first, last):
+            with f.step(s):
+                f.put("t", sign * (np.arange(8.0) + 8 * comm.rank + 100 * s), offset=(8 * comm.rank,))
+""")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("engine", ["file", "staging"])
+def test_from_step_with_comm_rank_0_discards_and_every_rank_resumes_there(tmp_path, engine):
+    (tmp_path / "ranks.py").write_text(RANKS)
+    c = cluster.start(tmp_path / "c.json", servers=2, memory="64MiB", redundancy=0) if engine == "staging" else None
+    try:
+        cl = str(c.file) if c else "-"
+        check(mpirun(3, PY, str(tmp_path / "ranks.py"), str(tmp_path), "w", "0", "5", "-1", engine, cl))
+        check(mpirun(3, PY, str(tmp_path / "ranks.py"), str(tmp_path), "a", "2", "4", "2", engine, cl))
+        f = cairn.open("sim", "r", engine=engine, **({"path": tmp_path} if engine == "file" else {"cluster": c.file}))
+        assert f.steps() == [0, 1, 2, 3]
+        np.testing.assert_array_equal(f.get("t", 1), np.arange(24.0) + 100)
+        np.testing.assert_array_equal(f.get("t", 3), -(np.arange(24.0) + 300))
+    finally:
+        if c:
+            c.stop()
