@@ -314,3 +314,39 @@ def test_a_seeded_chaos_mix_records_a_history_that_checks_clean(tmp_path):
     again = subprocess.run([PY, "-m", "cairn", "chaos", "--check", str(hist)], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and json.loads(again.stdout)["valid"], again.stdout[-3000:]
     assert Path(hist).stat().st_size > 0
+
+
+def test_a_discard_makes_older_bytes_wrong_and_its_steps_may_go():
+    """A restart from an older step (an ``rm`` with a step): steps from it on may vanish (no
+    violation), the rewritten step's bytes are the new writers', and a read after the discard
+    that returns the old bytes is wrong, even though a writer once put them."""
+    def back_to_1(h: History) -> None:
+        h.op("restart", "rm", step=1)
+        h.listing("reader-0", [0])
+        for w, (crc, box) in enumerate(zip((A1 + 100, B1 + 100), (BOX_A, BOX_B))):
+            h.op(f"writer-{w}", "begin", step=1, timeout=5.0)
+            h.op(f"writer-{w}", "end", step=1, var="u", box=box, crc=crc, got={"value": w == 1})
+
+    # The verifier's final reads of step 1 return the bytes from before the discard: wrong, and
+    # the old wait_drained promise went with the discard (no "drained" violation).
+    report = clean(back_to_1).check()
+    assert rules(report) == {"wrong-bytes": 2}, report["violations"]
+
+    def back_to_1_read_new(h: History) -> None:
+        back_to_1(h)
+        h.read("reader-0", 1, BOX_A, A1 + 100)
+
+    h = clean(back_to_1_read_new)
+    # The verifier reads step 1 after the rewrite: with the new bytes it is clean.
+    for r in h.records:
+        if r["process"] == "verifier" and r["f"] == "read" and r.get("step") == 1 and r["type"] == "ok":
+            r["crc"] = A1 + 100 if r["box"] == BOX_A else B1 + 100
+    report = h.check()
+    assert report["valid"], json.dumps(report["violations"], indent=1)
+    stale = clean(back_to_1_read_new).read("reader-0", 1, BOX_A, A1)
+    for r in stale.records:
+        if r["process"] == "verifier" and r["f"] == "read" and r.get("step") == 1 and r["type"] == "ok":
+            r["crc"] = A1 + 100 if r["box"] == BOX_A else B1 + 100
+    report = stale.check()
+    assert rules(report) == {"wrong-bytes": 1}
+    assert "before the step was discarded" in report["violations"][0]["message"]

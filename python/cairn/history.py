@@ -7,7 +7,8 @@ A record: ``{"process", "type", "f", "dataset", "step", "var", "box", "crc", "ti
 they apply, ``value`` (``end``: whether the call committed; ``wait_drained``: its result; a
 listing, which is a ``read`` without ``var``: the steps), ``error`` (``"ClassName: message"``),
 ``lease`` (seconds: a stream registration's or a claim's), ``timeout`` (a writer's call deadline)
-and ``dst`` (the dataset a ``consume`` commits into). ``type`` is ``invoke`` and then ``ok``,
+and ``dst`` (the dataset a ``consume`` commits into). An ``rm`` with a ``step`` discards the steps
+from that one on (a restart's ``from_step``); without one, the whole dataset. ``type`` is ``invoke`` and then ``ok``,
 ``fail`` (it did not happen) or ``info`` (unknown whether it happened: a deadline or a lost
 connection during a change); an invoke its process never completed (it was killed) counts as
 ``info``. ``f`` is one of :data:`FS`, or a nemesis's event (process ``nemesis``, type ``info``).
@@ -200,6 +201,8 @@ class _State:
     events: list[dict[str, Any]]
     #: (dataset, step, var, box) -> crcs of puts that may have committed (end or consume not failed)
     puts: dict[tuple[Any, ...], set[int]] = field(default_factory=dict)
+    #: The same, with when each end completed (a discard makes those before it another run's)
+    put_times: dict[tuple[Any, ...], list[tuple[int, float]]] = field(default_factory=dict)
     #: dataset -> writer processes (those that began a step of it)
     ranks: dict[str, set[str]] = field(default_factory=dict)
     #: (dataset, step) -> process -> when it first invoked the step's end (or its consume into it)
@@ -212,7 +215,8 @@ class _State:
     freed: dict[tuple[str, int], float] = field(default_factory=dict)
     #: (dataset, step) -> when a release of it was first invoked
     released: dict[tuple[str, int], float] = field(default_factory=dict)
-    rm: dict[str, float] = field(default_factory=dict)
+    #: dataset -> removals invoked: (first step discarded, None for all; invoked, completed ok)
+    rm: dict[str, list[tuple[int | None, float, float | None]]] = field(default_factory=dict)
     kill_all: float | None = None
     beyond_level: bool = False
     #: When the control plane may have been out: each server fault, for its pause and a failover
@@ -239,7 +243,9 @@ def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
             target = ds if op.f == "end" else op.dst
             st.ended.setdefault((target, s), {}).setdefault(op.process, op.t0)
             if op.type != "fail" and op.inv.get("crc") is not None:
-                st.puts.setdefault((target, s, op.inv["var"], _box(op.inv["box"])), set()).add(op.inv["crc"])
+                key = (target, s, op.inv["var"], _box(op.inv["box"]))
+                st.puts.setdefault(key, set()).add(op.inv["crc"])
+                st.put_times.setdefault(key, []).append((op.inv["crc"], op.t1))
         if op.type == "ok" and op.f == "end" and op.value is True:
             _earliest(st.committed, (ds, s), op.t1)
         if op.f == "consume" and op.type == "ok":
@@ -249,7 +255,7 @@ def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
         if op.f == "release" and s is not None:
             _earliest(st.released, (ds, s), op.t0)
         if op.f == "rm":
-            _earliest(st.rm, ds, op.t0)
+            st.rm.setdefault(ds, []).append((s, op.t0, op.t1 if op.type == "ok" else None))
         if op.f == "read" and op.type == "ok":
             for step in _visible(op):
                 _earliest(st.committed, (ds, step), op.t1)
@@ -287,6 +293,14 @@ def _wrong_bytes(st: _State) -> Iterator[dict[str, Any]]:
             continue
         key = (op.dataset, op.step, op.var, _box(op.box))
         want = st.puts.get(key)
+        cut = _discarded_at(st, op.dataset, op.step, op.t0)
+        if want is not None and cut is not None:
+            # Only puts that may have committed after the discard are this step's bytes now.
+            fresh = {crc for crc, done in st.put_times.get(key, []) if done > cut}
+            if op.crc in want - fresh:
+                yield _violation("wrong-bytes", f"read {op.dataset} step {op.step} {op.var} {op.box}: crc {op.crc}, bytes put "
+                                                "before the step was discarded (rm or from_step)", op)
+                continue
         if want is None:
             if op.dataset in st.ranks or (op.dataset, op.step) in st.ended:
                 yield _violation("wrong-bytes", f"read {op.dataset} step {op.step} {op.var} {op.box}: no writer put this box "
@@ -349,7 +363,19 @@ def _lost_and_vanished(st: _State) -> Iterator[dict[str, Any]]:
 
 
 def _freed(st: _State, ds: str, s: int, before: float) -> bool:
-    return st.freed.get((ds, s), float("inf")) < before or st.rm.get(ds, float("inf")) < before
+    return st.freed.get((ds, s), float("inf")) < before or _removed(st, ds, s, before)
+
+
+def _removed(st: _State, ds: str, s: int, before: float = float("inf")) -> bool:
+    """Whether a removal of ``ds`` (whole, or from a step up to ``s``) was invoked before ``before``."""
+    return any((first is None or s >= first) and t0 < before for first, t0, _ in st.rm.get(ds, []))
+
+
+def _discarded_at(st: _State, ds: str, s: int, before: float) -> float | None:
+    """When the newest removal covering step ``s`` of ``ds`` that completed before ``before`` was
+    invoked: puts completed before it are gone for reads that start after it."""
+    times = [t0 for first, t0, t1 in st.rm.get(ds, []) if (first is None or s >= first) and t1 is not None and t1 < before]
+    return max(times, default=None)
 
 
 def _claims(st: _State) -> Iterator[dict[str, Any]]:
@@ -385,7 +411,7 @@ def _claims(st: _State) -> Iterator[dict[str, Any]]:
             yield _violation("claims", f"{src} step {s} was consumed but its result is not in {dst}", *oks, final[dst][0])
         elif in_dst and not oks and not unknown:
             yield _violation("claims", f"{dst} step {s} is there though no consume of it completed", claim, final[dst][0])
-        elif not in_src and not in_dst and (src, s) not in st.released and src not in st.rm:
+        elif not in_src and not in_dst and (src, s) not in st.released and not _removed(st, src, s):
             yield _violation("claims", f"{src} step {s} was claimed and is neither processed nor left to process", claim,
                              final[src][0])
 
@@ -409,12 +435,13 @@ def _drained(st: _State) -> Iterator[dict[str, Any]]:
     for op in st.ops:
         if op.process == "verifier" and op.f == "read" and op.var is not None and op.t0 >= st.kill_all:
             after.setdefault((op.dataset, op.step), []).append(op)
-    done: set[tuple[str, int]] = set()
+    newest: dict[tuple[str, int], Op] = {}
     for op in st.ops:
-        if op.f != "wait_drained" or op.type != "ok" or op.value is not True or (op.dataset, op.step) in done:
-            continue
-        key = (op.dataset, op.step)
-        done.add(key)
+        if op.f == "wait_drained" and op.type == "ok" and op.value is True:
+            newest[(op.dataset, op.step)] = op
+    for key, op in newest.items():
+        if any((first is None or key[1] >= first) and t0 > op.t1 for first, t0, _ in st.rm.get(key[0], [])):
+            continue  # discarded after it drained: the promise went with it
         reads = after.get(key, [])
         boxes = {k[3] for k in st.puts if k[:2] == key}
         good = {_box(r.box) for r in reads if r.type == "ok"}
