@@ -248,6 +248,17 @@ TRACER = textwrap.dedent("""
 """)
 
 
+def expect_traced(path: Path, steps: int, silent: int) -> None:
+    """Every step of TRACER's run whole: each rank's row and trace records (none from ``silent``)."""
+    with cairn.open("tr", "r", engine="file", path=str(path)) as f:
+        assert f.steps() == list(range(steps))
+        for s in range(steps):
+            np.testing.assert_array_equal(f.get("x", s)[:, 0], s + np.arange(4) / 10)
+            for w in range(4):
+                want = np.arange(3 + w, dtype="f8") + 100 * s if w != silent else np.empty(0)
+                np.testing.assert_array_equal(f.get_trace("e", s, w), want)
+
+
 @pytest.mark.parametrize("aggregation", ["send", "offsets"])
 def test_a_trace_flush_ends_its_held_steps_in_one_exchange(tmp_path, aggregation):
     """Ranks 0-1 and 2-3 are the groups; rank 1 is a member. With trace_flush 5 it ends 4 held
@@ -257,12 +268,7 @@ def test_a_trace_flush_ends_its_held_steps_in_one_exchange(tmp_path, aggregation
     sends = {r: int((tmp_path / f"sends-{r}").read_text()) for r in range(4)}
     per_flush = 2 if aggregation == "offsets" else 2 + 5
     assert sends[1] == 4 * per_flush, sends
-    with cairn.open("tr", "r", engine="file", path=str(tmp_path)) as f:
-        assert f.steps() == list(range(20))
-        for s in range(20):
-            np.testing.assert_array_equal(f.get("x", s)[:, 0], s + np.arange(4) / 10)
-            for w in range(4):
-                np.testing.assert_array_equal(f.get_trace("e", s, w), np.arange(3 + w, dtype="f8") + 100 * s)
+    expect_traced(tmp_path, 20, silent=-1)
 
 
 @pytest.mark.parametrize("aggregation", ["send", "offsets"])
@@ -270,10 +276,4 @@ def test_a_rank_that_traces_nothing_ends_each_step_while_the_others_hold_theirs(
     """Rank 3 holds no step (it has no records) and ends each at once; the others hold 4 per
     flush. Each exchange commits the steps every rank sent, and every step commits whole."""
     check(mpirun(4, PY, "-c", TRACER, str(tmp_path), aggregation, "12", "3"))
-    with cairn.open("tr", "r", engine="file", path=str(tmp_path)) as f:
-        assert f.steps() == list(range(12))
-        for s in range(12):
-            np.testing.assert_array_equal(f.get("x", s)[:, 0], s + np.arange(4) / 10)
-            for w in range(3):
-                np.testing.assert_array_equal(f.get_trace("e", s, w), np.arange(3 + w, dtype="f8") + 100 * s)
-            assert f.get_trace("e", s, 3).size == 0
+    expect_traced(tmp_path, 12, silent=3)

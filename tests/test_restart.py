@@ -19,6 +19,7 @@ from cairn import cluster
 
 from .conftest import PY, ROOT, check, mpirun
 from .test_drain import N, _field, _kill_all, _write
+from .test_drain_seams import FAILPOINT_SERVER
 from .test_staging import wait_for
 
 
@@ -202,9 +203,6 @@ def test_a_hung_server_costs_a_discard_only_its_deadlines(tmp_path, victim):
         assert "discarded steps of sim from 3 on (3 committed)" in logs
     finally:
         _kill_all(c)
-
-
-FAILPOINT_SERVER = ROOT / "target" / "release" / "cairn-server-failpoints"
 
 
 @pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
