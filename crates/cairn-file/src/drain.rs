@@ -265,10 +265,12 @@ pub fn discard_drained(layout: &Layout, from: u64) -> Result<u64> {
     remove_drained_where(layout, |s| s >= from)
 }
 
-/// Removes those of drained steps `steps` of `layout` that are on disk (a discard a killed
-/// leader left half done), newest first; returns how many went.
-pub fn discard_steps(layout: &Layout, steps: &[u64]) -> Result<u64> {
-    remove_drained_where(layout, |s| steps.binary_search(&s).is_ok())
+/// Removes those of drained steps `steps` of `layout` that are on disk and were drained by
+/// cluster `cluster` (a discard a killed leader left half done; another run's step of the same
+/// number is left alone), newest first; returns how many went.
+pub fn discard_steps(layout: &Layout, steps: &[u64], cluster: &str) -> Result<u64> {
+    let ours = |s: u64| layout.read_step_meta(s).is_ok_and(|i| i.staged.is_some_and(|st| st.cluster == cluster));
+    remove_drained_where(layout, |s| steps.binary_search(&s).is_ok() && ours(s))
 }
 
 fn remove_drained_where(layout: &Layout, gone: impl Fn(u64) -> bool) -> Result<u64> {

@@ -70,6 +70,8 @@ pub struct Drain {
     /// Set when this server starts to lead: its first round removes drained copies of discarded
     /// steps that a leader killed midway through a discard left.
     sweep_due: AtomicBool,
+    /// When a failed sweep is tried again (it never holds up the drain meanwhile).
+    sweep_retry: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -138,6 +140,7 @@ impl Drain {
             progress: Mutex::default(),
             changes: watch::channel(0).0,
             sweep_due: AtomicBool::new(false),
+            sweep_retry: Mutex::new(None),
         }
     }
 
@@ -208,11 +211,14 @@ impl Drain {
     /// waiting for a retry, if this server leads.
     async fn round(self: &Arc<Self>) -> Next {
         let (Some(spec), Ok(log)) = (&self.spec, &self.gate.leader()) else { return Next::Idle };
-        if self.sweep_due.swap(false, Ordering::Relaxed) {
+        let retry_due = lock(&self.sweep_retry).is_none_or(|at| at <= Instant::now());
+        if retry_due && self.sweep_due.swap(false, Ordering::Relaxed) {
             if let Err(e) = self.sweep(&spec.path, log).await {
+                // Tried again later; the drain goes on meanwhile (a copy left in the way of a
+                // rewrite shows as that dataset's `ForeignDrain` in status).
                 tracing::warn!(server = self.state.id, "removing drained copies of discarded steps: {e}");
                 self.sweep_due.store(true, Ordering::Relaxed);
-                return Next::After(RETRY);
+                *lock(&self.sweep_retry) = Some(Instant::now() + RETRY_FOREIGN);
             }
         }
         let every = self.every().unwrap_or(1);
@@ -334,14 +340,18 @@ impl Drain {
     /// server writes meanwhile.
     async fn sweep(&self, path: &Path, log: &dyn MetaLog) -> Result<()> {
         let discarded = query(log, |s| s.discarded());
+        let cluster = cairn_proto::auth::cluster_id(&self.state.secret);
+        let mut failed = None;
         for (dataset, steps) in discarded {
-            let layout = Layout::new(path, &dataset);
-            let gone = blocking(move || cairn_file::drain::discard_steps(&layout, &steps)).await?;
-            if gone > 0 {
-                tracing::info!(server = self.state.id, "removed {gone} drained copies of discarded steps of {dataset}");
+            let (layout, cluster) = (Layout::new(path, &dataset), cluster.clone());
+            match blocking(move || cairn_file::drain::discard_steps(&layout, &steps, &cluster)).await {
+                Ok(0) => {}
+                Ok(gone) => tracing::info!(server = self.state.id, "removed {gone} drained copies of discarded steps of {dataset}"),
+                // Each dataset's own: the others are swept all the same.
+                Err(e) => failed = Some(Error::from_kind(e.kind(), format!("dataset {dataset}: {e}"))),
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// After steps of `dataset` from `from` on were discarded: waits (up to `timeout`) for a
