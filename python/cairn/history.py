@@ -199,10 +199,9 @@ class _State:
 
     ops: list[Op]
     events: list[dict[str, Any]]
-    #: (dataset, step, var, box) -> crcs of puts that may have committed (end or consume not failed)
-    puts: dict[tuple[Any, ...], set[int]] = field(default_factory=dict)
-    #: The same, with when each end completed (a discard makes those before it another run's)
-    put_times: dict[tuple[Any, ...], list[tuple[int, float]]] = field(default_factory=dict)
+    #: (dataset, step, var, box) -> the crc of each put that may have committed (end or consume
+    #: not failed) and when its call completed (a discard makes those before it another run's)
+    puts: dict[tuple[Any, ...], list[tuple[int, float]]] = field(default_factory=dict)
     #: dataset -> writer processes (those that began a step of it)
     ranks: dict[str, set[str]] = field(default_factory=dict)
     #: (dataset, step) -> process -> when it first invoked the step's end (or its consume into it)
@@ -244,8 +243,7 @@ def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
             st.ended.setdefault((target, s), {}).setdefault(op.process, op.t0)
             if op.type != "fail" and op.inv.get("crc") is not None:
                 key = (target, s, op.inv["var"], _box(op.inv["box"]))
-                st.puts.setdefault(key, set()).add(op.inv["crc"])
-                st.put_times.setdefault(key, []).append((op.inv["crc"], op.t1))
+                st.puts.setdefault(key, []).append((op.inv["crc"], op.t1))
         if op.type == "ok" and op.f == "end" and op.value is True:
             _earliest(st.committed, (ds, s), op.t1)
         if op.f == "consume" and op.type == "ok":
@@ -292,11 +290,12 @@ def _wrong_bytes(st: _State) -> Iterator[dict[str, Any]]:
         if op.f != "read" or op.type != "ok" or op.crc is None or op.var is None:
             continue
         key = (op.dataset, op.step, op.var, _box(op.box))
-        want = st.puts.get(key)
+        puts = st.puts.get(key)
+        want = None if puts is None else {crc for crc, _ in puts}
         cut = _discarded_at(st, op.dataset, op.step, op.t0)
-        if want is not None and cut is not None:
+        if puts is not None and cut is not None:
             # Only puts that may have committed after the discard are this step's bytes now.
-            fresh = {crc for crc, done in st.put_times.get(key, []) if done > cut}
+            fresh = {crc for crc, done in puts if done > cut}
             if op.crc in want - fresh:
                 yield _violation("wrong-bytes", f"read {op.dataset} step {op.step} {op.var} {op.box}: crc {op.crc}, bytes put "
                                                 "before the step was discarded (rm or from_step)", op)
