@@ -36,7 +36,6 @@ use cairn_proto::message::{DrainStatus, Response};
 use cairn_proto::ClusterView;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -67,11 +66,10 @@ pub struct Drain {
     progress: Mutex<Progress>,
     /// Bumped whenever a step is drained or the drain's error changes; waiters watch it.
     changes: watch::Sender<u64>,
-    /// Set when this server starts to lead: its first round removes drained copies of discarded
-    /// steps that a leader killed midway through a discard left.
-    sweep_due: AtomicBool,
-    /// When a failed sweep is tried again (it never holds up the drain meanwhile).
-    sweep_retry: Mutex<Option<Instant>>,
+    /// When the drained copies of discarded steps that a leader killed midway through a discard
+    /// left are to be removed: at this server's first round as leader, and again a while after a
+    /// sweep that failed (it never holds up the drain meanwhile). None: no sweep due.
+    sweep_at: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -139,8 +137,7 @@ impl Drain {
             worker: Worker::default(),
             progress: Mutex::default(),
             changes: watch::channel(0).0,
-            sweep_due: AtomicBool::new(false),
-            sweep_retry: Mutex::new(None),
+            sweep_at: Mutex::new(None),
         }
     }
 
@@ -191,7 +188,7 @@ impl Drain {
     /// Starts the drain when this server starts to lead (once per term), first sweeping what a
     /// previous leader's discard left.
     pub fn lead(self: &Arc<Self>) {
-        self.sweep_due.store(true, Ordering::Relaxed);
+        *lock(&self.sweep_at) = Some(Instant::now());
         self.resume();
     }
 
@@ -211,14 +208,16 @@ impl Drain {
     /// waiting for a retry, if this server leads.
     async fn round(self: &Arc<Self>) -> Next {
         let (Some(spec), Ok(log)) = (&self.spec, &self.gate.leader()) else { return Next::Idle };
-        let retry_due = lock(&self.sweep_retry).is_none_or(|at| at <= Instant::now());
-        if retry_due && self.sweep_due.swap(false, Ordering::Relaxed) {
+        let due = {
+            let mut at = lock(&self.sweep_at);
+            at.take_if(|t| *t <= Instant::now()).is_some()
+        };
+        if due {
             if let Err(e) = self.sweep(&spec.path, log).await {
                 // Tried again later; the drain goes on meanwhile (a copy left in the way of a
                 // rewrite shows as that dataset's `ForeignDrain` in status).
                 tracing::warn!(server = self.state.id, "removing drained copies of discarded steps: {e}");
-                self.sweep_due.store(true, Ordering::Relaxed);
-                *lock(&self.sweep_retry) = Some(Instant::now() + RETRY_FOREIGN);
+                *lock(&self.sweep_at) = Some(Instant::now() + RETRY_FOREIGN);
             }
         }
         let every = self.every().unwrap_or(1);
@@ -231,8 +230,10 @@ impl Drain {
             owed.into_iter().partition(|(d, _)| p.failures.get(d).is_none_or(|f| f.retry_at.is_some_and(|at| at <= now)))
         };
         let Some((dataset, (step, index))) = ready.into_iter().next() else {
+            // A failed sweep is tried again in time, commits or not.
+            let sweep = *lock(&self.sweep_at);
             let p = lock(&self.progress);
-            let next = waiting.iter().filter_map(|(d, _)| p.failures.get(d).and_then(|f| f.retry_at)).min();
+            let next = waiting.iter().filter_map(|(d, _)| p.failures.get(d).and_then(|f| f.retry_at)).chain(sweep).min();
             return next.map_or(Next::Idle, |at| Next::After(at.saturating_duration_since(now)));
         };
         let started = Instant::now();
