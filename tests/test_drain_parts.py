@@ -17,7 +17,7 @@ import cairn
 from cairn import cluster
 
 from .test_drain import _kill_all
-from .test_drain_seams import FAILPOINT_SERVER
+from .test_drain_seams import failpoint_cluster, needs_failpoints
 from .test_staging import wait_for
 
 WRITERS = 4
@@ -61,13 +61,10 @@ def test_every_server_drains_what_it_holds_into_its_own_file(tmp_path):
         np.testing.assert_array_equal(f.get("t", s), _field(s))
 
 
-@pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+@needs_failpoints
 def test_a_part_whose_server_dies_is_written_by_another_from_the_copies_left(tmp_path, monkeypatch):
-    monkeypatch.setenv("CAIRN_FAILPOINTS", "drain.part_written")
     drain = tmp_path / "drain"
-    c = cluster.start(tmp_path / "c.json", servers=4, memory="64MiB", redundancy=1, drain=drain, failure_timeout="1s",
-                      command=[str(FAILPOINT_SERVER)])
-    marker = cluster.entries_dir(c.file) / "failpoint-drain.part_written"
+    c, marker = failpoint_cluster(tmp_path, monkeypatch, "drain.part_written", servers=4, redundancy=1)
     try:
         ws = _write(c.file, range(2), timeout=30)
         wait_for(lambda: marker.exists() and any(p.poll() is not None for p in c.procs), "a part's server to die", 30)
@@ -80,15 +77,12 @@ def test_a_part_whose_server_dies_is_written_by_another_from_the_copies_left(tmp
         np.testing.assert_array_equal(f.get("t", s), _field(s))
 
 
-@pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+@needs_failpoints
 def test_an_object_whose_only_holder_died_fails_the_steps_drain_for_good(tmp_path, monkeypatch):
     """Redundancy 0: the first server to write a part dies before its data file (with the only
     copy of its blocks); once it is declared down the drain of that step fails with
     DataLossError naming the object, shown in status, and is not tried again."""
-    monkeypatch.setenv("CAIRN_FAILPOINTS", "drain.before_data")
-    drain = tmp_path / "drain"
-    c = cluster.start(tmp_path / "c.json", servers=4, memory="64MiB", redundancy=0, drain=drain, failure_timeout="1s",
-                      command=[str(FAILPOINT_SERVER)])
+    c, _ = failpoint_cluster(tmp_path, monkeypatch, "drain.before_data", servers=4, redundancy=0)
     try:
         ws = _write(c.file, range(1), timeout=30, redundancy=0)
         deadline = time.monotonic() + 60

@@ -22,6 +22,16 @@ from .test_staging import wait_for
 
 N = 64
 FAILPOINT_SERVER = ROOT / "target" / "release" / "cairn-server-failpoints"
+needs_failpoints = pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+
+
+def failpoint_cluster(tmp_path: Path, monkeypatch, point: str, servers: int, **opts) -> tuple[cluster.LocalCluster, Path]:
+    """Fail-point servers draining to ``tmp_path/drain`` with ``point`` armed and a failure timeout
+    of 1 s, and the marker the first server to reach the point creates as it dies."""
+    monkeypatch.setenv("CAIRN_FAILPOINTS", point)
+    c = cluster.start(tmp_path / "c.json", servers=servers, memory="64MiB", drain=tmp_path / "drain", failure_timeout="1s",
+                      command=[str(FAILPOINT_SERVER)], **opts)
+    return c, cluster.entries_dir(c.file) / f"failpoint-{point}"
 
 
 def _values(step: int, reverse: bool = False) -> np.ndarray:
@@ -150,15 +160,12 @@ def test_one_datasets_drain_error_never_stops_another_datasets(tmp_path):
         _kill_all(c)
 
 
-@pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+@needs_failpoints
 @pytest.mark.parametrize("point", ["drain.before_data", "drain.part_written", "drain.before_commit", "drain.after_index_tmp", "drain.after_link",
                                    "drain.before_record"])
 def test_a_server_killed_at_any_point_of_a_drain_leaves_a_drain_the_others_finish(tmp_path, monkeypatch, point):
-    monkeypatch.setenv("CAIRN_FAILPOINTS", point)
     drain = tmp_path / "drain"
-    c = cluster.start(tmp_path / "c.json", servers=3, memory="64MiB", drain=drain, failure_timeout="1s",
-                      command=[str(FAILPOINT_SERVER)])
-    marker = cluster.entries_dir(c.file) / f"failpoint-{point}"
+    c, marker = failpoint_cluster(tmp_path, monkeypatch, point, servers=3)
     try:
         ws = _writers(c.file, "d", timeout=30)
         _put(ws, 0, _values(0))

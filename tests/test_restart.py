@@ -19,7 +19,7 @@ from cairn import cluster
 
 from .conftest import PY, ROOT, check, mpirun
 from .test_drain import N, _field, _kill_all, _write
-from .test_drain_seams import FAILPOINT_SERVER
+from .test_drain_seams import failpoint_cluster, needs_failpoints
 from .test_staging import wait_for
 
 
@@ -205,16 +205,13 @@ def test_a_hung_server_costs_a_discard_only_its_deadlines(tmp_path, victim):
         _kill_all(c)
 
 
-@pytest.mark.skipif(not FAILPOINT_SERVER.exists(), reason="make setup builds target/release/cairn-server-failpoints")
+@needs_failpoints
 def test_a_leader_killed_between_a_discard_and_its_drained_copies_leaves_them_to_the_next(tmp_path, monkeypatch):
     """The discard is a log command, then the leader's removal of the drained copies: killed in
     between (and its client gone too, so nobody retries), the next leader removes them, and the
     rewritten steps drain as this cluster's, not refused as another run's."""
-    monkeypatch.setenv("CAIRN_FAILPOINTS", "discard.before_copies")
     drain = tmp_path / "drain"
-    c = cluster.start(tmp_path / "a.json", servers=3, memory="64MiB", redundancy=1, drain=drain, failure_timeout="1s",
-                      command=[str(FAILPOINT_SERVER)])
-    marker = cluster.entries_dir(c.file) / "failpoint-discard.before_copies"
+    c, marker = failpoint_cluster(tmp_path, monkeypatch, "discard.before_copies", servers=3, redundancy=1)
     try:
         ws = _write(c.file, "sim", range(6))
         assert ws[0].wait_drained(step=5, timeout=60)
