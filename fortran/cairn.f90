@@ -26,7 +26,8 @@ module cairn
   implicit none
   private
   public :: cairn_file, cairn_open, cairn_define, cairn_begin_step, cairn_put, cairn_end_step, cairn_get, &
-            cairn_close, cairn_error_message, cairn_set_attr, cairn_next_step, cairn_halt_requested
+            cairn_close, cairn_error_message, cairn_set_attr, cairn_next_step, cairn_halt_requested, &
+            cairn_halt_requested_all, cairn_wait_drained
 
   !> An open dataset (a writer or a reader).
   type :: cairn_file
@@ -113,6 +114,18 @@ module cairn
     integer(c_int) function c_halt_requested() bind(C, name="cairn_halt_requested")
       import :: c_int
     end function c_halt_requested
+    integer(c_int) function c_halt_requested_all(f, halt) bind(C, name="cairn_halt_requested_all")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: f
+      integer(c_int), intent(out) :: halt
+    end function c_halt_requested_all
+    integer(c_int) function c_wait_drained(f, step, timeout_s, drained) bind(C, name="cairn_wait_drained")
+      import :: c_int, c_ptr, c_int64_t, c_double
+      type(c_ptr), value :: f
+      integer(c_int64_t), value :: step
+      real(c_double), value :: timeout_s
+      integer(c_int), intent(out) :: drained
+    end function c_wait_drained
     integer(c_int) function c_close(f) bind(C, name="cairn_close")
       import :: c_int, c_ptr
       type(c_ptr), value :: f
@@ -250,8 +263,35 @@ contains
   !> Whether the job asks the application to stop now: `$CAIRN_HALT_FILE` exists, or fewer than
   !> `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`.
   logical function cairn_halt_requested()
-    cairn_halt_requested = c_halt_requested() /= 0
+    cairn_halt_requested = c_halt_requested() == 1
   end function cairn_halt_requested
+
+  !> Whether the job asks writer `f` to stop before the step it writes next: one answer for every
+  !> rank (collective with `cairn_open_mpi`'s communicator; else the first rank to ask for a step
+  !> fixes it). Ranks of a collective code ask this, not `cairn_halt_requested`.
+  subroutine cairn_halt_requested_all(f, halt, ierr)
+    type(cairn_file), intent(in) :: f
+    logical, intent(out) :: halt
+    integer, intent(out) :: ierr
+    integer(c_int) :: h
+    h = 0
+    ierr = int(c_halt_requested_all(f%ptr, h))
+    halt = h /= 0
+  end subroutine cairn_halt_requested_all
+
+  !> Waits up to `timeout_s` seconds (negative: no limit) until `step` (-1: the newest committed)
+  !> is on the drain's disk, asking the drain for it whatever its cadence; `drained` says if it is.
+  subroutine cairn_wait_drained(f, step, timeout_s, drained, ierr)
+    type(cairn_file), intent(in) :: f
+    integer(8), intent(in) :: step
+    real(8), intent(in) :: timeout_s
+    logical, intent(out) :: drained
+    integer, intent(out) :: ierr
+    integer(c_int) :: d
+    d = 0
+    ierr = int(c_wait_drained(f%ptr, int(step, c_int64_t), real(timeout_s, c_double), d))
+    drained = d /= 0
+  end subroutine cairn_wait_drained
 
   subroutine set_attr_text(f, var, key, value, ierr)
     type(cairn_file), intent(in) :: f

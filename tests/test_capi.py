@@ -67,3 +67,6 @@ def test_a_c_restart_reads_its_state_through_the_append_handle_with_toml_text_se
     out = check(subprocess.run([str(exe), str(tmp_path / "3")], capture_output=True, text=True, timeout=60,
                                env={**env, "CAIRN_HALT_SECONDS": "600", "SLURM_JOB_END_TIME": str(int(time.time()) + 60)}))
     assert "halt 1" in out
+    out = check(subprocess.run([str(exe), str(tmp_path / "4")], capture_output=True, text=True, timeout=60,
+                               env={**env, "CAIRN_HALT_SECONDS": "soon", "SLURM_JOB_END_TIME": str(int(time.time()) + 60)}))
+    assert "halt -1" in out

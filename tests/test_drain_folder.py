@@ -37,6 +37,17 @@ def test_a_symlink_below_the_drain_folder_stops_the_drain_and_nothing_is_written
         link = drain / planted
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(elsewhere)
+        if planted == "d":
+            # The writer's open records the dataset's owner there first: refused by name at open.
+            with pytest.raises(cairn.ConfigError, match=f"{link} is a symlink") as e:
+                _writers(c.file, "d")
+            assert e.value.code == "unsafe_path" and list(elsewhere.iterdir()) == []
+            link.unlink()
+            link.mkdir()
+            ws = _writers(c.file, "d")
+            _put(ws, 0, _values(0))
+            assert ws[0].wait_drained(step=0, timeout=60)
+            return
         ws = _writers(c.file, "d")
         _put(ws, 0, _values(0))
         _refused(c.file, ws, 0, f"{link} is a symlink")
@@ -75,12 +86,17 @@ def test_a_directory_of_another_user_stops_the_drain(tmp_path):
     drain = tmp_path / "drain"
     c = cluster.start(tmp_path / "c.json", servers=2, memory="64MiB", redundancy=1, drain=drain)
     try:
+        # A writer of another dataset opens first; then its folder is given to another user.
+        ws = _writers(c.file, "d")
+        shutil.rmtree(drain / "d")
         (drain / "d").mkdir(parents=True)
         shutil.chown(drain / "d", 65534, 65534)
-        ws = _writers(c.file, "d")
         _put(ws, 0, _values(0))
         _refused(c.file, ws, 0, "owned by uid 65534")
         assert not (drain / "d" / "steps").exists()
+        # A new writer's open is refused by name there too (it records the dataset's owner).
+        with pytest.raises(cairn.ConfigError, match="owned by uid 65534"):
+            _writers(c.file, "d", session="second")
         shutil.chown(drain / "d", 0, 0)
         assert ws[0].wait_drained(step=0, timeout=60)
     finally:

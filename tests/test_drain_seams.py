@@ -133,8 +133,10 @@ def test_a_step_another_run_planted_is_never_taken_and_never_served_as_this_clus
     r = cairn.open("d", "r", engine="staging", cluster=b.file)
     assert r.steps() == [0], "the planted step is not listed as this cluster's"
     np.testing.assert_array_equal(r.get("t", step=0), _values(0, reverse=True))
-    with pytest.raises(cairn.NotFoundError, match="step 1"):
+    # Another cluster's step at or past this run's first step (the owner record's): refused by name.
+    with pytest.raises(cairn.AlreadyExistsError, match="step 1") as e:
         r.get("t", step=1)
+    assert e.value.code == "foreign_drain"
 
 
 def test_one_datasets_drain_error_never_stops_another_datasets(tmp_path):

@@ -33,7 +33,13 @@ def halt_requested() -> bool:
     """Whether the job asks this application to stop now (save a checkpoint, close, exit):
     ``$CAIRN_HALT_FILE`` exists (the job script creates it on ``SIGUSR1``, e.g. ``#SBATCH
     --signal=B:USR1@300``), or fewer than ``$CAIRN_HALT_SECONDS`` remain before
-    ``$SLURM_JOB_END_TIME``. Cheap enough to ask once per step."""
+    ``$SLURM_JOB_END_TIME``. Cheap enough to ask once per step. This is one process's answer:
+    ranks of a collective code ask their writer, ``f.halt_requested()``, which all agree on.
+    :class:`ConfigError` names a variable that does not parse; a halt file older than this
+    process (a previous run's) is reported once as a :class:`RuntimeWarning`."""
+    from ._api import halt_requested_warn
+
+    halt_requested_warn()
     return _halt_requested()
 
 

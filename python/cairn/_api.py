@@ -350,6 +350,7 @@ class Writer(_Reads):
         self._where = where
         self._local: dict[str, bool] = {}
         self._open = 0  # the step last begun
+        self._halted = False  # halt_requested() said so: close() waits for the last step on disk
 
     def define(self, name: str, dtype: Any, shape: Sequence[int] | None = None, *, local: bool = False,
                redundancy: int | None = None, dims: Sequence[str] | None = None,
@@ -583,12 +584,63 @@ class Writer(_Reads):
         """Bytes of trace records waiting for the next flush."""
         return self._inner.traced_bytes()
 
+    def halt_requested(self) -> bool:
+        """Whether the job asks this application to stop before the step this writer writes next
+        (the one after the newest it ended, else :attr:`next_step`); see
+        :func:`cairn.halt_requested`. Every rank gets the same answer for the same step, so a
+        collective code stops at one step on every rank: with ``comm=`` it is collective (every
+        rank calls it at the same step; true if any rank's job asks), without it the first rank
+        to ask for a step fixes the answer for all. Once it returned True, :meth:`close` returns
+        only when the newest step this writer ended is on the drain's disk."""
+        last = self._inner.last_ended
+        step = self.next_step if last is None else last + 1
+        if self._comm is not None:
+            from mpi4py import MPI
+
+            halt_requested_warn()
+            mine, error = False, None
+            try:
+                mine = _native.halt_requested()
+            except CairnError as e:  # every rank still joins the reduction
+                error = e
+            halt = bool(self._comm.allreduce(mine, op=MPI.LOR))
+            if error is not None:
+                raise error
+        else:
+            halt_requested_warn()
+            halt = self._inner.halt_requested_all(step)
+        self._halted |= halt
+        return halt
+
+    def _drain_last(self) -> None:
+        """After a halt: waits until the newest step this rank ended is committed and on disk,
+        at most until 30 s before ``$SLURM_JOB_END_TIME`` (else 60 s); raises the drain's error."""
+        last = self._inner.last_ended
+        if last is None:
+            return
+        end = os.environ.get("SLURM_JOB_END_TIME", "").strip()
+        budget = max(1.0, float(end) - 30.0 - time.time()) if end else 60.0
+        deadline = time.monotonic() + budget
+        if self.wait_committed(last, timeout=budget):
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                drained = self.wait_drained(last, timeout=left)
+            except ConfigError:  # a cluster that drains nothing: memory is the last level
+                return
+            if not drained:
+                warnings.warn(f"step {last} of this writer is not on disk yet after {budget:.0f} s; the job ends with it "
+                              "in memory only", RuntimeWarning, stacklevel=3)
+
     def close(self) -> None:
         """Close the writer, flushing buffered traces. With an MPI ``comm``, waits for all ranks
-        so that every step they ended is committed when ``close`` returns."""
+        so that every step they ended is committed when ``close`` returns. After
+        :meth:`halt_requested` returned True, it returns once the newest step this writer ended
+        is drained to disk (the job's last checkpoint, whatever the drain's cadence)."""
         try:
             try:
                 self._settle()
+                if self._halted:
+                    self._drain_last()
             finally:
                 self._inner.close()
         finally:
@@ -797,3 +849,9 @@ def _little_endian_c(data: Any) -> np.ndarray:
 
 def _np_name(dtype: str) -> str:
     return "V1" if dtype == "bytes" else "<" + dtype
+
+
+def halt_requested_warn() -> None:
+    """Reports a stale halt file once per process (see :func:`cairn.halt_requested`)."""
+    if (stale := _native.halt_stale_warning()) is not None:
+        warnings.warn(stale, RuntimeWarning, stacklevel=3)

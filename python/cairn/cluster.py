@@ -474,14 +474,10 @@ def _with_flag(cmd: list[str], flag: str, value: str) -> list[str]:
 
 
 def _rewrite_servers(file: str | os.PathLike[str], change: Any) -> None:
-    """Rewrites the cluster file's server list (atomically, readable by its owner only)."""
-    doc = json.loads(Path(file).read_text())
-    doc["servers"] = change(doc["servers"])
-    tmp = Path(f"{os.fspath(file)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, file)
+    """Rewrites the cluster file's server list through the one writer of cluster files (atomic;
+    owner, group and mode kept; a stopped cluster's file refused)."""
+    servers = change(json.loads(Path(file).read_text())["servers"])
+    _native.cluster_rewrite_servers(os.fspath(file), json.dumps(servers))
 
 
 def drain_status(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str, Any] | None:
@@ -499,10 +495,11 @@ def drain_status(file: str | os.PathLike[str], timeout: float = 5.0) -> dict[str
 
 
 def drain(file: str | os.PathLike[str], timeout: float | None = None, progress: bool = False) -> dict[str, Any] | None:
-    """Waits until the drain has written every committed step it owes (``pending_bytes`` 0),
-    showing the bytes left with ``progress``; returns its status (None without a drain). The
-    drain's error (a full disk: :class:`CapacityError`) is raised; :class:`UnavailableError`
-    after ``timeout`` seconds or when no leader answers."""
+    """Asks the drain for the newest committed step of every dataset whatever its cadence (a
+    job's last checkpoint), then waits until it has written every step it owes
+    (``pending_bytes`` 0), showing the bytes left with ``progress``; returns its status (None
+    without a drain). The drain's error (a full disk: :class:`CapacityError`) is raised;
+    :class:`UnavailableError` after ``timeout`` seconds or when no leader answers."""
     from tqdm import tqdm
 
     from .exceptions import CapacityError
@@ -510,6 +507,8 @@ def drain(file: str | os.PathLike[str], timeout: float | None = None, progress: 
     st = drain_status(file)
     if st is None:
         return None
+    ask = json.dumps({"op": "wait_drained", "timeout_ms": 0, "drain": True})
+    st = json.loads(_native.cluster_request(os.fspath(file), 0, ask, 5.0 if timeout is None else max(timeout, 1.0)))["drain"]
     # An error is raised once an attempt made after this call began failed too: one left from
     # before (a disk given room since) is cleared by the next retry.
     began = st.get("attempts", 0)

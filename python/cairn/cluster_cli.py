@@ -157,7 +157,13 @@ def cmd_stop(args: argparse.Namespace) -> None:
     if cluster.stopped(args.file) is not None:
         print(f"the cluster of {args.file} is stopped already")
         return
-    n = cluster.stop(args.file, drain_first=not args.no_drain, progress=True)
+    newest = {}
+    if not args.no_drain:
+        st = cluster.drain(args.file, progress=True)
+        newest = st["steps"] if st else {}
+    n = cluster.stop(args.file, drain_first=False, progress=True)
+    for name, step in sorted(newest.items()):
+        print(f"dataset {name}: newest step {step} on disk")
     print(f"stopped {n} servers of {args.file}; their logs stay in {cluster.entries_dir(args.file)}")
 
 
@@ -209,7 +215,10 @@ def _undrained(file: str, drain: dict[str, Any]) -> dict[str, list[int]]:
         newest = drain["steps"].get(name, -1)
         r = cairn.open(name, "r", engine="staging", cluster=file)
         try:
-            owed = [s for s in r.steps() if s > newest and s % max(1, drain["every"]) == 0 and _in_memory_only(r, s)]
+            steps = r.steps()
+            # The cadence's steps, and the newest (drained whatever the cadence at a job's end).
+            owed = [s for s in steps if s > newest and (s % max(1, drain["every"]) == 0 or s == steps[-1])
+                    and _in_memory_only(r, s)]
         finally:
             r.close()
         if owed:
@@ -252,6 +261,8 @@ def cmd_drain(args: argparse.Namespace) -> None:
             why.append(f"the drain's error: {st['error']}")
         raise UnavailableError(f"steps left undrained (only in memory, lost when the cluster stops): {steps}"
                                + "".join(f"; {w}" for w in why))
+    for name, step in sorted(st["steps"].items()):
+        print(f"dataset {name}: newest step {step} on disk")
     newest = ", ".join(f"{d} {s}" for d, s in sorted(st["steps"].items())) or "none"
     print(f"every step owed is drained to {st['path']} (newest on disk: {newest})")
 

@@ -1,7 +1,8 @@
 /* A restart in one handle (issue 56): settings given as TOML text, not a file; a first run writes
  * 3 steps; the restart opens "a", reads its state at cairn_next_step - 1 through the same handle
- * (cairn_steps, cairn_var_info, cairn_get) and writes the next step; cairn_halt_requested says
- * whether the job asks it to stop.
+ * (cairn_steps, cairn_var_info, cairn_get) and writes the next step; cairn_halt_requested and
+ * cairn_halt_requested_all say whether the job asks it to stop (-1 and CAIRN_ERR_CONFIG for a
+ * variable that does not parse), and cairn_wait_drained that its newest step is on disk.
  * Usage: restart DIR; prints "C restart: resumed at 3, halt N" or the failed check. */
 #include <stdio.h>
 #include <string.h>
@@ -47,7 +48,19 @@ int main(int argc, char **argv) {
   struct cairn_file *bad = NULL;
   EXPECT(cairn_open("ckpt", "r", "engine = \"tape\"", 0, 1, &bad) == CAIRN_ERR_CONFIG);
   EXPECT(strstr(cairn_last_error(), "the config text") != NULL);
-  int halt = cairn_halt_requested();
+  int halt = cairn_halt_requested(), all = -1, drained = 0;
+  if (halt < 0) {
+    /* A variable that does not parse: named, and the same from the writer's agreed answer. */
+    EXPECT(strstr(cairn_last_error(), "CAIRN_HALT_SECONDS") != NULL);
+    EXPECT(cairn_halt_requested_all(a, &all) == CAIRN_ERR_CONFIG);
+  } else {
+    /* One rank: the agreed answer is this process's. */
+    CHECK(cairn_halt_requested_all(a, &all));
+    EXPECT(all == halt);
+  }
+  /* The file engine's steps are on disk once committed. */
+  CHECK(cairn_wait_drained(a, -1, 5.0, &drained));
+  EXPECT(drained == 1);
   CHECK(cairn_close(a));
   printf("C restart: resumed at %llu, halt %d\n", (unsigned long long)next, halt);
   return 0;

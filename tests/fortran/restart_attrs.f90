@@ -2,7 +2,8 @@
 ! new_line('a'); cairn_define takes attrs (JSON) and cairn_set_attr sets text, real(8),
 ! integer(4) and integer(8) values on a variable and on the dataset (var ""); a restart opens
 ! "a", reads its state at cairn_next_step - 1 through the same handle and goes on;
-! cairn_halt_requested is asked once per run.
+! cairn_halt_requested and cairn_halt_requested_all are asked once per run, and cairn_wait_drained
+! says the newest step is on disk.
 ! Run: ./restart_attrs DIR   (prints "fortran restart: resumed at 2, halt T|F")
 program restart_attrs
   use cairn
@@ -13,6 +14,7 @@ program restart_attrs
   real(8) :: t(6), back(6)
   integer(8) :: s, next
   integer :: ierr, i
+  logical :: halt, drained
 
   call get_command_argument(1, dir)
   config = 'engine = "file"' // new_line('a') // '[file]' // new_line('a') // 'path = "' // trim(dir) // '"'
@@ -53,6 +55,12 @@ program restart_attrs
   call cairn_put(f, "T", back + 1, [0_8], ierr)
   call cairn_end_step(f, ierr)
   call check("end after restart")
+  call cairn_halt_requested_all(f, halt, ierr)
+  call check("halt agreed")
+  if (halt .neqv. cairn_halt_requested()) stop 6
+  call cairn_wait_drained(f, -1_8, 5d0, drained, ierr)
+  call check("wait drained")
+  if (.not. drained) stop 7
   call cairn_close(f, ierr)
   print '(a, i0, a, l1)', "fortran restart: resumed at ", next, ", halt ", cairn_halt_requested()
 contains

@@ -171,11 +171,6 @@ enum cairn_status cairn_put_typed(struct cairn_file *f,
 // `f` is a write handle; `step` points to a `uint64_t`.
 enum cairn_status cairn_next_step(struct cairn_file *f, uint64_t *step);
 
-// 1 when the job asks the application to stop now (save its state, close, exit): the file
-// `$CAIRN_HALT_FILE` exists (the job script creates it on `SIGUSR1`), or fewer than
-// `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`; else 0.
-int cairn_halt_requested(void);
-
 // Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every
 // step this writer ends from now on.
 //
@@ -402,5 +397,36 @@ enum cairn_status cairn_claims_close(struct cairn_claims *c);
 // # Safety
 // `f` is a write handle; `datasets` holds `n` NUL-terminated strings.
 enum cairn_status cairn_consume(struct cairn_file *f, const char *const *datasets, int n);
+
+// 1 when the job asks the application to stop now (save its state, close, exit): the file
+// `$CAIRN_HALT_FILE` exists (the job script creates it on `SIGUSR1`), or fewer than
+// `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`; else 0. -1 when one of those
+// variables does not parse ([`crate::cairn_last_error`] names it and its value). This is one
+// process's answer: ranks of a collective code ask [`cairn_halt_requested_all`].
+int cairn_halt_requested(void);
+
+// Into `*halt` (1 or 0), whether the job asks writer `f` to stop before the step it writes next
+// (the one after the newest it ended, else [`crate::cairn_next_step`]'s): one answer for every
+// rank. With `cairn_open_mpi`'s communicator it is collective (every rank calls it at the same
+// step; a logical OR of their answers); without, the first rank to ask for a step fixes the
+// answer every rank gets. `CAIRN_ERR_CONFIG` when `$CAIRN_HALT_SECONDS` or
+// `$SLURM_JOB_END_TIME` does not parse.
+//
+// # Safety
+// `f` is a write handle; `halt` points to an `int`.
+enum cairn_status cairn_halt_requested_all(struct cairn_file *f, int *halt);
+
+// Waits up to `timeout_s` seconds (negative: no limit) until step `step` (-1: the newest
+// committed) of writer `f`'s dataset is on the drain's disk, asking the drain for it whatever
+// its cadence (a job's last checkpoint); `*drained` is 1 once it is, 0 at the timeout. The
+// drain's error (a full disk: `CAIRN_ERR_CAPACITY`) is returned; the `file` engine's steps are on
+// disk when committed.
+//
+// # Safety
+// `f` is a write handle; `drained` points to an `int`.
+enum cairn_status cairn_wait_drained(struct cairn_file *f,
+                                     int64_t step,
+                                     double timeout_s,
+                                     int *drained);
 
 #endif  /* CAIRN_H */

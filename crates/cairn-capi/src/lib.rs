@@ -5,6 +5,8 @@
 //! # Layout
 //! - this file: the handle type, status codes, the last-error slot and the functions.
 //! - `claims`: D²T claimers and consume-and-produce commits.
+//! - `halt`: the job's request to stop (one process's, and one every rank agrees on) and the
+//!   wait for the last checkpoint on disk.
 //! - `mpi`: the communicator of [`cairn_open_mpi`], through a shim built against the program's MPI.
 
 use cairn_client::{Config, DType, Error, ErrorKind, Reader, Writer};
@@ -14,6 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
 pub mod claims;
+pub mod halt;
 pub mod mpi;
 
 /// Result of every call. `OK` is 0; other values name the kind of failure.
@@ -81,13 +84,13 @@ fn fail(kind: Status, msg: String) -> Status {
     fail_with(kind, msg, None)
 }
 
-fn fail_with(kind: Status, msg: String, reason: Option<cairn_core::Reason>) -> Status {
+pub(crate) fn fail_with(kind: Status, msg: String, reason: Option<cairn_core::Reason>) -> Status {
     LAST.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default());
     LAST_CODE.with(|c| *c.borrow_mut() = reason.map_or(c"", cairn_core::Reason::c_code));
     kind
 }
 
-fn status(r: Result<(), Error>) -> Status {
+pub(crate) fn status(r: Result<(), Error>) -> Status {
     match r {
         Ok(()) => Status::CairnOk,
         Err(e) => {
@@ -461,14 +464,6 @@ pub unsafe extern "C" fn cairn_next_step(f: *mut CairnFile, step: *mut u64) -> S
         unsafe { *step = w.next_step() };
         Ok(())
     })
-}
-
-/// 1 when the job asks the application to stop now (save its state, close, exit): the file
-/// `$CAIRN_HALT_FILE` exists (the job script creates it on `SIGUSR1`), or fewer than
-/// `$CAIRN_HALT_SECONDS` remain before `$SLURM_JOB_END_TIME`; else 0.
-#[no_mangle]
-pub extern "C" fn cairn_halt_requested() -> c_int {
-    c_int::from(cairn_client::halt::requested())
 }
 
 /// Sets the dataset's attributes (a JSON object, e.g. `{"title": "run 1"}`), published with every

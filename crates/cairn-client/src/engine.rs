@@ -103,8 +103,12 @@ pub trait WriteEngine: Send {
     fn failed_servers(&self) -> Vec<u32> {
         Vec::new()
     }
-    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
-    /// drained to disk; see [`ReadEngine::wait_drained`].
+    /// Agrees with the other ranks of this writer session on `mine` under `key`: the first rank
+    /// to ask fixes the answer every rank gets (staging: a compare-and-set in the control plane;
+    /// `file`: a file created exclusively in the dataset's folder).
+    fn agree(&self, key: &str, mine: bool) -> Result<bool>;
+    /// Waits until `step` (default: the newest committed step; a staging writer asks the drain
+    /// for it whatever the cadence) is drained to disk; see [`ReadEngine::wait_drained`].
     fn wait_drained(&self, _step: Option<u64>, _timeout: Option<Duration>) -> Result<bool> {
         Ok(true)
     }

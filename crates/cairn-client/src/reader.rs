@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 /// Reads committed steps of one dataset.
 pub struct Reader {
     engine: Box<dyn ReadEngine>,
+    /// The dataset's name (for messages).
+    name: String,
 }
 
 impl std::fmt::Debug for Reader {
@@ -28,7 +30,7 @@ impl Reader {
             EngineKind::File => Box::new(FileReader::open(Layout::new(&cfg.file.path, name))?),
             EngineKind::Staging => staging::reader(&cfg.staging, name)?,
         };
-        Ok(Reader { engine })
+        Ok(Reader { engine, name: name.to_string() })
     }
 
     /// Committed steps, sorted.
@@ -90,7 +92,17 @@ impl Reader {
     /// back and deletes their drained copies, in one control-plane command, refused while a
     /// step is begun and not ended; the file engine removes their indexes and the fragments
     /// and leases of steps from `from` on. Returns how many committed steps went.
+    /// A step past the newest committed one + 1 is refused (`InvalidArgument`, naming the newest).
     pub fn discard_from(&self, from: u64) -> Result<u64> {
+        let newest = self.engine.steps()?.last().copied();
+        if from > newest.map_or(0, |n| n.saturating_add(1)) {
+            let has = newest.map_or_else(|| "has no committed step".to_string(), |n| format!("has committed steps up to {n}"));
+            let upto = newest.map_or(0, |n| n + 1);
+            return Err(Error::InvalidArgument(format!(
+                "from_step={from}: '{}' {has}; go back to a step from 0 to {upto} ({upto}: discard nothing and continue)",
+                self.name
+            )));
+        }
         self.engine.discard_from(from)
     }
 

@@ -51,6 +51,10 @@ pub struct Writer {
     /// Steps this rank ended without committing them (other ranks' ends were still to come):
     /// what became of them is looked up at the next begin, end or close ([`Writer::take_aborted`]).
     unsettled: BTreeSet<u64>,
+    /// This launch of the application, as every rank passed it (keys the ranks' agreements).
+    session: String,
+    /// The newest step this rank ended (held for a trace flush or not).
+    last_ended: Option<u64>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -130,6 +134,8 @@ impl Writer {
             trace_flush: cfg.trace_flush.max(1),
             ended: 0,
             unsettled: BTreeSet::new(),
+            session: session.to_string(),
+            last_ended: None,
         })
     }
 
@@ -152,8 +158,31 @@ impl Writer {
         self.next_step
     }
 
-    /// Waits until `step` (default: the newest committed step the drain's cadence names) is
-    /// drained to disk (see [`crate::Reader::wait_drained`]).
+    /// The step this handle writes next as far as a halt is concerned: the one after the newest
+    /// step it ended, else [`Writer::next_step`].
+    pub fn halt_step(&self) -> u64 {
+        self.last_ended.map_or(self.next_step, |s| s.saturating_add(1))
+    }
+
+    /// The newest step this rank ended, if any.
+    pub fn last_ended(&self) -> Option<u64> {
+        self.last_ended
+    }
+
+    /// Whether the job asks this writer to stop before `step` (see [`crate::halt::requested`]),
+    /// one answer for every rank of its session: the first rank to ask for `step` fixes it
+    /// (one rank: its own answer). Ranks that share an MPI communicator may agree by an
+    /// allreduce instead.
+    pub fn halt_requested_all(&self, step: u64) -> Result<bool> {
+        let mine = crate::halt::requested()?;
+        if self.nranks <= 1 {
+            return Ok(mine);
+        }
+        self.engine.agree(&format!("halt.{}.{step}", self.session), mine)
+    }
+
+    /// Waits until `step` (default: the newest committed step) is drained to disk; a staging
+    /// writer's wait asks the drain for it whatever the cadence (a job's last checkpoint).
     pub fn wait_drained(&self, step: Option<u64>, timeout: Option<std::time::Duration>) -> Result<bool> {
         self.engine.wait_drained(step, timeout)
     }
@@ -502,6 +531,7 @@ impl Writer {
             self.ended = ended;
             self.consume.clear();
             self.held.push((step, part));
+            self.last_ended = self.last_ended.max(Some(step));
             return Ok(false);
         }
         // Flush while the step still counts as open, so a failed write leaves it abortable.
@@ -509,6 +539,7 @@ impl Writer {
         let committed = self.engine.end_step(step, &part)?;
         self.step = None;
         self.ended = ended;
+        self.last_ended = self.last_ended.max(Some(step));
         if !committed {
             self.unsettled.insert(step);
         }

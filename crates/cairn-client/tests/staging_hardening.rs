@@ -120,6 +120,7 @@ fn a_stalled_upload_gives_its_reservation_back_by_the_deadline() {
         writer: 0,
         shard: 0,
         from: None,
+        stripe: None,
     });
     let head = cairn_proto::frame::encode_head(&cairn_proto::Envelope { epoch: Some(1), req: put }, 6 << 20);
     use std::io::Write;
@@ -340,6 +341,7 @@ fn plant_leftover(c: &TestCluster, server: u32) {
         data: std::sync::Arc::new(cairn_server::segment::Memory::Heap(vec![9; 100])),
         sealed: false,
         copy: 0,
+        stripe: None,
     };
     st.store.insert("run", 0, (u64::MAX, 0), leftover, st.store.reserve(100).unwrap()).unwrap();
 }

@@ -101,6 +101,17 @@ impl Dir {
         rename_noreplace(self.fd.as_raw_fd(), &f, &t, &self.path(to))
     }
 
+    /// Renames `from` over `to` in this directory (neither followed if a symlink).
+    pub fn rename_over(&self, from: &str, to: &str) -> Result<()> {
+        let (f, t) = (self.component(from)?, self.component(to)?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: a valid descriptor and NUL-terminated names that live across the call.
+        if unsafe { libc::renameat(fd, f.as_ptr(), fd, t.as_ptr()) } != 0 {
+            return Err(Error::io(format!("renaming {} to {}", self.path(from).display(), to), std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Removes file `name` (a symlink itself, never its target); best effort.
     pub fn remove(&self, name: &str) {
         if let Ok(c) = self.component(name) {

@@ -73,6 +73,15 @@ pub enum Cmd {
         /// The leader's clock when it proposed this.
         now_ms: u64,
     },
+    /// A writer (or `cairn cluster drain`) asks the drain for committed `step` of a dataset
+    /// whatever the cadence (a job's last checkpoint): the drain owes it from now on, so
+    /// `keep_last` and the queue hold it until it is on disk.
+    AskDrain {
+        /// Dataset.
+        dataset: String,
+        /// The step.
+        step: u64,
+    },
     /// Step `step` of a dataset (and every step before it the cadence drains) is on disk: the
     /// steps `keep_last` held back for the drain may be released now.
     Drained {
@@ -329,6 +338,10 @@ struct Dataset {
     /// The newest step drained to disk (every earlier step the cadence names is, too).
     #[serde(default)]
     drained: Option<u64>,
+    /// Committed steps the drain was asked for off its cadence ([`Cmd::AskDrain`]): owed while
+    /// past `drained`, on disk after; forgotten with the step.
+    #[serde(default)]
+    drain_asked: BTreeSet<u64>,
     /// The drain's cadence and `keep_last` as of the newest commit.
     #[serde(default)]
     drain_every: Option<u64>,
@@ -370,7 +383,31 @@ impl Dataset {
 
     /// Whether the drain still owes `step` (its cadence names it and it is not on disk yet).
     fn owed(&self, step: u64) -> bool {
-        self.drain_every.is_some_and(|every| step.is_multiple_of(every.max(1)) && self.drained.is_none_or(|d| step > d))
+        self.drain_every.is_some_and(|every| self.names(step, every) && self.drained.is_none_or(|d| step > d))
+    }
+
+    /// Whether the drain writes `step` at cadence `every`: the cadence names it, or it was asked.
+    fn names(&self, step: u64, every: u64) -> bool {
+        step.is_multiple_of(every.max(1)) || self.drain_asked.contains(&step)
+    }
+
+    /// Asks the drain for committed `step` off the cadence (see [`Cmd::AskDrain`]).
+    fn ask_drain(&mut self, dataset: &str, step: u64) -> Result<(), Error> {
+        if !self.committed.contains_key(&step) {
+            return Err(self.missing(dataset, step));
+        }
+        let on_cadence = self.drain_every.is_some_and(|e| step.is_multiple_of(e.max(1)));
+        match self.drained {
+            Some(d) if step <= d && !on_cadence && !self.drain_asked.contains(&step) => Err(Error::Conflict(format!(
+                "step {step} of '{dataset}' is older than its newest drained step {d} and off the drain's cadence: it is not on \
+                 disk, and only steps newer than the newest drained one are drained on demand"
+            ))),
+            Some(d) if step <= d => Ok(()),
+            _ => {
+                self.drain_asked.insert(step);
+                Ok(())
+            }
+        }
     }
 
     /// Releases, of the committed steps the drain does not still owe and that hold no constant's
@@ -401,6 +438,7 @@ impl Dataset {
             .filter_map(|step| {
                 let index = self.committed.remove(&step)?;
                 self.committed_by.remove(&step);
+                self.drain_asked.remove(&step);
                 self.mark_released(step);
                 self.claims.gone(step);
                 Some(index)
@@ -535,6 +573,10 @@ impl MetaState {
                     ds.drained = ds.drained.max(Some(step));
                     Ok(Outcome::Drained { released: ds.trim() })
                 }
+                None => Err(no_dataset(&dataset)),
+            },
+            Cmd::AskDrain { dataset, step } => match self.datasets.get_mut(&dataset) {
+                Some(ds) => ds.ask_drain(&dataset, step).map(|()| Outcome::Done),
                 None => Err(no_dataset(&dataset)),
             },
             Cmd::Abort(Abort { dataset, step, session, reason }) => Ok(self.abort(&dataset, step, &session, reason)),
@@ -733,6 +775,7 @@ impl MetaState {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
         let index = ds.committed.remove(&step).ok_or_else(|| ds.missing(dataset, step))?;
         ds.committed_by.remove(&step);
+        ds.drain_asked.remove(&step);
         ds.mark_released(step);
         ds.claims.gone(step);
         Ok(Outcome::Released { index })
@@ -762,6 +805,7 @@ impl MetaState {
             )));
         }
         let released: Vec<Arc<StepIndex>> = ds.committed.split_off(&from).into_values().collect();
+        ds.drain_asked.retain(|s| *s < from);
         let forgotten = ds.released.split_off(&from);
         ds.discarded.extend(released.iter().map(|i| i.step).chain(forgotten));
         while ds.discarded.len() > RELEASED_KEPT {
@@ -979,7 +1023,7 @@ impl MetaState {
     pub fn owed(&self, dataset: &str, every: u64) -> Vec<(u64, Arc<StepIndex>)> {
         let Some(ds) = self.datasets.get(dataset) else { return Vec::new() };
         let after = ds.drained.map_or(0, |d| d + 1);
-        ds.committed.range(after..).filter(|(s, _)| s.is_multiple_of(every.max(1))).map(|(s, i)| (*s, i.clone())).collect()
+        ds.committed.range(after..).filter(|(s, _)| ds.names(**s, every)).map(|(s, i)| (*s, i.clone())).collect()
     }
 
     /// Per dataset, the steps discarded by a restart from an older step and not written again
@@ -1280,6 +1324,42 @@ pub(crate) mod tests {
         assert_eq!(gone, vec![1, 2], "0 and 3 are owed to the drain");
         assert_eq!(s.steps("d"), vec![0, 3, 4]);
         assert_eq!(s.datasets.get("d").unwrap().queued(), 3);
+    }
+
+    #[test]
+    fn a_step_asked_off_the_cadence_is_owed_and_held_until_drained() {
+        let mut s = MetaState::default();
+        let commit = |s: &mut MetaState, step: u64| {
+            add(s, step, 0, 1, "a");
+            s.apply(Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: Some(1), drain_every: Some(5), now_ms: 0 });
+        };
+        let owed = |s: &MetaState| s.owed("d", 5).iter().map(|(st, _)| *st).collect::<Vec<_>>();
+        for step in 0..8 {
+            commit(&mut s, step);
+        }
+        assert_eq!(owed(&s), vec![0, 5], "the cadence's steps");
+        assert_eq!(s.apply(Cmd::AskDrain { dataset: "d".into(), step: 6 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        s.apply(Cmd::AskDrain { dataset: "d".into(), step: 7 }).into_result().unwrap();
+        assert_eq!(owed(&s), vec![0, 5, 7], "the asked step is owed too");
+        commit(&mut s, 8);
+        commit(&mut s, 9);
+        assert_eq!(s.steps("d"), vec![0, 5, 7, 9], "keep_last holds the asked step until it is drained");
+        s.apply(Cmd::Drained { dataset: "d".into(), step: 0 });
+        s.apply(Cmd::Drained { dataset: "d".into(), step: 5 });
+        let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 7 }) else { panic!() };
+        assert!(released.iter().any(|i| i.step == 7), "released once on disk");
+        assert!(owed(&s).is_empty());
+        // Older than the newest drained and off the cadence: not on disk, and said so.
+        commit(&mut s, 10);
+        s.apply(Cmd::Drained { dataset: "d".into(), step: 10 });
+        assert_eq!(s.apply(Cmd::AskDrain { dataset: "d".into(), step: 9 }).into_result().unwrap_err().kind(), ErrorKind::NotFound);
+        for step in [11, 12] {
+            add(&mut s, step, 0, 1, "a");
+            s.apply(Cmd::Commit { dataset: "d".into(), step, session: "a".into(), keep_last: None, drain_every: Some(5), now_ms: 0 });
+        }
+        s.apply(Cmd::AskDrain { dataset: "d".into(), step: 12 }).into_result().unwrap();
+        s.apply(Cmd::Drained { dataset: "d".into(), step: 12 });
+        assert_eq!(s.apply(Cmd::AskDrain { dataset: "d".into(), step: 11 }).into_result().unwrap_err().kind(), ErrorKind::Conflict);
     }
 
     #[test]

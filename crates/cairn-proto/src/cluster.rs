@@ -156,6 +156,55 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(|e| Error::io(what(), e))
 }
 
+/// Rewrites the server list of the cluster file at `path` with `change` (the one writer of a live
+/// cluster file after its start: `cluster add`, `replace`, `retire`). The rest of the document
+/// is kept as it is, and so are the file's owner, group and mode (a socket group's read access
+/// survives); it is written to a temporary file of a unique name, then renamed over the file. A
+/// stopped cluster's file is never replaced (`Conflict`).
+pub fn rewrite_servers(path: &Path, change: impl FnOnce(&mut Vec<ServerEntry>)) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let what = || format!("rewriting the cluster file {}", path.display());
+    let bytes = std::fs::read(path).map_err(|e| Error::io(what(), e))?;
+    if StoppedFile::parse(&bytes).is_some() {
+        return Err(Error::Conflict(format!(
+            "the cluster of {} is stopped: its file is kept for readers of its drained steps and not rewritten; start a cluster \
+             with `cairn cluster start --file {}`",
+            path.display(),
+            path.display()
+        )));
+    }
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt(format!("cluster file {} does not parse: {e}", path.display())))?;
+    let mut servers: Vec<ServerEntry> = serde_json::from_value(doc["servers"].take())
+        .map_err(|e| Error::Corrupt(format!("the servers of cluster file {} do not parse: {e}", path.display())))?;
+    change(&mut servers);
+    doc["servers"] = serde_json::to_value(&servers).expect("entries serialize");
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(what(), e))?;
+    let nonce = crate::auth::new_nonce()?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}-{nonce}",
+        path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        std::process::id()
+    ));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(&doc).expect("serializes"))?;
+        // Owner and group as they were (a group is kept only where this user may give it).
+        if meta.uid() != f.metadata()?.uid() || meta.gid() != f.metadata()?.gid() {
+            std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
+        }
+        f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(what(), e));
+    }
+    Ok(())
+}
+
 /// This machine's host name (clients on the server's host use its Unix socket).
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -310,6 +359,34 @@ pub fn rotate_log(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rewrite_keeps_the_rest_of_the_file_and_its_mode_and_never_replaces_a_stopped_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.json");
+        let entry = |id| ServerEntry {
+            spec: cairn_core::placement::ServerSpec { id, node: format!("n{id}"), rack: String::new(), spare: false },
+            addr: format!("127.0.0.1:{}", 7000 + id),
+            unix: None,
+            host: "h".into(),
+            pid: 0,
+            memory: 1,
+            metrics: None,
+        };
+        let file = ClusterFile { secret: "s".into(), servers: vec![entry(0)], redundancy: Default::default(), drain: None };
+        std::fs::write(&path, file.to_json()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        rewrite_servers(&path, |s| s.push(entry(1))).unwrap();
+        let back = ClusterFile::load(&path).unwrap();
+        assert_eq!((back.secret.as_str(), back.servers.len()), ("s", 2));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640, "the group's read access is kept");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
+        StoppedFile::write(&path, None).unwrap();
+        let e = rewrite_servers(&path, |s| s.clear()).unwrap_err();
+        assert_eq!(e.kind(), cairn_core::ErrorKind::Conflict);
+        assert!(StoppedFile::load(&path).is_some(), "a stopped cluster's file is never replaced");
+    }
 
     #[test]
     fn an_old_log_is_kept_once() {

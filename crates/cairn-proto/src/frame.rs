@@ -146,7 +146,7 @@ mod properties {
 
         #[test]
         fn corrupted_frames_never_panic(pos in 0usize..200, flip in any::<u8>(), cut in 0usize..200) {
-            let msg = Request::Get { dataset: "d".into(), step: 3, id: 9, want: cairn_core::Region::new(vec![1, 2], vec![3, 4]).unwrap(), shard: 0, map: None };
+            let msg = Request::Get { dataset: "d".into(), step: 3, id: 9, want: cairn_core::Region::new(vec![1, 2], vec![3, 4]).unwrap(), shard: 0, stripe: None, map: None };
             let mut buf = encode_head(&msg, 0);
             let n = buf.len();
             buf[pos % n] ^= flip;

@@ -211,6 +211,9 @@ pub enum PeerRequest {
         k: u32,
         /// Which data shard (`< k`).
         shard: u32,
+        /// Parity shards in the stripe (kept beside the shard: its geometry).
+        #[serde(default)]
+        m: u32,
     },
     /// Leader → the server that takes a lost server's pieces (the live heir of its slot, or the
     /// server itself back in its own slot): rebuild these pieces of committed objects of
@@ -286,8 +289,34 @@ pub struct ObjectPut {
     /// (cross-memory attach). At most [`MAX_RUNS`] runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Vec<(u64, u64)>>,
+    /// For a shard: the stripe it is a piece of. A server keeps it beside the shard and serves
+    /// the shard only to a get naming the same geometry (see [`Geometry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<Geometry>,
     /// The object: variable, id, box, element size, checksum, copy.
     pub object: PutItem,
+}
+
+/// The geometry of an erasure-coded object's stripe: `k` data and `m` parity shards of `len`
+/// bytes each. A stripe encoded again (narrower after a loss, wider after `cluster add`) keeps
+/// its `(object, shard)` keys and changes its geometry, so a shard is named by both: a get whose
+/// geometry differs from the stored piece's is answered `NotFound` (the reader reads the step's
+/// index again), never with a piece of another stripe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Geometry {
+    /// Data shards.
+    pub k: u32,
+    /// Parity shards.
+    pub m: u32,
+    /// Bytes of each shard.
+    pub len: u64,
+}
+
+impl Geometry {
+    /// The geometry of an object of `bytes` bytes coded into `k + m` shards.
+    pub fn of(bytes: u64, k: u32, m: u32) -> Geometry {
+        Geometry { k, m, len: cairn_core::erasure::shard_len(bytes, k) }
+    }
 }
 
 /// A claimer's request for a lease of a committed step (`claim`), or to extend its leases
@@ -421,6 +450,10 @@ pub enum Request {
         /// 0 for a whole copy, `i + 1` for shard `i`.
         #[serde(default, skip_serializing_if = "is_zero")]
         shard: u32,
+        /// For a shard: the geometry of the stripe the reader's index names (required then). A
+        /// server holding the shard under another geometry answers `NotFound`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stripe: Option<Geometry>,
         /// Set by a same-node reader that maps segments (on a Unix socket): a whole copy held
         /// in a segment of the reader's user is answered [`Response::Mapped`] instead of with its
         /// bytes. The ids are segments the reader unmapped since its last get (at most
@@ -514,6 +547,11 @@ pub enum Request {
         step: Option<u64>,
         /// Milliseconds to wait at most.
         timeout_ms: u64,
+        /// Drain the step (default: the newest committed) whatever the cadence, then wait for
+        /// it: a writer's last checkpoint. Without a dataset: the newest committed step of
+        /// every dataset, answered at once (the drain's state says when they are on disk).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drain: bool,
     },
     /// What became of a step a writer session ended: answered with [`Response::Outcome`]
     /// (ranks that were not last learn whether it committed or aborted, and why).

@@ -24,6 +24,16 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// A second descriptor of the socket, for another thread to shut it down with (waking a call
+    /// blocked on it: a put to a server the control plane declared down is abandoned then).
+    pub fn shutdown_handle(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        match self {
+            Stream::Tcp(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Unix(s) => s.sock.as_fd().try_clone_to_owned(),
+        }
+    }
+
     /// Sets both the read and the write deadline to `t`.
     pub fn set_timeouts(&self, t: std::time::Duration) -> std::io::Result<()> {
         match self {

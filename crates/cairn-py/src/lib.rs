@@ -39,10 +39,17 @@ fn config_json(path: Option<String>, overrides: Vec<(String, String)>) -> PyResu
     Ok(serde_json::to_string(&config(path, overrides)?).expect("configs serialize"))
 }
 
-/// Whether the job asks the application to stop (see `cairn_client::halt`).
+/// Whether the job asks the application to stop (see `cairn_client::halt`); `ConfigError` for a
+/// variable that does not parse.
 #[pyfunction]
-fn halt_requested() -> bool {
-    cairn_client::halt::requested()
+fn halt_requested() -> PyResult<bool> {
+    cairn_client::halt::requested().map_err(errors::to_py)
+}
+
+/// Once per process: why the halt file is stale (older than this process), else None.
+#[pyfunction]
+fn halt_stale_warning() -> Option<String> {
+    cairn_client::halt::stale_warning()
 }
 
 #[pymodule]
@@ -56,6 +63,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv::PyKvStore>()?;
     m.add_function(wrap_pyfunction!(config_json, m)?)?;
     m.add_function(wrap_pyfunction!(halt_requested, m)?)?;
+    m.add_function(wrap_pyfunction!(halt_stale_warning, m)?)?;
     m.add_function(wrap_pyfunction!(codec::compress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::decompress, m)?)?;
     m.add_function(wrap_pyfunction!(codec::crc32c, m)?)?;
@@ -67,6 +75,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::cluster_replace, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_add, m)?)?;
     m.add_function(wrap_pyfunction!(staging::cluster_retire, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::cluster_rewrite_servers, m)?)?;
     m.add_function(wrap_pyfunction!(staging::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(staging::parse_duration, m)?)?;
     m.add_function(wrap_pyfunction!(staging::load_topology, m)?)?;

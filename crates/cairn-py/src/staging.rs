@@ -65,6 +65,15 @@ pub(crate) fn cluster_retire(py: Python<'_>, cluster: PathBuf, id: u32, timeout_
     Ok(serde_json::to_string(&view).expect("views serialize"))
 }
 
+/// Rewrites the server list of cluster file `cluster` (JSON entries; see
+/// `cairn_proto::cluster::rewrite_servers`): mode, owner and group kept, a stopped file refused.
+#[pyfunction]
+pub(crate) fn cluster_rewrite_servers(cluster: PathBuf, servers_json: &str) -> PyResult<()> {
+    let servers: Vec<cairn_proto::cluster::ServerEntry> = serde_json::from_str(servers_json)
+        .map_err(|e| to_py(cairn_core::Error::InvalidArgument(format!("server entries do not parse: {e}"))))?;
+    cairn_proto::cluster::rewrite_servers(&cluster, |s| *s = servers).map_err(to_py)
+}
+
 /// Bytes in a size such as "4GiB".
 #[pyfunction]
 pub(crate) fn parse_size(text: &str) -> PyResult<u64> {

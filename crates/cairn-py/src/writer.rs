@@ -107,6 +107,17 @@ impl PyWriter {
         self.with(|w| Ok(w.next_step()))
     }
 
+    /// The newest step this rank ended, or None.
+    #[getter]
+    fn last_ended(&self) -> PyResult<Option<u64>> {
+        self.with(|w| Ok(w.last_ended()))
+    }
+
+    /// Whether the job asks every rank to stop before `step`: the first rank to ask fixes it.
+    fn halt_requested_all(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
+        py.detach(|| self.with(|w| w.halt_requested_all(step)))
+    }
+
     // Every call that may reach a server lets go of the GIL: held through a control-plane
     // election, it stalled every other Python thread of the process (a chaos run's readers
     // waited out the writers' elections).

@@ -11,7 +11,7 @@ use crate::state::State;
 use crate::store::Which;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{ObjectPut, PeerRequest, Request, Response};
+use cairn_proto::message::{Geometry, ObjectPut, PeerRequest, Request, Response};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -56,12 +56,12 @@ pub async fn encode(state: &Arc<State>, dataset: &str, step: u64, id: u64, strip
     let mut stored = tokio::task::JoinSet::new();
     for (i, (piece, to)) in pieces.into_iter().zip(shards.iter().copied()).enumerate() {
         let Some(bytes) = piece else {
-            let req = PeerRequest::Cut { dataset: dataset.to_string(), step, id, k, shard: i as u32 };
+            let req = PeerRequest::Cut { dataset: dataset.to_string(), step, id, k, shard: i as u32, m };
             let state = state.clone();
             stored.spawn(async move { crate::peer::call(&state, to, &req).await.map(|_| ()) });
             continue;
         };
-        let mut h = ObjectPut { shard: i as u32 + 1, ..base.clone() };
+        let mut h = ObjectPut { shard: i as u32 + 1, stripe: Some(Geometry { k, m, len: bytes.len() as u64 }), ..base.clone() };
         (h.object.checksum, h.object.copy) = (cairn_core::checksum::crc(&bytes), u32::from(i >= k as usize));
         let state = state.clone();
         stored.spawn(async move { store_shard(&state, to, h, bytes).await });
@@ -87,13 +87,15 @@ async fn store_shard(state: &State, to: u32, h: ObjectPut, bytes: Vec<u8>) -> Re
     crate::objects::store(state, h, true, bytes, r)
 }
 
-/// Stores data shard `shard` (of `k`) of object `id`, cut from this server's whole copy.
-pub fn cut(state: &State, dataset: &str, step: u64, id: u64, k: u32, shard: u32) -> Result<()> {
+/// Stores data shard `shard` (of `k` data and `m` parity shards) of object `id`, cut from this
+/// server's whole copy.
+pub fn cut(state: &State, dataset: &str, step: u64, id: u64, (k, m): (u32, u32), shard: u32) -> Result<()> {
     let (data, h) = state.store.with(dataset, step, (id, 0), |o| (o.data.clone(), piece_of(dataset, step, id, o, shard + 1)))?;
     crate::objects::intact(&data, h.object.checksum, || format!("object {id:#x} of '{dataset}' step {step}"))?;
     let bytes = cairn_core::erasure::data_shard(&data, k as usize, shard as usize);
     let mut h = h;
     h.object.checksum = cairn_core::checksum::crc(&bytes);
+    h.stripe = Some(Geometry { k, m, len: bytes.len() as u64 });
     let r = state.store.reserve(bytes.len() as u64)?;
     crate::objects::store(state, h, true, bytes, r)
 }

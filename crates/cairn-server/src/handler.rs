@@ -112,8 +112,15 @@ pub async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             ServerRequest::Client(Request::Get { dataset, .. }) => Some(state.stats.datasets.as_ref().map(|_| dataset.clone())),
             _ => None,
         };
-        await_view(&ctl, env.epoch).await;
-        let reply = match check_epoch(&ctl, env.epoch) {
+        // A get placed by a view newer than this server's is served as it is: a shard's
+        // geometry, not the epoch, says whether the piece is the one the reader wants, and a
+        // reader's get never waits for a view change to reach a holder.
+        let epoch = match &env.req {
+            ServerRequest::Client(Request::Get { .. }) => env.epoch.filter(|e| state.view().is_ok_and(|v| *e <= v.epoch)),
+            _ => env.epoch,
+        };
+        await_view(&ctl, epoch).await;
+        let reply = match check_epoch(&ctl, epoch) {
             Some(refusal) => discard(&mut stream, prefix.payload_len).await.map(|()| Reply::Plain(refusal)),
             None => cmd::dispatch(&ctl, env.req, prefix, &mut stream, &mut local).await,
         };

@@ -41,6 +41,7 @@ pub fn store_checked(state: &State, h: ObjectPut, sealed: bool, data: Memory, cr
         data: Arc::new(data),
         sealed,
         copy: o.copy,
+        stripe: h.stripe,
     };
     state.store.insert(&h.dataset, h.step, (o.id, h.shard), obj, reservation)
 }
@@ -56,6 +57,7 @@ pub fn piece_of(dataset: &str, step: u64, id: u64, o: &crate::store::Object, sha
         writer: o.writer,
         shard,
         from: None,
+        stripe: None,
         object: PutItem { var: o.var.clone(), id, region: o.region.clone(), elem: o.elem, checksum: o.checksum, copy: 0 },
     }
 }

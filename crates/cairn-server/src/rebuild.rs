@@ -7,7 +7,7 @@ use crate::reply::{Payload, Reply};
 use crate::state::State;
 use cairn_core::erasure::Code;
 use cairn_core::{Error, Result};
-use cairn_proto::message::{ObjectPut, PeerRequest, PieceFailure, PieceHead, PutItem, RebuildPiece, Response};
+use cairn_proto::message::{Geometry, ObjectPut, PeerRequest, PieceFailure, PieceHead, PutItem, RebuildPiece, Response};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -187,6 +187,7 @@ impl Work {
                 }
             }
         };
+        let stripe = (p.shard > 0).then(|| Geometry::of(head.region.volume() * u64::from(head.elem), p.k, p.m));
         let object = PutItem {
             var: head.var,
             id: p.id,
@@ -203,6 +204,7 @@ impl Work {
             writer: head.writer,
             shard: p.shard,
             from: None,
+            stripe,
             object,
         };
         Ok((h, bytes))

@@ -32,6 +32,8 @@ pub struct Object {
     pub sealed: bool,
     /// Which copy it is (0: the first); for a shard, 0 for data and 1 for parity.
     pub copy: u32,
+    /// For a shard: the geometry of its stripe, as its put named it (`None` for a whole copy).
+    pub stripe: Option<cairn_proto::message::Geometry>,
 }
 
 /// An object's key within a step: its id and shard.
@@ -550,6 +552,7 @@ mod tests {
             data: Arc::new(Memory::Heap(vec![0; n])),
             sealed: false,
             copy: 0,
+            stripe: None,
         }
     }
 

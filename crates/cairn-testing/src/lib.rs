@@ -349,6 +349,7 @@ pub fn put_request(dataset: &str, id: u64, len: u64, checksum: u32) -> Request {
         writer: 0,
         shard: 0,
         from: None,
+        stripe: None,
         object: cairn_proto::message::PutItem { var: "x".into(), id, region, elem: 1, checksum, copy: 0 },
     })
 }
@@ -356,7 +357,7 @@ pub fn put_request(dataset: &str, id: u64, len: u64, checksum: u32) -> Request {
 /// The get of object `id` of [`put_request`].
 pub fn get_request(dataset: &str, id: u64, len: u64) -> Request {
     let want = cairn_core::Region::new(vec![0], vec![len]).expect("a 1-D box");
-    Request::Get { dataset: dataset.into(), step: 0, id, want, shard: 0, map: None }
+    Request::Get { dataset: dataset.into(), step: 0, id, want, shard: 0, stripe: None, map: None }
 }
 
 /// `put` as a same-node put naming `runs` (address, length) of the connected process's memory.

@@ -551,6 +551,10 @@ impl WriteEngine for AggWriter {
         Ok(self.committed.contains(&step))
     }
 
+    fn agree(&self, key: &str, mine: bool) -> Result<bool> {
+        super::writer::agree(&self.layout, key, mine)
+    }
+
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let encoded = blocks.iter().map(|(_, b)| encode(b, self.rank, self.chunk, self.compression)).collect::<Result<Vec<_>>>()?;
         if self.mode == Mode::Offsets {

@@ -176,6 +176,10 @@ impl WriteEngine for FileWriter {
         Ok(self.layout.step_path(step).exists())
     }
 
+    fn agree(&self, key: &str, mine: bool) -> Result<bool> {
+        agree(&self.layout, key, mine)
+    }
+
     fn put_batch(&mut self, blocks: Vec<(u64, BlockData<'_>)>) -> Result<()> {
         let encoded = blocks.iter().map(|(_, b)| encode(b, self.rank, self.chunk, self.compression)).collect::<Result<Vec<_>>>()?;
         let stored: Vec<&[u8]> = blocks.iter().zip(&encoded).map(|((_, b), (_, c))| c.as_deref().unwrap_or(b.bytes)).collect();
@@ -245,4 +249,36 @@ pub(super) fn commit_index(layout: &Layout, index: StepIndex, session: &str, con
         )));
     }
     Ok(true)
+}
+
+/// The file engine's agreement of a writer session's ranks (see `WriteEngine::agree`): the first
+/// rank creates `agree.<key>` in the dataset's folder exclusively (`O_EXCL`, which NFS and Lustre
+/// honour) holding its answer; the others read it.
+pub(crate) fn agree(layout: &Layout, key: &str, mine: bool) -> Result<bool> {
+    let name: String = key.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+    let path = layout.root.join(format!("agree.{name}"));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(mut f) => {
+            use std::io::Write;
+            f.write_all(if mine { b"1" } else { b"0" }).map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+            return Ok(mine);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(format!("creating {}", path.display()), e)),
+    }
+    // The first rank created it and writes its byte right after: wait for the byte.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let got = std::fs::read(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        if let Some(b) = got.first() {
+            return Ok(*b == b'1');
+        }
+        if std::time::Instant::now() >= until {
+            return Err(Error::Unavailable(format!(
+                "{} stayed empty for 30 s: the rank that created it died before writing its answer; remove it",
+                path.display()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }

@@ -44,6 +44,10 @@ pub(crate) struct Conn {
     pub(crate) mapping: bool,
     /// The server's segments mapped here for reading.
     pub(crate) rmaps: super::shm::ReadMaps,
+    /// Reading a reply failed part-way (over the caller's bound, bad magic, another version, a
+    /// header that does not parse, a short payload): where the next reply starts is unknown, so
+    /// [`Cluster::with`] closes the connection whatever the error's kind.
+    broken: bool,
 }
 
 impl Conn {
@@ -68,6 +72,7 @@ impl Conn {
             maps: Default::default(),
             mapping: false,
             rmaps: Default::default(),
+            broken: false,
         };
         let nonce = match c.recv(0, "hello")?.0 {
             Response::Challenge { nonce, .. } => nonce,
@@ -105,12 +110,14 @@ impl Conn {
     }
 
     /// Sends a request whose payload is the concatenation of `payload`. Requests placed by the
-    /// view carry its epoch; those addressed to a server by id (gets and drops of objects the
-    /// index locates, administration) do not.
+    /// view carry its epoch, and so do gets (a server with a newer view answers `stale_epoch`:
+    /// the reader's index may name pieces recovery moved); those addressed to a server by id
+    /// otherwise (drops of objects the index locates, administration) do not.
     pub(crate) fn send(&mut self, req: &Request, payload: &[&[u8]]) -> Result<()> {
         let placed = matches!(
             req,
             Request::Put(ObjectPut { .. })
+                | Request::Get { .. }
                 | Request::PutMany { .. }
                 | Request::EndStep { .. }
                 | Request::Steps { .. }
@@ -123,23 +130,38 @@ impl Conn {
                 | Request::KvDelete { .. }
         );
         let env = Envelope { epoch: self.epoch.filter(|_| placed), req: req.clone() };
-        write_frame(&mut self.stream, &env, payload).map_err(|e| self.fail(&req.op_name(), e))
+        write_frame(&mut self.stream, &env, payload).map_err(|e| {
+            self.broken = true;
+            self.fail(&req.op_name(), e)
+        })
     }
 
     /// Reads one reply as sent (an error reply is a `Response::Error`), with a payload of at most
     /// `max_payload` bytes left to read.
     pub(crate) fn recv(&mut self, max_payload: u64, op: &str) -> Result<(Response, u64)> {
-        read_head::<Response>(&mut self.stream, max_payload).map_err(|e| self.fail(op, e))
+        let r = read_head::<Response>(&mut self.stream, max_payload);
+        self.framed(r, op)
     }
 
     /// Reads a reply's payload into `parts`.
     pub(crate) fn read_payload(&mut self, parts: &mut [&mut [u8]], op: &str) -> Result<()> {
-        read_payload(&mut self.stream, parts).map_err(|e| self.fail(op, e))
+        let r = read_payload(&mut self.stream, parts);
+        self.framed(r, op)
     }
 
     /// [`Conn::read_payload`] that returns the payload's crc32c, computed as it arrives.
     pub(crate) fn read_payload_crc(&mut self, parts: &mut [&mut [u8]], op: &str) -> Result<u32> {
-        read_payload_crc(&mut self.stream, parts).map_err(|e| self.fail(op, e))
+        let r = read_payload_crc(&mut self.stream, parts);
+        self.framed(r, op)
+    }
+
+    /// A reply read's result: on any error the connection's framing is in doubt (see
+    /// [`Conn::broken`]).
+    fn framed<T>(&mut self, r: Result<T>, op: &str) -> Result<T> {
+        r.map_err(|e| {
+            self.broken = true;
+            self.fail(op, e)
+        })
     }
 
     /// The oldest descriptor the server passed on this connection and no reply claimed yet.
@@ -152,7 +174,8 @@ impl Conn {
 
     /// Reads and drops a reply's payload.
     pub(crate) fn skip(&mut self, len: u64, op: &str) -> Result<()> {
-        skip_payload(&mut self.stream, len).map_err(|e| self.fail(op, e))
+        let r = skip_payload(&mut self.stream, len);
+        self.framed(r, op)
     }
 
     /// Sends a request without payload and reads its reply as sent (which carries none).
@@ -227,6 +250,8 @@ fn fail(server: u32, addr: &str, op: &str, timeout: Duration, e: &Error) -> Erro
 #[derive(Debug)]
 pub(crate) struct Cluster {
     file: ClusterFile,
+    /// Where the cluster file is (read again to find servers added since: [`Cluster::discover`]).
+    path: std::path::PathBuf,
     view: RwLock<Arc<ClusterView>>,
     slots: Mutex<HashMap<u32, Arc<Mutex<Option<Conn>>>>>,
     /// The control plane's leader, as last found.
@@ -234,6 +259,9 @@ pub(crate) struct Cluster {
     transport: Transport,
     /// Deadline of every read and write.
     pub(crate) timeout: Duration,
+    /// A second descriptor of each open connection's socket, to shut it down from another
+    /// thread ([`Cluster::abandon`]).
+    sockets: Mutex<HashMap<u32, std::os::fd::OwnedFd>>,
     /// Servers that missed a deadline lately (hung or overloaded), with the error they gave:
     /// not asked again for [`Cluster::timeout`], so one hung server costs a caller one deadline,
     /// not one per request (a read of several steps paid it for every step's index).
@@ -245,7 +273,17 @@ impl Cluster {
         let file = ClusterFile::load(path)?;
         let view = RwLock::new(Arc::new(ClusterView::initial(&file)));
         let hung = Mutex::new(HashMap::new());
-        Ok(Arc::new(Cluster { file, view, slots: Mutex::new(HashMap::new()), leader: Mutex::new(None), transport, timeout, hung }))
+        Ok(Arc::new(Cluster {
+            file,
+            path: path.to_path_buf(),
+            view,
+            slots: Mutex::new(HashMap::new()),
+            leader: Mutex::new(None),
+            transport,
+            timeout,
+            hung,
+            sockets: Mutex::default(),
+        }))
     }
 
     /// The cluster's redundancy settings.
@@ -266,6 +304,16 @@ impl Cluster {
     /// The current view.
     pub(crate) fn view(&self) -> Arc<ClusterView> {
         self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Shuts down the connection to `server`, waking a call blocked on it (which fails as the
+    /// server gone): for a server the control plane declared down while a put to it waited.
+    pub(crate) fn abandon(&self, server: u32) {
+        use std::os::fd::AsRawFd;
+        if let Some(fd) = self.sockets.lock().unwrap_or_else(|p| p.into_inner()).get(&server) {
+            // SAFETY: a descriptor this cluster owns; shutdown(2) has no memory effects.
+            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+        }
     }
 
     /// Takes a newer view (from a `stale_epoch` reply); connections to servers whose address
@@ -343,11 +391,23 @@ impl Cluster {
                 f(conn)
             }
             None => Conn::open(entry, &self.file.secret, self.transport, self.timeout).and_then(|conn| {
+                let mut sockets = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
+                match conn.stream.shutdown_handle() {
+                    Ok(fd) => sockets.insert(server, fd),
+                    Err(_) => sockets.remove(&server),
+                };
+                drop(sockets);
                 let conn = guard.insert(conn);
                 conn.epoch = Some(view.epoch);
                 f(conn)
             }),
         };
+        if guard.as_ref().is_some_and(|c| c.broken) {
+            *guard = None;
+        }
+        if guard.is_none() {
+            self.sockets.lock().unwrap_or_else(|p| p.into_inner()).remove(&server);
+        }
         let mut hung = self.hung.lock().unwrap_or_else(|p| p.into_inner());
         match &r {
             Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Corrupt) => {
@@ -441,6 +501,13 @@ impl Cluster {
             };
             hunt.tried += 1;
             if let Some(e) = hunt.give_up(&op, &why, &slots, self.timeout + ELECTION) {
+                // Every slot this client knows is unreachable: the cluster may have moved on
+                // (spares took every original member's slot). Any other server the cluster
+                // file lists tells the current view; the hunt starts over by it.
+                if !hunt.discovered && hunt.none_reachable(&slots) && self.discover(&hunt.unreachable) {
+                    hunt = Hunt { discovered: true, ..Hunt::new(None) };
+                    continue;
+                }
                 return Err(e);
             }
             if hunt.next.is_none() && hunt.tried.is_multiple_of(slots.len()) {
@@ -504,6 +571,28 @@ impl Cluster {
         Ok(ControlFlow::Continue(why))
     }
 
+    /// Asks the servers the cluster file lists (read again: `cluster add` lists new ones) and
+    /// this client's view knows, but for those in `tried`, for the cluster's view, and takes the
+    /// first newer one that comes; returns whether one came. Each is asked on a connection of
+    /// its own, closed after.
+    fn discover(&self, tried: &std::collections::BTreeSet<u32>) -> bool {
+        let file = ClusterFile::load(&self.path).unwrap_or_else(|_| self.file.clone());
+        let view = self.view();
+        let mut entries: Vec<&ServerEntry> = file.servers.iter().collect();
+        entries.extend(view.servers.iter().filter(|s| file.servers.iter().all(|f| f.spec.id != s.spec.id)));
+        for entry in entries.into_iter().filter(|e| !tried.contains(&e.spec.id)) {
+            let asked = Conn::open(entry, &file.secret, self.transport, self.timeout).and_then(|mut c| c.call(&Request::View));
+            if let Ok(Response::View { view: next }) = asked {
+                let before = self.view().epoch;
+                self.install(next);
+                if self.view().epoch > before {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     /// One request without payloads to `server`, asked again while the cluster redirects it
     /// (newer view, busy server).
     pub(crate) fn call(&self, server: u32, req: &Request) -> Result<Response> {
@@ -556,6 +645,8 @@ struct Hunt {
     /// leader answers.
     lagging: Option<String>,
     started: Instant,
+    /// Whether the servers beyond the view's slots were asked for a newer view already.
+    discovered: bool,
 }
 
 impl Hunt {
@@ -569,7 +660,13 @@ impl Hunt {
             following: false,
             lagging: None,
             started: Instant::now(),
+            discovered: false,
         }
+    }
+
+    /// Whether no server answered and every slot of the view was found unreachable.
+    fn none_reachable(&self, slots: &[u32]) -> bool {
+        !self.alive && slots.iter().all(|s| self.unreachable.contains(s))
     }
 
     /// Whether `target`'s reply says there is no leader to ask: it is down or hung, or a leader
@@ -587,7 +684,7 @@ impl Hunt {
 
     /// The error to end the hunt with: no server of `slots` reachable, or `budget` spent.
     fn give_up(&self, op: &str, why: &str, slots: &[u32], budget: Duration) -> Option<Error> {
-        if !self.alive && slots.iter().all(|s| self.unreachable.contains(s)) {
+        if self.none_reachable(slots) {
             return Some(Error::Unavailable(format!(
                 "no staging server of the control plane could be reached for {op} (last: {why}); is the cluster up? \
                  (`cairn cluster status`)"
@@ -613,6 +710,65 @@ impl Hunt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_core::placement::ServerSpec;
+    use cairn_proto::message::Envelope;
+
+    /// A cluster file naming one server at `addr`.
+    fn one_server_file(dir: &Path, addr: &str) -> std::path::PathBuf {
+        let entry = ServerEntry {
+            spec: ServerSpec { id: 0, node: "n0".into(), rack: String::new(), spare: false },
+            addr: addr.to_string(),
+            unix: None,
+            host: "elsewhere".into(),
+            pid: 0,
+            memory: 1 << 20,
+            metrics: None,
+        };
+        let file = ClusterFile { secret: "s".into(), servers: vec![entry], redundancy: Default::default(), drain: None };
+        let path = dir.join("cluster.json");
+        std::fs::write(&path, file.to_json()).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_connection_whose_reply_broke_its_framing_is_closed_and_the_next_request_succeeds() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // A fake server: on its first connection it answers a get with a payload one byte over
+        // the client's bound, then a valid reply; on the next, with the bytes asked for.
+        let server = std::thread::spawn(move || {
+            for (n, stream) in listener.incoming().take(2).enumerate() {
+                let mut s = stream.unwrap();
+                write_frame(&mut s, &Response::Challenge { server: 0, nonce: "n".into() }, &[]).unwrap();
+                read_head::<Envelope<Request>>(&mut s, 0).unwrap();
+                write_frame(&mut s, &Response::Welcome { server: 0, epoch: 1, same_node: false }, &[]).unwrap();
+                read_head::<Envelope<Request>>(&mut s, 0).unwrap();
+                let payload = vec![7u8; 8 + usize::from(n == 0)];
+                let data = Response::Data { checksum: cairn_core::checksum::crc(&payload) };
+                write_frame(&mut s, &data, &[&payload]).unwrap();
+                if n == 0 {
+                    write_frame(&mut s, &Response::Ok, &[]).unwrap();
+                }
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Cluster::open(&one_server_file(dir.path(), &addr), Duration::from_secs(5), Transport::Tcp).unwrap();
+        let want = cairn_core::Region::new(vec![0], vec![8]).unwrap();
+        let get = Request::Get { dataset: "d".into(), step: 0, id: 1, want, shard: 0, stripe: None, map: None };
+        let fetch = |c: &mut Conn| -> Result<Vec<u8>> {
+            c.send(&get, &[])?;
+            let (resp, len) = c.recv(8, "get")?;
+            assert!(matches!(resp, Response::Data { .. }), "{resp:?}");
+            let mut out = vec![0u8; len as usize];
+            c.read_payload(&mut [&mut out], "get")?;
+            Ok(out)
+        };
+        let e = cluster.with(0, fetch).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        // Not the refused payload (or the reply after it) read as the next reply: a new connection.
+        assert_eq!(cluster.with(0, fetch).unwrap(), vec![7u8; 8]);
+        server.join().unwrap();
+    }
 
     #[test]
     fn a_followers_not_found_ends_the_hunt_only_when_no_leader_answers() {

@@ -25,13 +25,25 @@ const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Waits until `step` of `dataset` (default: the newest committed step the drain's cadence
 /// names) is on disk: true once it is, false at `timeout` (none: no limit); the drain's error
-/// (a full disk: capacity) when it failed.
-pub(crate) fn wait_drained(c: &Cluster, dataset: &str, step: Option<u64>, timeout: Option<std::time::Duration>) -> Result<bool> {
+/// (a full disk: capacity) when it failed. With `ask` (a writer's wait) the drain is asked for
+/// the step (default: the newest committed) whatever its cadence: a job's last checkpoint.
+pub(crate) fn wait_drained(
+    c: &Cluster,
+    dataset: &str,
+    mut step: Option<u64>,
+    timeout: Option<std::time::Duration>,
+    mut ask: bool,
+) -> Result<bool> {
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
     loop {
         let left = deadline.map_or(DRAIN_WAIT, |d| d.saturating_duration_since(std::time::Instant::now())).min(DRAIN_WAIT);
-        let req = Request::WaitDrained { dataset: Some(dataset.to_string()), step, timeout_ms: left.as_millis() as u64 };
-        match c.coord_waiting(&req, left)? {
+        let req = Request::WaitDrained { dataset: Some(dataset.to_string()), step, timeout_ms: left.as_millis() as u64, drain: ask };
+        let reply = c.coord_waiting(&req, left)?;
+        // Asked once: later rounds wait for the step the first one named.
+        if let (true, Response::Drain { step: asked, .. }) = (ask, &reply) {
+            (step, ask) = (step.or(*asked), false);
+        }
+        match reply {
             Response::Drain { drained: true, .. } => return Ok(true),
             Response::Drain { drain, failed, .. } => {
                 if let (true, Some(message)) = (failed, drain.error) {

@@ -7,7 +7,10 @@
 //! identity: a step the cluster released or lost is read from disk only when the drain there is
 //! its own; steps the cluster never had (an earlier run's, continued with mode `"a"`) are the
 //! dataset's history and read as they are. With no server answering, another run's step is read
-//! only below this cluster's oldest drained step (the history before this run).
+//! only below this cluster's oldest drained step (the history before this run). Where the dataset
+//! has an owner record (`owner.json`, written by the first `"w"` or `"a"` open), another
+//! cluster's step is served only below the record's `first_step`, and only when the record is
+//! this cluster's; any other is refused (`ForeignDrain`, naming both clusters).
 
 use super::reader::StagingReader;
 use crate::engine::ReadEngine;
@@ -46,11 +49,34 @@ impl Levels {
         Ok(self.layout.read_step_meta(step)?.staged.is_some_and(|s| s.cluster == self.id))
     }
 
+    /// Whether another cluster's drained `step`, which this cluster never had, may be served:
+    /// by the owner record, history below the step this cluster wrote first (`None`: no record).
+    fn history(&self, step: u64) -> Result<Option<bool>> {
+        Ok(cairn_file::owner::read(&self.layout)?.map(|o| o.cluster == self.id && step < o.first_step))
+    }
+
+    /// The refusal of another cluster's `step` this one may not serve.
+    fn foreign(&self, step: u64) -> Error {
+        let whose = self.layout.read_step_meta(step).ok().and_then(|i| i.staged).map_or_else(|| "no cluster's".into(), |s| s.cluster);
+        let owner = cairn_file::owner::read(&self.layout).ok().flatten().map_or_else(|| "none".into(), |o| o.cluster);
+        Error::ForeignDrain(format!(
+            "step {step} drained to {} is cluster {whose}'s (another run's), not this cluster {}'s; the dataset's owner record \
+             names cluster {owner}: two runs wrote this name into one drain folder. Read that run's steps with \
+             `cairn.open(name, \"r\", path=DRAIN)`, or remove the dataset with `cairn rm {} --cluster FILE --all`",
+            self.layout.root.display(),
+            self.id,
+            self.layout.name()
+        ))
+    }
+
     /// Whether drained `step` may be served with no server answering: this cluster's, or
-    /// history from before this cluster's first drained step.
+    /// history from before this cluster's first drained step (by the owner record, where one is).
     fn servable_alone(&self, step: u64) -> Result<bool> {
         if self.mine(step)? {
             return Ok(true);
+        }
+        if let Some(ok) = self.history(step)? {
+            return Ok(ok);
         }
         let first = match self.first_mine.get() {
             Some(f) => *f,
@@ -113,10 +139,11 @@ impl Levels {
                 let servable = match &mem {
                     None => self.servable_alone(step)?,
                     Some(_) if committed_here => self.mine(step)?,
-                    Some(_) => true,
+                    Some(_) => self.mine(step)? || self.history(step)?.unwrap_or(true),
                 };
                 match (servable, mem) {
                     (true, _) => f(d),
+                    (false, _) if !self.mine(step)? && self.history(step)?.is_some() => Err(self.foreign(step)),
                     (false, Some(Err(e))) => Err(e),
                     (false, _) => Err(Error::NotFound(format!(
                         "step {step} drained to {} is another cluster's (another run's), not this cluster's step {step}; \

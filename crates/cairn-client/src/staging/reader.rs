@@ -11,7 +11,7 @@ use cairn_core::assemble::{copy_box, Layout};
 use cairn_core::erasure::Code;
 use cairn_core::index::{BlockRecord, ObjectRef, Redundancy, StepIndex, VarDef};
 use cairn_core::{Error, ErrorKind, Reason, Region, Result};
-use cairn_proto::message::{unexpected, ClaimLease, Release, Request, Response, Unclaim};
+use cairn_proto::message::{unexpected, ClaimLease, Geometry, Release, Request, Response, Unclaim};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -120,6 +120,12 @@ impl Stripe {
         let len = o.region.volume() as usize * elem;
         let n = cairn_core::erasure::shard_len(len as u64, k as u32) as usize;
         Stripe { k, m, n, len, servers: shards.clone(), have: vec![false; k + m], buf: vec![0u8; n * (k + m)] }
+    }
+
+    /// The geometry a shard get names: a server holding a piece of another stripe under the
+    /// same key (the object encoded again) answers `NotFound` instead of that piece.
+    fn geometry(&self) -> Geometry {
+        Geometry { k: self.k as u32, m: self.m as u32, len: self.n as u64 }
     }
 }
 
@@ -231,7 +237,11 @@ impl StagingReader {
     fn read_reply(&self, c: &mut super::conn::Conn, f: &mut Fetch<'_>, server: u32) -> Result<Result<bool>> {
         let want: u64 = f.parts.iter().map(|p| p.len() as u64).sum();
         let (resp, len) = c.recv(want, "get")?;
+        let stale = matches!(&resp, Response::Error { kind: ErrorKind::StaleEpoch, .. });
         Ok(match self.cluster.settle(resp) {
+            // Its view (now this client's) may have moved the piece: the step's index is read
+            // again, as for a piece not where the index says.
+            Err(e) if stale => Err(Error::NotFound(format!("{}: server {server} has a newer cluster view than this read ({e})", f.what))),
             Ok(Response::Mapped { segment, len: size, fd }) if len == u64::from(fd) => Ok(copy_mapped(c, f, segment, size, fd)?),
             Ok(Response::Data { checksum }) if len == want => {
                 let got = c.read_payload_crc(&mut f.parts, "get")?;
@@ -385,7 +395,7 @@ impl StagingReader {
                 encoded.push((o, want, parts));
                 continue;
             }
-            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0, map: None };
+            let req = Request::Get { dataset: self.dataset.clone(), step, id: o.id, want, shard: 0, stripe: None, map: None };
             by_server.entry(holders[0]).or_default().push(Fetch { req, what: what(o), object: o, elem, parts, holders, done: false });
         }
         if !encoded.is_empty() {
@@ -510,6 +520,7 @@ impl StagingReader {
         if by_server.is_empty() {
             return;
         }
+        let geometry: Vec<Geometry> = stripes.iter().map(Stripe::geometry).collect();
         let mut chunks: BTreeMap<(usize, usize), &mut [u8]> = BTreeMap::new();
         for (j, st) in stripes.iter_mut().enumerate() {
             for (i, c) in st.buf.chunks_mut(st.n).enumerate() {
@@ -528,6 +539,7 @@ impl StagingReader {
                         id: o.id,
                         want: o.region.clone(),
                         shard: i as u32 + 1,
+                        stripe: Some(geometry[j]),
                         map: None,
                     };
                     let part = chunks.remove(&(j, i)).expect("each shard fetched once");
@@ -669,6 +681,7 @@ impl ReadEngine for StagingReader {
         let until = Instant::now() + self.cluster.timeout;
         let mut moves = 0;
         loop {
+            let epoch = self.cluster.view().epoch;
             let e = match self.read_block(step, &current, elem, isect, dst, out) {
                 Err(e) if e.kind() == ErrorKind::NotFound && current.objects.iter().any(|o| !o.servers().is_empty()) => e,
                 r => return r,
@@ -688,6 +701,9 @@ impl ReadEngine for StagingReader {
                     moves += 1;
                     current = b.clone();
                 }
+                // The view changed under the read (a server declared down, a spare in its slot,
+                // a stale get refused): asked again at once, by the new view.
+                Some(_) if self.cluster.view().epoch != epoch && Instant::now() < until => moves += 1,
                 // A follower's index may be behind, and a server that took a lost one's slot may
                 // not have its piece rebuilt yet (recovery under way, and hurried by the touch):
                 // ask again until the deadline before calling the block lost.
@@ -715,7 +731,7 @@ impl ReadEngine for StagingReader {
     }
 
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
-        wait_drained(&self.cluster, &self.dataset, step, timeout)
+        wait_drained(&self.cluster, &self.dataset, step, timeout, false)
     }
 
     fn remove(&self) -> Result<u64> {

@@ -16,7 +16,7 @@ use cairn_core::placement::place_key;
 use cairn_core::queue::Policy as QueuePolicy;
 use cairn_core::stats::Acc;
 use cairn_core::{Error, ErrorKind, Region, Result};
-use cairn_proto::message::{unexpected, Abort, Close, ObjectPut, PutItem, Request, Response, Share, MAX_PUT_MANY};
+use cairn_proto::message::{unexpected, Abort, Close, Geometry, ObjectPut, PutItem, Request, Response, Share, MAX_PUT_MANY};
 use cairn_proto::ClusterView;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -127,6 +127,26 @@ fn fill(dst: &mut [u8], parts: &[Cow<'_, [u8]>], dtype: DType, sums: &Sums) {
 /// runs at ~1 GB/s on this VM.
 const LEASED_AT_ONCE: u64 = 256 << 20;
 
+/// How often puts under way look for their servers declared down.
+const DOWN_POLL: Duration = Duration::from_millis(500);
+
+/// While puts to `servers` are under way (until `finished` closes), every half second past the
+/// first asks for the view, and shuts the connection to any of them the control plane declared
+/// down: the put fails at the declaration (a failure timeout), not at the deadline (a SIGSTOPped
+/// server cost a step the whole 30 s timeout). The failed put is placed again by the new view.
+fn abandon_declared_down(cluster: &Cluster, servers: &[u32], finished: &std::sync::mpsc::Receiver<()>) {
+    let mut abandoned = BTreeSet::new();
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(DOWN_POLL) {
+        cluster.refresh_view();
+        let view = cluster.view();
+        for s in servers.iter().filter(|s| view.down.contains(s)) {
+            if abandoned.insert(*s) && matches!(finished.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
+                cluster.abandon(*s);
+            }
+        }
+    }
+}
+
 /// The bytes of an outgoing object.
 fn bytes_of(o: &Outgoing<'_>) -> u64 {
     o.parts.iter().map(|p| p.len() as u64).sum()
@@ -185,11 +205,45 @@ impl StagingWriter {
             unreached: BTreeSet::new(),
             refused: Vec::new(),
         };
+        w.claim_drain(cfg.cluster.as_deref(), append)?;
         if let Some(limit) = cfg.queue_limit {
             let policy = cfg.queue_policy.as_deref().map_or(Ok(QueuePolicy::Block), crate::config::queue_policy)?;
             w.define_queue(limit, policy)?;
         }
         Ok(w)
+    }
+
+    /// Claims the drained dataset for this cluster (its owner record, see
+    /// [`cairn_file::owner`]), from the step this writer writes first; every rank claims alike.
+    fn claim_drain(&self, file: Option<&std::path::Path>, append: bool) -> Result<()> {
+        let Some(drain) = self.cluster.drain() else { return Ok(()) };
+        let layout = crate::file::Layout::new(&drain.path, &self.dataset);
+        let first_step = self.last_index()?.map_or(0, |i| i.step.saturating_add(1));
+        let cluster_file = file.map(|f| std::path::absolute(f).unwrap_or_else(|_| f.to_path_buf()));
+        let mine = cairn_file::owner::Owner {
+            cluster: self.cluster.id(),
+            cluster_file: cluster_file.as_deref().map_or_else(String::new, |f| f.display().to_string()),
+            host: cairn_proto::cluster::hostname(),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            first_step,
+        };
+        // A recorded cluster that is stopped, whose file is gone or names another cluster now (a
+        // new one started over it), or none of whose servers accepts a connection (every one
+        // crashed: a restart after the crash) hands the name on.
+        let gone = |owner: &cairn_file::owner::Owner| {
+            let p = std::path::Path::new(&owner.cluster_file);
+            if owner.cluster_file.is_empty() || !p.exists() || cairn_proto::cluster::StoppedFile::load(p).is_some() {
+                return true;
+            }
+            let Ok(file) = cairn_proto::cluster::ClusterFile::load(p) else { return true };
+            file.id() != owner.cluster
+                || !file.servers.iter().any(|s| {
+                    use std::net::ToSocketAddrs;
+                    let addrs = s.addr.to_socket_addrs().map(Iterator::collect::<Vec<_>>).unwrap_or_default();
+                    addrs.iter().any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_millis(500)).is_ok())
+                })
+        };
+        cairn_file::owner::claim(&layout, &mine, append, gone).map(|_| ())
     }
 
     /// Places and puts `blocks` by the current view, again by a newer one when the view changes.
@@ -257,7 +311,7 @@ impl StagingWriter {
         if self.cluster.drain().is_none() {
             return e;
         }
-        let req = Request::WaitDrained { dataset: None, step: None, timeout_ms: 0 };
+        let req = Request::WaitDrained { dataset: None, step: None, timeout_ms: 0, drain: false };
         match self.cluster.coord(&req) {
             Ok(Response::Drain { drain, .. }) => Error::Capacity(format!(
                 "{e} (waited {:.1} s for room: the drain to {} still owes {:.1} MiB{})",
@@ -456,7 +510,7 @@ impl StagingWriter {
         let (elem, dtype) = (block.def.dtype.size(), block.def.dtype);
         let parts: Vec<Cow<'b, [u8]>> = gather(block.bytes, &block.region, &object.piece, elem).into_iter().map(Cow::Borrowed).collect();
         // The checksum is filled in as the object goes out (see `Outgoing::sums`).
-        let put = |copy: usize, shard: u32, checksum: u32| {
+        let put = |copy: usize, shard: u32, checksum: u32, stripe: Option<Geometry>| {
             Request::Put(ObjectPut {
                 dataset: self.dataset.clone(),
                 step: object.step,
@@ -464,6 +518,7 @@ impl StagingWriter {
                 writer: self.rank,
                 shard,
                 from: None,
+                stripe,
                 object: PutItem {
                     var: block.def.name.clone(),
                     id: object.id,
@@ -482,7 +537,8 @@ impl StagingWriter {
             let mut pieces: Vec<Vec<u8>> = (0..code.k()).map(|i| code.shard(&whole, i)).collect();
             pieces.extend(code.parity(&whole));
             for (i, (bytes, s)) in pieces.into_iter().zip(&shards).enumerate() {
-                let req = put(usize::from(i >= k as usize), i as u32 + 1, cairn_core::checksum::crc(&bytes));
+                let stripe = Some(Geometry { k, m, len: bytes.len() as u64 });
+                let req = put(usize::from(i >= k as usize), i as u32 + 1, cairn_core::checksum::crc(&bytes), stripe);
                 by_server.entry(*s).or_default().push(Outgoing { req, parts: vec![Cow::Owned(bytes)], sums: None, dtype });
             }
             return Ok(Redundancy::Encoded { k, m, shards });
@@ -491,7 +547,7 @@ impl StagingWriter {
         let (group, _) = view.group(object.key, copies);
         for (copy, s) in group.iter().enumerate() {
             let (parts, sums) = (parts.clone(), Some(object_sums.clone()));
-            by_server.entry(*s).or_default().push(Outgoing { req: put(copy, 0, 0), parts, sums, dtype });
+            by_server.entry(*s).or_default().push(Outgoing { req: put(copy, 0, 0, None), parts, sums, dtype });
         }
         Ok(if copies > 1 { Redundancy::Replicated { servers: group } } else { Redundancy::Single })
     }
@@ -503,10 +559,17 @@ impl StagingWriter {
             // One server (small blocks): no thread to start; a put costs one round trip.
             return by_server.iter().map(|(srv, objs)| (*srv, self.send_all(*srv, objs))).collect();
         }
-        std::thread::scope(|s| {
+        // The watcher is not scoped: a view read that waits out an election must not hold up
+        // the puts' return; it ends at its next look once `done` is dropped.
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let (cluster, watched) = (self.cluster.clone(), by_server.keys().copied().collect::<Vec<u32>>());
+        std::thread::spawn(move || abandon_declared_down(&cluster, &watched, &finished));
+        let sent = std::thread::scope(|s| {
             let handles: Vec<_> = by_server.iter().map(|(srv, objs)| (*srv, s.spawn(move || self.send_all(*srv, objs)))).collect();
             handles.into_iter().map(|(srv, h)| (srv, h.join().expect("sender thread panicked"))).collect()
-        })
+        });
+        drop(done);
+        sent
     }
 
     /// After a failed put: notes the servers that refused or could not be reached, and drops
@@ -708,7 +771,24 @@ impl WriteEngine for StagingWriter {
     }
 
     fn wait_drained(&self, step: Option<u64>, timeout: Option<Duration>) -> Result<bool> {
-        wait_drained(&self.cluster, &self.dataset, step, timeout)
+        wait_drained(&self.cluster, &self.dataset, step, timeout, true)
+    }
+
+    fn agree(&self, key: &str, mine: bool) -> Result<bool> {
+        let key = format!("agree/{}/{key}", self.dataset);
+        let value: &[u8] = if mine { b"1" } else { b"0" };
+        // One id for every try of this call: a retry after a lost reply is not decided twice.
+        let call = Some(cairn_proto::auth::new_nonce()?);
+        let req = Request::MetaCas { key: key.clone(), expect: None, delete: false, call };
+        match self.cluster.leader_call(&req, &[value], 0)?.0 {
+            Response::Cas { ok: true, .. } => return Ok(mine),
+            Response::Cas { ok: false, .. } => {}
+            other => return Err(unexpected("meta_cas", &other)),
+        }
+        match self.cluster.leader_call(&Request::MetaGet { key: key.clone() }, &[], 1)? {
+            (Response::Cas { ok: true, .. }, v) => Ok(v == b"1"),
+            (other, _) => Err(unexpected("meta_get", &other)),
+        }
     }
 
     fn define_queue(&mut self, limit: u64, policy: QueuePolicy) -> Result<()> {
@@ -880,6 +960,7 @@ mod tests {
             writer: 0,
             shard,
             from: None,
+            stripe: None,
             object: PutItem {
                 var: "v".into(),
                 id,

@@ -105,7 +105,7 @@ mod tests {
         for bad in [encode(1, 2, 3), encode(4, 0, 4), encode(4, 2, 5), encode(200, 100, 300)] {
             assert!(peer(&bad, 0).unwrap_err().to_string().contains("not a valid stripe"));
         }
-        let cut = |k, shard| PeerRequest::Cut { dataset: "d".into(), step: 0, id: 1, k, shard };
+        let cut = |k, shard| PeerRequest::Cut { dataset: "d".into(), step: 0, id: 1, k, shard, m: 1 };
         assert!(peer(&cut(4, 3), 0).is_ok());
         for bad in [cut(4, 4), cut(1, 0), cut(300, 2)] {
             assert!(peer(&bad, 0).unwrap_err().to_string().contains("not a shard of a valid stripe"));
@@ -162,6 +162,7 @@ mod tests {
                 writer: 0,
                 shard: 0,
                 from,
+                stripe: None,
                 object: PutItem {
                     var: "v".into(),
                     id: 1,

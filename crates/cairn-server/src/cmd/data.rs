@@ -10,22 +10,24 @@ use crate::reply::{discard, Payload, Reply};
 use crate::segment::Memory;
 use crate::state::State;
 use cairn_core::assemble::{copy_box, Layout};
+use cairn_core::erasure::MAX_SHARDS;
 use cairn_core::{Error, Region, Result};
 use cairn_proto::frame::Prefix;
-use cairn_proto::message::{ObjectPut, PutItem, Request, Response, MAX_PUT_MANY, MAX_UNMAPPED};
+use cairn_proto::message::{Geometry, ObjectPut, PutItem, Request, Response, MAX_PUT_MANY, MAX_UNMAPPED};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Checks a data request whose frame announced `payload_len` payload bytes.
 pub fn check(req: &Request, payload_len: u64) -> Result<()> {
     match req {
-        Request::Put(ObjectPut { shard, from, object: PutItem { id, region, elem, .. }, .. }) => {
+        Request::Put(ObjectPut { shard, from, stripe, object: PutItem { id, region, elem, .. }, .. }) => {
             // A same-node put names the bytes in the client's memory instead of sending them.
             let len = match from {
                 Some(runs) if payload_len == 0 => runs_len(runs)?,
                 Some(_) => return Err(Error::InvalidArgument("a same-node put names client memory and carries no payload".into())),
                 None => payload_len,
             };
-            piece_fits(*id, region, *elem, *shard, len)
+            piece_fits(*id, region, *elem, *shard, len)?;
+            stripe_fits(*id, *shard, stripe.as_ref(), Some(len))
         }
         Request::PutMany { objects, from, leases, .. } => {
             if objects.is_empty() || objects.len() > MAX_PUT_MANY {
@@ -64,6 +66,7 @@ pub fn check(req: &Request, payload_len: u64) -> Result<()> {
                 Request::Get { map: Some(unmapped), .. } if unmapped.len() > MAX_UNMAPPED => {
                     Err(Error::InvalidArgument(format!("a get reports {} segments unmapped; at most {MAX_UNMAPPED}", unmapped.len())))
                 }
+                Request::Get { id, shard, stripe, .. } => stripe_fits(*id, *shard, stripe.as_ref(), None),
                 Request::Lease { sizes, release } if sizes.len() > MAX_PUT_MANY || release.len() > MAX_PUT_MANY || sizes.contains(&0) => {
                     Err(Error::InvalidArgument(format!(
                         "a lease of {} segments (giving back {}): ask for 0 to {MAX_PUT_MANY}, each of at least one byte",
@@ -89,6 +92,23 @@ pub fn piece_fits(id: u64, region: &Region, elem: u32, shard: u32, len: u64) -> 
     })
 }
 
+/// A shard's stripe geometry, where one is named, is a stripe this shard belongs to: at least
+/// one data shard, at most [`MAX_SHARDS`] in all, and pieces of the length the payload has.
+pub fn stripe_fits(id: u64, shard: u32, stripe: Option<&Geometry>, len: Option<u64>) -> Result<()> {
+    let Some(g) = stripe else { return Ok(()) };
+    let total = u64::from(g.k) + u64::from(g.m);
+    if shard == 0 || g.k == 0 || total > MAX_SHARDS as u64 || u64::from(shard) > total || len.is_some_and(|n| n != g.len) {
+        return Err(Error::InvalidArgument(format!(
+            "object {id:#x} shard {shard}: a stripe of {}+{} shards of {} bytes{} does not hold it",
+            g.k,
+            g.m,
+            g.len,
+            len.map(|n| format!(" (the piece has {n})")).unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs a checked data request.
 pub async fn apply<S: AsyncRead + Unpin>(
     state: &State,
@@ -110,7 +130,16 @@ pub async fn apply<S: AsyncRead + Unpin>(
         Request::PutMany { dataset, step, session, writer, objects, from, leases } => {
             let headers = objects
                 .into_iter()
-                .map(|object| ObjectPut { dataset: dataset.clone(), step, session: session.clone(), writer, shard: 0, from: None, object })
+                .map(|object| ObjectPut {
+                    dataset: dataset.clone(),
+                    step,
+                    session: session.clone(),
+                    writer,
+                    shard: 0,
+                    from: None,
+                    stripe: None,
+                    object,
+                })
                 .collect();
             match (from, leases) {
                 (_, Some(ids)) => plain(put_leased(state, local.as_mut(), &ids, headers)),
@@ -124,10 +153,15 @@ pub async fn apply<S: AsyncRead + Unpin>(
         }
         // Gets answer with a payload, or a same-node reader's with a mapping of the segment:
         // a server never writes into a client's memory.
-        Request::Get { dataset, step, id, want, shard: 0, map: Some(unmapped) } if local.is_some() => {
+        Request::Get { dataset, step, id, want, shard: 0, map: Some(unmapped), .. } if local.is_some() => {
             get_mapped(state, local.as_mut().expect("checked"), &dataset, step, id, &want, &unmapped)
         }
-        Request::Get { dataset, step, id, want, shard, .. } => get(state, &dataset, step, (id, shard), &want),
+        Request::Get { dataset, step, id, want, shard, stripe, .. } => {
+            if shard > 0 {
+                same_stripe(state, &dataset, step, (id, shard), stripe)?;
+            }
+            get(state, &dataset, step, (id, shard), &want)
+        }
         req @ Request::Drop { .. } => plain(seal_or_drop(state, req).map(|_| Response::Ok)),
         other => Err(super::guard::misrouted("data", &other.op_name())),
     }
@@ -270,6 +304,32 @@ fn get_mapped(state: &State, local: &mut Local, dataset: &str, step: u64, id: u6
         }
     }
     payload(found, dataset, step, (id, 0), want)
+}
+
+/// A shard is served only to a get naming its stripe's geometry: a stripe encoded again under
+/// the same keys (narrower after a loss, wider after `cluster add`) is another stripe, and its
+/// pieces are `NotFound` to a reader of the old one, who reads the step's index again. A get
+/// that names none (an older client) is served a shard of the length its own geometry implies.
+fn same_stripe(state: &State, dataset: &str, step: u64, key: crate::store::ObjKey, want: Option<Geometry>) -> Result<()> {
+    let Some(want) = want else { return Ok(()) };
+    // A shard stored without its geometry (an older server's) is judged by its length alone.
+    let held = state.store.with(dataset, step, key, |o| o.stripe.unwrap_or(Geometry { len: o.data.len() as u64, ..want }))?;
+    if held == want {
+        return Ok(());
+    }
+    let (id, shard) = key;
+    Err(Error::NotFound(format!(
+        "shard {} of object {id:#x} of '{dataset}' step {step} on server {} was encoded again: it is a piece of a {}+{} stripe \
+         of {}-byte shards here, the reader's index names {}+{} of {} bytes; read the step's index again",
+        shard - 1,
+        state.id,
+        held.k,
+        held.m,
+        held.len,
+        want.k,
+        want.m,
+        want.len
+    )))
 }
 
 /// Returns the box `want` of an object's copy, or a whole shard.

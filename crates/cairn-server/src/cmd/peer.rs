@@ -19,7 +19,8 @@ pub fn check(req: &PeerRequest, payload_len: u64) -> Result<()> {
         if p.from.is_some() {
             return Err(Error::InvalidArgument("a piece comes as the payload, not as client memory".into()));
         }
-        return super::data::piece_fits(p.object.id, &p.object.region, p.object.elem, p.shard, payload_len);
+        super::data::piece_fits(p.object.id, &p.object.region, p.object.elem, p.shard, payload_len)?;
+        return super::data::stripe_fits(p.object.id, p.shard, p.stripe.as_ref(), Some(payload_len));
     }
     no_payload(&req.op_name(), payload_len)?;
     match req {
@@ -66,7 +67,9 @@ pub async fn apply<S: AsyncRead + Unpin>(ctl: &Arc<Control>, req: PeerRequest, p
         PeerRequest::Encode { dataset, step, id, k, m, shards, holders } => {
             crate::encode::encode(state, &dataset, step, id, crate::encode::Stripe { k, m, shards, holders }).await
         }
-        PeerRequest::Cut { dataset, step, id, k, shard } => crate::encode::cut(state, &dataset, step, id, k, shard).map(|_| Response::Ok),
+        PeerRequest::Cut { dataset, step, id, k, shard, m } => {
+            crate::encode::cut(state, &dataset, step, id, (k, m), shard).map(|_| Response::Ok)
+        }
         PeerRequest::Rebuild { dataset, pieces } => crate::rebuild::rebuild(state, &dataset, pieces).await,
         PeerRequest::Pieces { dataset, want } => return crate::rebuild::pieces(state, &dataset, &want),
         req @ PeerRequest::Seal { .. } => seal_or_drop(state, req).map(|_| Response::Ok),

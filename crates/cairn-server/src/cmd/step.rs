@@ -46,7 +46,8 @@ pub async fn apply(ctl: &Arc<Control>, req: Request) -> Result<Reply> {
         Request::Release(r) => ctl.commits.release(&r.dataset, r.step).await,
         Request::RemoveDataset { dataset, from } => ctl.commits.remove(&dataset, from, DISCARD_WAIT).await,
         Request::WaitStep { dataset, step, timeout_ms } => wait_step(ctl, &dataset, step, timeout_ms).await,
-        Request::WaitDrained { dataset, step, timeout_ms } => {
+        Request::WaitDrained { dataset, step, timeout_ms, drain } => {
+            let step = if drain { ctl.drain.ask(dataset.as_deref(), step).await? } else { step };
             ctl.drain.wait(dataset.as_deref(), step, Duration::from_millis(timeout_ms).min(MAX_WAIT)).await
         }
         Request::StepOutcome { dataset, step, session } => gate.leader().map(|log| {

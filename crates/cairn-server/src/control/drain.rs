@@ -377,6 +377,29 @@ impl Drain {
         blocking(move || cairn_file::drain::discard_drained(&layout, from)).await
     }
 
+    /// Asks the drain for `step` of `dataset` (default: its newest committed step), or with no
+    /// dataset the newest committed step of every dataset, whatever the cadence, and wakes it;
+    /// returns the step asked (of the one dataset).
+    pub async fn ask(self: &Arc<Self>, dataset: Option<&str>, step: Option<u64>) -> Result<Option<u64>> {
+        if self.spec.is_none() {
+            return Ok(step);
+        }
+        let log = self.gate.leader()?;
+        let asks: Vec<(String, u64)> = query(&log, |s| match dataset {
+            Some(d) => step.or_else(|| s.steps(d).last().copied()).map(|st| (d.to_string(), st)).into_iter().collect(),
+            None => s.datasets().into_iter().filter_map(|d| s.steps(&d).last().map(|st| (d.clone(), *st))).collect(),
+        });
+        for (d, st) in &asks {
+            match self.meta.ask_drain(&log, d, *st).await {
+                // A step released since (by its readers) is none to drain; the wait says so.
+                Err(e) if dataset.is_none() && e.kind() == ErrorKind::NotFound => {}
+                r => r?,
+            }
+        }
+        self.resume();
+        Ok(if dataset.is_some() { asks.first().map(|a| a.1) } else { step })
+    }
+
     /// Waits until `step` of `dataset` (default: its newest committed step the cadence drains) is
     /// drained, the drain fails, or `timeout` passes.
     pub async fn wait(&self, dataset: Option<&str>, step: Option<u64>, timeout: Duration) -> Result<Response> {

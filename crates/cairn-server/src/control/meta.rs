@@ -223,6 +223,13 @@ impl Meta {
         Ok(released)
     }
 
+    /// Asks the drain for committed `step` of `dataset` off its cadence ([`Cmd::AskDrain`]).
+    pub async fn ask_drain(&self, log: &dyn MetaLog, dataset: &str, step: u64) -> Result<()> {
+        self.batcher.propose(log, Cmd::AskDrain { dataset: dataset.to_string(), step }).await?;
+        self.changed(dataset);
+        Ok(())
+    }
+
     /// Proposes a queue command ([`Cmd::SetQueue`], [`Cmd::Stream`]); returns the steps it released.
     pub async fn queue(&self, log: &dyn MetaLog, dataset: &str, cmd: Cmd) -> Result<Vec<Arc<StepIndex>>> {
         let released = match self.batcher.propose(log, cmd).await? {
