@@ -206,10 +206,11 @@ def test_a_cluster_without_a_leader_fails_the_job_with_the_servers_logs(hosts: H
 
 
 def test_steps_the_drain_could_not_write_are_named_and_fail_the_job(hosts: Hosts, tmp_path):  # noqa: F811
-    # A symlink where the dataset's drained copy goes: the servers refuse to write through it.
-    (tmp_path / "ckpt").mkdir()
+    # A symlink where the dataset's drained steps go: the servers refuse to write through it. (A
+    # symlink as the dataset's folder itself is refused earlier, at the writer's open.)
+    (tmp_path / "ckpt" / "sim").mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "ckpt" / "sim").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "ckpt" / "sim" / "steps").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "app.py").write_text(textwrap.dedent("""
         import numpy as np, cairn
         with cairn.open("sim", "w", timeout=10.0) as w:

@@ -5,6 +5,7 @@ connection after a refused reply."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ import pytest
 import cairn
 from cairn import cluster
 
-from .conftest import PY
+from .conftest import PY, check, mpirun
 from .test_health import _codes, _pieces, _status, _when
 from .test_staging import wait_for
 
@@ -326,5 +327,66 @@ def test_a_put_to_a_server_declared_down_is_abandoned_at_the_declaration(tmp_pat
         assert np.array_equal(cairn.open("s", "r", cluster=str(c.file), timeout=30.0).get("p", step=1), np.ones((64, 64)))
         c.procs[victim].send_signal(signal.SIGCONT)
         w.close()
+    finally:
+        c.stop()
+
+
+HALT_MPI = """
+import sys, time, numpy as np, cairn
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+with cairn.open("h", "w", engine="file", path=sys.argv[1], comm=comm) as f:
+    f.define("t", "f8", (comm.size,))
+    step = 0
+    while not f.halt_requested():
+        with f.step(step):
+            f.put("t", np.full(1, float(step)), offset=(comm.rank,))
+        step += 1
+        time.sleep(0.005 * (comm.rank + 1))  # ranks ask at different moments
+        if step == 5000:
+            raise SystemExit("never halted")
+print("stopped before", step, flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_ranks_sharing_a_communicator_halt_at_the_same_step(tmp_path):
+    """3 MPI ranks, file engine, comm=: the halt file appears while they run; the collective
+    answer (an allreduce) stops every rank before the same step, and none is left waiting."""
+    halt = tmp_path / "halt"
+    script = tmp_path / "halt_mpi.py"
+    script.write_text(HALT_MPI)
+    import threading
+    threading.Timer(2.0, halt.touch).start()
+    p = mpirun(3, PY, str(script), str(tmp_path / "out"), env={"CAIRN_HALT_FILE": str(halt)}, timeout=120)
+    out = check(p)
+    stops = re.findall(r"stopped before (\d+)", out)  # the ranks' lines may interleave
+    assert len(stops) == 3 and len(set(stops)) == 1, out
+
+
+def test_a_reader_reads_a_step_discarded_and_written_again_as_written_again(tmp_path):
+    """A reader read step 2 from its drained copy; the step is discarded (from_step), written
+    again, drained and released: the same reader gets the new bytes (its cached index of the
+    old copy is read again: a new index file), not the old ones."""
+    c = cluster.start(tmp_path / "c.json", servers=2, memory="64MiB", redundancy=1, drain=tmp_path / "drain")
+    try:
+        opts = dict(cluster=str(c.file), timeout=5.0)
+        w = cairn.open("x", "w", **opts)
+        w.define("u", "f8", (8,))
+        for s in range(4):
+            with w.step(s):
+                w.put("u", np.full(8, float(s)))
+        assert w.wait_drained(step=3, timeout=10)
+        w.close()
+        r = cairn.open("x", "r", **opts)
+        r.release(2)
+        assert r.get("u", step=2)[0] == 2.0 and {b.level for b in r.blocks("u", 2)} == {"disk"}
+        w = cairn.open("x", "a", from_step=2, session="again", **opts)
+        with w.step(2):
+            w.put("u", np.full(8, 20.0))
+        assert w.wait_drained(step=2, timeout=10)
+        w.close()
+        cairn.open("x", "r", **opts).release(2)
+        assert r.get("u", step=2)[0] == 20.0
     finally:
         c.stop()

@@ -15,9 +15,13 @@ this machine can be killed (their pids are in the cluster's entries).
 With ``--history FILE`` the workload grows (stream readers that come and go, claimers that
 consume and produce, ``wait_drained`` calls, a blocking queue) and every operation is recorded;
 ``--nemesis`` combines faults (SIGKILL and SIGSTOP of the leader and of other servers, network
-partitions, a full drain disk, reader churn, drain fail points); at the end a verifier reads
-everything back (and, with a drain, again from disk after every server is SIGKILLed) and the
-history is checked (:mod:`cairn.history`). ``--check FILE`` checks a saved history again.
+partitions, a full drain disk, reader churn, drain fail points, and at the seams: every member
+replaced by a spare, servers lost with no spare, a rival cluster on the same drain folder, a
+planned restart of the whole cluster, writers sent back with ``from_step``); at the end a
+verifier reads everything back (and, with a drain, again from disk after every server is
+SIGKILLed) and the history is checked (:mod:`cairn.history`). ``--check FILE`` checks a saved
+history again; ``--seeds N`` runs N mixes of nemeses the seeds draw, and ``--seed S --seeds 1``
+replays one.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -73,6 +78,33 @@ def _unrecorded(*_: Any, **__: Any) -> Iterator[dict[str, Any]]:
     yield {}
 
 
+def read_box(r: Any, var: str, step: int, box: list[list[int]]) -> tuple[np.ndarray, str]:
+    """Reads ``box`` (``[offset, count]``) of ``var`` at ``step`` and says which level served it:
+    the level (``BlockInfo.level``) of the blocks meeting the box as listed right after the
+    read, ``"memory"`` or ``"disk"`` (a drained copy), ``"mixed"``, or ``"unknown"`` when the
+    listing failed."""
+    a = r.get(var, step, offset=box[0], count=box[1])
+    try:
+        levels = {b.level for b in r.blocks(var, step) if _meets(b.offset, b.count, box)}
+    except CairnError:
+        return a, "unknown"
+    return a, (levels.pop() if len(levels) == 1 else "mixed" if levels else "unknown")
+
+
+def _meets(offset: tuple[int, ...], count: tuple[int, ...], box: list[list[int]]) -> bool:
+    return all(o < bo + bc and bo < o + c for o, c, bo, bc in zip(offset, count, box[0], box[1]))
+
+
+@dataclass
+class _Hold:
+    """A nemesis's hold on the workload (:meth:`Workload.hold`)."""
+
+    roles: set[str]
+    after: int
+    parked: set[str] = field(default_factory=set)
+    resumed: threading.Event = field(default_factory=threading.Event)
+
+
 class Workload:
     """``writers`` ranks write an n×n field step after step; ``readers`` read committed steps and
     check every value. Times are kept per phase (``"baseline"`` before the first kill, then
@@ -105,14 +137,33 @@ class Workload:
         self.errors: list[str] = []
         self.ended: list[float] = []  # when each writer finished (the run's time)
         self.rec, self.queue, self.claimers, self.drain, self.churn, self.seed = rec, queue, claimers, drain, churn, seed
-        self.op = rec.op if rec else _unrecorded
+        #: Set once every server is killed on purpose at the end: workload threads still in a
+        #: call then (stuck far beyond their deadline) record nothing more.
+        self.quiet = False
         self.salt = random.SystemRandom().randrange(1, 1 << 12) / (1 << 12) if rec else 0.0
         self.work, self.out = f"{dataset}-work", f"{dataset}-out"
         #: Steps whose end committed (by dataset), and steps wait_drained said are on disk.
         self.committed: dict[str, set[int]] = {dataset: set(), self.work: set()}
         self.drained: set[int] = set()
         self.claims_over = threading.Event()  # every claimer's loop ended (nothing left to claim)
+        self.producer_over = threading.Event()  # the producer ended (closed, or failed): no step comes
         self.claim_lease = max(1.0, min(timeout, 3.0))
+        #: A nemesis's hold (:meth:`hold`): the roles it names park at their next boundary.
+        self.held: _Hold | None = None
+        #: Bumped by a restart of the whole cluster: every handle opened before is reopened.
+        self.epoch = 0
+        #: The discards so far (``from_step``): each gives the field a new salt, and the step the
+        #: writer ranks go back to.
+        self.discards = 0
+        self.back_to: int | None = None
+        self.salts: dict[int, float] = {}  # step -> the salt it was last written with
+        self.live: set[str] = set()  # workload threads running (those a hold waits for)
+
+    def op(self, process: str, f: str, **fields: Any) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        """:meth:`Recorder.op`, or nothing recorded (no history, or after the end's kill)."""
+        if self.rec is None or self.quiet:
+            return _unrecorded()
+        return self.rec.op(process, f, **fields)
 
     def boxes(self) -> list[list[list[int]]]:
         """Each writer rank's box of ``u`` as ``[offset, count]``."""
@@ -128,6 +179,48 @@ class Workload:
             self.times[self.phase][kind].append(t)
         if t > 0.05:
             _debug(f"slow {kind}: {what} took {t:.3f} s")
+
+    def hold(self, roles: set[str], after: int | None = None) -> _Hold:
+        """Holds the threads of ``roles`` (``writer``, ``producer``, ``claimer``, ``reader``,
+        ``drainer``) at their next boundary: writer ranks once they ended every step up to
+        ``after`` (all the same one, so it commits), claimers once nothing is left to claim."""
+        h = _Hold(roles, max(self.at) if after is None else after)
+        self.held = h
+        return h
+
+    def wait_held(self, h: _Hold, roles: set[str], deadline: float) -> bool:
+        """Waits until every running thread of ``roles`` parked, or until ``deadline``."""
+        while time.monotonic() < deadline:
+            with self.lock:
+                want = {t for t in self.live if t.split("-")[0] in roles}
+                if want <= h.parked:
+                    return True
+            time.sleep(0.05)
+        _debug(f"hold: not parked in time: {sorted(want - h.parked)}")
+        return False
+
+    def resume(self, h: _Hold) -> None:
+        if self.held is h:
+            self.held = None
+        h.resumed.set()
+
+    def _park(self, who: str, step: int | None = None) -> bool:
+        """Waits while a hold names ``who``'s role (a writer rank only before a step after the
+        hold's); whether it parked."""
+        h, role = self.held, who.split("-")[0]
+        if h is None or role not in h.roles or (step is not None and step <= h.after) or self.done.is_set():
+            return False
+        with self.lock:
+            h.parked.add(who)
+        while not h.resumed.wait(0.2) and not self.done.is_set():
+            pass
+        with self.lock:
+            h.parked.discard(who)
+        return True
+
+    def _holding(self, role: str) -> bool:
+        h = self.held
+        return h is not None and role in h.roles
 
     def _write_step(self, w: Any, proc: str, ds: str, step: int, var: str, data: np.ndarray, box: list[list[int]],
                     unsure: bool) -> bool:
@@ -152,12 +245,24 @@ class Workload:
             raise
 
     def _steps(self, w: Any, proc: str, ds: str, var: str, rank: int, make: Callable[[int], np.ndarray],
-               box: list[list[int]]) -> None:
-        """Writes steps of ``ds`` until ``steps`` or ``stop_after``, retrying a failed step."""
-        for s in range(self.steps):
+               box: list[list[int]], reopen: Callable[[Any, int | None], Any]) -> Any:
+        """Writes steps of ``ds`` until ``steps`` or ``stop_after``, retrying a failed step; at
+        a nemesis's hold it parks between steps, and afterwards reopens its writer (``reopen``:
+        the old one, the step to discard from or None) when the cluster was restarted or the
+        steps from one on are to be discarded, going on at the reopened writer's next step.
+        Returns the writer it ends with."""
+        s, epoch, discards = 0, self.epoch, self.discards
+        while s < self.steps:
             # Writer ranks stop together after one step; the producer at once.
             if self.stop_after is not None and (s > self.stop_after or rank < 0):
                 break
+            self._park(proc, s if rank >= 0 else None)
+            back = self.back_to if rank >= 0 and self.discards != discards else None
+            if self.epoch != epoch or back is not None:
+                epoch, discards = self.epoch, self.discards
+                w = reopen(w, back)
+                s = w.next_step
+                continue
             if rank >= 0:
                 self.at[rank] = s
             time.sleep(self.interval)  # the simulation computing
@@ -180,23 +285,69 @@ class Workload:
                     _debug(f"write retry: {proc} step {s} after {time.perf_counter() - t:.3f} s: {e}")
                     if attempt == 9:
                         self.errors.append(f"{proc} gave up on step {s}: {e}")
-                        return
+                        return w
                     time.sleep(0.2)
+            s += 1
+        return w
+
+    def _reopen(self, w: Any, proc: str, name: str, back: int | None, **kw: Any) -> Any:
+        """A writer of ``name`` opened again in mode "a" (a restart of the application: a new
+        session), after closing ``w`` (an error of a stopped cluster's writer is its own);
+        with ``back`` going back to that step (``from_step``: rank 0 discards the steps from it
+        on, recorded as an ``rm`` with that step; the other ranks wait until it did)."""
+        import cairn
+
+        with contextlib.suppress(CairnError):
+            w.close()
+        for attempt in range(10):
+            try:
+                if back is not None and kw.get("rank", 0) == 0:
+                    with self.op(proc, "rm", dataset=name, step=back):
+                        return cairn.open(name, "a", from_step=back, **kw, **self.opts)
+                return cairn.open(name, "a", **({"from_step": back} if back is not None else {}), **kw, **self.opts)
+            except CairnError as e:
+                _debug(f"{proc}: reopening {name} failed: {e}")
+                if attempt == 9:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    def _salted(self, rank: int, step: int) -> np.ndarray:
+        """Rank ``rank``'s part of ``step`` as written now: a discard gives the run a new salt."""
+        salt = self.salt + self.discards / 8
+        with self.lock:
+            self.salts[step] = salt
+        return _field(rank, self.writers, step, self.n, salt)
+
+    def _thread_live(self, name: str, live: bool) -> None:
+        with self.lock:
+            (self.live.add if live else self.live.discard)(name)
 
     def writer(self, rank: int) -> None:
         import cairn
 
+        proc = f"writer-{rank}"
+        self._thread_live(proc, True)
         try:
             w = cairn.open(self.dataset, "w", rank=rank, nranks=self.writers, session=self.session, **self.opts)
             w.define("u", "f8", (self.n, self.n))
             if self.queue:
                 w.define_queue(*self.queue)
-            make = lambda s: _field(rank, self.writers, s, self.n, self.salt)  # noqa: E731
-            self._steps(w, f"writer-{rank}", self.dataset, "u", rank, make, self.boxes()[rank])
+
+            def reopen(old: Any, back: int | None) -> Any:
+                new = self._reopen(old, proc, self.dataset, back, rank=rank, nranks=self.writers,
+                                   session=f"{self.session}-{self.epoch}.{self.discards}")
+                if self.queue:
+                    new.define_queue(*self.queue)
+                return new
+
+            make = lambda s: self._salted(rank, s)  # noqa: E731
+            w = self._steps(w, proc, self.dataset, "u", rank, make, self.boxes()[rank], reopen)
             w.close()
         except CairnError as e:
             self.errors.append(f"writer {rank}: {e}")
         finally:
+            self._thread_live(proc, False)
             with self.lock:
                 self.ended.append(time.monotonic())
 
@@ -204,111 +355,182 @@ class Workload:
         """Writes ``<dataset>-work`` (a 4×n field a step) for the claimers, as one rank."""
         import cairn
 
+        self._thread_live("producer", True)
         try:
             w = cairn.open(self.work, "w", **self.opts)
             w.define("w", "f8", (4, self.n))
             make = lambda s: np.arange(4 * self.n, dtype="f8").reshape(4, self.n) + 1e3 * s + self.salt  # noqa: E731
-            self._steps(w, "producer", self.work, "w", -1, make, [[0, 0], [4, self.n]])
+            w = self._steps(w, "producer", self.work, "w", -1, make, [[0, 0], [4, self.n]],
+                            lambda old, _: self._reopen(old, "producer", self.work, None))
             w.close()
         except CairnError as e:
             self.errors.append(f"producer: {e}")
+        finally:
+            self.producer_over.set()
+            self._thread_live("producer", False)
 
     def claimer(self, k: int) -> None:
         """Claims steps of the work dataset and consumes each into ``<dataset>-out`` (its column
         means, committed with the release of the step it came from); with churn it leaves after
-        a few steps and comes back as a new claimer. Ends once nothing is left to claim."""
+        a few steps and comes back as a new claimer. Ends once nothing is left to claim. At a
+        hold it claims on until nothing is left to claim now, then parks (holding no step)."""
         import cairn
 
-        rng, gen = random.Random(self.seed * 1000 + k), 0
-        src = cairn.open(self.work, "r", **self.opts)
+        name = f"claimer-{k}"
+        self._thread_live(name, True)
+        rng, gen, epoch = random.Random(self.seed * 1000 + k), 0, self.epoch
         dst = steps = None
-        while not self.done.is_set():
-            gen += 1
-            proc = f"claimer-{k}.{gen}"
+        try:
+            src = cairn.open(self.work, "r", **self.opts)
+            while not self.done.is_set():
+                self._park(name)
+                if self.epoch != epoch:  # the cluster was restarted: open again (the destination with "a")
+                    epoch, src = self.epoch, cairn.open(self.work, "r", **self.opts)
+                    if dst is not None:
+                        with contextlib.suppress(CairnError):
+                            dst.close()
+                        dst = None
+                gen += 1
+                proc = f"claimer-{k}.{gen}"
+                try:
+                    if dst is None:
+                        dst = self._destination(epoch)
+                    steps = src.claims(lease=self.claim_lease, timeout=1.0)
+                    while True:
+                        with self.op(proc, "claim", dataset=self.work, lease=self.claim_lease) as got:
+                            s = got["step"] = next(steps, None)
+                        if s is None:
+                            if not self._holding("claimer") and (self.producer_over.is_set() or src._inner.listing()[1]):
+                                dst.close()
+                                return  # the producer closed the work dataset (or failed) and nothing is left
+                            break  # none came for a second: claim again (or park)
+                        box = [[0, 0], [4, self.n]]
+                        with self.op(proc, "read", dataset=self.work, step=s, var="w", box=box) as got:
+                            a, got["level"] = read_box(src, "w", s, box)
+                            got["crc"] = crc32c(a)
+                        m = a.mean(axis=0)
+                        with self.op(proc, "consume", dataset=self.work, step=s, dst=self.out, var="m", box=[[0], [self.n]],
+                                     crc=crc32c(m)):
+                            with dst.step(s, consume=src):
+                                dst.put("m", m)
+                        # The consume released the step it came from: read again, only a drained copy may answer.
+                        with contextlib.suppress(CairnError), self.op(proc, "read", dataset=self.work, step=s, var="w",
+                                                                      box=box) as got:
+                            a, got["level"] = read_box(src, "w", s, box)
+                            got["crc"] = crc32c(a)
+                        if self.churn and rng.random() < 0.25:
+                            break  # leave: steps claimed and not consumed go back
+                except CairnError as e:
+                    _debug(f"{proc}: {e}")
+                    time.sleep(0.2)  # a failed claim loop gives its steps back; a new claimer takes over
+                finally:
+                    if steps is not None:
+                        steps.close()
+        finally:
+            self._thread_live(name, False)
+
+    def _destination(self, epoch: int) -> Any:
+        """The claim destination: mode "w" (claimers share it), or after a restart of the
+        cluster "a" (its steps on the drain's disk are this run's), "w" if it has none yet."""
+        import cairn
+
+        if epoch:
             try:
-                if dst is None:
-                    dst = cairn.open(self.out, "w", **self.opts)
-                    dst.define("m", "f8", (self.n,))
-                steps = src.claims(lease=self.claim_lease)
-                while True:
-                    with self.op(proc, "claim", dataset=self.work, lease=self.claim_lease) as got:
-                        s = got["step"] = next(steps, None)
-                    if s is None:
-                        dst.close()
-                        return
-                    with self.op(proc, "read", dataset=self.work, step=s, var="w", box=[[0, 0], [4, self.n]]) as got:
-                        a = src.get("w", s)
-                        got["crc"] = crc32c(a)
-                    m = a.mean(axis=0)
-                    with self.op(proc, "consume", dataset=self.work, step=s, dst=self.out, var="m", box=[[0], [self.n]],
-                                 crc=crc32c(m)):
-                        with dst.step(s, consume=src):
-                            dst.put("m", m)
-                    if self.churn and rng.random() < 0.25:
-                        break  # leave: steps claimed and not consumed go back
-            except CairnError as e:
-                _debug(f"{proc}: {e}")
-                time.sleep(0.2)  # a failed claim loop gives its steps back; a new claimer takes over
-            finally:
-                if steps is not None:
-                    steps.close()
+                return cairn.open(self.out, "a", **self.opts)
+            except NotFoundError:
+                pass
+        dst = cairn.open(self.out, "w", **self.opts)
+        dst.define("m", "f8", (self.n,))
+        return dst
 
     def drainer(self) -> None:
         """Waits now and then for the newest committed step to be on disk."""
         import cairn
 
-        r = cairn.open(self.dataset, "r", **self.opts)
-        while not self.done.wait(1.0):
-            with self.lock:
-                newest = max(self.committed[self.dataset], default=None)
-            if newest is None:
-                continue
-            with contextlib.suppress(CairnError):
-                with self.op("drainer", "wait_drained", dataset=self.dataset, step=newest) as got:
-                    got["value"] = r.wait_drained(step=newest, timeout=min(10.0, self.timeout))
-                if got["value"]:
-                    self.drained.add(newest)
+        self._thread_live("drainer", True)
+        try:
+            r, epoch = cairn.open(self.dataset, "r", **self.opts), self.epoch
+            while not self.done.wait(1.0):
+                self._park("drainer")
+                if self.epoch != epoch:
+                    r, epoch = cairn.open(self.dataset, "r", **self.opts), self.epoch
+                with self.lock:
+                    newest = max(self.committed[self.dataset], default=None)
+                if newest is None:
+                    continue
+                with contextlib.suppress(CairnError):
+                    with self.op("drainer", "wait_drained", dataset=self.dataset, step=newest) as got:
+                        got["value"] = r.wait_drained(step=newest, timeout=min(10.0, self.timeout))
+                    if got["value"]:
+                        with self.lock:
+                            if newest in self.committed[self.dataset]:  # not discarded meanwhile
+                                self.drained.add(newest)
+        finally:
+            self._thread_live("drainer", False)
 
     def reader(self, k: int = 0) -> None:
+        """Lists the dataset and reads its newest steps, again and again; with a history it now
+        and then releases the newest step (``release``) and reads it again: from its drained
+        copy, or "not found"."""
         import cairn
 
         proc = f"reader-{k}"
-        r = cairn.open(self.dataset, "r", **self.opts)
-        while not self.done.is_set():
-            try:
-                with self.op(proc, "read", dataset=self.dataset) as got:
-                    steps = got["value"] = r.steps()
-            except CairnError:
-                self._count("read_errors")
-                time.sleep(0.1)
-                continue
-            for s in steps[-3:]:
-                t = time.perf_counter()
+        self._thread_live(proc, True)
+        rng, epoch = random.Random(self.seed * 1000 + 500 + k), self.epoch
+        try:
+            r = cairn.open(self.dataset, "r", **self.opts)
+            while not self.done.is_set():
+                self._park(proc)
+                if self.epoch != epoch:
+                    epoch, r = self.epoch, cairn.open(self.dataset, "r", **self.opts)
                 try:
-                    if any(b.state == "degraded" for b in r.blocks("u", s)):
-                        self._count("degraded_reads")
-                    if self.rec is None:
-                        got_all = r.get("u", s)
-                    else:
-                        got_all = np.concatenate([self._read_box(r, proc, s, box) for box in self.boxes()])
-                    self._time("read", time.perf_counter() - t, f"step {s}")
-                    if not np.array_equal(got_all, self.expected(s)):
-                        self._count("wrong_reads")
-                except DataLossError:
-                    self._count("lost_reads")
+                    with self.op(proc, "read", dataset=self.dataset) as got:
+                        steps = got["value"] = r.steps()
                 except CairnError:
                     self._count("read_errors")
-            time.sleep(0.05)
-        r.close()
+                    time.sleep(0.1)
+                    continue
+                for s in steps[-3:]:
+                    t = time.perf_counter()
+                    try:
+                        if any(b.state == "degraded" for b in r.blocks("u", s)):
+                            self._count("degraded_reads")
+                        if self.rec is None:
+                            got_all = r.get("u", s)
+                        else:
+                            got_all = np.concatenate([self._read_box(r, proc, s, box) for box in self.boxes()])
+                        self._time("read", time.perf_counter() - t, f"step {s}")
+                        if not np.array_equal(got_all, self.expected(s)):
+                            self._count("wrong_reads")
+                    except DataLossError:
+                        self._count("lost_reads")
+                    except CairnError:
+                        self._count("read_errors")
+                if self.rec is not None and steps and rng.random() < 0.1:
+                    self._release(r, proc, steps[-1])  # the newest: the stream readers may not have passed it yet
+                time.sleep(0.05)
+            r.close()
+        finally:
+            self._thread_live(proc, False)
+
+    def _release(self, r: Any, proc: str, step: int) -> None:
+        """Releases ``step`` (the servers wait until the drain has it, where they drain) and
+        reads it again: recorded, the read's level saying whether a drained copy served it."""
+        with contextlib.suppress(CairnError):
+            with self.op(proc, "release", dataset=self.dataset, step=step):
+                r.release(step)
+        with contextlib.suppress(CairnError):
+            self._read_box(r, proc, step, self.boxes()[0])
 
     def _read_box(self, r: Any, proc: str, step: int, box: list[list[int]]) -> np.ndarray:
         with self.op(proc, "read", dataset=self.dataset, step=step, var="u", box=box) as got:
-            a = r.get("u", step, offset=box[0], count=box[1])
+            a, got["level"] = read_box(r, "u", step, box)
             got["crc"] = crc32c(a)
         return a
 
     def expected(self, step: int) -> np.ndarray:
-        return np.concatenate([_field(k, self.writers, step, self.n, self.salt) for k in range(self.writers)])
+        salt = self.salts.get(step, self.salt)
+        return np.concatenate([_field(k, self.writers, step, self.n, salt) for k in range(self.writers)])
 
     def run(self) -> list[threading.Thread]:
         """Starts the writers (the first ``writers`` threads returned), the readers and, with a
@@ -355,7 +577,8 @@ def stream_reader(settings: str) -> None:
                     break
                 for box in cfg["boxes"]:
                     with contextlib.suppress(CairnError), rec.op(proc, "read", dataset=ds, step=s, var="u", box=box, lease=lease) as got:
-                        got["crc"] = crc32c(r.get("u", s, offset=box[0], count=box[1]))
+                        a, got["level"] = read_box(r, "u", s, box)
+                        got["crc"] = crc32c(a)
                 left -= 1
         except CairnError:
             pass
@@ -375,8 +598,20 @@ class StreamReaders:
         self.gen = [0] * n
         self.stopped: set[int] = set()
 
+    paused = False
+
+    def pause(self) -> None:
+        """Ends every reader and starts none again until :meth:`resume` (a restart of the cluster)."""
+        self.paused = True
+        self.stop()
+
+    def resume(self) -> None:
+        self.paused = False
+
     def keep(self) -> None:
         """Starts the readers that are not running (at first, and after a SIGKILL)."""
+        if self.paused:
+            return
         for i, p in enumerate(self.procs):
             if p is None or p.poll() is not None:
                 self.gen[i] += 1
@@ -497,16 +732,41 @@ class Chaos:
         #: Servers this killer took down (killed, stopped, cut) and has not yet seen back.
         self.taken: set[int] = set()
         self.fresh: dict[int, int] = {}  # server -> pid of the process it was started again as
-        # Each server's command line, read once while they all run: a killed one is started
-        # again with it (same id, flags and cluster file), on its host when there are hosts.
+        #: Servers killed for good (``narrow``): their slots stay down, what they held re-encoded.
+        self.lost: set[int] = set()
+        #: Set while the whole cluster is being restarted: servers going down are not "died".
+        self.suspended = threading.Event()
         self.cmdlines: dict[int, list[str]] = {}
-        for s in cluster.servers_of(file):
-            raw = Path(f"/proc/{_entry(file, s['id'])['pid']}/cmdline").read_bytes()
-            cmd = [c.decode() for c in raw.split(b"\0") if c]
-            self.cmdlines[s["id"]] = (hosts.wrap(s["id"]) if hosts else []) + cmd
+        self.rebind()
         #: The servers' failure timeout, as their command lines give it (else their default).
         flags = next(iter(self.cmdlines.values()), [])
         self.failure_timeout = seconds(flags[flags.index("--failure-timeout") + 1]) if "--failure-timeout" in flags[:-1] else 3.0
+
+    def rebind(self) -> None:
+        """Reads each server's command line, once while they all run: a killed one is started
+        again with it (same id, flags and cluster file), on its host when there are hosts. After
+        a restart of the whole cluster, also forgets the old one's servers."""
+        self.cmdlines.clear()
+        for s in cluster.servers_of(self.file):
+            raw = Path(f"/proc/{_entry(self.file, s['id'])['pid']}/cmdline").read_bytes()
+            cmd = [c.decode() for c in raw.split(b"\0") if c]
+            self.cmdlines[s["id"]] = (self.hosts.wrap(s["id"]) if self.hosts else []) + cmd
+        self.leader = None
+        self.taken.clear()
+        self.fresh.clear()
+        self.lost.clear()
+        for child in self.children:
+            child.poll()
+        self.children = [c for c in self.children if c.returncode is None]
+
+    def settled(self, deadline: float) -> bool:
+        """Waits until no fault of this killer is under way (every server it took down is back
+        or replaced, and every recovery it waits for is done), or until ``deadline``."""
+        while time.monotonic() < deadline:
+            if not (self.taken - self.lost) and not any(t.is_alive() for t in self.restarts):
+                return True
+            time.sleep(0.2)
+        return False
 
     def _event(self, f: str, **value: Any) -> None:
         if self.rec:
@@ -550,7 +810,7 @@ class Chaos:
         """Servers killed and not yet recovered (or down in a slot no spare took), plus one while
         the control plane reports recovery pending."""
         view, rows = self._state()
-        down_in_slot = sum(1 for s in view.get("slots", []) if s in view.get("down", []))
+        down_in_slot = sum(1 for s in view.get("slots", []) if s in view.get("down", []) and s not in self.lost)
         pending = sum(r.get("recovery_pending") or 0 for r in rows)
         unrecovered = sum(len(e["servers"]) for e in self.log if "recovered_s" not in e and not e.get("gave_up"))
         return max(down_in_slot + (1 if pending else 0), unrecovered)
@@ -571,13 +831,15 @@ class Chaos:
             _debug(f"not whole: voters {voters}, roles {roles}")
         return whole
 
-    def victims(self, prefer_leader: bool = False) -> list[int]:
+    def victims(self, prefer_leader: bool = False, only: list[int] | None = None) -> list[int]:
         view, rows = self._everyone()
         live = [s for s in view.get("slots", []) if s not in view.get("down", []) and s not in self.taken]
         # The membership as the leader knows it: a voter that died (or is being replaced) counts
         # in the majority until it is removed, although it answers no status.
         meta = _voters(rows)
         voters_alive = len([m for m in meta if m in live])
+        if only is not None:
+            live = [s for s in live if s in only]
         entries = {s["id"]: s for s in cluster.servers_of(self.file)}
         if self.kill == "node":
             nodes = sorted({entries[s].get("node", "") for s in live})
@@ -593,11 +855,13 @@ class Chaos:
         return self.rng.choice(choices) if choices else []
 
     def strike(self, t0: float, end: float, going: Callable[[], bool] = lambda: True, how: str = "kill",
-               prefer_leader: bool = False, pause: float = 0.0) -> dict[str, Any] | None:
+               prefer_leader: bool = False, pause: float = 0.0, only: list[int] | None = None,
+               lose: bool = False) -> dict[str, Any] | None:
         """Kills (stops, cuts) the next victims, first waiting (until ``end`` at most, while
         ``going()``) while that would go beyond the level; ``None`` when it is not made: the wait
         ran out, the workload ended, or no recovery can come (no restart and no spare left).
-        A stop or a cut lasts ``pause`` seconds."""
+        A stop or a cut lasts ``pause`` seconds. ``only``: the victims are among these servers;
+        ``lose``: a killed server is not started again (its slot stays down)."""
         deferred = 0.0
         if not self.beyond_level:
             start = time.monotonic()
@@ -609,7 +873,7 @@ class Chaos:
                     return None
                 time.sleep(0.2)
             deferred = time.monotonic() - start
-        victims = self.victims(prefer_leader)
+        victims = self.victims(prefer_leader, only)
         if not victims:
             self.skipped += 1
             return None
@@ -622,13 +886,17 @@ class Chaos:
             args: tuple[Any, ...] = (sid, self.cmdlines[sid], event)
             if how == "kill":
                 os.kill(_entry(self.file, sid)["pid"], signal.SIGKILL)
+                if lose:
+                    self.lost.add(sid)
+                    target, args = self._lose, (sid, event)
             elif how == "stop":
                 os.kill(_entry(self.file, sid)["pid"], signal.SIGSTOP)
                 target, args = self._resume, (sid, event, pause, lambda: os.kill(_entry(self.file, sid)["pid"], signal.SIGCONT))
             else:
                 self.hosts.cut(sid)
                 target, args = self._resume, (sid, event, pause, lambda: self.hosts.cut(sid, False))
-            self._event(how, server=sid, leader=self.leader == sid, **({"for_s": round(pause, 2)} if how != "kill" else {}))
+            self._event(how, server=sid, leader=self.leader == sid, **({"for_s": round(pause, 2)} if how != "kill" else {}),
+                        **({"lost": True} if lose else {}))
             self._thread(target, *args)
         self.log.append(event)
         return event
@@ -661,6 +929,26 @@ class Chaos:
                 return
             time.sleep(0.2)
         self.taken.discard(sid)
+        event["gave_up"] = True
+
+    def _lose(self, sid: int, event: dict[str, Any]) -> None:
+        """Waits for the control plane to declare ``sid`` down and for the recovery of what it
+        held (with no spare, onto the survivors: stripes encoded again narrower) to be done."""
+        start = declared_at = time.monotonic()
+        declared = False
+        while time.monotonic() - start < 60 and not self.over.is_set():
+            view, rows = self._state()
+            if not declared and sid in view.get("down", []):
+                declared, declared_at = True, time.monotonic()
+                event.setdefault("declared_s", round(time.monotonic() - start, 2))
+            # The recovery is queued once the leader declared it down: give it a moment.
+            if declared and time.monotonic() - declared_at > 1.0 and _nothing_pending(rows):
+                done = event.setdefault("recovered_each", {})
+                done[str(sid)] = round(time.monotonic() - start, 2)
+                if len(done) == len(event["servers"]):
+                    event["recovered_s"] = max(done.values())
+                return
+            time.sleep(0.2)
         event["gave_up"] = True
 
     def _recover_and_restart(self, sid: int, cmd: list[str], event: dict[str, Any]) -> None:
@@ -726,6 +1014,8 @@ class Chaos:
     def watch(self) -> None:
         """Notices servers that died by themselves (at a fail point, or a crash): recorded with the
         fail points reached so far, and started again like a killed one."""
+        if self.suspended.is_set():
+            return
         for entry in cluster.servers_of(self.file):
             sid = entry["id"]
             with contextlib.suppress(OSError, ValueError, KeyError):
@@ -763,8 +1053,16 @@ def _tail(xs: list[float]) -> dict[str, float | None]:
 
 
 #: Every nemesis (``--nemesis``); those of :data:`OWN` run on a cluster chaos starts itself.
-NEMESES = ("kill", "stop", "partition", "disk-full", "reader-churn", "failpoint")
-OWN = ("partition", "disk-full", "failpoint")
+NEMESES = ("kill", "stop", "partition", "disk-full", "reader-churn", "failpoint", "replace-all", "narrow", "rival",
+           "cluster-restart", "discard")
+OWN = ("partition", "disk-full", "failpoint", "replace-all", "narrow", "rival", "cluster-restart")
+#: Nemeses that cannot share a run: the first of a pair present is kept, the other skipped
+#: (``narrow`` runs with no spare, which ``replace-all`` needs; a restart of the whole cluster
+#: cannot yet start one in network namespaces).
+CONFLICTS = {("narrow", "replace-all"): "narrow runs on a cluster with no spare, and replace-all needs one",
+             ("partition", "cluster-restart"): "chaos cannot restart a cluster of servers in network namespaces"}
+#: The most nemeses a mix of ``--seeds`` draws.
+MIX_MOST = 3
 #: The drain's fail points (issue 51, item 2), compiled into the server only with the cargo
 #: feature ``failpoints``; a server started with ``CAIRN_FAILPOINTS=name[,name]`` dies at them.
 FAILPOINTS = ("drain.before_data", "drain.part_written", "drain.before_commit", "drain.after_index_tmp", "drain.after_link",
@@ -797,7 +1095,19 @@ def unavailable(nemesis: str, history: bool) -> str | None:
             return "cairn.cluster.start takes no command= in this build"
     if nemesis == "reader-churn" and not history:
         return "the stream readers it churns run only with --history"
+    if nemesis in ("discard", "cluster-restart", "rival") and not history:
+        return "the workload it acts on (writers sent back, handles reopened, drained steps) runs only with --history"
     return None
+
+
+def conflicting(nemeses: list[str]) -> dict[str, str]:
+    """Those of ``nemeses`` that cannot run beside an earlier one (:data:`CONFLICTS`), and why."""
+    out: dict[str, str] = {}
+    for (a, b), why in CONFLICTS.items():
+        if a in nemeses and b in nemeses:
+            later = max(a, b, key=nemeses.index)
+            out.setdefault(later, why)
+    return out
 
 
 class OwnCluster:
@@ -810,6 +1120,7 @@ class OwnCluster:
     def __init__(self, nemeses: set[str], rng: random.Random, timeout: float) -> None:
         from . import _netns
 
+        self.kw: dict[str, Any] = {}  # how it was started (cluster.start's arguments), for a restart
         self.dir = Path(tempfile.mkdtemp(prefix="cairn-chaos-"))
         self.file = self.dir / "cluster.json"
         self.hosts: Any = None
@@ -842,9 +1153,12 @@ class OwnCluster:
                 self.procs = _netns.start_servers(self.hosts, self.file, flags, command=command)
                 cluster._await_control_plane(self.file, OWN_META, 30.0)  # as cluster.start does
             else:
-                kw: dict[str, Any] = {"command": command} if command else {}
-                self.local = cluster.start(self.file, servers=OWN_SERVERS, spares=OWN_SPARES, memory="128MiB", meta=OWN_META,
-                                           redundancy=1, failure_timeout="1s", recovery_deadline="3s", drain=self.drain, **kw)
+                # narrow: no spare, erasure-coded at put, so a lost server's stripes are encoded again narrower.
+                narrow = "narrow" in nemeses
+                self.kw = dict(servers=OWN_SERVERS, spares=0 if narrow else OWN_SPARES, memory="128MiB", meta=OWN_META,
+                               redundancy=1, failure_timeout="1s", recovery_deadline="3s", drain=self.drain,
+                               **({"scheme": "erasure"} if narrow else {}))
+                self.local = cluster.start(self.file, **self.kw, **({"command": command} if command else {}))
         except BaseException:
             self.close()
             raise
@@ -852,6 +1166,55 @@ class OwnCluster:
     @property
     def transport(self) -> str | None:
         return "tcp" if self.hosts else None
+
+    def restart(self) -> float:
+        """A planned restart of the whole cluster: stopped (after the drain caught up), then a
+        new one started on the same file and drain folder (without fail points). Seconds the
+        stop took."""
+        assert self.local is not None, "a restart of servers in network namespaces is not supported"
+        from .exceptions import CapacityError
+
+        t = time.monotonic()
+        try:
+            for attempt in range(5):  # a full drain disk gets room again within seconds
+                try:
+                    cluster.drain(self.file, timeout=30.0)
+                    break
+                except CapacityError:
+                    if attempt == 4:
+                        raise
+                    time.sleep(2.0)
+            cluster.stop(self.file, procs=self.local.procs, timeout=30.0, drain_first=False)
+        finally:
+            for p in self.local.procs:  # any that lingers
+                p.kill()
+        took = time.monotonic() - t
+        self.local = cluster.start(self.file, **self.kw)
+        return took
+
+    def rival(self, name: str, timeout: float) -> dict[str, Any]:
+        """A second cluster on the same drain folder opens dataset ``name`` in mode "w": what
+        came of it (``opened``, else the ``error`` and its ``code``). The rival is stopped."""
+        import cairn
+
+        self.rivals = getattr(self, "rivals", 0) + 1
+        file = self.dir / f"rival-{self.rivals}.json"
+        rival = cluster.start(file, servers=1, memory="64MiB", drain=self.drain)
+        out: dict[str, Any] = {"dataset": name, "drain": str(self.drain), "cluster": str(file)}
+        try:
+            w = cairn.open(name, "w", cluster=str(file), timeout=timeout)
+            out["opened"] = True
+            with contextlib.suppress(CairnError):
+                w.close()
+        except CairnError as e:
+            out.update(opened=False, error=history.error_text(e), code=e.code)
+        finally:
+            for p in rival.procs:
+                p.kill()
+            for p in rival.procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(10)
+        return out
 
     def fill(self, seconds: float, rec: Recorder | None, calm: threading.Event) -> None:
         """Makes the drain's disk full for ``seconds``: the tmpfs shrunk to what it holds."""
@@ -952,12 +1315,13 @@ def verify(wl: Workload, rec: Recorder, kill: Callable[[], None] | None) -> tupl
 
     reads = lost = 0
 
-    def read(r: Any, ds: str, s: int, var: str, box: list[list[int]]) -> None:
+    def read(r: Any, ds: str, s: int, var: str, box: list[list[int]], who: str = "verifier") -> None:
         nonlocal reads, lost
         reads += 1
         try:
-            with rec.op("verifier", "read", dataset=ds, step=s, var=var, box=box) as got:
-                got["crc"] = crc32c(r.get(var, s, offset=box[0], count=box[1]))
+            with rec.op(who, "read", dataset=ds, step=s, var=var, box=box) as got:
+                a, got["level"] = read_box(r, var, s, box)
+                got["crc"] = crc32c(a)
         except DataLossError:
             lost += 1
         except CairnError:
@@ -1002,6 +1366,7 @@ def verify(wl: Workload, rec: Recorder, kill: Callable[[], None] | None) -> tupl
         for s in results:
             read(out, wl.out, s, "m", [[0], [wl.n]])
     if kill is not None:
+        wl.quiet = True
         rec.event("kill-all")
         kill()
         try:
@@ -1044,7 +1409,7 @@ def _nemeses(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rec: Recorder | None = None
     wanted = getattr(args, "nemesis", None) or ["kill"]
-    if not set(wanted) & set(OWN):
+    if not set(wanted) & set(OWN) and not getattr(args, "own", False):
         cluster.document(Path(args.cluster).absolute())  # a missing or foreign cluster file stops the run before it starts
     _check.output_folder(args.json, "--json")
     if getattr(args, "history", None):
@@ -1057,12 +1422,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    "rows of the n×n field; give --n of at least --writers")
     rng = random.Random(args.seed)
     skipped = {n: why for n in wanted if (why := unavailable(n, bool(getattr(args, "history", None))))}
+    skipped.update(conflicting([n for n in wanted if n not in skipped]))
     for n, why in skipped.items():
         print(f"cairn chaos: nemesis {n} skipped: {why}", file=sys.stderr, flush=True)
     active = [n for n in wanted if n not in skipped]
-    own = OwnCluster(set(active) & set(OWN), rng, args.timeout) if set(active) & set(OWN) else None
+    mine = bool(set(active) & set(OWN)) or bool(getattr(args, "own", False))
+    own = OwnCluster(set(active) & set(OWN), rng, args.timeout) if mine else None
     if own:
-        print(f"cairn chaos: {', '.join(n for n in active if n in OWN)} run on a cluster of chaos's own ({own.file}), "
+        print(f"cairn chaos: {', '.join(active)} run on a cluster of chaos's own ({own.file}), "
               "not --cluster", file=sys.stderr, flush=True)
     report: dict[str, Any] = {}
     try:
@@ -1096,16 +1463,192 @@ def _run(args: argparse.Namespace, file: Path, rng: random.Random, active: list[
                       claimers=args.claimers, drain=drains, churn="reader-churn" in active, seed=args.seed,
                       transport=own.transport if own else None)
     threads = wl.run() if wl else []
-    readers = StreamReaders(wl, args.stream_readers, args.history, rng, rec) if wl and rec and args.stream_readers else None
+    # The stream readers draw from a generator of their own: the keeper starts them when it gets
+    # to it, and the faults' draws stay those of the seed whatever the threads' timing.
+    readers = StreamReaders(wl, args.stream_readers, args.history, random.Random(args.seed + 2), rec) \
+        if wl and rec and args.stream_readers else None
     keeper = _Keeper(chaos if rec else None, readers)
+    seams = _Seams(args, rng, chaos, wl, rec, own, readers)
     try:
-        return {**_faults(args, file, rng, active, own, rec, chaos, wl, threads, readers, keeper), "nemesis": active,
+        return {**_faults(args, file, rng, active, own, rec, chaos, wl, threads, readers, keeper, seams), "nemesis": active,
                 "nemesis_skipped": skipped}
     finally:
         chaos.calm.set()  # stops and cuts under way end, a full disk gets room (also on an error)
         keeper.stop()
         if readers:
             readers.stop()
+
+
+class _Seams:
+    """The nemeses at the seams where two mechanisms meet: ``replace-all`` (every member of the
+    cluster SIGKILLed in turn, each slot taken by a spare), ``narrow`` (a server lost for good
+    with no spare: its stripes encoded again narrower while reads go on), ``rival`` (a second
+    cluster opens the dataset in mode "w" on the same drain folder: it must be refused),
+    ``cluster-restart`` (a planned stop of the whole cluster, a new one on the same drain
+    folder, the workload's handles opened again, "a" for writers, and every committed step read)
+    and ``discard`` (the writer ranks go back to an older step, ``from_step``, while readers
+    read). Each records its events; what it does to the workload is recorded as operations."""
+
+    KINDS = ("replace-all", "narrow", "rival", "cluster-restart", "discard")
+    #: The most servers ``narrow`` loses in a run (4 servers, no spare: two keep the control
+    #: plane's majority and, at level 1, every step).
+    NARROW_MOST = 2
+
+    def __init__(self, args: argparse.Namespace, rng: random.Random, chaos: Chaos, wl: Workload | None,
+                 rec: Recorder | None, own: OwnCluster | None, readers: StreamReaders | None) -> None:
+        self.args, self.rng, self.chaos, self.wl, self.rec, self.own, self.readers = args, rng, chaos, wl, rec, own, readers
+        self.narrowed = 0
+
+    def _event(self, f: str, **value: Any) -> None:
+        if self.rec:
+            self.rec.event(f, value=value)
+
+    def _say(self, t0: float, what: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f} s] {what}", flush=True)
+        _debug(what)
+
+    def strike(self, kind: str, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        return getattr(self, kind.replace("-", "_"))(t0, end, going)
+
+    def replace_all(self, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        """Every member (a server holding a slot) SIGKILLed in turn, the next once a spare took
+        the slot of the one before, its recovery was done and the killed one is a spare again."""
+        view = cluster.view(self.chaos.file, timeout=1.0) or {}
+        members = [sid for sid in view.get("slots", []) if sid not in view.get("down", [])]
+        self._event("replace-all", servers=members)
+        replaced = []
+        for sid in members:
+            ev = self.chaos.strike(t0, time.monotonic() + 60, going, only=[sid])
+            if ev is None:
+                break
+            replaced.append(sid)
+            self._say(t0, f"replace-all: killed {sid} ({len(replaced)} of {len(members)}, deferred {ev['deferred_s']} s)")
+        self.chaos.settled(time.monotonic() + 60)
+        slots = (cluster.view(self.chaos.file, timeout=1.0) or {}).get("slots", [])
+        self._event("replaced-all", servers=replaced, complete=replaced == members, slots=slots)
+        return None
+
+    def narrow(self, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        """A server SIGKILLed and never started again: with no spare, recovery encodes its
+        stripes again narrower on the servers left."""
+        if self.narrowed >= self.NARROW_MOST:
+            return None
+        view = cluster.view(self.chaos.file, timeout=1.0) or {}
+        spares = [sid for sid in view.get("spares", []) if sid not in view.get("down", [])]
+        ev = self.chaos.strike(t0, end, going, prefer_leader=self.rng.random() < 0.5, lose=True)
+        if ev is not None:
+            self.narrowed += 1
+            self._event("narrow", servers=ev["servers"], spares=spares)
+            ev["how"] = "lost for good"
+        return ev
+
+    def rival(self, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        """A second cluster on the same drain folder opens the workload's dataset in mode "w"
+        once a step of it is drained (recorded: ``rival-open``, refused or ``opened``)."""
+        wl = self.wl
+        if self.own is None or wl is None:
+            return None
+        deadline = time.monotonic() + 15
+        while not wl.drained and time.monotonic() < deadline and going():
+            time.sleep(0.2)
+        if not wl.drained:
+            self._event("rival-skipped", why="no step of the dataset was drained yet")
+            return None
+        out = self.own.rival(wl.dataset, self.args.timeout)
+        self._event("rival-open", **out)
+        self._say(t0, f"rival: a second cluster's \"w\" open of {wl.dataset} on the same drain folder: "
+                      + ("OPENED" if out["opened"] else f"refused ({out.get('code')})"))
+        return None
+
+    def cluster_restart(self, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        """A planned stop of the whole cluster (the drain catches up first) and a new cluster on
+        the same file and drain folder: the workload is held at a step boundary, its handles are
+        opened again (writers with "a"), and every committed step is read back."""
+        wl, own = self.wl, self.own
+        if wl is None or own is None or own.local is None:
+            return None
+        self.chaos.settled(time.monotonic() + 60)  # no fault of the killer under way
+        h = wl.hold({"writer", "producer"})
+        try:
+            timeout = self.args.timeout
+            if not wl.wait_held(h, {"writer", "producer"}, time.monotonic() + 2 * timeout + 10):
+                self._event("cluster-restart-skipped", why="the writers did not reach a step boundary in time")
+                return None
+            # Then the claimers (once nothing is left to claim), the readers and the drainer. A reader
+            # stuck in a call is not waited for long: it reopens its handle at its next turn anyway.
+            h.roles |= {"claimer", "reader", "drainer"}
+            wl.wait_held(h, {"claimer"}, time.monotonic() + timeout + wl.claim_lease + 10)
+            wl.wait_held(h, {"reader", "drainer"}, time.monotonic() + 2.0)
+            if self.readers:
+                self.readers.pause()
+            self.chaos.suspended.set()
+            self._event("cluster-stop", after=h.after)
+            start = time.monotonic()
+            try:
+                took = own.restart()
+                self.chaos.rebind()
+            finally:
+                self.chaos.suspended.clear()
+            wl.epoch += 1
+            self._event("cluster-start", stop_s=round(took, 2), restart_s=round(time.monotonic() - start, 2))
+            self._say(t0, f"cluster-restart: stopped after step {h.after} and started again in "
+                          f"{time.monotonic() - start:.1f} s")
+        finally:
+            wl.resume(h)
+            if self.readers:
+                self.readers.resume()
+        self._read_every_step()
+        return None
+
+    def _read_every_step(self) -> None:
+        """Lists the dataset and reads every box of every committed step (``restart-reader``)."""
+        import cairn
+
+        wl = self.wl
+        assert wl is not None
+        op = self.rec.op if self.rec else _unrecorded
+        try:
+            r = cairn.open(wl.dataset, "r", **wl.opts)
+            with op("restart-reader", "read", dataset=wl.dataset) as got:
+                got["value"] = r.steps()
+        except CairnError as e:
+            _debug(f"restart-reader: {e}")
+            return
+        with wl.lock:
+            steps = sorted(wl.committed[wl.dataset])
+        for s in steps:
+            for box in wl.boxes():
+                with contextlib.suppress(CairnError), op("restart-reader", "read", dataset=wl.dataset, step=s, var="u",
+                                                         box=box) as got:
+                    a, got["level"] = read_box(r, "u", s, box)
+                    got["crc"] = crc32c(a)
+        r.close()
+
+    def discard(self, t0: float, end: float, going: Callable[[], bool]) -> dict[str, Any] | None:
+        """The writer ranks, held between steps, go back to one of the newest three committed
+        steps (``from_step``: rank 0 discards it and those after on every level, recorded as an
+        ``rm`` with that step) and write on from it with a new salt, while readers read."""
+        wl = self.wl
+        if wl is None or self.rec is None:
+            return None
+        h = wl.hold({"writer"})
+        try:
+            if not wl.wait_held(h, {"writer"}, time.monotonic() + 2 * self.args.timeout + 10):
+                self._event("discard-skipped", why="the writer ranks did not reach a step boundary in time")
+                return None
+            with wl.lock:
+                newest = max(wl.committed[wl.dataset], default=None)
+                if newest is None:
+                    return None
+                back = self.rng.randint(max(0, newest - 2), newest)
+                wl.committed[wl.dataset] = {s for s in wl.committed[wl.dataset] if s < back}
+                wl.drained = {s for s in wl.drained if s < back}
+                wl.back_to, wl.discards = back, wl.discards + 1
+            self._event("discard", from_step=back, newest=newest)
+            self._say(t0, f"discard: the writers go back to step {back} (newest {newest})")
+        finally:
+            wl.resume(h)
+        return None
 
 
 class _Keeper(threading.Thread):
@@ -1139,8 +1682,10 @@ class _Keeper(threading.Thread):
 
 def _faults(args: argparse.Namespace, file: Path, rng: random.Random, active: list[str], own: OwnCluster | None,
             rec: Recorder | None, chaos: Chaos, wl: Workload | None, threads: list[threading.Thread],
-            readers: StreamReaders | None, keeper: _Keeper) -> dict[str, Any]:
-    """The run proper: faults while the workload runs, its end, the checks; the report."""
+            readers: StreamReaders | None, keeper: _Keeper, seams: _Seams) -> dict[str, Any]:
+    """The run proper: faults while the workload runs, its end, the checks; the report. The
+    nemeses take turns in rounds (each once a round, in an order the seed draws); with a history
+    the run goes on past its duration until each has had its first turn (at once, then)."""
     mtbf, duration = seconds(args.mtbf), seconds(args.duration)
     writing = lambda: not wl or any(t.is_alive() for t in threads[: wl.writers])  # noqa: E731
     t0 = time.monotonic()
@@ -1155,15 +1700,22 @@ def _faults(args: argparse.Namespace, file: Path, rng: random.Random, active: li
     churn = random.Random(args.seed + 1) if readers and "reader-churn" in active else None
     next_churn = time.monotonic() + (churn.expovariate(1 / mtbf) if churn else duration)
     turns = [n for n in active if n != "reader-churn"]
-    while time.monotonic() < end and writing():
+    order: list[str] = []
+    untried = set(turns) if rec else set()
+    while (time.monotonic() < end or untried) and writing():
         if churn and readers and time.monotonic() >= next_churn:
             readers.strike()
             next_churn = time.monotonic() + churn.expovariate(1 / mtbf)
+        if time.monotonic() >= end and untried:
+            next_fault = time.monotonic()  # the duration is up: those yet to strike do at once
         if time.monotonic() >= next_fault and turns:
-            kind = rng.choice(turns) if len(turns) > 1 else turns[0]
+            if not order:
+                order = rng.sample(turns, len(turns))
+            kind = order.pop(0)
+            untried.discard(kind)
             # With a history, a fault that must wait gives up after about one mtbf: the others go on.
-            until = min(end, time.monotonic() + mtbf) if rec else end
-            ev = _strike(kind, chaos, t0, until, writing, rng, own, rec)
+            until = (min(end, time.monotonic() + mtbf) if time.monotonic() < end else time.monotonic() + mtbf) if rec else end
+            ev = _strike(kind, chaos, t0, until, writing, rng, own, rec, seams)
             if ev:
                 print(f"[{ev['t_s']:7.1f} s] {ev.get('how', 'killed')} {ev['servers']} (deferred {ev['deferred_s']} s)", flush=True)
                 _debug(f"{ev.get('how', 'killed')} {ev['servers']}")
@@ -1185,8 +1737,14 @@ def _faults(args: argparse.Namespace, file: Path, rng: random.Random, active: li
             if t.name == "producer" or t.name.startswith("claimer"):
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         wl.done.set()
+        # Readers end at their next turn; one stuck in a call far beyond its deadline is left
+        # behind (a daemon thread), and named in the history.
+        deadline = time.monotonic() + args.timeout + 5
         for t in threads[args.writers:]:
-            t.join(timeout=60)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck and rec:
+            rec.event("still-running", process="chaos", value={"threads": stuck})
     # Recoveries still under way finish, unless none can come (no restart, no spare left).
     waits = chaos.restart or bool((cluster.view(file, timeout=1.0) or {}).get("spares"))
     for t in chaos.restarts:
@@ -1228,8 +1786,10 @@ def _faults(args: argparse.Namespace, file: Path, rng: random.Random, active: li
 
 
 def _strike(kind: str, chaos: Chaos, t0: float, end: float, going: Callable[[], bool], rng: random.Random,
-            own: OwnCluster | None, rec: Recorder | None) -> dict[str, Any] | None:
+            own: OwnCluster | None, rec: Recorder | None, seams: _Seams | None = None) -> dict[str, Any] | None:
     """One fault of nemesis ``kind``: the event of a server fault, else None."""
+    if seams is not None and kind in _Seams.KINDS:
+        return seams.strike(kind, t0, end, going)
     prefer = rec is not None and rng.random() < 0.5  # half of them at the leader (which also drains)
     if kind == "kill":
         return chaos.strike(t0, end, going, prefer_leader=prefer)
@@ -1266,9 +1826,14 @@ def add(sub: Any) -> None:
     p.add_argument("--beyond-level", action="store_true", help="kill even when more servers than the level are down or recovering")
     p.add_argument("--no-restart", action="store_true",
                    help="leave killed servers dead (degraded service only, unless spares take their slots)")
-    p.add_argument("--nemesis", type=_nemeses, default=["kill"], metavar="LIST",
-                   help=f"faults to combine, comma-separated: {', '.join(NEMESES)} (default kill); partition, disk-full and "
-                        "failpoint run on a cluster chaos starts itself (root only; skipped with a message otherwise)")
+    p.add_argument("--nemesis", type=_nemeses, default=None, metavar="LIST",
+                   help=f"faults to combine, comma-separated: {', '.join(NEMESES)} (default kill; with --seeds, the ones a "
+                        f"mix draws from, default all that can run here); {', '.join(OWN)} run on a cluster chaos starts "
+                        "itself (partition, disk-full and failpoint need root, and are skipped with a message otherwise)")
+    p.add_argument("--seeds", type=int_arg(1), default=None, metavar="N",
+                   help="run N mixes, of seeds S to S+N-1 (S: --seed), each with nemeses the seed draws, on a cluster chaos "
+                        "starts itself, and check each history; every violation is printed with its seed and nemeses, and "
+                        "--seed S --seeds 1 replays that mix (implies --history: FILE.seedS, else a folder it names)")
     runs = p.add_mutually_exclusive_group()
     runs.add_argument("--history", metavar="FILE",
                       help="record every operation of the workload (JSON Lines; implies --workload) and check the rules at the end")
@@ -1302,11 +1867,82 @@ def check_main(path: str) -> None:
         raise SystemExit(1)
 
 
+def mix_of(seed: int, pool: list[str] | tuple[str, ...]) -> list[str]:
+    """The nemeses of the mix of ``seed`` (``--seeds``): 1 to :data:`MIX_MOST` of ``pool``, in
+    an order drawn from the seed alone (the same on every run and machine for the same pool),
+    never two that conflict (:data:`CONFLICTS`)."""
+    rng = random.Random(f"cairn chaos mix {seed}")  # a str seed hashes the same in every process
+    want = rng.randint(1, max(1, min(MIX_MOST, len(pool))))
+    chosen: list[str] = []
+    for n in rng.sample(list(pool), len(pool)):
+        if len(chosen) < want and not conflicting([*chosen, n]):
+            chosen.append(n)
+    return chosen
+
+
+def _seed_history(args: argparse.Namespace, seed: int, folder: list[Path]) -> Path:
+    """Where the history of mix ``seed`` goes: ``FILE.seedS`` beside --history's FILE, else in
+    a folder made once (and named)."""
+    if args.history:
+        h = Path(args.history)
+        return h.with_name(f"{h.stem}.seed{seed}{h.suffix}")
+    if not folder:
+        folder.append(Path(tempfile.mkdtemp(prefix="cairn-chaos-seeds-")))
+        print(f"cairn chaos: the mixes' histories are in {folder[0]}", flush=True)
+    return folder[0] / f"seed-{seed}.jsonl"
+
+
+def seeds_main(args: argparse.Namespace) -> None:
+    """``cairn chaos --seeds N``: the mixes of seeds S .. S+N-1, each on a cluster of chaos's
+    own, with nemeses the seed draws (:func:`mix_of`) from --nemesis (else from every nemesis
+    that can run here); a line per violation naming its seed and nemeses; exit 1 if any mix
+    found one (or failed)."""
+    import copy
+
+    pool = args.nemesis or [n for n in NEMESES if unavailable(n, True) is None]
+    folder: list[Path] = []
+    bad: list[tuple[int, list[str]]] = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        mix = mix_of(seed, pool)
+        one = copy.copy(args)
+        one.seed, one.nemesis, one.seeds, one.own, one.json = seed, mix, None, True, None
+        one.history, one.dataset = str(_seed_history(args, seed, folder)), f"{args.dataset}-{seed}"
+        tag = f"seed {seed} [{','.join(mix)}]"
+        print(f"cairn chaos: {tag}: history {one.history}", flush=True)
+        try:
+            report = run(one)
+        except (CairnError, OSError) as e:
+            print(f"{tag}: the run failed: {history.error_text(e)}", flush=True)
+            bad.append((seed, mix))
+            continue
+        checked = report.get("history") or {}
+        for v in checked.get("violations", []):
+            print(f"{tag}: {v['rule']}: {v['message']}", flush=True)
+        left = sum(checked.get("violations_by_rule", {}).values()) - len(checked.get("violations", []))
+        if left > 0:
+            print(f"{tag}: and {left} more ({checked['violations_by_rule']}); see {one.history}", flush=True)
+        errors = (report.get("workload") or {}).get("errors")
+        if errors:
+            print(f"{tag}: the workload could not write: {'; '.join(errors)}", flush=True)
+        if not checked.get("valid", False) or errors:
+            bad.append((seed, mix))
+        else:
+            print(f"{tag}: no violation ({checked.get('operations', 0)} operations)", flush=True)
+    if bad:
+        print(f"cairn chaos: {len(bad)} of {args.seeds} mixes found something; replay one with --seed S --seeds 1: "
+              + ", ".join(f"{s} [{','.join(m)}]" for s, m in bad), flush=True)
+        raise SystemExit(1)
+
+
 def main(args: argparse.Namespace) -> None:
     from .exceptions import UnavailableError
 
     if args.check:
+        if args.seeds:
+            raise InvalidArgumentError("--seeds runs mixes and checks their histories: give it without --check")
         return check_main(args.check)
+    if args.seeds:
+        return seeds_main(args)
     report = run(args)
     wl = report.get("workload")
     print(f"kills {report['kills']} (deferred {report['deferred']}, not made {report['skipped']}), blocks checked {report['blocks_checked']}, "

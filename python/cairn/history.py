@@ -6,12 +6,16 @@ rule of the staging cluster.
 A record: ``{"process", "type", "f", "dataset", "step", "var", "box", "crc", "time"}`` and, where
 they apply, ``value`` (``end``: whether the call committed; ``wait_drained``: its result; a
 listing, which is a ``read`` without ``var``: the steps), ``error`` (``"ClassName: message"``),
-``lease`` (seconds: a stream registration's or a claim's), ``timeout`` (a writer's call deadline)
-and ``dst`` (the dataset a ``consume`` commits into). An ``rm`` with a ``step`` discards the steps
+``lease`` (seconds: a stream registration's or a claim's), ``timeout`` (a writer's call deadline),
+``dst`` (the dataset a ``consume`` commits into) and, on a read's completion, ``level``: where the
+bytes came from, ``"memory"`` (the servers), ``"disk"`` (a drained copy), ``"mixed"`` or
+``"unknown"``; on a listing's invoke ``level`` ``"memory"`` asks for only the steps memory holds. An ``rm`` with a ``step`` discards the steps
 from that one on (a restart's ``from_step``); without one, the whole dataset. ``type`` is ``invoke`` and then ``ok``,
 ``fail`` (it did not happen) or ``info`` (unknown whether it happened: a deadline or a lost
 connection during a change); an invoke its process never completed (it was killed) counts as
-``info``. ``f`` is one of :data:`FS`, or a nemesis's event (process ``nemesis``, type ``info``).
+``info``. ``f`` is one of :data:`FS`, or a nemesis's event (process ``nemesis``, type ``info``; those the
+rules read: :data:`SERVER_FAULTS`, ``kill-all``, ``cluster-stop`` and ``cluster-start`` around a
+planned restart of the whole cluster, ``rival-open``).
 ``box`` is ``[offset, count]``; ``crc`` the crc32c (:func:`crc32c`, hardware crc32c of the
 little-endian C-order bytes) of what a writer put (on ``end``; on ``consume`` of what it put into
 ``dst``) or a read returned. ``time``: seconds on the host's monotonic clock (the same in every
@@ -47,6 +51,8 @@ SLACK_S = 2.0
 #: (the run's start record says it, else this) plus an election and a view change.
 FAILURE_TIMEOUT_S, ELECTION_S = 3.0, 2.0
 SERVER_FAULTS = ("kill", "stop", "cut", "died")
+#: Levels a read may record it was served from (a drained copy is ``"disk"``).
+LEVELS = ("memory", "disk", "mixed", "unknown")
 #: Violations listed in a report (the first ones in time); the counts cover all.
 SHOWN = 20
 
@@ -218,8 +224,11 @@ class _State:
     rm: dict[str, list[tuple[int | None, float, float | None]]] = field(default_factory=dict)
     kill_all: float | None = None
     beyond_level: bool = False
-    #: When the control plane may have been out: each server fault, for its pause and a failover
+    #: When the control plane may have been out: each server fault, for its pause and a failover,
+    #: and each planned restart of the whole cluster
     outages: list[tuple[float, float]] = field(default_factory=list)
+    #: Planned restarts of the whole cluster: (stop began, the new cluster served); leases die there
+    restarts: list[tuple[float, float]] = field(default_factory=list)
 
 
 def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
@@ -234,6 +243,12 @@ def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
             st.kill_all = e["time"]
         if e["process"] == "nemesis" and e["f"] in SERVER_FAULTS:
             st.outages.append((e["time"], e["time"] + float((e.get("value") or {}).get("for_s") or 0) + failover))
+    stops = sorted(e["time"] for e in events if e["process"] == "nemesis" and e["f"] == "cluster-stop")
+    starts = sorted(e["time"] for e in events if e["process"] == "nemesis" and e["f"] == "cluster-start")
+    for t0 in stops:
+        t1 = min((t for t in starts if t >= t0), default=float("inf"))
+        st.restarts.append((t0, t1))
+        st.outages.append((t0, t1 + failover))
     for op in ops:
         ds, s = op.dataset, op.step
         if op.f == "begin":
@@ -329,23 +344,39 @@ def _half_written(st: _State) -> Iterator[dict[str, Any]]:
                                                  "ended it", op)
 
 
-def _lost_and_vanished(st: _State) -> Iterator[dict[str, Any]]:
-    """A committed step is never lost (DataLossError, unless the run went beyond the level); a
-    step a reader saw never becomes invisible except by release, rm or the queue's policy
-    ("released" in the error), and a listing that lost it is followed by no sight of it again.
-    (Visible means seen by a reader: a commit's return does not promise that other readers list
-    the step at that instant.)"""
+def _lost(st: _State) -> Iterator[dict[str, Any]]:
+    """A committed step is never lost: no read of it fails with DataLossError, unless the run
+    went beyond the redundancy level (its start record says so) or the step was released or
+    removed before the read."""
+    if st.beyond_level:
+        return
+    for op in st.ops:
+        if op.f != "read" or op.step is None or op.var is None or op.type != "fail" or not op.failed_with("DataLossError"):
+            continue
+        if _after_the_end(st, op):
+            continue
+        if not _freed(st, op.dataset, op.step, op.t1) and st.committed.get((op.dataset, op.step), op.t0) < op.t0:
+            yield _violation("lost", f"{op.dataset} step {op.step}, committed, read as lost by {op.process}", op)
+
+
+def _vanished(st: _State) -> Iterator[dict[str, Any]]:
+    """A step a reader saw never becomes invisible except by release, rm or the queue's policy
+    ("released" in the error): no read of it is "not found" otherwise, a listing that lost it is
+    followed by no sight of it again, and a committed step is in the verifier's final listing
+    (the last one before every server was killed) unless it was released (a read said so, or it
+    is older than every step listed), ``release``d, consumed or removed, or seen after that
+    listing. (Visible means seen by a
+    reader: a commit's return does not promise that other readers list the step at that
+    instant; a listing of what memory holds, ``level`` ``"memory"``, proves nothing.)"""
     last_absent: dict[tuple[str, int], Op] = {}
     for op in st.ops:
         if op.f != "read":
             continue
         ds = op.dataset
-        if op.step is not None and op.var is not None and op.type == "fail":
-            if _freed(st, ds, op.step, op.t0):
-                continue
-            if op.failed_with("DataLossError") and not st.beyond_level and st.committed.get((ds, op.step), op.t0) < op.t0:
-                yield _violation("lost", f"{ds} step {op.step}, committed, read as lost by {op.process}", op)
-            elif op.failed_with("NotFoundError") and "released" not in op.err and st.seen.get((ds, op.step), op.t0) < op.t0:
+        if op.step is not None and op.var is not None and op.type == "fail" and not _after_the_end(st, op):
+            # A release or removal under way while the read was may have come first.
+            if not _freed(st, ds, op.step, op.t1) and op.failed_with("NotFoundError") and "released" not in op.err \
+                    and st.seen.get((ds, op.step), op.t0) < op.t0:
                 yield _violation("vanished", f"{ds} step {op.step}, committed, not found by {op.process} (not released)", op)
         if op.type != "ok":
             continue
@@ -359,6 +390,43 @@ def _lost_and_vanished(st: _State) -> Iterator[dict[str, Any]]:
             for (d, s), t in st.seen.items():
                 if d == ds and t < op.t0 and s not in shown and s >= min(shown, default=s):
                     last_absent.setdefault((d, s), op)
+    yield from _gone_for_good(st)
+
+
+def _gone_for_good(st: _State) -> Iterator[dict[str, Any]]:
+    """Committed steps missing from the verifier's final full listing of their dataset (not
+    below its oldest step) and never seen after it, with no sign that they were released."""
+    released = {(op.dataset, op.step) for op in st.ops
+                if op.f == "read" and op.step is not None and op.type != "ok" and "released" in op.err}
+    lost = {(op.dataset, op.step) for op in st.ops if op.f == "read" and op.failed_with("DataLossError")}
+    sights: dict[tuple[str, int], float] = {}  # the last invoke of an ok read that showed the step
+    for op in st.ops:
+        if op.f == "read" and op.type == "ok":
+            for s in _visible(op):
+                sights[(op.dataset, s)] = max(sights.get((op.dataset, s), op.t0), op.t0)
+    final: dict[str, Op] = {}
+    for op in st.ops:
+        if op.process == "verifier" and _listing(op) and op.type == "ok" and op.inv.get("level") is None:
+            if st.kill_all is None or op.t1 < st.kill_all:
+                final[op.dataset] = op
+    for (ds, s), t in sorted(st.committed.items(), key=lambda kv: kv[1]):
+        last = final.get(ds)
+        if last is None or t >= last.t0 or s in last.value or (ds, s) in released or _freed(st, ds, s, last.t1):
+            continue
+        if s < min(last.value, default=s):
+            continue  # below the oldest step kept: released in order (streams, the queue, keep_last)
+        if sights.get((ds, s), -1.0) >= last.t0 or (st.beyond_level and (ds, s) in lost):
+            continue
+        commit = [o for o in st.ops if o.type == "ok" and o.step == s and ((o.f == "end" and o.dataset == ds and o.value is True)
+                                                                         or (o.f == "consume" and o.dst == ds))][:1]
+        yield _violation("vanished", f"{ds} step {s}, committed, is missing from the final listing and was never seen "
+                                     "after it (not released, consumed or removed)", *commit, last)
+
+
+def _after_the_end(st: _State, op: Op) -> bool:
+    """Whether ``op`` is a workload process's (not the verifier's) that was under way when every
+    server was killed on purpose: what it found then says nothing of the rules."""
+    return st.kill_all is not None and op.process != "verifier" and op.t0 < st.kill_all < op.t1
 
 
 def _freed(st: _State, ds: str, s: int, before: float) -> bool:
@@ -413,6 +481,71 @@ def _claims(st: _State) -> Iterator[dict[str, Any]]:
         elif not in_src and not in_dst and (src, s) not in st.released and not _removed(st, src, s):
             yield _violation("claims", f"{src} step {s} was claimed and is neither processed nor left to process", claim,
                              final[src][0])
+
+
+def _claim_twice(st: _State) -> Iterator[dict[str, Any]]:
+    """No step is granted to a claimer while another's lease on it is live. A lease is live from
+    its claim's completion until its claimer may have given the step up (it invoked the step's
+    consume, or its last operation ended: a claimer whose loop fails or ends gives its steps
+    back), and until it may have expired: ``lease`` seconds after the claim was invoked, or later
+    while renewals could go on (no server fault or cluster restart since). A second grant is one
+    invoked after the first completed and completed within that time."""
+    by_process: dict[str, list[Op]] = {}
+    for op in st.ops:
+        by_process.setdefault(op.process, []).append(op)
+    grants: dict[tuple[str, int], list[Op]] = {}
+    for op in st.ops:
+        if op.f == "claim" and op.type == "ok" and op.step is not None:
+            grants.setdefault((op.dataset, op.step), []).append(op)
+    for (ds, s), ops in grants.items():
+        for first in ops:
+            later = by_process[first.process]
+            after = [o for o in later if o.t0 >= first.t1 and o is not first]
+            consume = next((o for o in after if o.f == "consume" and o.step == s), None)
+            given_up = consume.t0 if consume else max((o.t1 for o in after), default=first.t1)
+            expires = first.t0 + float(first.inv.get("lease") or 0.0)
+            for second in ops:
+                if second is first or second.t0 <= first.t1 or second.t1 >= given_up:
+                    continue
+                renewed = not any(lo < second.t1 and hi > first.t0 for lo, hi in st.outages + st.restarts)
+                if second.t1 < expires or renewed:
+                    yield _violation("claim-twice", f"{ds} step {s} was granted to {second.process} while {first.process}'s "
+                                                    "lease on it was live", first, second)
+
+
+def _read_after_release(st: _State) -> Iterator[dict[str, Any]]:
+    """A step released (a ``release`` or a ``consume`` of it completed) is never read again from
+    memory: a read invoked after that returns bytes only from its drained copy (the read's
+    ``level`` ``"disk"``; ``"unknown"`` proves nothing), unless a removal let the step be written
+    again since."""
+    done: dict[tuple[str, int], Op] = {}
+    for op in st.ops:
+        if op.f in ("release", "consume") and op.type == "ok" and op.step is not None:
+            key = (op.dataset, op.step)
+            if key not in done or op.t1 < done[key].t1:
+                done[key] = op
+    for op in st.ops:
+        if op.f != "read" or op.type != "ok" or op.var is None or op.step is None:
+            continue
+        rel = done.get((op.dataset, op.step))
+        if rel is None or rel.t1 >= op.t0 or op.level in ("disk", "unknown"):
+            continue
+        if any((first is None or op.step >= first) and rel.t0 < t0 < op.t0 for first, t0, _ in st.rm.get(op.dataset, [])):
+            continue  # discarded and written again since the release
+        yield _violation("read-after-release", f"{op.process} read {op.dataset} step {op.step} from "
+                                               f"{op.level or 'memory'} after its {rel.f} completed", rel, op)
+
+
+def _rival_open(st: _State) -> Iterator[dict[str, Any]]:
+    """A second cluster never opens, in mode "w", a dataset whose drain folder holds this run's
+    committed steps (the ``rival`` nemesis's ``rival-open`` event: it must be refused,
+    ``AlreadyExistsError`` with code ``foreign_drain``)."""
+    for e in st.events:
+        value = e.get("value") or {}
+        if e["process"] == "nemesis" and e["f"] == "rival-open" and value.get("opened"):
+            yield {"rule": "rival-open", "message": f"a second cluster opened {value.get('dataset')} in mode \"w\" on the "
+                                                    f"drain folder {value.get('drain')}, which holds this run's steps",
+                   "time": e["time"], "ops": [e]}
 
 
 def _final_listings(st: _State) -> dict[str, tuple[Op, set[int]]]:
@@ -508,8 +641,10 @@ def _stream_raised(st: _State) -> Iterator[dict[str, Any]]:
             yield _violation("stream-raised", f"{op.process}'s stream raised for a released step instead of skipping it", op)
 
 
-RULES = {"wrong-bytes": _wrong_bytes, "half-written": _half_written, "lost-or-vanished": _lost_and_vanished,
-         "claims": _claims, "drained": _drained, "writer-wait": _writer_waits, "stream-raised": _stream_raised}
+#: Each rule's name (the one its violations carry) and its function.
+RULES = {"wrong-bytes": _wrong_bytes, "half-written": _half_written, "lost": _lost, "vanished": _vanished,
+         "claims": _claims, "claim-twice": _claim_twice, "read-after-release": _read_after_release, "drained": _drained,
+         "writer-wait": _writer_waits, "stream-raised": _stream_raised, "rival-open": _rival_open}
 
 
 def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -97,7 +97,7 @@ impl Local {
     /// Gives back the leases `release` names, then leases a segment of each of `sizes` bytes
     /// (their space reserved): returns each one's lease id and descriptor.
     pub fn lease(&mut self, sizes: &[u64], release: &[u64]) -> Result<Vec<(u64, i32)>> {
-        let owner = self.peer()?.uid();
+        let (owner, pid) = (self.peer()?.uid(), self.peer()?.pid());
         for id in release {
             if let Some(seg) = self.leases.remove(id) {
                 self.give_back(seg);
@@ -118,6 +118,7 @@ impl Local {
             });
             match leased {
                 Ok(seg) => {
+                    seg.lend(pid, owner);
                     let id = self.next;
                     self.next += 1;
                     out.push((id, seg.fd()));

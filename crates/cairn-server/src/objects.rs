@@ -82,12 +82,15 @@ pub fn seal_or_drop(state: &State, req: impl Into<ServerRequest>) -> Result<()> 
 /// (a get's payload, encoding): the writer that filled the segment may still map it and could
 /// have changed it after its put. Memory of this server's own was checked as it arrived.
 pub fn intact(data: &Memory, checksum: u32, what: impl FnOnce() -> String) -> Result<()> {
-    if matches!(data, Memory::Shared(_)) && cairn_core::checksum::crc(data) != checksum {
-        return Err(Error::Corrupt(format!(
-            "{} changed in its shared segment after it was put (its writer still maps it); it is not served. \
-             Read it from another copy, or write the step again",
-            what()
-        )));
+    if let Memory::Shared(seg) = data {
+        if cairn_core::checksum::crc(data) != checksum {
+            return Err(Error::Corrupt(format!(
+                "{} changed in its shared segment after it was put; what changed it, as far as this server knows: {}. It is \
+                 not served: read it from another copy, or write the step again",
+                what(),
+                seg.writer()
+            )));
+        }
     }
     Ok(())
 }

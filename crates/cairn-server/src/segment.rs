@@ -36,6 +36,9 @@ pub struct Segment {
     id: u64,
     /// Made of huge pages ([`Segment::ahead`] where the kernel let it).
     huge: bool,
+    /// The process (pid, uid) it was last leased to, which mapped it writable: what may have
+    /// changed its bytes after a put (readers' mappings cannot write).
+    lent: std::sync::Mutex<Option<(i32, u32)>>,
 }
 
 /// Ids of segments: unique in this process's lifetime, so a reader's mapping named by one is
@@ -117,7 +120,7 @@ impl Segment {
             tracing::debug!(len, "a shared segment is made of small pages (MADV_COLLAPSE refused)");
         }
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Segment { fd, ptr, len, owner: u32::MAX, id, huge: made_huge })
+        Ok(Segment { fd, ptr, len, owner: u32::MAX, id, huge: made_huge, lent: std::sync::Mutex::new(None) })
     }
 
     /// This fresh segment cut to `len` (at most its size; the pages past it go back to the
@@ -169,6 +172,20 @@ impl Segment {
     /// Whether it has no bytes (never: segments have at least one).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Notes that process `pid` of user `uid` maps it writable now (a lease).
+    pub fn lend(&self, pid: i32, uid: u32) {
+        *self.lent.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, uid));
+    }
+
+    /// Who may have written it last, as far as this server knows: "process PID (uid UID)", or
+    /// "unknown".
+    pub fn writer(&self) -> String {
+        match *self.lent.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((pid, uid)) => format!("process {pid} (uid {uid}), the last it was mapped writable for"),
+            None => "unknown".into(),
+        }
     }
 
     /// Its id (unique in this process's lifetime).

@@ -16,13 +16,15 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Reads committed steps of a dataset. Committed steps never change, so their indexes are cached.
+/// Reads committed steps of a dataset. Committed steps never change, so their indexes are cached,
+/// each with the identity (inode) of the index file it was read from: a step discarded and
+/// written again (`from_step`, by any process) is a new file, and its index is read again.
 #[derive(Debug)]
 pub struct FileReader {
     layout: Layout,
-    indexes: Mutex<HashMap<u64, Arc<StepIndex>>>,
+    indexes: Mutex<HashMap<u64, (Arc<StepIndex>, u64)>>,
     /// Indexes read without their blocks, for listings (steps whose blocks were not read).
-    metas: Mutex<HashMap<u64, Arc<StepIndex>>>,
+    metas: Mutex<HashMap<u64, (Arc<StepIndex>, u64)>>,
     files: Mutex<HashMap<String, Arc<File>>>,
 }
 
@@ -33,26 +35,53 @@ impl FileReader {
         Ok(FileReader { layout, indexes: Mutex::default(), metas: Mutex::default(), files: Mutex::default() })
     }
 
-    fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
-        if let Some(i) = self.indexes.lock().unwrap().get(&step) {
-            return Ok(i.clone());
+    /// The inode of `step`'s index file now (0: none).
+    fn inode(&self, step: u64) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.layout.step_path(step)).map_or(0, |m| m.ino())
+    }
+
+    /// `step`'s index as cached in `cache`, if it was read from the index file there now.
+    fn cached(cache: &Mutex<HashMap<u64, (Arc<StepIndex>, u64)>>, step: u64, ino: u64) -> Option<Arc<StepIndex>> {
+        cache.lock().unwrap().get(&step).filter(|(_, at)| *at == ino && ino != 0).map(|(i, _)| i.clone())
+    }
+
+    /// Reads `step`'s index (`meta`: without its blocks) with the inode of the file read; read
+    /// again if the file was replaced meanwhile.
+    fn read_index(&self, step: u64, meta: bool) -> Result<(Arc<StepIndex>, u64)> {
+        let mut tries = 0;
+        loop {
+            let before = self.inode(step);
+            let idx = Arc::new(consume::read_visible(&self.layout, step, meta)?);
+            tries += 1;
+            // Replaced while read (a discard and a rewrite under way): read again; kept uncached
+            // (inode 0) if it keeps changing.
+            match self.inode(step) {
+                now if now == before => return Ok((idx, before)),
+                _ if tries >= 3 => return Ok((idx, 0)),
+                _ => {}
+            }
         }
-        let idx = Arc::new(consume::read_visible(&self.layout, step, false)?);
-        self.indexes.lock().unwrap().insert(step, idx.clone());
+    }
+
+    fn index(&self, step: u64) -> Result<Arc<StepIndex>> {
+        if let Some(i) = Self::cached(&self.indexes, step, self.inode(step)) {
+            return Ok(i);
+        }
+        let (idx, ino) = self.read_index(step, false)?;
+        self.indexes.lock().unwrap().insert(step, (idx.clone(), ino));
         self.metas.lock().unwrap().remove(&step);
         Ok(idx)
     }
 
     /// The index of `step` for listings: `blocks` may be empty (read without them).
     fn meta(&self, step: u64) -> Result<Arc<StepIndex>> {
-        if let Some(i) = self.indexes.lock().unwrap().get(&step) {
-            return Ok(i.clone());
+        let ino = self.inode(step);
+        if let Some(i) = Self::cached(&self.indexes, step, ino).or_else(|| Self::cached(&self.metas, step, ino)) {
+            return Ok(i);
         }
-        if let Some(i) = self.metas.lock().unwrap().get(&step) {
-            return Ok(i.clone());
-        }
-        let meta = Arc::new(consume::read_visible(&self.layout, step, true)?);
-        self.metas.lock().unwrap().insert(step, meta.clone());
+        let (meta, ino) = self.read_index(step, true)?;
+        self.metas.lock().unwrap().insert(step, (meta.clone(), ino));
         Ok(meta)
     }
 

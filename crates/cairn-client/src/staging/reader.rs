@@ -680,10 +680,25 @@ impl ReadEngine for StagingReader {
         let mut current = block.clone();
         let until = Instant::now() + self.cluster.timeout;
         let mut moves = 0;
+        // A cached index may be of a step discarded and written again since (`from_step`): its
+        // objects' ids come back with other bytes, and a get fails their crc32c. Once per read,
+        // such a failure reads the index again; the same objects failing again are corrupt.
+        let mut reread_corrupt = true;
         loop {
             let epoch = self.cluster.view().epoch;
             let e = match self.read_block(step, &current, elem, isect, dst, out) {
                 Err(e) if e.kind() == ErrorKind::NotFound && current.objects.iter().any(|o| !o.servers().is_empty()) => e,
+                Err(e) if e.kind() == ErrorKind::Corrupt && std::mem::take(&mut reread_corrupt) => {
+                    self.forget(step);
+                    let (fresh, _) = self.index_confirmed(step)?;
+                    match fresh.blocks.iter().find(|b| b.var == block.var && b.writer == block.writer && b.region == block.region) {
+                        Some(b) if *b != current => {
+                            current = b.clone();
+                            continue;
+                        }
+                        _ => return Err(e),
+                    }
+                }
                 r => return r,
             };
             self.forget(step);
