@@ -6,11 +6,16 @@ use crate::{guard, invalid, status, writer, CairnFile, Status};
 use std::ffi::c_int;
 use std::time::Duration;
 
-/// This process's answer, with a halt file older than the process reported once on stderr.
-fn requested() -> cairn_client::Result<bool> {
+/// Reports a halt file older than the process, once, on stderr.
+fn warn_stale() {
     if let Some(w) = cairn_client::halt::stale_warning() {
         eprintln!("cairn: warning: {w}");
     }
+}
+
+/// This process's answer (see [`warn_stale`]).
+fn requested() -> cairn_client::Result<bool> {
+    warn_stale();
     cairn_client::halt::requested()
 }
 
@@ -61,9 +66,7 @@ pub unsafe extern "C" fn cairn_halt_requested_all(f: *mut CairnFile, halt: *mut 
                 any
             }
             None => {
-                if let Some(warning) = cairn_client::halt::stale_warning() {
-                    eprintln!("cairn: warning: {warning}");
-                }
+                warn_stale();
                 w.halt_requested_all(w.halt_step())?
             }
         };

@@ -130,10 +130,8 @@ impl Conn {
                 | Request::KvDelete { .. }
         );
         let env = Envelope { epoch: self.epoch.filter(|_| placed), req: req.clone() };
-        write_frame(&mut self.stream, &env, payload).map_err(|e| {
-            self.broken = true;
-            self.fail(&req.op_name(), e)
-        })
+        let r = write_frame(&mut self.stream, &env, payload);
+        self.framed(r, &req.op_name())
     }
 
     /// Reads one reply as sent (an error reply is a `Response::Error`), with a payload of at most
@@ -155,8 +153,8 @@ impl Conn {
         self.framed(r, op)
     }
 
-    /// A reply read's result: on any error the connection's framing is in doubt (see
-    /// [`Conn::broken`]).
+    /// A request write's or reply read's result: on any error the connection's framing is in
+    /// doubt (see [`Conn::broken`]).
     fn framed<T>(&mut self, r: Result<T>, op: &str) -> Result<T> {
         r.map_err(|e| {
             self.broken = true;
@@ -405,9 +403,6 @@ impl Cluster {
         if guard.as_ref().is_some_and(|c| c.broken) {
             *guard = None;
         }
-        if guard.is_none() {
-            self.sockets.lock().unwrap_or_else(|p| p.into_inner()).remove(&server);
-        }
         let mut hung = self.hung.lock().unwrap_or_else(|p| p.into_inner());
         match &r {
             Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Corrupt) => {
@@ -421,6 +416,11 @@ impl Cluster {
             _ => {
                 hung.remove(&server);
             }
+        }
+        drop(hung);
+        // A connection dropped above takes its second descriptor with it.
+        if guard.is_none() {
+            self.sockets.lock().unwrap_or_else(|p| p.into_inner()).remove(&server);
         }
         r
     }
