@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make install PREFIX=DIR`: the C library, its header, the staging server, and the files that let
 # builds find them: DIR/lib/pkgconfig/cairn.pc (pkg-config) and DIR/lib/cmake/Cairn/ (CMake's
-# find_package(Cairn): targets Cairn::cairn and, where gfortran built it, Cairn::cairn_fortran). Programs linked against the installed library find it
+# find_package(Cairn): targets Cairn::cairn and, where gfortran built it, Cairn::cairn_fortran),
+# and the ADIOS2 plugin engine DIR/lib/libcairn_adios2.so. Programs linked against the installed library find it
 # at run time through an rpath the .pc and the CMake target add; the embedded cluster finds
 # DIR/bin/cairn-server beside the program or on PATH (or set $CAIRN_SERVER). DIR/bin/cairn is the
 # `cairn` command: the Python package, installed from this checkout's wheel under
@@ -72,5 +73,13 @@ if [ -e target/fortran/libcairn_fortran.so ]; then
   install -m 755 target/fortran/libcairn_fortran.so "$PREFIX/lib/libcairn_fortran.so"
   install -m 644 target/fortran/cairn.mod "$PREFIX/include/cairn.mod"
   sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@VERSION@|$VERSION|g" cmake/cairn-fortran.pc.in > "$PREFIX/lib/pkgconfig/cairn-fortran.pc"
+fi
+# The ADIOS2 plugin engine, where an ADIOS2 to build it against is ($ADIOS2_DIR, else the venv's
+# wheel): DIR/lib/libcairn_adios2.so, which finds libcairn.so beside it (rpath $ORIGIN; the
+# ADIOS2 libraries are the program's own).
+if .venv/bin/python -m cairn adios2-plugin --build >/dev/null; then
+  cmake --install adios2/build --prefix "$PREFIX" >/dev/null
+else
+  echo "make install: the ADIOS2 plugin was not built (see the error above); the rest is installed" >&2
 fi
 echo "installed Cairn $VERSION into $PREFIX: lib/libcairn.so, include/cairn.h, bin/cairn-server, bin/cairn ($SITE), lib/pkgconfig/cairn.pc, lib/cmake/Cairn"

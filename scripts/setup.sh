@@ -44,4 +44,7 @@ cargo build --release -q -p cairn-capi -p cairn-server --features cairn-server/f
 cp target/release/cairn-server target/release/cairn-server-failpoints.tmp && mv target/release/cairn-server-failpoints.tmp target/release/cairn-server-failpoints
 cargo build --release -q -p cairn-capi -p cairn-server
 scripts/build_c.sh
-echo "setup done: .venv ready, target/release/libcairn.so and target/release/cairn-server built"
+# The ADIOS2 plugin engine libcairn_adios2.so (adios2/, over libcairn's C API), against the venv's
+# adios2 wheel or the ADIOS2 ≥ 2.12 of $ADIOS2_DIR; `cairn adios2-plugin` prints its folder.
+.venv/bin/python -m cairn adios2-plugin --build >/dev/null
+echo "setup done: .venv ready, target/release/libcairn.so, target/release/cairn-server and adios2/build/libcairn_adios2.so built"

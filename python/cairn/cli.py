@@ -13,6 +13,7 @@
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
     cairn cluster status [--objects] [--file cluster.json]
     cairn cluster stop [--file cluster.json]
+    cairn adios2-plugin [--build [--adios2-dir DIR]]
     cairn chaos --cluster cluster.json --mtbf 18s --duration 150s --kill server|node [--workload] [--json OUT]
     cairn --version
 """
@@ -72,9 +73,9 @@ def parser(serve_only: bool = False) -> argparse.ArgumentParser:
     if serve_only:
         cluster_cli.add(sub)
     else:
-        from . import chaos, cohmm_cli, dataset_cli, export_cli, model_cli, pack_cli, skel_cli
+        from . import adios2_cli, chaos, cohmm_cli, dataset_cli, export_cli, model_cli, pack_cli, skel_cli
 
-        for module in (dataset_cli, export_cli, pack_cli, skel_cli, model_cli, cohmm_cli, cluster_cli, chaos):
+        for module in (dataset_cli, export_cli, pack_cli, skel_cli, model_cli, cohmm_cli, cluster_cli, chaos, adios2_cli):
             module.add(sub)
     _formatted(p)
     return p

@@ -429,4 +429,41 @@ enum cairn_status cairn_wait_drained(struct cairn_file *f,
                                      double timeout_s,
                                      int *drained);
 
+// The names of the variables of committed `step`, sorted, one per line (`'\n'` between names;
+// names hold no newline). The text (NUL-terminated) goes into `buf` when it fits in `cap`
+// bytes; `*len` is its length without the NUL either way, so a call with `cap` 0 sizes the
+// buffer. Ask each one's type and shape with [`crate::cairn_var_info`].
+//
+// # Safety
+// `f` is an open handle (a write handle reads through a reader of its own); `buf` has room for
+// `cap` bytes; `len` points to a `size_t`.
+enum cairn_status cairn_step_vars(struct cairn_file *f,
+                                  uint64_t step,
+                                  char *buf,
+                                  size_t cap,
+                                  size_t *len);
+
+// Into `*closed`, 1 when the writers closed the dataset (every rank called
+// [`crate::cairn_close`]; no step comes after the committed ones until a writer opens it again
+// with mode "a"), else 0; into `*newest` the newest committed step and `*any` whether there is
+// one. What a stream reader asks to tell "no step yet" from "no step ever".
+//
+// # Safety
+// `f` is an open handle; `newest`, `any` and `closed` point to their types.
+enum cairn_status cairn_stream_state(struct cairn_file *f, uint64_t *newest, int *any, int *closed);
+
+// [`crate::cairn_open`] with `overrides`: NULL, or `key=value` lines (`"engine=file\npath=out"`)
+// whose keys are `cairn.open`'s keyword arguments (`engine`, `path`, `cluster`, …), applied
+// after the configuration `config` names and winning over it.
+//
+// # Safety
+// As [`crate::cairn_open`]; `overrides` is NULL or NUL-terminated.
+enum cairn_status cairn_open_overrides(const char *name,
+                                       const char *mode,
+                                       const char *config,
+                                       const char *overrides,
+                                       int rank,
+                                       int nranks,
+                                       struct cairn_file **out);
+
 #endif  /* CAIRN_H */

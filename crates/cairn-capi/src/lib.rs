@@ -7,6 +7,10 @@
 //! - `claims`: D²T claimers and consume-and-produce commits.
 //! - `halt`: the job's request to stop (one process's, and one every rank agrees on) and the
 //!   wait for the last checkpoint on disk.
+//! - `overrides`: [`cairn_open`] with settings that win over the configuration, as
+//!   `cairn.open`'s keyword arguments.
+//! - `inquiry`: the variables of a step and whether the writers closed the dataset (what
+//!   ADIOS2's plugin engine asks).
 //! - `mpi`: the communicator of [`cairn_open_mpi`], through a shim built against the program's MPI.
 
 use cairn_client::{Config, DType, Error, ErrorKind, Reader, Writer};
@@ -17,7 +21,9 @@ use std::sync::{Arc, OnceLock};
 
 pub mod claims;
 pub mod halt;
+pub mod inquiry;
 pub mod mpi;
+pub mod overrides;
 
 /// Result of every call. `OK` is 0; other values name the kind of failure.
 #[repr(C)]
@@ -197,7 +203,7 @@ pub unsafe extern "C" fn cairn_open(
 ) -> Status {
     // SAFETY: per this function's contract.
     unsafe {
-        open_with(name, mode, config, out, |name, cfg, append| {
+        open_with(name, mode, config, &[], out, |name, cfg, append| {
             if rank < 0 || nranks < 1 || rank >= nranks {
                 return Err(invalid(&format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
             }
@@ -208,7 +214,7 @@ pub unsafe extern "C" fn cairn_open(
 }
 
 /// The checks and the reader of [`cairn_open`] and [`cairn_open_mpi`]; `writer` opens a
-/// writer (mode "w" or "a": `append`).
+/// writer (mode "w" or "a": `append`); `overrides` win over the configuration.
 ///
 /// # Safety
 /// As [`cairn_open`].
@@ -216,6 +222,7 @@ unsafe fn open_with(
     name: *const c_char,
     mode: *const c_char,
     config: *const c_char,
+    overrides: &[(String, String)],
     out: *mut *mut CairnFile,
     writer: impl FnOnce(&str, &Config, bool) -> Result<(Writer, Option<Arc<mpi::Comm>>), Error>,
 ) -> Status {
@@ -226,7 +233,7 @@ unsafe fn open_with(
         if out.is_null() {
             return Err(invalid("out (the handle pointer) is NULL"));
         }
-        let cfg = config_of(cfg_path)?;
+        let cfg = config_of(cfg_path, overrides)?;
         let file = match mode {
             "r" => CairnFile::R(Arc::new(Reader::open(name, &cfg)?)),
             "w" | "a" => {
@@ -243,11 +250,18 @@ unsafe fn open_with(
 }
 
 /// The configuration `config` names: TOML text when it holds a newline or `=` (no file name of
-/// a cairn.toml does), else a file's path; `None`: $CAIRN_CONFIG, ./cairn.toml, defaults.
-fn config_of(config: Option<&str>) -> Result<Config, Error> {
+/// a cairn.toml does), else a file's path; `None`: $CAIRN_CONFIG, ./cairn.toml, defaults. Then
+/// `overrides` (keys as `cairn.open`'s keyword arguments).
+fn config_of(config: Option<&str>, overrides: &[(String, String)]) -> Result<Config, Error> {
     match config {
-        Some(text) if text.contains('\n') || text.contains('=') => Config::parse(text, "the config text"),
-        path => Config::load(path.map(std::path::Path::new), &[]),
+        Some(text) if text.contains('\n') || text.contains('=') => {
+            let mut cfg = Config::parse(text, "the config text")?;
+            for (k, v) in overrides {
+                cfg.set(k, v)?;
+            }
+            Ok(cfg)
+        }
+        path => Config::load(path.map(std::path::Path::new), overrides),
     }
 }
 
@@ -279,7 +293,7 @@ pub unsafe extern "C" fn cairn_open_mpi(
     let attached = std::cell::Cell::new(if writing { Some(mpi::Comm::attach(comm)) } else { None });
     // SAFETY: per this function's contract.
     let status = unsafe {
-        open_with(name, mode, config, out, |name, cfg, append| {
+        open_with(name, mode, config, &[], out, |name, cfg, append| {
             let comm = attached.take().expect("attached for writers")?;
             if !comm.all(true)? {
                 return Err(Error::Unavailable("another rank of the communicator failed to open the dataset; see its error".into()));

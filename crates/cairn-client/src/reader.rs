@@ -129,6 +129,11 @@ impl Reader {
         Ok(all)
     }
 
+    /// Variables of committed `step` (their definitions there).
+    pub fn step_variables(&self, step: u64) -> Result<BTreeMap<String, VarDef>> {
+        self.engine.step_vars(step).map_err(|e| self.not_committed(e, step))
+    }
+
     /// Attributes of the dataset, as of the last committed step (none before the first).
     pub fn attrs(&self) -> Result<cairn_core::attrs::Attrs> {
         match self.steps()?.last() {
