@@ -49,6 +49,7 @@ bench: setup ## benchmarks with same-run baselines; results in bench/results/
 	$(PY) -m cairn.bench drain-scale
 	$(PY) -m cairn.bench stream
 	$(PY) -m cairn.bench demo-prefault
+	$(PY) -m cairn.bench adios2
 
 fuzz: ## fuzz the frame decoder briefly (nightly + cargo-fuzz; skipped without nightly)
 	scripts/fuzz.sh

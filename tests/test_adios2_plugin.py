@@ -112,6 +112,20 @@ def test_python_streams_write_steps_arrays_values_and_attributes_that_cairn_open
         blocks = r.blocks("u", step)
         assert [(b.offset, b.count, b.min, b.max) for b in blocks] == [((0, 0), (2, 6), 100.0 * step, 100 * step + 11.0),
                                                                        ((2, 0), (2, 6), 100 * step + 12.0, 100 * step + 23.0)]
+    # And back through ADIOS2: blocks of the global array, the local array's block, the value.
+    with adios2.Stream(adios2.Adios(str(xml)).declare_io("sim"), "sim.bp", "r") as s:
+        for _ in s.steps(timeout=10):
+            step = int(s.read("n"))
+            info = s.engine.blocks_info("u", s.current_step())
+            assert [(b["Start"], b["Count"], float(b["Min"])) for b in info] == [("0,0", "2,6", 100.0 * step),
+                                                                                 ("2,0", "2,6", 100 * step + 12.0)]
+            # Python sizes a block read by Count(), which ADIOS2 asks only its own engines for a
+            # block's extents (docs/guide.md): the block is the buffer's first 12 values.
+            block = s.read("u", block_id=1).reshape(-1)[:12]
+            assert np.array_equal(block, np.arange(12.0, 24.0) + 100 * step)
+            loc = s.inquire_variable("loc")
+            assert loc.shape() == [] and list(s.read("loc", block_id=0)) == [step] * (3 + step)
+            assert s.read_attribute("coeffs").tolist() == [1.5, 2.5]
 
 
 def test_what_cairn_open_writes_adios2_reads_in_streams_and_random_access(plugin, tmp_path):
@@ -265,7 +279,7 @@ def test_append_on_the_file_engine_goes_on_after_the_steps_on_disk(plugin, tmp_p
 
 
 def test_the_c_functions_the_plugin_needs_through_the_c_api(tmp_path):
-    """cairn_open_overrides (settings winning over the config), cairn_step_vars, cairn_stream_state."""
+    """cairn_open_overrides (settings winning over the config), cairn_step_vars, cairn_step_attrs, cairn_stream_state."""
     lib = ROOT / "target" / "release"
     exe = tmp_path / "stream_inquiry"
     check(subprocess.run(["cc", str(ROOT / "tests/c/stream_inquiry.c"), "-Wall", "-Werror", "-I", str(ROOT / "crates/cairn-capi/include"),

@@ -63,24 +63,26 @@ const char *ModeOf(adios2::Mode mode)
 
 } // namespace
 
-CairnEngine::CairnEngine(adios2::IO io, const std::string &name, adios2::Mode mode)
+CairnEngine::CairnEngine(adios2::IO io, const std::string &name, adios2::Mode mode, int rank, int size)
 : PluginEngineInterface(io, name, mode), m_Writing(mode == adios2::Mode::Write || mode == adios2::Mode::Append),
   m_RandomAccess(!m_Writing)
 {
     CheckAdios2Version();
     const Settings settings = ParseParameters(m_IO.Parameters());
     const char *cairnMode = ModeOf(mode);
-    std::tie(m_Rank, m_Size) = LauncherRank();
+    std::tie(m_Rank, m_Size) = rank >= 0 ? std::make_pair(rank, size) : LauncherRank();
     // ADIOS2 2.12 creates a plugin with its PluginName where the name given to Open belongs.
     m_Dataset = !settings.name.empty() ? settings.name : (name != settings.pluginName ? name : m_IO.Name());
-    Check(cairn_open_overrides(m_Dataset.c_str(), cairnMode, settings.config.empty() ? nullptr : settings.config.c_str(),
-                               settings.overrides.empty() ? nullptr : settings.overrides.c_str(), m_Rank, m_Size, &m_File),
-          "opening '" + m_Dataset + "' (mode \"" + cairnMode + "\")");
+    m_Config = settings.config;
+    m_Overrides = settings.overrides;
     if (m_Writing)
     {
+        Check(cairn_open_overrides(m_Dataset.c_str(), cairnMode, m_Config.empty() ? nullptr : m_Config.c_str(),
+                                   m_Overrides.empty() ? nullptr : m_Overrides.c_str(), m_Rank, m_Size, &m_File),
+              "opening '" + m_Dataset + "' (mode \"" + cairnMode + "\")");
         Check(cairn_next_step(m_File, &m_Step), "asking where '" + m_Dataset + "' resumes");
     }
-    else
+    else if (OpenReader())
     {
         // ADIOS2 2.12 opens a plugin in Mode::Read when the code asks for ReadRandomAccess: until
         // its first BeginStep a reader reads as a file, steps chosen by SetStepSelection among
@@ -95,6 +97,20 @@ CairnEngine::CairnEngine(adios2::IO io, const std::string &name, adios2::Mode mo
             LoadStep({m_AllSteps.back()});
         }
     }
+}
+
+bool CairnEngine::OpenReader()
+{
+    const cairn_status s = cairn_open_overrides(m_Dataset.c_str(), "r", m_Config.empty() ? nullptr : m_Config.c_str(),
+                                                m_Overrides.empty() ? nullptr : m_Overrides.c_str(), 0, 1, &m_File);
+    if (s == CAIRN_ERR_NOT_FOUND)
+    {
+        // A reader may come before its writer: it waits in BeginStep.
+        m_File = nullptr;
+        return false;
+    }
+    Check(s, "opening '" + m_Dataset + "' (mode \"r\")");
+    return true;
 }
 
 CairnEngine::~CairnEngine()
@@ -151,7 +167,7 @@ size_t CairnEngine::CurrentStep() const
 
 size_t CairnEngine::Steps() const
 {
-    if (m_RandomAccess)
+    if (m_RandomAccess || !m_File)
     {
         return m_AllSteps.size();
     }
@@ -184,10 +200,21 @@ void CairnEngine::Closing()
 
 extern "C" {
 
+#if ADIOS2_USE_MPI
+// Under an MPI ADIOS2 the ranks are the IO's communicator's.
+cairn_adios2::CairnEngine *EngineCreate(adios2::IO io, const std::string &name, const adios2::Mode mode, MPI_Comm comm)
+{
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    return new cairn_adios2::CairnEngine(io, name, mode, rank, size);
+}
+#else
 cairn_adios2::CairnEngine *EngineCreate(adios2::IO io, const std::string &name, const adios2::Mode mode)
 {
     return new cairn_adios2::CairnEngine(io, name, mode);
 }
+#endif
 
 void EngineDestroy(cairn_adios2::CairnEngine *obj) { delete obj; }
 }

@@ -7,7 +7,9 @@
 #include "adios2/plugin/PluginEngineInterface.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +88,8 @@ struct ReadVar
 class CairnEngine : public adios2::plugin::PluginEngineInterface
 {
 public:
-    CairnEngine(adios2::IO io, const std::string &name, adios2::Mode mode);
+    /// `rank` of `size`: the IO's communicator's under an MPI ADIOS2; -1: the launcher's.
+    CairnEngine(adios2::IO io, const std::string &name, adios2::Mode mode, int rank = -1, int size = -1);
     ~CairnEngine() override;
 
     adios2::StepStatus BeginStep(adios2::StepMode mode, const float timeoutSeconds = -1.0f) override;
@@ -115,6 +118,7 @@ protected:
 private:
     cairn_file *m_File = nullptr;
     std::string m_Dataset; // the Cairn dataset's name
+    std::string m_Config, m_Overrides; // a reader opens again until the dataset is there
     bool m_Writing;
     bool m_RandomAccess; // a reader before its first BeginStep: reads as a file
     int m_Rank = 0;
@@ -135,6 +139,7 @@ private:
     uint64_t m_Current = 0; // the step being read
     std::vector<uint64_t> m_AllSteps; // the committed steps at open, for random access
     std::map<std::string, ReadVar> m_Vars;
+    std::set<std::string> m_DatasetAttrs; // the dataset attributes defined in the IO
     std::vector<PendingGet> m_Gets;
     mutable std::map<std::string, std::vector<uint64_t>> m_BlockDims; // MinBlocksInfo's storage
     mutable std::vector<std::vector<unsigned char>> m_Values;
@@ -154,19 +159,27 @@ private:
     // Read side (CairnRead.cpp).
     adios2::StepStatus BeginReadStep(float timeoutSeconds);
     void LoadStep(const std::vector<uint64_t> &steps);
-    void LoadAttributes(uint64_t step);
+    void LoadAttributes(uint64_t step, const std::vector<std::string> &newVars);
+    bool OpenReader();
+    adios2::StepStatus Enter(uint64_t step);
     template <class T>
     PendingGet Selected(adios2::Variable<T> variable, T *values, const adios2::core::Selection &sel);
     void GetNow(const PendingGet &g);
     uint64_t ReadStepOf(size_t step) const;
     std::vector<cairn_block> Blocks(const std::string &name, uint64_t step) const;
+    std::string Text(const std::function<cairn_status(char *, size_t, size_t *)> &call, const std::string &what) const;
 };
 
 } // namespace cairn_adios2
 
 extern "C" {
+#if ADIOS2_USE_MPI
+__attribute__((visibility("default"))) cairn_adios2::CairnEngine *
+EngineCreate(adios2::IO io, const std::string &name, const adios2::Mode mode, MPI_Comm comm);
+#else
 __attribute__((visibility("default"))) cairn_adios2::CairnEngine *
 EngineCreate(adios2::IO io, const std::string &name, const adios2::Mode mode);
+#endif
 __attribute__((visibility("default"))) void EngineDestroy(cairn_adios2::CairnEngine *obj);
 }
 

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace cairn_adios2
 {
@@ -79,12 +81,32 @@ adios2::StepStatus CairnEngine::BeginReadStep(float timeoutSeconds)
     }
     using Clock = std::chrono::steady_clock;
     const auto deadline = Clock::now() + std::chrono::duration<double>(std::max(0.0f, timeoutSeconds));
+    const std::string next = "step " + std::to_string(m_NextRead) + " of '" + m_Dataset + "'";
     for (;;)
     {
+        const double left = timeoutSeconds < 0 ? 1.0 : std::chrono::duration<double>(deadline - Clock::now()).count();
+        // Until the dataset is there (the file engine's appears with its writer), no step is.
+        if (!m_File && !OpenReader())
+        {
+            if (left <= 0)
+            {
+                return adios2::StepStatus::NotReady;
+            }
+            std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, 0.05)));
+            continue;
+        }
+        // The next step, waited for in slices of at most a second: between them the reader
+        // learns whether it was skipped (released before it came) or the writers closed.
+        int committed = 0;
+        Check(cairn_wait_step(m_File, m_NextRead, std::max(0.0, std::min(left, 1.0)), &committed), "waiting for " + next);
+        if (committed)
+        {
+            return Enter(m_NextRead);
+        }
         uint64_t newest = 0;
         int any = 0, closed = 0;
         Check(cairn_stream_state(m_File, &newest, &any, &closed), "asking the state of '" + m_Dataset + "'");
-        if (any && newest >= m_NextRead)
+        if (any && newest > m_NextRead)
         {
             size_t n = 0;
             Check(cairn_steps(m_File, nullptr, 0, &n), "listing the steps of '" + m_Dataset + "'");
@@ -95,10 +117,7 @@ adios2::StepStatus CairnEngine::BeginReadStep(float timeoutSeconds)
             {
                 if (s >= m_NextRead)
                 {
-                    m_Current = s;
-                    LoadStep({s});
-                    m_InStep = true;
-                    return adios2::StepStatus::OK;
+                    return Enter(s);
                 }
             }
         }
@@ -106,16 +125,19 @@ adios2::StepStatus CairnEngine::BeginReadStep(float timeoutSeconds)
         {
             return adios2::StepStatus::EndOfStream;
         }
-        double left = timeoutSeconds < 0 ? 1.0 : std::chrono::duration<double>(deadline - Clock::now()).count();
-        if (left <= 0)
+        if (timeoutSeconds >= 0 && std::chrono::duration<double>(deadline - Clock::now()).count() <= 0)
         {
             return adios2::StepStatus::NotReady;
         }
-        // Waits in slices, to see the writers close meanwhile.
-        int committed = 0;
-        Check(cairn_wait_step(m_File, m_NextRead, std::min(left, 1.0), &committed),
-              "waiting for step " + std::to_string(m_NextRead) + " of '" + m_Dataset + "'");
     }
+}
+
+adios2::StepStatus CairnEngine::Enter(uint64_t step)
+{
+    m_Current = step;
+    LoadStep({step});
+    m_InStep = true;
+    return adios2::StepStatus::OK;
 }
 
 void CairnEngine::LoadStep(const std::vector<uint64_t> &steps)
@@ -123,12 +145,8 @@ void CairnEngine::LoadStep(const std::vector<uint64_t> &steps)
     std::map<std::string, ReadVar> vars;
     for (const uint64_t s : steps)
     {
-        size_t len = 0;
-        Check(cairn_step_vars(m_File, s, nullptr, 0, &len), "listing the variables of step " + std::to_string(s));
-        std::string names(len + 1, '\0');
-        Check(cairn_step_vars(m_File, s, names.data(), names.size(), &len),
-              "listing the variables of step " + std::to_string(s));
-        names.resize(len);
+        const std::string names = Text([&](char *buf, size_t cap, size_t *len) { return cairn_step_vars(m_File, s, buf, cap, len); },
+                                       "listing the variables of step " + std::to_string(s));
         size_t at = 0;
         while (at < names.size())
         {
@@ -172,12 +190,18 @@ void CairnEngine::LoadStep(const std::vector<uint64_t> &steps)
             const adios2::Dims shape(v.shape.begin(), v.shape.end());
             if (v.ndim == -1)
             {
+                // A local array's count is its first block's in this step (what a code that
+                // sizes its buffer by Count() reads).
+                const auto blocks = Blocks(name, v.step);
+                const adios2::Dims count = blocks.empty() ? adios2::Dims{1}
+                                                          : adios2::Dims(blocks[0].count, blocks[0].count + blocks[0].ndim);
                 if (!var)
                 {
-                    const auto blocks = Blocks(name, v.step);
-                    adios2::Dims count = blocks.empty() ? adios2::Dims{1}
-                                                        : adios2::Dims(blocks[0].count, blocks[0].count + blocks[0].ndim);
                     m_IO.DefineVariable<T>(name, {}, {}, count);
+                }
+                else if (var.Count() != count)
+                {
+                    var.SetSelection({{}, count});
                 }
             }
             else if (v.ndim == 0)
@@ -198,18 +222,43 @@ void CairnEngine::LoadStep(const std::vector<uint64_t> &steps)
             }
         });
     }
+    std::vector<std::string> fresh;
+    for (const auto &kv : vars)
+    {
+        auto old = m_Vars.find(kv.first);
+        if (old == m_Vars.end() || old->second.dtype != kv.second.dtype || old->second.ndim != kv.second.ndim)
+        {
+            fresh.push_back(kv.first);
+        }
+    }
     m_Vars = std::move(vars);
     if (!steps.empty())
     {
-        LoadAttributes(steps.back());
+        LoadAttributes(steps.back(), fresh);
     }
 }
 
 namespace
 {
 
-/// Defines attribute `key` (of variable `var`, or of the IO for "") from its JSON value.
+void DefineOnce(adios2::IO &io, const std::string &key, const Json &v, const std::string &var);
+
+/// Defines attribute `key` (of variable `var`, or of the IO for "") from its JSON value, in place
+/// of one of the same name.
 void DefineFromJson(adios2::IO &io, const std::string &key, const Json &v, const std::string &var)
+{
+    try
+    {
+        DefineOnce(io, key, v, var);
+    }
+    catch (const std::exception &)
+    {
+        io.RemoveAttribute(var.empty() ? key : var + "/" + key); // it had another type
+        DefineOnce(io, key, v, var);
+    }
+}
+
+void DefineOnce(adios2::IO &io, const std::string &key, const Json &v, const std::string &var)
 {
     using K = Json::Kind;
     switch (v.kind)
@@ -253,27 +302,52 @@ void DefineFromJson(adios2::IO &io, const std::string &key, const Json &v, const
 
 } // namespace
 
-void CairnEngine::LoadAttributes(uint64_t step)
+void CairnEngine::LoadAttributes(uint64_t step, const std::vector<std::string> &newVars)
 {
-    m_IO.RemoveAllAttributes();
     auto load = [&](const char *var, uint64_t s) {
-        size_t len = 0;
         const std::string what = var ? "the attributes of variable '" + std::string(var) + "'" : "the attributes of '" + m_Dataset + "'";
-        Check(cairn_attrs(m_File, var, s, nullptr, 0, &len), "reading " + what);
-        std::string text(len + 1, '\0');
-        Check(cairn_attrs(m_File, var, s, text.data(), text.size(), &len), "reading " + what);
-        text.resize(len);
-        const Json obj = ParseJson(text);
-        for (const auto &m : obj.members)
-        {
-            DefineFromJson(m_IO, m.first, m.second, var ? var : "");
-        }
+        return ParseJson(Text([&](char *buf, size_t cap, size_t *len) { return cairn_attrs(m_File, var, s, buf, cap, len); },
+                              "reading " + what));
     };
-    load(nullptr, step);
-    for (const auto &kv : m_Vars)
+    // The dataset's may change from step to step; a variable's are fixed at its first step.
+    const Json dataset = ParseJson(Text([&](char *buf, size_t cap, size_t *len) { return cairn_step_attrs(m_File, step, buf, cap, len); },
+                                        "reading the attributes of '" + m_Dataset + "' at step " + std::to_string(step)));
+    std::set<std::string> keys;
+    for (const auto &m : dataset.members)
     {
-        load(kv.first.c_str(), kv.second.step);
+        DefineFromJson(m_IO, m.first, m.second, "");
+        keys.insert(m.first);
     }
+    for (const auto &gone : m_DatasetAttrs)
+    {
+        if (!keys.count(gone))
+        {
+            m_IO.RemoveAttribute(gone);
+        }
+    }
+    m_DatasetAttrs = std::move(keys);
+    for (const auto &var : newVars)
+    {
+        for (const auto &m : load(var.c_str(), m_Vars.at(var).step).members)
+        {
+            DefineFromJson(m_IO, m.first, m.second, var);
+        }
+    }
+}
+
+std::string CairnEngine::Text(const std::function<cairn_status(char *, size_t, size_t *)> &call, const std::string &what) const
+{
+    // One call in the common case: a buffer most answers fit in, sized to the answer otherwise.
+    std::string text(4096, '\0');
+    size_t len = 0;
+    Check(call(text.data(), text.size(), &len), what);
+    if (len >= text.size())
+    {
+        text.assign(len + 1, '\0');
+        Check(call(text.data(), text.size(), &len), what);
+    }
+    text.resize(len);
+    return text;
 }
 
 std::vector<cairn_block> CairnEngine::Blocks(const std::string &name, uint64_t step) const
@@ -413,7 +487,7 @@ void CairnEngine::PerformGets()
 adios2::MinVarInfo *CairnEngine::MinBlocksInfo(const std::string &varName, const size_t step) const
 {
     auto it = m_Vars.find(varName);
-    if (m_Writing || it == m_Vars.end())
+    if (m_Writing || !m_File || it == m_Vars.end())
     {
         return nullptr;
     }

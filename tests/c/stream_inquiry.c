@@ -1,6 +1,6 @@
 /* The C functions the ADIOS2 plugin engine needs, tested through the C API: cairn_open_overrides
- * (settings winning over the config), cairn_step_vars (a step's variables) and
- * cairn_stream_state (newest step, whether the writers closed). argv[1]: a config naming a
+ * (settings winning over the config), cairn_step_vars and cairn_step_attrs (a step's variables
+ * and dataset attributes) and cairn_stream_state (newest step, whether the writers closed). argv[1]: a config naming a
  * staging engine that the override "engine=file" and "path=argv[2]" replace. */
 #include <stdint.h>
 #include <string.h>
@@ -22,6 +22,7 @@ int main(int argc, char **argv) {
   int any = 1, closed = 1;
   CHECK(cairn_stream_state(r, &newest, &any, &closed));
   EXPECT(any == 0 && closed == 0);
+  CHECK(cairn_set_attr(w, NULL, "title", "\"one\""));
   CHECK(cairn_begin_step(w, 0));
   CHECK(cairn_put(w, "u", u, 2, offset, shape));
   CHECK(cairn_put(w, "n", &n, 0, offset, shape));
@@ -35,9 +36,17 @@ int main(int argc, char **argv) {
   CHECK(cairn_step_vars(r, 0, names, sizeof names, &len));
   EXPECT(strcmp(names, "n\nu") == 0);
   EXPECT(cairn_step_vars(r, 5, names, sizeof names, &len) == CAIRN_ERR_NOT_FOUND);
+  CHECK(cairn_set_attr(w, NULL, "title", "\"two\""));
+  CHECK(cairn_begin_step(w, 1));
+  CHECK(cairn_end_step(w));
+  char attrs[64];
+  CHECK(cairn_step_attrs(r, 0, attrs, sizeof attrs, &len));
+  EXPECT(strcmp(attrs, "{\"title\":\"one\"}") == 0);
+  CHECK(cairn_step_attrs(r, 1, attrs, sizeof attrs, &len));
+  EXPECT(strcmp(attrs, "{\"title\":\"two\"}") == 0 && len == strlen(attrs));
   CHECK(cairn_close(w));
   CHECK(cairn_stream_state(r, &newest, &any, &closed));
-  EXPECT(any == 1 && newest == 0 && closed == 1);
+  EXPECT(any == 1 && newest == 1 && closed == 1);
   CHECK(cairn_close(r));
   EXPECT(cairn_open_overrides("inq", "r", argv[1], "engine", 0, 1, &r) == CAIRN_ERR_INVALID_ARGUMENT);
   EXPECT(strstr(cairn_last_error(), "key=value") != NULL);

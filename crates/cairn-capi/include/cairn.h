@@ -443,6 +443,18 @@ enum cairn_status cairn_step_vars(struct cairn_file *f,
                                   size_t cap,
                                   size_t *len);
 
+// The dataset's attributes as committed `step` has them, a JSON object (as [`crate::cairn_attrs`]
+// gives those of the newest step): into `buf` when it fits in `cap` bytes, NUL-terminated;
+// `*len` is its length without the NUL either way.
+//
+// # Safety
+// `f` is an open handle; `buf` has room for `cap` bytes; `len` points to a `size_t`.
+enum cairn_status cairn_step_attrs(struct cairn_file *f,
+                                   uint64_t step,
+                                   char *buf,
+                                   size_t cap,
+                                   size_t *len);
+
 // Into `*closed`, 1 when the writers closed the dataset (every rank called
 // [`crate::cairn_close`]; no step comes after the committed ones until a writer opens it again
 // with mode "a"), else 0; into `*newest` the newest committed step and `*any` whether there is

@@ -134,6 +134,11 @@ impl Reader {
         self.engine.step_vars(step).map_err(|e| self.not_committed(e, step))
     }
 
+    /// Attributes of the dataset as committed `step` has them.
+    pub fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
+        self.engine.step_attrs(step).map_err(|e| self.not_committed(e, step))
+    }
+
     /// Attributes of the dataset, as of the last committed step (none before the first).
     pub fn attrs(&self) -> Result<cairn_core::attrs::Attrs> {
         match self.steps()?.last() {

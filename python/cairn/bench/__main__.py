@@ -6,7 +6,8 @@ BENCHES = {"file": "cairn.bench.file", "staging": "cairn.bench.staging", "pack":
            "dad": "cairn.bench.dad", "commit": "cairn.bench.commit", "redundancy": "cairn.bench.redundancy",
            "recovery": "cairn.bench.recovery", "workflow": "cairn.bench.workflow",
            "file-scale": "cairn.bench.file_scale", "drain": "cairn.bench.drain", "drain-scale": "cairn.bench.drain_scale",
-           "stream": "cairn.bench.stream", "demo-prefault": "cairn.bench.demo_prefault"}
+           "stream": "cairn.bench.stream", "demo-prefault": "cairn.bench.demo_prefault",
+           "adios2": "cairn.bench.adios2_plugin"}
 
 
 def main() -> None:
