@@ -185,7 +185,7 @@ def test_refusals_are_invalid_argument_naming_the_variable_and_unknown_keys_list
     lines = dict(line.split(": ", 1) for line in out.splitlines())
     for case, var, why in [("string", "label", "type string"), ("long double", "ld", "type long double"),
                            ("operator", "squeezed", "operator"), ("joined", "table", "joined array"),
-                           ("memory selection", "ghosted", "SetMemorySelection")]:
+                           ("memory selection", "ghosted", "SetMemorySelection"), ("get memory selection", "fine", "SetMemorySelection")]:
         assert lines[case].startswith("invalid_argument: ") and f"'{var}'" in lines[case] and why in lines[case], lines[case]
     assert lines["plain"] == "accepted"
     xml = engine_xml(tmp_path / "cairn.xml", io="bad", Config=str(cfg), QueueLimit="4", Bogus="1")

@@ -70,6 +70,27 @@ int main(int argc, char **argv)
         auto v = io.DefineVariable<double>("fine", {16}, {0}, {16});
         w.Put(v, data.data(), adios2::Mode::Sync);
     });
+    // A get into a memory selection, from the dataset "plain" wrote.
+    try
+    {
+        adios2::ADIOS adios;
+        adios2::IO io = adios.DeclareIO("refuse");
+        io.SetEngine("Plugin");
+        io.SetParameters({{"PluginName", "cairn"}, {"PluginLibrary", "cairn_adios2"}, {"Config", xml},
+                          {"Name", "refuse" + std::to_string(cases - 1)}});
+        adios2::Engine r = io.Open("refuse.bp", adios2::Mode::Read);
+        r.BeginStep();
+        auto v = io.InquireVariable<double>("fine");
+        v.SetSelection({{0}, {4}});
+        v.SetMemorySelection({{2}, {8}});
+        std::vector<double> out(8);
+        r.Get(v, out.data(), adios2::Mode::Sync);
+        std::printf("get memory selection: accepted\n");
+    }
+    catch (const std::invalid_argument &e)
+    {
+        std::printf("get memory selection: invalid_argument: %s\n", e.what());
+    }
     std::fflush(stdout);
     return 0;
 }
