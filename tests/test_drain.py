@@ -76,14 +76,20 @@ def test_drained_steps_outlive_every_server_and_a_new_cluster_continues_after_th
         blocks = f.blocks("t", s)
         assert [(b.writer, b.offset, b.count) for b in blocks] == [(0, (0, 0), (N // 2, 32)), (1, (N // 2, 0), (N // 2, 32))]
         assert blocks[1].max == _field(s)[N // 2:].max() and all(b.level == "disk" for b in blocks)
-    # Through the staging config: no server answers, so the reader falls back to the drain.
+    # Through the staging config: no server answers, and the cluster was not stopped (crashed,
+    # hung or cut off): the reader says so and where the drain is, within the timeout + 3 s.
     started = time.monotonic()
     r = cairn.open("sim", "r", engine="staging", cluster=c.file, timeout=2.0)
+    with pytest.raises(cairn.UnavailableError, match=f"no server of the cluster in {c.file} answered") as e:
+        r.steps()
+    assert f'path="{drain}"' in str(e.value) and "cairn cluster stop" in str(e.value)
+    assert time.monotonic() - started < 2.0 + 3.0, "within the timeout + 3 s"
+    assert capfd.readouterr().err == "", "nothing on stderr, which a notebook never shows"
+    # Marked stopped: the same handle reads the drain.
+    cluster.stop(c.file, timeout=5.0)
     assert r.steps() == [0, 1, 2, 3]
     np.testing.assert_array_equal(r.get("t", 2), _field(2))
-    assert time.monotonic() - started < 2.0 + 3.0, "within the timeout + 3 s"
     assert all(b.level == "disk" for b in r.blocks("t", 3))
-    assert f"no server of the cluster in {c.file} answered" in capfd.readouterr().err, "one warning names the cluster file"
     # A new allocation: a new cluster draining to the same place continues after step 3.
     c2 = cluster.start(tmp_path / "b.json", servers=3, memory="64MiB", redundancy=1, drain=drain)
     try:

@@ -73,8 +73,7 @@ def test_a_planted_step_index_symlink_is_never_read_through(tmp_path):
         _put(ws, 0, _values(0))
         assert ws[0].wait_drained(step=0, timeout=60)
         index = drain / "d" / "steps" / f"{1:012}.json"
-        index.symlink_to(secret)
-        _put(ws, 1, _values(1))
+        _put(ws, 1, _values(1), meanwhile=lambda: index.symlink_to(secret))
         _refused(c.file, ws, 1, f"{index} is a symlink")
         assert index.is_symlink() and secret.read_text() == "root only\n"
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -52,10 +53,15 @@ def _writers(file: Path, name: str, mode: str = "w", session: str = "s", **opts)
     return ws
 
 
-def _put(ws: list[cairn.Writer], step: int, data: np.ndarray) -> None:
+def _put(ws: list[cairn.Writer], step: int, data: np.ndarray, meanwhile: Callable[[], object] = lambda: None) -> None:
+    """Every rank writes its half of ``step``; ``meanwhile`` runs once all began it (a step on
+    disk before it begins is refused at begin_step: a planted one must come later)."""
     for r, w in enumerate(ws):
-        with w.step(step):
-            w.put("t", data[r * N // 2:(r + 1) * N // 2], offset=(r * N // 2, 0))
+        w.begin_step(step)
+        w.put("t", data[r * N // 2:(r + 1) * N // 2], offset=(r * N // 2, 0))
+    meanwhile()
+    for w in ws:
+        w.end_step()
 
 
 def test_a_new_run_in_mode_w_over_another_runs_drained_steps_is_refused_at_open_on_every_rank(tmp_path):
@@ -90,6 +96,7 @@ def test_a_new_run_in_mode_w_over_another_runs_drained_steps_is_refused_at_open_
         cairn.open("d2", "w", engine="staging", cluster=b.file, session="y").close()
     finally:
         _kill_all(b)
+    cluster.stop(b.file, timeout=5.0)  # crashed, then marked stopped: its readers read the drain
     r = cairn.open("d", "r", engine="staging", cluster=b.file)
     assert r.steps() == [0, 1, 2, 3, 4, 5]
     np.testing.assert_array_equal(r.get("t", step=2), _values(2))
@@ -99,7 +106,8 @@ def test_a_new_run_in_mode_w_over_another_runs_drained_steps_is_refused_at_open_
 def test_a_step_another_run_planted_is_never_taken_and_never_served_as_this_clusters(tmp_path):
     """The drain meets another run's step 1 (same blocks, same statistics, other bytes): it raises
     foreign_drain instead of taking it, and once every server is gone the reader serves this
-    cluster's step 0 but not the planted step 1."""
+    cluster's step 0 but not the planted step 1 (once its file is marked stopped: before, the
+    reader raises UnavailableError)."""
     other = tmp_path / "other"
     a = cluster.start(tmp_path / "a.json", servers=1, memory="64MiB", redundancy=0, drain=other)
     try:
@@ -115,11 +123,13 @@ def test_a_step_another_run_planted_is_never_taken_and_never_served_as_this_clus
         ws = _writers(b.file, "d", session="b")
         _put(ws, 0, _values(0, reverse=True))
         assert ws[0].wait_drained(step=0, timeout=60)
-        # Plant run A's step 1 (its index and data file) before B commits its own step 1.
-        shutil.copy(other / "d" / "steps" / f"{1:012}.json", drain / "d" / "steps" / f"{1:012}.json")
-        for f in (other / "d" / "data").glob("drain-000000000001.*"):
-            shutil.copy(f, drain / "d" / "data" / f.name)
-        _put(ws, 1, _values(1, reverse=True))
+        # Plant run A's step 1 (its index and data file) while B writes its own step 1.
+        def plant() -> None:
+            shutil.copy(other / "d" / "steps" / f"{1:012}.json", drain / "d" / "steps" / f"{1:012}.json")
+            for f in (other / "d" / "data").glob("drain-000000000001.*"):
+                shutil.copy(f, drain / "d" / "data" / f.name)
+
+        _put(ws, 1, _values(1, reverse=True), meanwhile=plant)
         with pytest.raises(cairn.AlreadyExistsError) as e:
             ws[0].wait_drained(step=1, timeout=60)
         assert e.value.code == "foreign_drain" and "another run" in str(e.value), str(e.value)
@@ -130,6 +140,7 @@ def test_a_step_another_run_planted_is_never_taken_and_never_served_as_this_clus
         np.testing.assert_array_equal(r.get("t", step=1), _values(1, reverse=True))
     finally:
         _kill_all(b)
+    cluster.stop(b.file, timeout=5.0)
     r = cairn.open("d", "r", engine="staging", cluster=b.file)
     assert r.steps() == [0], "the planted step is not listed as this cluster's"
     np.testing.assert_array_equal(r.get("t", step=0), _values(0, reverse=True))
@@ -148,8 +159,7 @@ def test_one_datasets_drain_error_never_stops_another_datasets(tmp_path):
         _put(stuck, 0, _values(0))
         assert stuck[0].wait_drained(step=0, timeout=60)
         planted = drain / "aaa" / "steps" / f"{1:012}.json"
-        shutil.copy(drain / "aaa" / "steps" / f"{0:012}.json", planted)
-        _put(stuck, 1, _values(1))
+        _put(stuck, 1, _values(1), meanwhile=lambda: shutil.copy(drain / "aaa" / "steps" / f"{0:012}.json", planted))
         free = _writers(c.file, "bbb", session="s2")
         for s in range(3):
             _put(free, s, _values(s))
@@ -238,7 +248,9 @@ def test_after_cluster_stop_the_drained_steps_stay_in_reach_through_the_stopped_
                           timeout=120, cwd=ROOT)
     assert stop.returncode == 0 and "stopped 3 servers" in stop.stdout, stop.stdout + stop.stderr
     doc = __import__("json").loads(file.read_text())
-    assert doc == {"state": "stopped", "drain": {"path": str(drain), "every": 2}}, doc
+    stopped = {"state": "stopped", "drain": {"path": str(drain), "every": 2}, "id": doc.get("id")}
+    assert doc == stopped and len(doc["id"]) == 16, "the id names which drained steps are the cluster's"
+
     logs = sorted(p.name for p in cluster.entries_dir(file).iterdir())
     assert logs == ["server-0.log", "server-1.log", "server-2.log"], logs
     # The drained steps (0, 2, 4: every second step) read through the stopped file.
@@ -247,7 +259,7 @@ def test_after_cluster_stop_the_drained_steps_stay_in_reach_through_the_stopped_
     np.testing.assert_array_equal(r.get("t", step=4), _values(4))
     with pytest.raises(cairn.NotFoundError, match=r"is stopped: only the steps it drained .*every 2 steps"):
         r.get("t", step=3)
-    assert _status(file) == {"state": "stopped", "drain": {"path": str(drain), "every": 2}}
+    assert _status(file) == stopped
     again = subprocess.run([PY, "-m", "cairn", "cluster", "stop", "--cluster", str(file)], capture_output=True, text=True,
                            timeout=60, cwd=ROOT)
     assert again.returncode == 0 and "stopped already" in again.stdout

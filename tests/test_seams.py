@@ -389,3 +389,55 @@ def test_a_reader_reads_a_step_discarded_and_written_again_as_written_again(tmp_
         assert r.get("u", step=2)[0] == 20.0
     finally:
         c.stop()
+
+
+def test_a_pipeline_stopped_and_started_again_goes_on_after_its_consumed_steps(tmp_path):
+    """A producer writes work steps, a claimer consumes each into an output dataset as soon as it
+    is committed, and the cluster drains every step. The planned stop (drain, then stop) must
+    leave the consumed work steps on disk too: a new cluster's producer, continuing with "a",
+    goes on after them instead of producing them again for a second consume (whose output step
+    the run before drained already: its drain would fail for good). A step on disk is never
+    written again."""
+    drain = tmp_path / "drain"
+    kw = dict(servers=3, memory="64MiB", meta=3, redundancy=1, drain=drain)
+    file = tmp_path / "c.json"
+    c = cluster.start(file, **kw)
+    try:
+        work = cairn.open("work", "w", cluster=str(file))
+        work.define("w", "f8", (8,))
+        src = cairn.open("work", "r", cluster=str(file))
+        out = cairn.open("out", "w", cluster=str(file))
+        out.define("m", "f8", (1,))
+        for s in range(4):
+            with work.step(s):
+                work.put("w", np.full(8, float(s)))
+            assert next(src.claims(lease=10.0, timeout=10.0)) == s
+            with out.step(s, consume=src):
+                out.put("m", np.array([float(s)]))
+        assert next(src.claims(lease=10.0, timeout=0.5), None) is None, "every work step consumed"
+        work.close()
+        out.close()
+        st = cluster.drain(file, timeout=30.0)
+        assert st is not None and st["pending_bytes"] == 0
+    finally:
+        c.stop()
+    on_disk = cairn.open("work", "r", engine="file", path=str(drain))
+    assert on_disk.steps() == [0, 1, 2, 3], "consumed steps are drained before they are freed"
+    assert np.array_equal(on_disk.get("w", step=3), np.full(8, 3.0))
+    c = cluster.start(file, **kw)
+    try:
+        with cairn.open("work", "a", cluster=str(file)) as w:
+            assert w.next_step == 4
+            with pytest.raises(cairn.AlreadyExistsError, match="step 3 of 'work' is already committed"):
+                w.begin_step(3)
+        with cairn.open("out", "a", cluster=str(file)) as o:
+            with pytest.raises(cairn.AlreadyExistsError, match="on disk"):
+                o.begin_step(2)
+            with o.step(4):
+                o.put("m", np.array([4.0]))
+        assert cluster.drain(file, timeout=30.0)["error"] is None
+        r = cairn.open("out", "r", cluster=str(file))
+        assert r.steps() == [0, 1, 2, 3, 4]
+        assert [float(r.get("m", step=s)[0]) for s in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        c.stop()

@@ -1274,6 +1274,14 @@ def _server_pids(file: Path) -> list[int]:
     return out
 
 
+def _crash(file: Path, pids: list[int]) -> None:
+    """Every server SIGKILLed, then the cluster file marked stopped, as an operator does after
+    a crash of the whole cluster: only then do its readers read the drain alone."""
+    _kill_all(pids)
+    with contextlib.suppress(CairnError):
+        cluster.stop(file, timeout=5.0)
+
+
 def _kill_all(pids: list[int]) -> None:
     """SIGKILLs ``pids`` and waits until none runs."""
     for pid in pids:
@@ -1754,7 +1762,7 @@ def _faults(args: argparse.Namespace, file: Path, rng: random.Random, active: li
         child.poll()  # reap the ones killed again
     if wl and rec:
         # With a drain every server is SIGKILLed, then what was drained is read from disk.
-        kill = (lambda: _kill_all(chaos.pids() + [p.pid for p in (own.procs if own else [])])) if wl.drain else None
+        kill = (lambda: _crash(file, chaos.pids() + [p.pid for p in (own.procs if own else [])])) if wl.drain else None
         checked, lost = verify(wl, rec, kill)
     else:
         checked, lost = _lost_objects(file, args.timeout)

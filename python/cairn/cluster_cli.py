@@ -297,7 +297,7 @@ def _status_once(args: argparse.Namespace) -> None:
     done = cluster.stopped(args.file)
     if done is not None:
         if args.json:
-            print(json.dumps({"state": "stopped", "drain": done.get("drain")}, indent=2))
+            print(json.dumps({"state": "stopped", "drain": done.get("drain"), "id": done.get("id")}, indent=2))
         else:
             where = f"; its drained steps are in {done['drain']['path']}" if done.get("drain") else ""
             print(f"stopped{where}")

@@ -224,6 +224,8 @@ class _State:
     rm: dict[str, list[tuple[int | None, float, float | None]]] = field(default_factory=dict)
     kill_all: float | None = None
     beyond_level: bool = False
+    #: The run drained to disk: a consumed step stays in memory until it is on disk.
+    drains: bool = False
     #: When the control plane may have been out: each server fault, for its pause and a failover,
     #: and each planned restart of the whole cluster
     outages: list[tuple[float, float]] = field(default_factory=list)
@@ -237,6 +239,7 @@ def _index(ops: list[Op], events: list[dict[str, Any]]) -> _State:
     for e in events:
         if e["f"] == "start":
             st.beyond_level = bool((e.get("value") or {}).get("beyond_level"))
+            st.drains = bool((e.get("value") or {}).get("drain"))
             failover = float((e.get("value") or {}).get("failure_timeout_s") or FAILURE_TIMEOUT_S) + ELECTION_S
     for e in events:
         if e["f"] == "kill-all" and st.kill_all is None:
@@ -517,10 +520,13 @@ def _read_after_release(st: _State) -> Iterator[dict[str, Any]]:
     """A step released (a ``release`` or a ``consume`` of it completed) is never read again from
     memory: a read invoked after that returns bytes only from its drained copy (the read's
     ``level`` ``"disk"``; ``"unknown"`` proves nothing), unless a removal let the step be written
-    again since."""
+    again since. In a run that drains, a consumed step keeps its objects until it is on disk
+    (docs/guide.md, *Consumed steps are drained too*): a reader holding its index may read it
+    from memory until then, and its bytes are judged by ``wrong-bytes``."""
     done: dict[tuple[str, int], Op] = {}
+    released = ("release",) if st.drains else ("release", "consume")
     for op in st.ops:
-        if op.f in ("release", "consume") and op.type == "ok" and op.step is not None:
+        if op.f in released and op.type == "ok" and op.step is not None:
             key = (op.dataset, op.step)
             if key not in done or op.t1 < done[key].t1:
                 done[key] = op

@@ -293,8 +293,9 @@ impl Writer {
         if self.engine.is_committed(step)? {
             // Before anything of the step is written: nothing is left behind.
             return Err(Error::AlreadyExists(format!(
-                "step {step} of '{}' is already committed, and committed steps are immutable: write a new step number, \
-                 open the dataset with mode \"a\" to continue after its last step, or remove it first (`cairn rm {}`)",
+                "step {step} of '{}' is already committed (in memory, or on disk where a drain or the file engine put it), and \
+                 committed steps are immutable: write a new step number, open the dataset with mode \"a\" to continue after \
+                 its last step, or remove it first (`cairn rm {}`)",
                 self.name, self.name
             )));
         }

@@ -205,6 +205,9 @@ pub enum Outcome {
         /// Steps of other datasets the commit consumed (released with it), by dataset.
         #[serde(default)]
         consumed: Vec<(String, Arc<StepIndex>)>,
+        /// Datasets whose consumed step the drain still owes: held until drained, freed then.
+        #[serde(default)]
+        held: Vec<String>,
     },
     /// A drained step recorded; these older steps `keep_last` held back are released now.
     Drained {
@@ -314,6 +317,11 @@ struct Dataset {
     #[serde(default)]
     claims: Claims,
     committed: BTreeMap<u64, Arc<StepIndex>>,
+    /// Steps consumed while the drain still owed them: out of reads and claims, their objects
+    /// kept only until they are on disk (a planned stop drains them first, so a restarted
+    /// producer goes on after them instead of producing them again).
+    #[serde(default)]
+    held: BTreeMap<u64, Arc<StepIndex>>,
     /// The session that committed each committed step (a repeated commit of it is a no-op).
     #[serde(default)]
     committed_by: BTreeMap<u64, String>,
@@ -434,16 +442,23 @@ impl Dataset {
             let more: Vec<u64> = releasable.iter().copied().filter(|s| !old.contains(s) && Some(*s) != newest).take(over).collect();
             old.extend(more);
         }
-        old.into_iter()
-            .filter_map(|step| {
-                let index = self.committed.remove(&step)?;
-                self.committed_by.remove(&step);
-                self.drain_asked.remove(&step);
-                self.mark_released(step);
-                self.claims.gone(step);
-                Some(index)
-            })
-            .collect()
+        let mut released: Vec<Arc<StepIndex>> = old.into_iter().filter_map(|step| self.take_committed(step)).collect();
+        // Consumed steps the drain held, now on disk.
+        if let Some(d) = self.drained {
+            let later = self.held.split_off(&(d + 1));
+            released.extend(std::mem::replace(&mut self.held, later).into_values());
+        }
+        released
+    }
+
+    /// Takes committed `step` out of reads and claims, remembered as released.
+    fn take_committed(&mut self, step: u64) -> Option<Arc<StepIndex>> {
+        let index = self.committed.remove(&step)?;
+        self.committed_by.remove(&step);
+        self.drain_asked.remove(&step);
+        self.mark_released(step);
+        self.claims.gone(step);
+        Some(index)
     }
 
     /// The limit past which the oldest steps are released: a `DiscardOldest` queue's, or a
@@ -696,7 +711,7 @@ impl MetaState {
         // Two finishers of one step (the writer's coordinator and a new leader's sweep of
         // prepared steps) may both commit it: the second is told it is done.
         if ds.committed_by.get(&step).is_some_and(|s| s == session) {
-            return Ok(Outcome::Committed { released: Vec::new(), consumed: Vec::new() });
+            return Ok(Outcome::Committed { released: Vec::new(), consumed: Vec::new(), held: Vec::new() });
         }
         let consume = ds.prepared.get(&step).and_then(|p| p.get(session)).map(|p| p.consume.clone()).ok_or_else(|| {
             Error::Conflict(format!("step {step} of '{dataset}' (session '{session}') is not prepared; it cannot commit"))
@@ -704,10 +719,17 @@ impl MetaState {
         // What it consumes may have gone since it was prepared (a claimer whose lease lapsed
         // races the one that took over): then neither happens, and the coordinator aborts it.
         self.check_consumable(dataset, step, &consume)?;
-        let mut consumed = Vec::new();
+        let (mut consumed, mut held) = (Vec::new(), Vec::new());
         for src in &consume {
-            let Ok(Outcome::Released { index }) = self.release(src, step) else { unreachable!("checked consumable") };
-            consumed.push((src.clone(), index));
+            let from = self.datasets.get_mut(src).ok_or_else(|| no_dataset(src))?;
+            let owed = from.owed(step);
+            let index = from.take_committed(step).ok_or_else(|| from.missing(src, step))?;
+            if owed {
+                from.held.insert(step, index);
+                held.push(src.clone());
+            } else {
+                consumed.push((src.clone(), index));
+            }
         }
         let ds = self.datasets.get_mut(dataset).expect("checked above");
         let p = ds.take_prepared(step, session).expect("checked above");
@@ -721,7 +743,7 @@ impl MetaState {
         (ds.keep_last, ds.drain_every) = kept;
         ds.clock_ms = ds.clock_ms.max(now_ms);
         ds.queue.expire(now_ms);
-        Ok(Outcome::Committed { released: ds.trim(), consumed })
+        Ok(Outcome::Committed { released: ds.trim(), consumed, held })
     }
 
     /// Whether step `step` of every dataset in `consume` is committed, so a commit of `step` of
@@ -773,11 +795,7 @@ impl MetaState {
 
     fn release(&mut self, dataset: &str, step: u64) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
-        let index = ds.committed.remove(&step).ok_or_else(|| ds.missing(dataset, step))?;
-        ds.committed_by.remove(&step);
-        ds.drain_asked.remove(&step);
-        ds.mark_released(step);
-        ds.claims.gone(step);
+        let index = ds.take_committed(step).ok_or_else(|| ds.missing(dataset, step))?;
         Ok(Outcome::Released { index })
     }
 
@@ -791,7 +809,7 @@ impl MetaState {
             )));
         }
         let ds = self.datasets.remove(dataset).expect("looked up above");
-        Ok(Outcome::Removed { released: ds.committed.into_values().collect() })
+        Ok(Outcome::Removed { released: ds.committed.into_values().chain(ds.held.into_values()).collect() })
     }
 
     /// Discards the steps of `dataset` from `from` on (see [`Cmd::Remove`]); returns the
@@ -805,6 +823,7 @@ impl MetaState {
             )));
         }
         let released: Vec<Arc<StepIndex>> = ds.committed.split_off(&from).into_values().collect();
+        let held: Vec<Arc<StepIndex>> = ds.held.split_off(&from).into_values().collect();
         ds.drain_asked.retain(|s| *s < from);
         let forgotten = ds.released.split_off(&from);
         ds.discarded.extend(released.iter().map(|i| i.step).chain(forgotten));
@@ -819,12 +838,16 @@ impl MetaState {
         }
         // Every step before `from` the mark covered stays drained.
         ds.drained = ds.drained.and_then(|d| from.checked_sub(1).map(|before| d.min(before)));
-        Ok(Outcome::Removed { released })
+        Ok(Outcome::Removed { released: released.into_iter().chain(held).collect() })
     }
 
     fn encoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Redundancy)>) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
-        let index = ds.committed.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?;
+        // A consumed step held for the drain is read by the drain: its index follows its objects.
+        let index = match ds.committed.get_mut(&step) {
+            Some(index) => index,
+            None => ds.held.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?,
+        };
         let mut changed = 0;
         let index = Arc::make_mut(index);
         for (id, red) in objects {
@@ -845,7 +868,11 @@ impl MetaState {
 
     fn decoded(&mut self, dataset: &str, step: u64, objects: Vec<(u64, Vec<u32>)>) -> Result<Outcome, Error> {
         let ds = self.datasets.get_mut(dataset).ok_or_else(|| no_dataset(dataset))?;
-        let index = ds.committed.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?;
+        // A consumed step held for the drain is read by the drain: its index follows its objects.
+        let index = match ds.committed.get_mut(&step) {
+            Some(index) => index,
+            None => ds.held.get_mut(&step).ok_or_else(|| not_committed(dataset, step, &BTreeMap::new()))?,
+        };
         let mut changed = 0;
         let index = Arc::make_mut(index);
         for (id, servers) in objects {
@@ -1023,7 +1050,10 @@ impl MetaState {
     pub fn owed(&self, dataset: &str, every: u64) -> Vec<(u64, Arc<StepIndex>)> {
         let Some(ds) = self.datasets.get(dataset) else { return Vec::new() };
         let after = ds.drained.map_or(0, |d| d + 1);
-        ds.committed.range(after..).filter(|(s, _)| ds.names(**s, every)).map(|(s, i)| (*s, i.clone())).collect()
+        let mut owed: BTreeMap<u64, Arc<StepIndex>> =
+            ds.committed.range(after..).filter(|(s, _)| ds.names(**s, every)).map(|(s, i)| (*s, i.clone())).collect();
+        owed.extend(ds.held.range(after..).map(|(s, i)| (*s, i.clone())));
+        owed.into_iter().collect()
     }
 
     /// Per dataset, the steps discarded by a restart from an older step and not written again
@@ -1058,9 +1088,9 @@ impl MetaState {
         ds.claims.free(ds.committed.keys().copied(), claimer, now_ms)
     }
 
-    /// Names of the datasets with committed steps.
+    /// Names of the datasets with committed steps (or consumed ones held for the drain).
     pub fn datasets(&self) -> Vec<String> {
-        self.datasets.iter().filter(|(_, d)| !d.committed.is_empty()).map(|(n, _)| n.clone()).collect()
+        self.datasets.iter().filter(|(_, d)| !d.committed.is_empty() || !d.held.is_empty()).map(|(n, _)| n.clone()).collect()
     }
 
     /// Steps prepared but neither committed nor aborted: what a new coordinator must finish.
@@ -1143,7 +1173,7 @@ pub(crate) mod tests {
         assert_eq!(add(&mut s, 0, 0, 3, "b").into_result().unwrap_err().kind(), ErrorKind::AlreadyExists);
         assert_eq!(
             commit(&mut s, 0, "a", None),
-            Outcome::Committed { released: vec![], consumed: vec![] },
+            Outcome::Committed { released: vec![], consumed: vec![], held: vec![] },
             "a second finisher is told it is done"
         );
         assert_eq!(commit(&mut s, 0, "b", None).into_result().unwrap_err().kind(), ErrorKind::Conflict, "another session cannot");
@@ -1434,6 +1464,33 @@ pub(crate) mod tests {
         s.apply(Cmd::Close(Close { dataset: "d".into(), session: "w".into(), rank: 0, nranks: 1 }));
         assert!(s.finished("d"));
         assert_eq!(claim(&mut s, "a", 300), Claimed { step: None, done: true });
+    }
+
+    #[test]
+    fn a_consumed_step_the_drain_owes_is_held_for_it_and_freed_once_on_disk() {
+        let mut s = MetaState::default();
+        for step in 0..3 {
+            add(&mut s, step, 0, 1, "w");
+            s.apply(Cmd::Commit { dataset: "d".into(), step, session: "w".into(), keep_last: None, drain_every: Some(2), now_ms: 0 });
+        }
+        // Step 1 is off the cadence: consumed, it is freed at once. Step 2 is owed: held.
+        let Outcome::Committed { consumed, held, .. } = produce(&mut s, "out", 1, "a", "d").unwrap() else { panic!() };
+        assert_eq!((consumed.len(), held.len()), (1, 0));
+        let Outcome::Committed { consumed, held, .. } = produce(&mut s, "out", 2, "a", "d").unwrap() else { panic!() };
+        assert_eq!((consumed.len(), held), (0, vec!["d".to_string()]), "its objects are kept");
+        assert_eq!(s.steps("d"), vec![0], "out of reads and claims");
+        assert_eq!(s.owed("d", 2).iter().map(|(st, _)| *st).collect::<Vec<_>>(), vec![0, 2], "the drain still writes it");
+        assert_eq!(claim(&mut s, "b", 0).step, Some(0));
+        // Drained: step 0 stays committed (no keep_last), the held step 2 is freed now.
+        let Outcome::Drained { released } = s.apply(Cmd::Drained { dataset: "d".into(), step: 2 }) else { panic!() };
+        assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), vec![2]);
+        assert!(s.owed("d", 2).is_empty());
+        // A held step goes with its dataset's removal too.
+        add(&mut s, 4, 0, 1, "w");
+        s.apply(Cmd::Commit { dataset: "d".into(), step: 4, session: "w".into(), keep_last: None, drain_every: Some(2), now_ms: 0 });
+        produce(&mut s, "out", 4, "a", "d").unwrap();
+        let Outcome::Removed { released } = s.apply(Cmd::Remove { dataset: "d".into(), from: Some(3) }) else { panic!() };
+        assert_eq!(released.iter().map(|i| i.step).collect::<Vec<_>>(), vec![4]);
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct StoppedFile {
     /// The stopped cluster's drain, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainSpec>,
+    /// The stopped cluster's id: its drained steps, and the datasets whose owner record names
+    /// it, are its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl StoppedFile {
@@ -85,9 +89,9 @@ impl StoppedFile {
         (f.state == "stopped").then_some(f)
     }
 
-    /// Writes the stopped file of a cluster that drained to `drain` at `path`.
-    pub fn write(path: &Path, drain: Option<DrainSpec>) -> Result<()> {
-        let f = StoppedFile { state: "stopped".into(), drain };
+    /// Writes the stopped file of cluster `id` that drained to `drain` at `path`.
+    pub fn write(path: &Path, drain: Option<DrainSpec>, id: Option<String>) -> Result<()> {
+        let f = StoppedFile { state: "stopped".into(), drain, id };
         write_private(path, &serde_json::to_vec_pretty(&f).expect("serializes"))
     }
 }
@@ -382,7 +386,7 @@ mod tests {
         assert_eq!((back.secret.as_str(), back.servers.len()), ("s", 2));
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640, "the group's read access is kept");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file left");
-        StoppedFile::write(&path, None).unwrap();
+        StoppedFile::write(&path, None, None).unwrap();
         let e = rewrite_servers(&path, |s| s.clear()).unwrap_err();
         assert_eq!(e.kind(), cairn_core::ErrorKind::Conflict);
         assert!(StoppedFile::load(&path).is_some(), "a stopped cluster's file is never replaced");

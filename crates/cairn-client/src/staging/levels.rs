@@ -1,17 +1,13 @@
 //! Reading a staging dataset whose cluster drains to disk: each step from the level that has it.
 //! Steps in memory are read there; steps staging released (`keep_last`, `release`) or lost
-//! come from their drained copy; when no server of the cluster answers, every read goes to the
-//! drain (with one warning naming the cluster file). `steps()` is the union of both levels.
+//! come from their drained copy; when no server of the cluster answers, reads fail with
+//! `Unavailable` saying where the drain is, unless the cluster file was marked stopped since: then
+//! every read goes to the drain. `steps()` is the union of both levels.
 //!
-//! A drained step is served as one this cluster committed only if it carries this cluster's
-//! identity: a step the cluster released or lost is read from disk only when the drain there is
-//! its own; steps the cluster never had (an earlier run's, continued with mode `"a"`) are the
-//! dataset's history and read as they are. With no server answering, another run's step is read
-//! only below this cluster's oldest drained step (the history before this run). Where the dataset
-//! has an owner record (`owner.json`, written by the first `"w"` or `"a"` open), another
-//! cluster's step is served only below the record's `first_step`, and only when the record is
-//! this cluster's; any other is refused (`ForeignDrain`, naming both clusters).
+//! A step the cluster released or lost is read from disk only when the drain there is its own;
+//! with no server answering (the cluster stopped), [`Owned`] decides which drained steps it serves.
 
+use super::owned::Owned;
 use super::reader::StagingReader;
 use crate::engine::ReadEngine;
 use crate::file::{FileReader, Layout};
@@ -33,65 +29,14 @@ pub(crate) struct Levels {
     /// No server answered: the memory level is not asked again by this reader.
     gone: AtomicBool,
     cluster: PathBuf,
-    /// The cluster's id, which its drained steps carry.
-    id: String,
-    /// This cluster's oldest drained step, looked up once no server answers.
-    first_mine: OnceLock<Option<u64>>,
+    /// Which drained steps are this cluster's to serve.
+    owned: Owned,
 }
 
 impl Levels {
     pub(crate) fn new(memory: StagingReader, layout: Layout, cluster: PathBuf, id: String) -> Levels {
-        Levels { memory, layout, disk: OnceLock::new(), gone: AtomicBool::new(false), cluster, id, first_mine: OnceLock::new() }
-    }
-
-    /// Whether drained `step` carries this cluster's identity.
-    fn mine(&self, step: u64) -> Result<bool> {
-        Ok(self.layout.read_step_meta(step)?.staged.is_some_and(|s| s.cluster == self.id))
-    }
-
-    /// Whether another cluster's drained `step`, which this cluster never had, may be served:
-    /// by the owner record, history below the step this cluster wrote first (`None`: no record).
-    fn history(&self, step: u64) -> Result<Option<bool>> {
-        Ok(cairn_file::owner::read(&self.layout)?.map(|o| o.cluster == self.id && step < o.first_step))
-    }
-
-    /// The refusal of another cluster's `step` this one may not serve.
-    fn foreign(&self, step: u64) -> Error {
-        let whose = self.layout.read_step_meta(step).ok().and_then(|i| i.staged).map_or_else(|| "no cluster's".into(), |s| s.cluster);
-        let owner = cairn_file::owner::read(&self.layout).ok().flatten().map_or_else(|| "none".into(), |o| o.cluster);
-        Error::ForeignDrain(format!(
-            "step {step} drained to {} is cluster {whose}'s (another run's), not this cluster {}'s; the dataset's owner record \
-             names cluster {owner}: two runs wrote this name into one drain folder. Read that run's steps with \
-             `cairn.open(name, \"r\", path=DRAIN)`, or remove the dataset with `cairn rm {} --cluster FILE --all`",
-            self.layout.root.display(),
-            self.id,
-            self.layout.name()
-        ))
-    }
-
-    /// Whether drained `step` may be served with no server answering: this cluster's, or
-    /// history from before this cluster's first drained step (by the owner record, where one is).
-    fn servable_alone(&self, step: u64) -> Result<bool> {
-        if self.mine(step)? {
-            return Ok(true);
-        }
-        if let Some(ok) = self.history(step)? {
-            return Ok(ok);
-        }
-        let first = match self.first_mine.get() {
-            Some(f) => *f,
-            None => {
-                let mut first = None;
-                for s in self.disk_steps()? {
-                    if self.mine(s)? {
-                        first = Some(s);
-                        break;
-                    }
-                }
-                *self.first_mine.get_or_init(|| first)
-            }
-        };
-        Ok(first.is_none_or(|f| step < f))
+        let owned = Owned::new(layout.clone(), id);
+        Levels { memory, layout, disk: OnceLock::new(), gone: AtomicBool::new(false), cluster, owned }
     }
 
     fn disk(&self) -> Option<&FileReader> {
@@ -102,23 +47,27 @@ impl Levels {
         Some(self.disk.get_or_init(|| opened))
     }
 
-    /// `f` of the memory level, or `None` once no server answers (then, the first time, a
-    /// warning); other errors are the caller's.
+    /// `f` of the memory level, or `None` once no server answers and the cluster file says it
+    /// was stopped; other errors are the caller's.
     fn memory<T>(&self, f: impl FnOnce(&StagingReader) -> Result<T>) -> Option<Result<T>> {
         if self.gone.load(Ordering::Relaxed) {
             return None;
         }
         match f(&self.memory) {
-            // Servers unreachable (not an election or a lost quorum, which say so).
+            // Servers unreachable (not an election or a lost quorum, which say so). Only a stopped
+            // cluster's reader reads the drain alone: servers that do not answer may be crashed,
+            // hung or cut off, and a warning on stderr is one a notebook never shows.
             Err(e) if e.kind() == ErrorKind::Unavailable && e.reason().is_none() => {
-                if !self.gone.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "cairn: no server of the cluster in {} answered ({e}); reading the steps drained to {}",
-                        self.cluster.display(),
-                        self.layout.root.display()
-                    );
+                if cairn_proto::cluster::StoppedFile::load(&self.cluster).is_some() {
+                    self.gone.store(true, Ordering::Relaxed);
+                    return None;
                 }
-                None
+                let (file, drain) = (self.cluster.display(), self.layout.root.parent().unwrap_or(&self.layout.root).display());
+                Some(Err(Error::Unavailable(format!(
+                    "no server of the cluster in {file} answered ({e}); the steps it drained are in {drain}: read them with \
+                     path=\"{drain}\" (the file engine), or mark the cluster stopped (`cairn cluster stop --file {file}`) and \
+                     open it again"
+                ))))
             }
             r => Some(r),
         }
@@ -137,13 +86,13 @@ impl Levels {
         match self.disk() {
             Some(d) if d.steps()?.contains(&step) => {
                 let servable = match &mem {
-                    None => self.servable_alone(step)?,
-                    Some(_) if committed_here => self.mine(step)?,
-                    Some(_) => self.mine(step)? || self.history(step)?.unwrap_or(true),
+                    None => self.owned.servable_alone(step)?,
+                    Some(_) if committed_here => self.owned.mine(step)?,
+                    Some(_) => self.owned.mine(step)? || self.owned.history(step)?.unwrap_or(true),
                 };
                 match (servable, mem) {
                     (true, _) => f(d),
-                    (false, _) if !self.mine(step)? && self.history(step)?.is_some() => Err(self.foreign(step)),
+                    (false, _) if !self.owned.mine(step)? && self.owned.history(step)?.is_some() => Err(self.owned.foreign(step)),
                     (false, Some(Err(e))) => Err(e),
                     (false, _) => Err(Error::NotFound(format!(
                         "step {step} drained to {} is another cluster's (another run's), not this cluster's step {step}; \
@@ -182,7 +131,7 @@ impl ReadEngine for Levels {
         };
         let gone = self.gone.load(Ordering::Relaxed);
         for s in self.disk_steps()? {
-            if !gone || self.servable_alone(s)? {
+            if !gone || self.owned.servable_alone(s)? {
                 steps.push(s);
             }
         }

@@ -231,7 +231,7 @@ impl LocalCluster {
                 kill(pid);
             }
         }
-        cairn_proto::cluster::StoppedFile::write(file, c.drain().cloned())?;
+        cairn_proto::cluster::StoppedFile::write(file, c.drain().cloned(), Some(c.id()))?;
         // The logs stay for whoever looks into what happened; the secret, entries and sockets go.
         let dir = ClusterFile::entries_dir(file);
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {

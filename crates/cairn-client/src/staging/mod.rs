@@ -8,6 +8,7 @@ mod control;
 mod kv;
 mod levels;
 pub mod local;
+mod owned;
 mod queue;
 mod reader;
 mod shm;

@@ -29,18 +29,21 @@ pub(super) fn reader(
         file.display(),
         layout.root.display()
     );
+    // Which of them are this cluster's to serve (a file stopped before clusters recorded their id: all).
+    let owned = stopped.id.map(|id| super::owned::Owned::new(layout.clone(), id));
     let reader = crate::file::FileReader::open(layout).map_err(|e| match e.kind() {
         cairn_core::ErrorKind::NotFound => Error::NotFound(format!("no drained steps of {dataset}: {note}")),
         _ => e,
     })?;
-    Ok(Box::new(Noted { inner: reader, note }))
+    Ok(Box::new(Noted { inner: reader, note, owned }))
 }
 
 /// A read engine whose "not committed" errors carry a note (a stopped cluster's: which steps
-/// its drain kept).
+/// its drain kept), serving only the steps that are the cluster's (see [`super::owned`]).
 struct Noted<E> {
     inner: E,
     note: String,
+    owned: Option<super::owned::Owned>,
 }
 
 impl<E: crate::engine::ReadEngine> Noted<E> {
@@ -50,23 +53,41 @@ impl<E: crate::engine::ReadEngine> Noted<E> {
             e => e,
         })
     }
+
+    /// `f` of `step`, when it is the cluster's to serve (another run's is refused by name).
+    fn served<T>(&self, step: u64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if let Some(o) = &self.owned {
+            if self.inner.steps()?.contains(&step) && !o.servable_alone(step)? {
+                return Err(o.foreign(step));
+            }
+        }
+        self.noted(f())
+    }
 }
 
 impl<E: crate::engine::ReadEngine> crate::engine::ReadEngine for Noted<E> {
     fn steps(&self) -> Result<Vec<u64>> {
-        self.inner.steps()
+        let steps = self.inner.steps()?;
+        let Some(o) = &self.owned else { return Ok(steps) };
+        let mut served = Vec::with_capacity(steps.len());
+        for s in steps {
+            if o.servable_alone(s)? {
+                served.push(s);
+            }
+        }
+        Ok(served)
     }
     fn note(&self) -> Option<&str> {
         Some(&self.note)
     }
     fn step_vars(&self, step: u64) -> Result<std::collections::BTreeMap<String, cairn_core::index::VarDef>> {
-        self.noted(self.inner.step_vars(step))
+        self.served(step, || self.inner.step_vars(step))
     }
     fn step_attrs(&self, step: u64) -> Result<cairn_core::attrs::Attrs> {
-        self.noted(self.inner.step_attrs(step))
+        self.served(step, || self.inner.step_attrs(step))
     }
     fn blocks(&self, var: &str, step: u64) -> Result<Vec<cairn_core::index::BlockRecord>> {
-        self.noted(self.inner.blocks(var, step))
+        self.served(step, || self.inner.blocks(var, step))
     }
     fn read_into(
         &self,

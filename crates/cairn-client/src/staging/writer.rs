@@ -805,7 +805,12 @@ impl WriteEngine for StagingWriter {
     }
 
     fn is_committed(&self, step: u64) -> Result<bool> {
-        Ok(steps_of(&self.cluster, &self.dataset, false)?.contains(&step))
+        if steps_of(&self.cluster, &self.dataset, false)?.contains(&step) {
+            return Ok(true);
+        }
+        // On disk: drained by the run before (a name continued with "a"), or by this cluster and
+        // released since. Written again, its drain would meet the copy there and fail for good.
+        Ok(self.cluster.drain().is_some_and(|d| crate::file::Layout::new(&d.path, &self.dataset).step_path(step).exists()))
     }
 
     fn written_in(&self, var: &str) -> Result<Option<u64>> {

@@ -104,12 +104,12 @@ impl Meta {
     ) -> Result<Committed> {
         let cmd =
             Cmd::Commit { dataset: dataset.to_string(), step, session: session.to_string(), keep_last, drain_every, now_ms: now_ms() };
-        let (released, consumed) = match self.batcher.propose(log, cmd).await? {
-            Outcome::Committed { released, consumed } => (released, consumed),
+        let (released, consumed, held) = match self.batcher.propose(log, cmd).await? {
+            Outcome::Committed { released, consumed, held } => (released, consumed, held),
             other => return Err(unexpected_outcome("commit", &other)),
         };
         self.changed(dataset);
-        for (src, _) in &consumed {
+        for src in consumed.iter().map(|(src, _)| src).chain(&held) {
             self.changed(src);
         }
         Ok(Committed { released, consumed })
@@ -311,7 +311,7 @@ impl Meta {
         query(log, |s| s.released(dataset, step))
     }
 
-    /// Names of the datasets with committed steps.
+    /// Names of the datasets with committed steps (or consumed ones held for the drain).
     pub fn datasets(&self, log: &dyn MetaLog) -> Vec<String> {
         query(log, |s| s.datasets())
     }
