@@ -363,6 +363,24 @@ def test_ranks_sharing_a_communicator_halt_at_the_same_step(tmp_path):
     assert len(set(stops)) == 1, f"ranks stopped before different steps: {stops}"
 
 
+def test_c_ranks_opened_with_their_communicator_halt_at_the_same_step(tmp_path):
+    """The same with C: 3 ranks opened by cairn_open_mpi ask cairn_halt_requested_all (an
+    allreduce over the communicator) every step; every rank stops before the same step."""
+    from .conftest import ROOT, file_config
+
+    exe, lib, halt = tmp_path / "halt_mpi", ROOT / "target" / "release", tmp_path / "halt"
+    check(subprocess.run(["mpicc", str(ROOT / "tests/c/halt_mpi.c"), "-I", str(ROOT / "crates/cairn-capi/include"), "-L", str(lib),
+                          "-lcairn", f"-Wl,-rpath,{lib}", "-o", str(exe)], capture_output=True, text=True))
+    import threading
+    threading.Timer(2.0, halt.touch).start()
+    env = {"CAIRN_HALT_FILE": str(halt), "CAIRN_CONFIG": str(file_config(tmp_path))}
+    check(mpirun(3, str(exe), str(tmp_path / "out"), env=env, timeout=120))
+    stops = [(tmp_path / f"out.stop.{r}").read_text() for r in range(3)]
+    assert len(set(stops)) == 1 and int(stops[0]) > 0, f"ranks stopped before different steps: {stops}"
+    f = cairn.open("h", "r", engine="file", path=tmp_path)
+    assert f.steps() == list(range(int(stops[0]))), "every step before the halt committed by all ranks"
+
+
 def test_a_reader_reads_a_step_discarded_and_written_again_as_written_again(tmp_path):
     """A reader read step 2 from its drained copy; the step is discarded (from_step), written
     again, drained and released: the same reader gets the new bytes (its cached index of the
