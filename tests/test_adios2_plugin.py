@@ -238,9 +238,10 @@ with adios2.Stream(adios2.Adios(sys.argv[1]).declare_io("flow"), "flow", "r") as
 """
 
 
-def test_a_server_killed_while_adios2_streams_loses_no_committed_step_and_append_goes_on(plugin, tmp_path):
+def test_a_server_killed_while_adios2_streams_loses_no_committed_step_and_append_goes_on_after_the_drain(plugin, tmp_path):
+    drain = tmp_path / "drain"
     c = cluster.start(tmp_path / "cluster.json", servers=4, spares=1, memory="256MiB", meta=3, redundancy=1,
-                      scheme="replicate", failure_timeout="1s")
+                      scheme="replicate", failure_timeout="1s", drain=drain)
     try:
         xml = engine_xml(tmp_path / "cairn.xml", io="flow", Cluster=str(c.file), Engine="staging")
         reader = subprocess.Popen([sys.executable, "-c", READER, str(xml)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -264,8 +265,19 @@ def test_a_server_killed_while_adios2_streams_loses_no_committed_step_and_append
         assert out.split() == ["40", "41", "42"]
         r = cairn.open("flow", "r", engine="staging", cluster=c.file)
         assert r.steps() == list(range(43)) and np.array_equal(r.get("p", 42), np.arange(64 * 64, dtype="f8").reshape(64, 64) + 42)
+        assert r.wait_drained(42, timeout=60)
     finally:
         c.stop()
+    # The next allocation: a new cluster over the same drain, the same XML but its cluster file.
+    c2 = cluster.start(tmp_path / "next.json", servers=2, memory="128MiB", redundancy=1, drain=drain)
+    try:
+        xml = engine_xml(tmp_path / "next.xml", io="flow", Cluster=str(c2.file), Engine="staging")
+        out = check(subprocess.run([sys.executable, "-c", WRITER, str(xml), "2", "a"], capture_output=True, text=True, timeout=120))
+        assert out.split() == ["43", "44"]
+        rows = check(subprocess.run([sys.executable, "-c", READER, str(xml)], capture_output=True, text=True, timeout=120)).split()
+        assert rows == [x for k in range(45) for x in (str(k), "1")], "drained and new steps, all whole"
+    finally:
+        c2.stop()
 
 
 def test_append_on_the_file_engine_goes_on_after_the_steps_on_disk(plugin, tmp_path):
