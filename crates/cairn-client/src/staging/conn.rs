@@ -505,7 +505,8 @@ impl Cluster {
                 // (spares took every original member's slot). Any other server the cluster
                 // file lists tells the current view; the hunt starts over by it.
                 if !hunt.discovered && hunt.none_reachable(&slots) && self.discover(&hunt.unreachable) {
-                    hunt = Hunt { discovered: true, ..Hunt::new(None) };
+                    // The same deadline: a discovery is part of this hunt, not a second one.
+                    hunt = Hunt { discovered: true, started: hunt.started, ..Hunt::new(None) };
                     continue;
                 }
                 return Err(e);
