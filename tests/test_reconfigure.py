@@ -216,3 +216,18 @@ def test_a_planned_retire_moves_at_full_speed_not_at_the_failure_pace(tmp_path):
             assert (r.get("u", s) == float(s)).all(), s
     finally:
         c.stop()
+
+
+def test_an_added_server_never_gets_the_id_of_one_that_left(tmp_path):
+    """A retired server's id is not given again (it would be taken for the server that had it):
+    add numbers after the highest id the cluster ever had."""
+    c = cluster.start(tmp_path / "cluster.json", servers=2, memory="64MiB", redundancy=1)
+    try:
+        v = cluster.add(c.file, 1)
+        assert {e["id"] for e in v["servers"]} == {0, 1, 2}
+        v = cluster.retire(c.file, 2, wait=60)
+        assert all(e["id"] != 2 for e in v["servers"])
+        v = cluster.add(c.file, 1)
+        assert {e["id"] for e in v["servers"]} == {0, 1, 3}, v
+    finally:
+        c.stop()

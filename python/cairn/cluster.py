@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -382,10 +383,13 @@ def add(file: str | os.PathLike[str], n: int = 1, timeout: float = 60.0) -> dict
     current = view(file)
     if current is None:
         raise UnavailableError(f"no server of {file} answers; is the cluster running?")
-    known = [e["id"] for e in current["servers"]]
+    dirpath = entries_dir(file)
+    # Numbered after the highest id the cluster ever had (a retired server's log stays): an id
+    # given again would be taken for the server that once had it.
+    logged = [int(m.group(1)) for p in dirpath.glob("server-*.log*") if (m := re.match(r"server-(\d+)\.log", p.name))]
+    known = [e["id"] for e in current["servers"]] + [e["id"] for e in servers_of(file)] + logged
     template = _running_cmdline(file, current)
     ids = list(range(max(known) + 1, max(known) + 1 + n))
-    dirpath = entries_dir(file)
     for sid in ids:
         cmd = _with_flag(_with_flag(template, "--id", str(sid)), "--node", f"node{sid}")
         (dirpath / f"server-{sid}.json").unlink(missing_ok=True)
