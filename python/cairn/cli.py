@@ -1,6 +1,6 @@
 """The ``cairn`` command: inspect and extract datasets.
 
-    cairn ls PATH [--cluster FILE] [--blocks] [--verify]
+    cairn ls PATH [--cluster FILE] [--blocks] [--verify] | cairn ls --cluster FILE
     cairn get PATH VAR --step N [--box 0:10,:,5] [--writer R] [-o out.npy] [--cluster FILE]
     cairn export PATH -o OUT.zarr|OUT.nc|OUT.h5 [--steps 0:10] [--vars a,b] [--cluster FILE]
     cairn pack SET_DIR -o OUT [--group-size 32 --scheme auto --parity 1] | --compare
@@ -11,7 +11,8 @@
                 [--store-url URL] --engine dask|process --workers 2 --no-kriging --flux analytic|md --plot]
     cairn serve --cluster cluster.json [--id N --servers S --memory 4GiB]
     cairn cluster start --servers 4 [--spares 1] [--topology FILE] [--memory 4GiB] [--file cluster.json]
-    cairn cluster status [--objects] [--file cluster.json]
+    cairn cluster status [--objects] [--json] [--file cluster.json]   (also: cairn status)
+    cairn cluster dashboard [--port 8470] [--allow-host NAME]
     cairn cluster stop [--file cluster.json]
     cairn adios2-plugin [--build [--adios2-dir DIR]]
     cairn chaos --cluster cluster.json --mtbf 18s --duration 150s --kill server|node [--workload] [--json OUT]

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from . import _check, _native, cluster
-from .cluster_status import health, role, status_json, targets
+from .cluster_status import datasets, health, role, status_json, targets
 from ._check import arg, seconds_arg
 from .exceptions import CairnError, CapacityError, UnavailableError
 
@@ -27,6 +27,10 @@ _LEVEL = arg(lambda r: _check.integer(r, "redundancy", 0, _check.MAX_REDUNDANCY,
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f}"
+
+
+def _or_dash(v: Any) -> str:
+    return "-" if v is None else str(v)
 
 
 #: Cluster-side settings a server takes when neither its flags nor the [staging] table name them.
@@ -270,7 +274,8 @@ def cmd_drain(args: argparse.Namespace) -> None:
 def cmd_dashboard(args: argparse.Namespace) -> None:
     from . import dashboard
 
-    dashboard.serve(args.file, args.port, args.host, ready=lambda url: print(f"dashboard of {args.file} at {url}", flush=True))
+    dashboard.serve(args.file, args.port, args.host, ready=lambda url: print(f"dashboard of {args.file} at {url}", flush=True),
+                    allow_hosts=args.allow_host)
 
 
 def cmd_targets(args: argparse.Namespace) -> None:
@@ -304,7 +309,7 @@ def _status_once(args: argparse.Namespace) -> None:
         return
     rows: list[dict[str, Any]] = cluster.status(args.file, objects=args.objects, timeout=args.timeout)
     drain = cluster.drain_status(args.file, timeout=args.timeout)
-    doc = status_json(rows, drain)
+    doc = status_json(rows, drain, datasets(args.file, rows, drain, args.timeout))
     if args.json:
         print(json.dumps(doc, indent=2))
         return
@@ -335,6 +340,11 @@ def _status_once(args: argparse.Namespace) -> None:
               f"{drain['MBps']:.0f} MB/s")
         if drain["error"]:
             print(f"drain error: {drain['error']}")
+    if doc["datasets"]:
+        print(f"\n{'dataset':<24} {'steps in memory':>15} {'newest step':>11} {'MiB':>10} {'drained to':>10} {'writers':>7}")
+        for d in doc["datasets"]:
+            print(f"{d['name']:<24} {d['steps_in_memory']:>15} {_or_dash(d['newest_step']):>11} {_mib(d['bytes']):>10} "
+                  f"{_or_dash(d['drained_to']):>10} {d['writers']:>7}")
     if args.objects:
         print(f"\n{'server':>6} {'dataset':<12} {'step':>5} {'variable':<14} {'object':>18} {'offset':<16} {'count':<16} {'KiB':>9} state")
         for r in rows:
@@ -437,14 +447,23 @@ def add(sub: Any) -> None:
     db.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     db.add_argument("--port", type=int, default=8470, help="port to serve on (default 8470; 0: a free one)")
     db.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
+    db.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                    help="a host name the page answers besides localhost, this machine's names and --host (repeatable; "
+                         "requests naming others are answered 421)")
     db.set_defaults(func=cmd_dashboard)
     tg = csub.add_parser("targets", help="Prometheus file_sd targets of every server's metrics, as JSON")
     tg.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     tg.set_defaults(func=cmd_targets)
-    ss = csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s")
+    for ss in (csub.add_parser("status", help="servers, memory used/limit, objects, steps, requests/s, datasets"),
+               sub.add_parser("status", help="the same as cairn cluster status")):
+        _status_flags(ss)
+
+
+def _status_flags(ss: argparse.ArgumentParser) -> None:
+    """The flags of ``cairn cluster status`` (and its alias ``cairn status``)."""
     ss.add_argument("--cluster", "--file", dest="file", default="cluster.json", help="cluster file of the cluster")
     ss.add_argument("--objects", action="store_true", help="also list every object and where it is placed")
-    ss.add_argument("--json", action="store_true", help="print {health, epoch, leader, servers: [...], recovery, drain} as JSON")
+    ss.add_argument("--json", action="store_true", help="print {health, epoch, leader, servers: [...], recovery, drain, datasets: [...]} as JSON")
     ss.add_argument("--timeout", type=_SECONDS, default=5.0, help="seconds to wait for each server (default 5)")
     ss.add_argument("--watch", type=_SECONDS, nargs="?", const=2.0, default=None, metavar="SECONDS",
                     help="refresh every SECONDS (default 2) until interrupted: in place on a terminal, a block each otherwise")

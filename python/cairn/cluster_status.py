@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from . import cluster
+from .exceptions import CairnError, NotFoundError
 
 
 def role(row: dict[str, Any]) -> str | None:
@@ -50,9 +51,11 @@ def health(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"state": state, "reasons": reasons}
 
 
-def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None,
+                sets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The status as scripts read it (``cairn cluster status --json``); ``drain`` is the
-    leader's drain to disk (:func:`cluster.drain_status`), when the cluster has one."""
+    leader's drain to disk (:func:`cluster.drain_status`), when the cluster has one; ``sets``
+    its datasets (:func:`datasets`)."""
     epochs = [r["epoch"] for r in rows if r.get("epoch") is not None]
     up = [r for r in rows if r.get("memory_used")]
     stored = sum(r["memory_used"] for r in up)
@@ -82,7 +85,66 @@ def status_json(rows: list[dict[str, Any]], drain: dict[str, Any] | None = None)
                      "overdue_s": cluster.recovery_overdue(rows)},
         "drain": None if drain is None else {k: drain.get(k) for k in ("path", "steps", "pending_bytes", "MBps", "error", "every",
                                                                        "interval_s")},
+        "datasets": sets or [],
     }
+
+
+def dataset_names(file: str | os.PathLike[str], rows: list[dict[str, Any]], timeout: float = 5.0) -> list[str]:
+    """The names of the datasets the cluster's servers that answer know (their ``datasets``
+    request), sorted."""
+    names: set[str] = set()
+    for r in rows:
+        if r["state"] == "down":
+            continue
+        try:
+            names.update(cluster.request(file, r["id"], "datasets", timeout)["names"])
+        except CairnError:  # down since its status: the others answer for it
+            continue
+    return sorted(names)
+
+
+def dataset_row(file: str | os.PathLike[str], name: str, drained: dict[str, int] | None = None) -> dict[str, Any]:
+    """One dataset as ``status --json`` lists it: ``name``, ``steps_in_memory`` (committed steps
+    with a block in the servers' memory), ``newest_step`` (the newest committed, in memory or
+    drained; None when none), ``bytes`` (data bytes of its blocks in memory, before redundancy),
+    ``drained_to`` (the newest step on disk; None when none) and ``writers`` (the ranks that
+    wrote its newest step). ``drained`` is the drain's ``steps`` (:func:`cluster.drain_status`)."""
+    from .locate import open_reader
+
+    in_memory = size = 0
+    writers: set[int] = set()
+    with open_reader(name, file) as r:
+        steps = r.steps()
+        variables = list(r.variables())
+        for s in steps:
+            here = False
+            for v in variables:
+                try:
+                    blocks = r.blocks(v, s)
+                except (KeyError, CairnError):  # not defined in this step
+                    continue
+                for b in blocks:
+                    if b.level == "memory":
+                        here, size = True, size + b.nbytes
+                    if s == steps[-1]:
+                        writers.add(b.writer)
+            in_memory += here
+    return {"name": name, "steps_in_memory": in_memory, "newest_step": steps[-1] if steps else None, "bytes": size,
+            "drained_to": (drained or {}).get(name), "writers": len(writers)}
+
+
+def datasets(file: str | os.PathLike[str], rows: list[dict[str, Any]], drain: dict[str, Any] | None = None,
+             timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Every dataset of the cluster as :func:`dataset_row` gives it; ``rows`` are its servers'
+    status (:func:`cluster.status`), ``drain`` the drain's (:func:`cluster.drain_status`)."""
+    drained = (drain or {}).get("steps") or {}
+    out = []
+    for n in dataset_names(file, rows, timeout):
+        try:
+            out.append(dataset_row(file, n, drained))
+        except NotFoundError:  # removed since the servers named it
+            continue
+    return out
 
 
 def targets(file: str | os.PathLike[str]) -> list[dict[str, Any]]:

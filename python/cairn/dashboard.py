@@ -1,26 +1,45 @@
 """The live page of a running cluster: ``cairn cluster dashboard --cluster FILE [--port P]``
-serves, on 127.0.0.1 by default, one self-contained web page (no external assets: login nodes
-have no internet) with the health and its reasons, the servers (role, memory, objects,
-requests/s), throughput and memory over the last 10 minutes as plots, and the drain's and
-recovery's progress, refreshing itself every second. The dashboard samples the cluster every
-second from when it starts (``cairn cluster status`` and each server's Prometheus metrics)."""
+serves, on 127.0.0.1 by default, a web page (no external assets: login nodes have no internet)
+with the health and its reasons, the servers (role, memory, objects, requests/s), the datasets,
+throughput and memory over the last 10 minutes as plots, and the drain's and recovery's
+progress, refreshing itself every second. The dashboard samples the cluster every second from
+when it starts (``cairn cluster status`` and each server's Prometheus metrics).
+
+Names on the page come from whoever writes to the cluster, so the page is built to run no
+one's script but its own: the HTML is static, its script and style are ``/app.js`` and
+``/app.css``, values reach the DOM only as text, and every response carries a Content Security
+Policy that allows nothing else. A request whose ``Host`` is not one of this machine's names (or
+one given with ``--allow-host``) is answered ``421``: a web page elsewhere cannot read the state
+through a name of its own that resolves here (DNS rebinding)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from . import cluster
-from .cluster_status import status_json, targets
+from .cluster_status import datasets, status_json, targets
+from .dashboard_page import APP_CSS, APP_JS, PAGE
 
 #: Samples kept: 10 minutes at one a second.
 HISTORY = 600
+
+#: Headers of every response.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _counter(body: str, name: str) -> float:
@@ -60,7 +79,8 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         rows = cluster.status(self.file, timeout=min(1.0, self.period))
-        doc = status_json(rows, cluster.drain_status(self.file, timeout=min(1.0, self.period)))
+        drain = cluster.drain_status(self.file, timeout=min(1.0, self.period))
+        doc = status_json(rows, drain, datasets(self.file, rows, drain))
         now = time.time()
         put = get = 0.0
         for g in targets(self.file):
@@ -91,89 +111,67 @@ class Sampler(threading.Thread):
             return {"status": self.latest, "history": list(self.history)}
 
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Cairn cluster</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em;margin:0 0 .5em}
-#health{display:inline-block;padding:.2em .8em;border-radius:.3em;font-weight:bold;color:#fff;background:#888}
-#health.ok{background:#2a8a3a}#health.warn{background:#c98a00}#health.err{background:#b82020}
-table{border-collapse:collapse;margin:.8em 0}td,th{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:right}
-th{background:#f3f3f3}td:nth-child(2),td:nth-child(3),th:nth-child(2),th:nth-child(3){text-align:left}
-.charts{display:flex;gap:2em;flex-wrap:wrap}svg{border:1px solid #ddd;background:#fcfcfc}
-.note{color:#666;font-size:.9em}
-</style></head><body>
-<h1>Cairn cluster <span id="file"></span></h1>
-<div>health: <span id="health">?</span> <span id="leader" class="note"></span></div>
-<ul id="reasons"></ul>
-<table id="servers"><thead><tr><th>server</th><th>state</th><th>role</th><th>memory used</th><th>limit</th>
-<th>objects</th><th>requests/s</th></tr></thead><tbody></tbody></table>
-<div class="charts">
-<div><div>throughput, last 10 minutes, MB/s: <span style="color:#1f6fb2">put</span>,
-<span style="color:#d2691e">get</span></div><svg id="tput" width="520" height="180"></svg></div>
-<div><div>memory used, last 10 minutes (MiB)</div><svg id="mem" width="520" height="180"></svg></div>
-</div>
-<p id="drain"></p><p id="recovery"></p><p class="note" id="stamp"></p>
-<script>
-const mib = b => (b / 1048576).toFixed(1);
-function chart(svg, series, colors, scale) {
-  const w = svg.width.baseVal.value, h = svg.height.baseVal.value, pad = 30;
-  const n = Math.max(...series.map(s => s.length), 2);
-  const top = Math.max(1e-9, ...series.flat()) * 1.1;
-  let out = `<text x="4" y="12" font-size="10">${(top / scale).toFixed(1)}</text><text x="4" y="${h - 4}" font-size="10">0</text>`;
-  series.forEach((s, k) => {
-    const pts = s.map((v, i) => `${pad + i * (w - pad - 4) / (n - 1)},${h - 8 - v / top * (h - 20)}`).join(" ");
-    out += `<polyline fill="none" stroke="${colors[k]}" stroke-width="1.5" points="${pts}"/>`;
-  });
-  svg.innerHTML = out;
-}
-async function refresh() {
-  try {
-    const r = await fetch("api/state", {cache: "no-store"});
-    const d = await r.json(), s = d.status;
-    if (!s || s.error) {
-      document.getElementById("health").textContent = "?";
-      document.getElementById("stamp").textContent = s ? s.error : "no sample yet";
-      return;
-    }
-    const h = document.getElementById("health");
-    h.textContent = s.health.state.toUpperCase(); h.className = s.health.state;
-    document.getElementById("leader").textContent = s.leader === null ? "no leader" : `leader: server ${s.leader}, view ${s.epoch}`;
-    document.getElementById("reasons").innerHTML = s.health.reasons.map(x => `<li><b>${x.code}</b>: ${x.message}</li>`).join("");
-    document.querySelector("#servers tbody").innerHTML = s.servers.map(v =>
-      `<tr class="server"><td>${v.id}</td><td>${v.state}</td><td>${v.role || "-"}</td><td>${v.used === null ? "-" : mib(v.used) + " MiB"}</td>` +
-      `<td>${v.limit ? mib(v.limit) + " MiB" : "-"}</td><td>${v.objects === null ? "-" : v.objects}</td>` +
-      `<td>${v.requests_per_s === undefined ? "-" : v.requests_per_s.toFixed(1)}</td></tr>`).join("");
-    chart(document.getElementById("tput"), [d.history.map(p => p.put_Bps), d.history.map(p => p.get_Bps)], ["#1f6fb2", "#d2691e"], 1e6);
-    chart(document.getElementById("mem"), [d.history.map(p => p.used_bytes)], ["#2a8a3a"], 1048576);
-    const dr = s.drain;
-    document.getElementById("drain").textContent = dr ? `drain to ${dr.path}: ${mib(dr.pending_bytes || 0)} MiB pending` +
-      (dr.error ? `, error: ${dr.error}` : "") : "no drain to disk";
-    const rc = s.recovery;
-    document.getElementById("recovery").textContent = `recovery: ${rc.degraded_objects} degraded, ${rc.pending_objects} to rebuild, ` +
-      `${rc.rebuilt_objects} rebuilt, ${rc.lost_objects} lost` + (rc.overdue_s > 0 ? `, ${rc.overdue_s.toFixed(1)} s overdue` : "");
-    document.getElementById("stamp").textContent = "sampled " + new Date(s.time * 1000).toLocaleTimeString();
-  } catch (e) { document.getElementById("stamp").textContent = "dashboard unreachable: " + e; }
-}
-refresh(); setInterval(refresh, 1000);
-</script></body></html>
-"""
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> set[str]:
+    """The host names a request may give in its ``Host`` header: this machine's loopback names,
+    its host name and FQDN, ``host`` (the address served on) unless it is a wildcard, and
+    ``extra`` (``--allow-host``). Lower case; IPv6 addresses in brackets."""
+    names = {"localhost", "127.0.0.1", "[::1]", socket.gethostname(), socket.getfqdn(), *extra}
+    if host not in ("", "0.0.0.0", "::"):
+        names.add(host)
+    out = set()
+    for n in names:
+        n = n.strip().lower().rstrip(".")
+        try:
+            if ipaddress.ip_address(n.strip("[]")).version == 6:
+                n = f"[{n.strip('[]')}]"
+        except ValueError:
+            pass
+        if n:
+            out.add(n)
+    return out
 
 
-def serve(file: str | Path, port: int = 0, host: str = "127.0.0.1", ready: Any = None) -> None:
-    """Serves the page of the cluster in ``file`` on ``host:port`` (0: a free port) until
-    interrupted; ``ready`` (a callable) is told the URL once it listens."""
-    sampler = Sampler(file)
-    sampler.start()
+def host_part(header: str | None) -> str | None:
+    """The host part of a ``Host`` header (``name``, ``1.2.3.4``, ``[::1]``; the port dropped),
+    lower case; None when there is none."""
+    if not header:
+        return None
+    h = header.strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        return None if end < 0 else h[:end + 1]
+    return h.rsplit(":", 1)[0].rstrip(".") if h.count(":") <= 1 else None
+
+
+def make_server(file: str | Path, sampler: Any, port: int = 0, host: str = "127.0.0.1",
+                allow_hosts: Iterable[str] = ()) -> ThreadingHTTPServer:
+    """The HTTP server of the page of the cluster in ``file`` on ``host:port`` (0: a free port),
+    its state from ``sampler`` (a :class:`Sampler`, or anything with its ``state()``). Requests
+    naming a host other than this machine's names and ``allow_hosts`` are answered 421."""
+    hosts = allowed_hosts(host, allow_hosts)
+    name = Path(file).name
+    files = {"/": (PAGE, "text/html"), "/index.html": (PAGE, "text/html"), "/app.js": (APP_JS, "text/javascript"),
+             "/app.css": (APP_CSS, "text/css")}
 
     class Page(BaseHTTPRequestHandler):
+        def end_headers(self) -> None:
+            for k, v in SECURITY_HEADERS.items():
+                self.send_header(k, v)
+            super().end_headers()
+
         def do_GET(self) -> None:  # noqa: N802 (the http.server name)
-            if self.path in ("/", "/index.html"):
-                body, kind = PAGE.replace('<span id="file"></span>', f'<span id="file">{Path(file).name}</span>').encode(), "text/html"
-            elif self.path == "/api/state":
-                body, kind = json.dumps(sampler.state()).encode(), "application/json"
+            if host_part(self.headers.get("Host")) not in hosts:
+                self.send_error(421, "Misdirected Request", "this page answers only its own host names "
+                                "(cairn cluster dashboard --allow-host NAME adds one)")
+                return
+            path = self.path.split("?", 1)[0]
+            if path in files:
+                text, kind = files[path]
+                body = text.encode()
+            elif path == "/api/state":
+                body, kind = json.dumps({"file": name, **sampler.state()}).encode(), "application/json"
             else:
-                self.send_error(404, "only / and /api/state are here")
+                self.send_error(404, "only /, /app.js, /app.css and /api/state are here")
                 return
             self.send_response(200)
             self.send_header("Content-Type", f"{kind}; charset=utf-8")
@@ -185,7 +183,17 @@ def serve(file: str | Path, port: int = 0, host: str = "127.0.0.1", ready: Any =
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the http.server name)
             pass  # one request a second per open page: not worth a line each
 
-    server = ThreadingHTTPServer((host, port), Page)
+    return ThreadingHTTPServer((host, port), Page)
+
+
+def serve(file: str | Path, port: int = 0, host: str = "127.0.0.1", ready: Any = None,
+          allow_hosts: Iterable[str] = ()) -> None:
+    """Serves the page of the cluster in ``file`` on ``host:port`` (0: a free port) until
+    interrupted; ``ready`` (a callable) is told the URL once it listens. Requests naming a host
+    other than this machine's names and ``allow_hosts`` are answered 421."""
+    sampler = Sampler(file)
+    sampler.start()
+    server = make_server(file, sampler, port, host, allow_hosts)
     url = f"http://{host}:{server.server_address[1]}/"
     if ready is not None:
         ready(url)

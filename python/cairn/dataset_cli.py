@@ -63,15 +63,34 @@ def datasets_in(folder: str) -> list[str]:
     return sorted(n for n in os.listdir(folder) if os.path.isdir(os.path.join(folder, n, "steps")))
 
 
-def ls_folder(folder: str, names: list[str]) -> None:
+def ls_folder(folder: str, names: list[str], cluster: str | None = None) -> None:
+    """One line per dataset of ``names``: in ``folder``, or in the staging cluster of cluster
+    file ``cluster``."""
     print(f"{len(names)} datasets in {folder}\n\n{'dataset':<24} {'variables':>9}  steps")
     for n in names:
-        f = open_reader(os.path.join(folder, n))
+        f = open_reader(n, cluster) if cluster else open_reader(os.path.join(folder, n))
         pending = _pending(f)
         print(f"{n:<24} {len(f.variables()):>9}  {_span(f.steps())}{'; ' + pending if pending else ''}")
 
 
+def ls_cluster(file: str) -> None:
+    """The datasets of the staging cluster of cluster file ``file``, one line each."""
+    from . import cluster
+    from .cluster_status import dataset_names
+
+    names = dataset_names(file, cluster.status(file, timeout=5.0))
+    if not names:
+        print(f"0 datasets in {file}")
+        return
+    ls_folder(file, names, file)
+
+
 def cmd_ls(args: argparse.Namespace) -> None:
+    if args.path is None:
+        if args.cluster is None:
+            raise InvalidArgumentError("give a dataset or folder to list, or --cluster FILE to list a staging cluster's datasets")
+        ls_cluster(args.cluster)
+        return
     if args.cluster is None and pack_cli.is_packed(args.path):
         pack_cli.ls(args.path, verify=args.verify)
         return
@@ -269,11 +288,12 @@ def _rm_from(path: str, args: argparse.Namespace) -> None:
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, the datasets of a folder, "
-                                   "or packed containers")
-    ls.add_argument("path", help="dataset folder (the [file] path joined with the name), a folder of datasets, a pack folder, "
-                                 "or with --cluster a staging dataset's name")
-    ls.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset")
+    ls = sub.add_parser("ls", help="list variables, steps, blocks and statistics of a dataset, the datasets of a folder "
+                                   "or of a staging cluster, or packed containers")
+    ls.add_argument("path", nargs="?", help="dataset folder (the [file] path joined with the name), a folder of datasets, a "
+                                            "pack folder, or with --cluster a staging dataset's name (none: every dataset "
+                                            "of the --cluster, one line each)")
+    ls.add_argument("--cluster", metavar="FILE", help="cluster file of the staging cluster holding the dataset(s)")
     ls.add_argument("--blocks", action="store_true", help="show the blocks of every step, not only the last")
     ls.add_argument("--verify", action="store_true", help="packed containers: read and check every frame, report damage "
                                                           "and whether parity can repair it")
