@@ -210,12 +210,14 @@ def test_a_real_cluster_with_hostile_names_shows_them_as_text(tmp_path: Path) ->
             for s in range(2):
                 with w.step(s):
                     w.put(var, np.arange(8.0) + s)
-        page = subprocess.Popen([sys.executable, "-m", "cairn", "cluster", "dashboard", "--cluster", str(c.file), "--port", "0"],
-                                stdout=subprocess.PIPE, text=True)
+        page = subprocess.Popen([sys.executable, "-m", "cairn", "cluster", "dashboard", "--cluster", str(c.file), "--port", "0",
+                                 "--allow-host", "ops.example", "--allow-host", "gw.example"], stdout=subprocess.PIPE, text=True)
         assert page.stdout is not None
         line = page.stdout.readline()
         assert "dashboard of" in line, line
         url = line.rsplit(" at ", 1)[1].strip()
+        for host, code in (("ops.example:1", 200), ("gw.example", 200), ("localhost", 200), ("attacker.example", 421)):
+            assert _get(url, "/api/state", host).status == code, host
         browser = _browser()
         browser.get(url)
         text = lambda i: browser.find_element("id", i).text  # noqa: E731
