@@ -249,7 +249,7 @@ def test_bad_frames_and_wrong_secret_are_refused_by_a_real_server(small):
     assert b"wrong cluster secret" in exchange(b"CRN3" + struct.pack("<IQ", len(hello), 0) + hello)
     assert b"exceeds" in exchange(b"CRN3" + struct.pack("<IQ", len(hello), 1 << 62) + hello)
     assert b"header length" in exchange(b"CRN3" + struct.pack("<IQ", 0xFFFFFFFF, 0))
-    assert b"outside 1..=4096" in exchange(b"CRN3" + struct.pack("<IQ", 64 << 20, 0))  # a first frame is small
+    assert b"outside 1 to 4096" in exchange(b"CRN3" + struct.pack("<IQ", 64 << 20, 0))  # a first frame is small
     # A client of another protocol version hears both versions named, not a parse error.
     old = exchange(b"CRN2" + struct.pack("<IQ", len(hello), 0) + hello)
     assert b"protocol version 2, this end version 3" in old, old

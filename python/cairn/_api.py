@@ -419,7 +419,8 @@ class Writer(_Reads):
 
         Each put is a sub-transaction: one that cannot be stored (a full or failed server, a disk
         error) does not stop the block; leaving it raises :class:`StepError` naming every such
-        variable and the servers involved, and abandons the step (never partly visible). To retry
+        variable and the servers involved (a :class:`CapacityError` itself when all found servers
+        or disk full), and abandons the step (never partly visible). To retry
         only those, write the step with :meth:`begin_step` and :meth:`end_step` instead.
 
         ``consume=src`` (a :class:`Reader`, or a list of them, of the same staging cluster or the
@@ -453,7 +454,8 @@ class Writer(_Reads):
 
     def end_step(self) -> bool:
         """End the open step; returns whether this call committed it (this rank was the last).
-        If some of its puts could not be stored, raises :class:`StepError` naming them and keeps
+        If some of its puts could not be stored, raises :class:`StepError` (:class:`CapacityError`
+        when every one found servers or disk full; both with ``step``, ``failed``) naming them and keeps
         the step open and hidden with the puts that were: put those boxes again and call
         ``end_step()`` again, or :meth:`abort_step`.
 

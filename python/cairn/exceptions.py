@@ -37,8 +37,10 @@ class StepError(CairnError):
     ``(variable, offset, count, servers, message)``; ``step`` is the step. After
     :meth:`Writer.end_step` the step stays open with the puts that were stored: put the failed
     boxes again and call ``end_step()`` again, or ``abort_step()``. Leaving a ``with f.step(s):``
-    block aborts it instead. When every failed put failed the same way, the error is also of that
-    class (``CapacityError``, ``UnavailableError``), so code catching those keeps working.
+    block aborts it instead. When every failed put found its servers or disk full, the error is a
+    :class:`CapacityError` itself, with the same ``step``, ``puts``, ``failed`` and message (catch
+    ``(StepError, CapacityError)`` to retry both); when every one failed another same way, it is
+    also of that class (``UnavailableError``), so code catching those keeps working.
 
     A step this rank ended (``end_step`` returned False: other ranks were still to end it) that
     aborted later is reported at this rank's next ``begin_step``, ``end_step`` or ``close`` (or
@@ -47,17 +49,12 @@ class StepError(CairnError):
 
     aborted = False
     reason = ""
+    step: int
+    puts: list[tuple[str, tuple[int, ...], tuple[int, ...], list[int], str]]
+    failed: dict[str, list[int]]
 
     def __init__(self, step: int, puts: list[tuple[str, tuple[int, ...], tuple[int, ...], list[int], str]]) -> None:
-        self.step = step
-        self.puts = puts
-        self.reason = puts[0][4] if puts else ""
-        self.failed: dict[str, list[int]] = {}
-        for var, _, _, servers, _ in puts:
-            self.failed[var] = sorted(set(self.failed.get(var, [])) | set(servers))
-        names = ", ".join(f"'{v}'" + (f" (servers {', '.join(map(str, s))})" if s else "") for v, s in self.failed.items())
-        super().__init__(f"step {step} is not committed: {len(puts)} put(s) of {names} could not be stored; first: "
-                         f"{puts[0][4]}. Put those boxes again and end the step, or abort it")
+        super().__init__(_failed_puts(self, step, puts))
 
 
 class StepsMissedWarning(UserWarning):
@@ -81,16 +78,34 @@ def step_aborted(step: int, reason: str) -> StepError:
     return e
 
 
+def _failed_puts(e: Exception, step: int, puts: list[tuple[str, tuple[int, ...], tuple[int, ...], list[int], str]]) -> str:
+    """Sets ``e``'s ``step``, ``puts``, ``reason`` and ``failed``; returns its message."""
+    failed: dict[str, list[int]] = {}
+    for var, _, _, servers, _ in puts:
+        failed[var] = sorted(set(failed.get(var, [])) | set(servers))
+    e.step, e.puts, e.failed, e.reason = step, puts, failed, puts[0][4] if puts else ""  # type: ignore[attr-defined]
+    names = ", ".join(f"'{v}'" + (f" (servers {', '.join(map(str, s))})" if s else "") for v, s in failed.items())
+    return (f"step {step} is not committed: {len(puts)} put(s) of {names} could not be stored; first: "
+            f"{e.reason}. Put those boxes again and end the step, or abort it")  # type: ignore[attr-defined]
+
+
 @functools.cache
 def _step_error_of(kind: type) -> type:
     """A :class:`StepError` that is also a ``kind`` (e.g. a :class:`CapacityError`)."""
     return type("StepError", (StepError, kind), {"__module__": "cairn", "__doc__": StepError.__doc__})
 
 
-def step_error(step: int, failed: list[tuple[str, list[int], list[int], list[int], str, str]]) -> StepError:
-    """The :class:`StepError` of ``step``'s failed puts, as ``Writer.failed_puts`` lists them."""
+def step_error(step: int, failed: list[tuple[str, list[int], list[int], list[int], str, str]]) -> CairnError:
+    """The error of ``step``'s failed puts, as ``Writer.failed_puts`` lists them: a
+    :class:`CapacityError` itself when every one found its servers or disk full, else a
+    :class:`StepError`; both carry ``step``, ``puts``, ``failed`` and the same message."""
     puts = [(v, tuple(o), tuple(c), list(s), msg) for v, o, c, s, msg, _ in failed]
     kinds = {k for *_, k in failed}
+    if kinds == {"CapacityError"}:
+        e = CapacityError()
+        e.args = (_failed_puts(e, step, puts),)
+        e.aborted = False  # type: ignore[attr-defined]
+        return e
     cls = _step_error_of(globals()[kinds.pop()]) if len(kinds) == 1 else StepError
     return cls(step, puts)
 

@@ -201,6 +201,8 @@ def plan(reader: Reader, steps: list[int], names: list[str] | None, source: str 
     line = f"{stamp} cairn export {source}".rstrip()
     attrs["history"] = f"{attrs['history']}\n{line}" if isinstance(attrs.get("history"), str) else line
     attrs.setdefault("Conventions", cf.CONVENTIONS)
+    if time is not None and time in var_attrs:  # CF checkers want the time coordinate named as such, not only its axis
+        var_attrs[time].setdefault("standard_name", "time")
     # The auxiliary coordinate along the record dimension: time along step, or step along time.
     aux = "step" if record != "step" else time
     if aux is not None:
@@ -388,7 +390,7 @@ class NetCDFSink:
 class H5Sink:
     """An HDF5 file laid out as netCDF-4 lays out its own, so netCDF readers (and xarray) read it
     as they read a ``.nc``: dimensions are HDF5 dimension scales, the record dimension unlimited
-    (``step``, int64, or the time variable with ``step`` along it), the others dimensions without
+    (``step``, int32 while the steps fit as in a ``.nc``, or the time variable with ``step`` along it), the others dimensions without
     a variable; string attributes fixed-length ASCII (netCDF's char), ``_FillValue`` in the
     variable's type; a variable named like one of its dimensions but not its coordinate
     (``x(step, x)``) is stored as netCDF-4 stores it, ``_nc4_non_coord_x``. Record variables are
@@ -407,7 +409,9 @@ class H5Sink:
             self.sets[p.record] = self._dataset(p.record, p.record, a.shape, a.dtype, p, record=True)
             self.sets[p.record].make_scale(p.record)
         steps = cf.check_steps(p.steps)
-        step = self.f.create_dataset("step", data=steps, maxshape=(None,), chunks=record_chunks(steps.shape, 8))
+        if steps.size == 0 or int(steps.max()) < 2**31:  # as in .nc: CF-1.8 has no 64-bit integers
+            steps = steps.astype("i4")
+        step = self.f.create_dataset("step", data=steps, maxshape=(None,), chunks=record_chunks(steps.shape, steps.itemsize))
         _h5_attrs(step.attrs, cf.STEP_ATTRS)
         if p.record == "step":
             step.make_scale("step")

@@ -142,7 +142,7 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, what: &str) -> Result<&'a str, E
 /// `p` is null or points to `n` values.
 unsafe fn dims<'a>(p: *const u64, n: c_int, what: &str) -> Result<&'a [u64], Error> {
     if n < 0 || n as usize > cairn_core::MAX_DIMS {
-        return Err(invalid(&format!("{what}: ndim {n} is outside 0..={}", cairn_core::MAX_DIMS)));
+        return Err(invalid(&format!("{what}: ndim {n} is outside 0 to {}", cairn_core::MAX_DIMS)));
     }
     if n == 0 {
         return Ok(&[]);

@@ -159,7 +159,7 @@ impl Reader {
             Error::NotFound(_) => {
                 let steps = self.steps().unwrap_or_default();
                 let have = match (steps.first(), steps.last()) {
-                    (Some(a), Some(b)) => format!("committed: {} steps, {a}..={b}", steps.len()),
+                    (Some(a), Some(b)) => format!("committed: {} steps, {a} to {b}", steps.len()),
                     _ => "no step is committed yet".into(),
                 };
                 match self.engine.note() {

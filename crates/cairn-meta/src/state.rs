@@ -1110,7 +1110,7 @@ fn no_dataset(dataset: &str) -> Error {
 
 fn not_committed(dataset: &str, step: u64, committed: &BTreeMap<u64, Arc<StepIndex>>) -> Error {
     let have = match (committed.keys().next(), committed.keys().next_back()) {
-        (Some(a), Some(b)) => format!("committed: {} steps, {a}..={b}", committed.len()),
+        (Some(a), Some(b)) => format!("committed: {} steps, {a} to {b}", committed.len()),
         _ => "no step is committed".into(),
     };
     Error::NotFound(format!("step {step} of '{dataset}' is not committed ({have}); wait for the writers or pick a kept step"))

@@ -342,7 +342,7 @@ pub fn load_topology(path: Option<&Path>, n: u32) -> Result<Vec<(String, String)
     let missing: Vec<u32> = (0..n).filter(|i| out[*i as usize].is_none()).collect();
     if !missing.is_empty() {
         return Err(Error::Config(format!(
-            "topology file {} lacks servers {missing:?}; list every id 0..{} under [[server]]",
+            "topology file {} lacks servers {missing:?}; list every id from 0 to {} under [[server]]",
             path.display(),
             n.saturating_sub(1)
         )));

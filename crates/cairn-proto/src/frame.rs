@@ -49,7 +49,7 @@ impl Prefix {
         let header_len = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
         let payload_len = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
         if header_len == 0 || header_len > max_header {
-            return Err(Error::Corrupt(format!("bad frame: header length {header_len} is outside 1..={max_header}")));
+            return Err(Error::Corrupt(format!("bad frame: header length {header_len} is outside 1 to {max_header}")));
         }
         if payload_len > max_payload {
             return Err(Error::InvalidArgument(format!(
