@@ -112,6 +112,18 @@ def test_the_readme_has_its_snippets() -> None:
             assert isinstance(tomllib.loads(text), dict), where
 
 
+def test_the_readme_opens_with_its_two_commands_and_places_cairn_among_its_neighbours() -> None:
+    text = README.read_text()
+    first = re.search(r"```sh\n(.*?)```", text, re.S).group(1)
+    assert [ln.split()[:2] for ln in first.splitlines()] == [["make", "demo"], ["make", "test"]]
+    section = text[text.index("## Cairn next to ADIOS2, SCR and DataSpaces"):]
+    section = section[:section.index("\n## ", 1)]
+    assert all(f"**{name}**" in section for name in ("ADIOS2", "SCR", "DataSpaces", "Cairn")), section
+    prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"```.*?```", "", text, flags=re.S))  # links' targets are docs/'s
+    for pattern in (r"\b[Ii]ssue \d+", r"\bet al\.", r"\b[Pp]aper\b", r"CoREC", r"D²T", r"mcrEngine", r"Fig\. \d"):
+        assert not re.search(pattern, prose), f"the README's prose names {pattern}: they stay in docs/"
+
+
 def _tour() -> str:
     """The README's write tour: the snippet that writes run1 and reads it back."""
     return next(code for code in snippets() if 'cairn.open("run1", "w"' in code)
@@ -224,6 +236,12 @@ def _check(code: str, scope: dict, where: Path) -> None:
             assert f.steps() == [0, 1, 2, 3], "a result per claimed step"
             assert src.steps() == [], "each step consumed in the result's commit"
             assert float(f.get_local("mean", 2, writer=0)[0]) == 2.0
+    if "tasks.local(" in code:
+        from .conftest import stopped_or_gone
+
+        files = [p for p in (where / "run-dir").rglob("*.json") if "servers" in p.read_text()]
+        assert not (where / "run-dir" / "staging-store.json").exists(), "the tasks snippet stops the store it started"
+        assert all(stopped_or_gone(p) for p in files), files
     if "stream(release=True)" in code:
         with cairn.open("run1", "r", cluster="cluster.json") as f:
             assert f.steps() == [], "every step the loop passed was released"

@@ -514,3 +514,16 @@ def test_a_writer_sigkilled_amid_same_node_copies_leaves_only_whole_committed_st
         assert cairn.open("after", "r", engine="staging", cluster=c.file).get("q", 0).tolist() == [1.0] * 4
     finally:
         c.stop()
+
+
+def test_a_step_not_committed_names_the_kept_ones_in_words(small):
+    # Issue 67: messages are for people, so no Rust range syntax ("0..=1").
+    with cairn.open("words", "w", engine="staging", cluster=small.file) as w:
+        w.define("x", "f8", (4,))
+        for s in range(2):
+            with w.step(s):
+                w.put("x", np.zeros(4), offset=(0,))
+    r = cairn.open("words", "r", engine="staging", cluster=small.file)
+    with pytest.raises(cairn.NotFoundError) as e:
+        r.get("x", 5)
+    assert "committed: 2 steps, 0 to 1" in str(e.value) and "..=" not in str(e.value), e.value
