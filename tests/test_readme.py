@@ -17,7 +17,7 @@ prelude (the names the snippets leave free, as a user's program would define the
 ``pressure``) and ``sim`` (steps 0–3), their writers closed, as a simulation would leave them.
 
 Every configuration the README or the guide prints (a ``toml`` block, the TOML text of a C or
-Fortran ``cairn_open``) is then the ``cairn.toml`` of the README's write tour, as printed, once
+Fortran ``cairn_open``, an ADIOS2 ``Config`` parameter) is then the ``cairn.toml`` of the README's write tour, as printed, once
 alone and once with a reader streaming the steps beside it (``stream(release=True)``, as the
 README's in-situ loop); a configuration naming a cluster file finds a cluster started there."""
 
@@ -65,8 +65,9 @@ def snippets() -> list[str]:
 
 
 def configs() -> dict[str, str]:
-    """Every ``cairn.toml`` the README and the guide print, by where: ``toml`` blocks, and the
-    TOML text given to C's ``cairn_open`` (a C string) or Fortran's (``'...' // new_line('a')``)."""
+    """Every ``cairn.toml`` the README and the guide print, by where: ``toml`` blocks, the TOML
+    text given to C's ``cairn_open`` (a C string) or Fortran's (``'...' // new_line('a')``), and
+    an ADIOS2 plugin's ``Config`` parameter (XML, newlines as ``&#10;``)."""
     out = {}
     for doc in (README, GUIDE):
         text = doc.read_text()
@@ -77,6 +78,8 @@ def configs() -> dict[str, str]:
         for i, expr in enumerate(re.findall(r"^cfg = ('.*')$", text, re.M)):
             out[f"{doc.name} Fortran config {i + 1}"] = "".join("\n" if p == "new_line('a')" else p.strip("'")
                                                                 for p in (q.strip() for q in expr.split("//")))
+        for i, xml in enumerate(re.findall(r"`(engine = [^`]*&#10;[^`]*)`", text)):  # an ADIOS2 XML parameter
+            out[f"{doc.name} ADIOS2 Config {i + 1}"] = xml.replace("&#10;", "\n").replace("&quot;", '"')
     return out
 
 
