@@ -1,5 +1,5 @@
 """Sub-transactions (D²T, issue 18): every put of a step is one; puts that cannot be stored are
-reported together by ``StepError`` (variables and servers), the step stays invisible, and the
+reported together by ``StepError`` (a ``CapacityError`` itself when all found servers full; variables and servers), the step stays invisible, and the
 application retries those puts or aborts the step. Real failures: full staging servers, and a
 file-size limit the kernel enforces on the file engine's writer."""
 
