@@ -159,3 +159,36 @@ def test_metrics_datasets_counts_bytes_by_dataset_name(tmp_path: Path) -> None:
         assert got == 64 * 64 * 8, got
     finally:
         c.stop()
+
+
+def test_idle_connections_never_starve_a_scrape(tmp_path: Path) -> None:
+    """1,000 idle TCP connections held on a server's metrics address: every scrape is answered
+    (the longest-waiting idle ones are closed to make room), and a connection that has not sent
+    its whole request head within 2 s is closed."""
+    import resource
+
+    from cairn.cluster_status import targets
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4096)), hard))
+    c = cluster.start(tmp_path / "cluster.json", servers=1, memory="64MiB", redundancy=0)
+    held: list[socket.socket] = []
+    try:
+        host, port = targets(c.file)[0]["targets"][0].rsplit(":", 1)
+        slow = socket.create_connection((host, int(port)), timeout=10)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        started = time.monotonic()
+        assert slow.recv(1) == b"", "closed without a reply"
+        assert 1.5 < time.monotonic() - started < 4.0, "at 2 s"
+        slow.close()
+        for _ in range(1000):
+            held.append(socket.create_connection((host, int(port)), timeout=10))
+        answered = 0
+        for _ in range(24):
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+                answered += r.status == 200 and b"cairn_up 1" in r.read()
+        assert answered == 24
+    finally:
+        for s in held:
+            s.close()
+        c.stop()

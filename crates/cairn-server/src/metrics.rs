@@ -3,8 +3,9 @@
 //! bytes, requests by op, connections, `cairn_is_leader`); the control plane's leader adds the
 //! cluster's (`cairn_cluster_health`, objects by state, commit times, drain and recovery). No
 //! authentication: it binds where the server binds and exposes no data and no dataset names
-//! (threat model in docs/protocol.md). A scrape has 5 s to send its request head (8 KiB at
-//! most); 8 scrapes at a time, more are closed at once.
+//! (threat model in docs/protocol.md). A connection has 2 s to send its request head (8 KiB at
+//! most); at most 64 wait for theirs, and a new one closes the one that waited longest, so idle
+//! connections never starve a scrape; 8 scrapes are answered at a time.
 
 use crate::control::Control;
 use prometheus_client::encoding::text::encode;
@@ -12,62 +13,98 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 
 /// Scrapes answered at once.
 const SCRAPES: usize = 8;
+/// Connections waiting for their request head at once.
+const WAITING: usize = 64;
 /// Longest request head read.
 const MAX_HEAD: usize = 8 << 10;
-/// Time a scrape has for its request and the reply.
+/// Time a connection has to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a scrape has for a slot and its reply once its head is in.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections still sending their head, oldest first: each is closed when its sender drops.
+type Waiting = Arc<Mutex<VecDeque<(u64, oneshot::Sender<()>)>>>;
 
 /// Answers scrapes on `listener` until the server shuts down.
 pub async fn serve(listener: TcpListener, ctl: Arc<Control>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES));
+    let waiting: Waiting = Arc::default();
     let mut shutdown = ctl.state.shutdown.subscribe();
-    loop {
-        let sock = tokio::select! {
+    for id in 0u64.. {
+        let mut sock = tokio::select! {
             r = listener.accept() => match r {
                 Ok((sock, _)) => sock,
                 Err(_) => continue,
             },
             _ = shutdown.recv() => return,
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-        let ctl = ctl.clone();
+        let (close, closed) = oneshot::channel();
+        {
+            let mut w = waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if w.len() >= WAITING {
+                w.pop_front(); // the longest waiting goes: its sender dropped closes it
+            }
+            w.push_back((id, close));
+        }
+        let (ctl, slots, waiting) = (ctl.clone(), slots.clone(), waiting.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, answer(sock, ctl)).await;
+            let head = tokio::select! {
+                h = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut sock)) => h,
+                _ = closed => return,
+            };
+            waiting.lock().unwrap_or_else(|p| p.into_inner()).retain(|(i, _)| *i != id);
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, async {
+                match head {
+                    Ok(Ok(Some(head))) => {
+                        let Ok(_permit) = slots.acquire_owned().await else { return Ok(()) };
+                        answer(&mut sock, &head, ctl).await
+                    }
+                    Ok(Ok(None)) => reply(&mut sock, "431 Request Header Fields Too Large", "text/plain", b"request head too long\n").await,
+                    _ => Ok(()), // closed, failed or too slow
+                }
+            })
+            .await;
         });
     }
 }
 
-async fn answer(mut sock: TcpStream, ctl: Arc<Control>) -> std::io::Result<()> {
+/// The request head, `None` past [`MAX_HEAD`]; an error if the peer closed before its end.
+async fn read_head(sock: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     let mut head = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
         let n = sock.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         head.extend_from_slice(&chunk[..n]);
         if head.len() > MAX_HEAD {
-            return reply(&mut sock, "431 Request Header Fields Too Large", "text/plain", b"request head too long\n").await;
+            return Ok(None);
         }
     }
+    Ok(Some(head))
+}
+
+async fn answer(sock: &mut TcpStream, head: &[u8], ctl: Arc<Control>) -> std::io::Result<()> {
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
     let mut parts = line.split(|b| *b == b' ');
     match (parts.next(), parts.next()) {
         (Some(b"GET"), Some(b"/metrics")) => {
             // The leader's census reads every committed index: off the runtime's threads.
             let body = tokio::task::spawn_blocking(move || render(&ctl)).await.unwrap_or_default();
-            reply(&mut sock, "200 OK", "text/plain; version=0.0.4; charset=utf-8", body.as_bytes()).await
+            reply(sock, "200 OK", "text/plain; version=0.0.4; charset=utf-8", body.as_bytes()).await
         }
-        (Some(b"GET"), _) => reply(&mut sock, "404 Not Found", "text/plain", b"only /metrics is here\n").await,
-        _ => reply(&mut sock, "405 Method Not Allowed", "text/plain", b"GET /metrics\n").await,
+        (Some(b"GET"), _) => reply(sock, "404 Not Found", "text/plain", b"only /metrics is here\n").await,
+        _ => reply(sock, "405 Method Not Allowed", "text/plain", b"GET /metrics\n").await,
     }
 }
 
