@@ -99,9 +99,10 @@ def test_a_full_blocking_queue_with_no_reader_is_a_capacity_error_naming_it(cl):
     f.define_queue(1)
     _write(f, [0])
     t = time.monotonic()
-    with pytest.raises(cairn.CapacityError, match=r"queue of 'q' is full.*define_queue\(limit=1"):
+    with pytest.raises(cairn.CapacityError, match=r"queue of 'q' is full.*define_queue\(limit=1") as e:
         f.begin_step(1)
     assert 0.9 < time.monotonic() - t < 10
+    assert type(e.value) is cairn.CapacityError and e.value.step == 1, "the step that waited"
     with pytest.raises(cairn.InvalidArgumentError, match="policy"):
         f.define_queue(2, "drop")
     f.define_queue(0)  # no limit: the step begins at once

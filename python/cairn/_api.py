@@ -443,7 +443,11 @@ class Writer(_Reads):
         with :meth:`end_step` or drop it with :meth:`abort_step`."""
         sources = self._sources(consume)
         self._settle()
-        self._inner.begin_step(_step(step))
+        try:
+            self._inner.begin_step(_step(step))
+        except CapacityError as e:  # a full queue: which step waited, as for a full server's
+            e.step = _step(step)  # type: ignore[attr-defined]
+            raise
         self._open = _step(step)
         try:
             if sources:
