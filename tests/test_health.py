@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import cairn
 from cairn import cluster
@@ -119,6 +120,31 @@ def test_lost_quorum_is_an_error_and_no_leader_is_named(tmp_path: Path) -> None:
         doc = wait_for(lost, "health err once the quorum is gone", 20)
         assert "lost_quorum" in _codes(doc), doc["health"]
         assert doc["leader"] is None, doc
+    finally:
+        c.stop()
+
+
+def test_a_writer_learns_of_a_lost_quorum_within_the_failure_timeout_and_one_election(tmp_path: Path) -> None:
+    """The majority of the control plane SIGKILLed under a writer with a 30 s timeout: its next
+    step (an empty one, so no put meets a dead server first) fails with the lost quorum named within the failure timeout (1 s) and one election
+    (3 s) and some slack, not at its timeout."""
+    c = cluster.start(tmp_path / "cluster.json", servers=3, memory="64MiB", meta=3, redundancy=0, failure_timeout="1s")
+    try:
+        w = cairn.open("q", "w", cluster=str(c.file), timeout=30.0)
+        w.define("t", "f8", (4,))
+        with w.step(0):
+            w.put("t", np.zeros(4))
+        leader = next(r["id"] for r in cluster.status(c.file) if r["meta"] == "leader")
+        for s in [s for s in range(3) if s != leader]:
+            c.procs[s].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(cairn.UnavailableError) as e:
+            for step in range(1, 100):
+                with w.step(step):  # an empty step: only the control plane is asked
+                    pass
+        took = time.monotonic() - started
+        assert e.value.code == "lost_quorum" or "quorum" in str(e.value), str(e.value)
+        assert took < 1 + 3 + 5, f"told after {took:.1f} s"
     finally:
         c.stop()
 

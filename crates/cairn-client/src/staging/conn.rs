@@ -535,6 +535,7 @@ impl Cluster {
                 hunt.next = leader.filter(|l| *l != target);
                 if reason == Some(Reason::LostQuorum) {
                     hunt.quorum_lost = Some(message.clone());
+                    hunt.quorum_lost_at.get_or_insert_with(Instant::now);
                 }
                 message
             }
@@ -640,6 +641,9 @@ struct Hunt {
     unreachable: std::collections::BTreeSet<u32>,
     /// A leader's word that it lost its quorum: the best explanation if no leader answers.
     quorum_lost: Option<String>,
+    /// When that word first came: a leader says it only after failing to reach its majority for
+    /// the failure timeout, so one election later with no other leader, the verdict stands.
+    quorum_lost_at: Option<Instant>,
     /// Whether the read is asked of followers too (no leader answered).
     following: bool,
     /// A follower's not-found answer, which may lag the leader's commits: the answer if no
@@ -658,6 +662,7 @@ impl Hunt {
             alive: false,
             unreachable: Default::default(),
             quorum_lost: None,
+            quorum_lost_at: None,
             following: false,
             lagging: None,
             started: Instant::now(),
@@ -691,10 +696,12 @@ impl Hunt {
                  (`cairn cluster status`)"
             )));
         }
-        if self.started.elapsed() <= budget {
+        // A lost quorum is told within the failure timeout and one election, not the whole budget.
+        let quorum_lost = self.quorum_lost_at.is_some_and(|at| at.elapsed() > ELECTION);
+        if self.started.elapsed() <= budget && !quorum_lost {
             return None;
         }
-        let secs = budget.as_secs_f64();
+        let secs = self.started.elapsed().min(budget).as_secs_f64();
         if let Some(l) = &self.lagging {
             return Some(Error::NotFound(format!("{l} (a follower's answer: no leader answered {op} within {secs:.1} s to confirm it)")));
         }
@@ -781,5 +788,18 @@ mod tests {
         let e = hunt.give_up("index", "", &[0, 1], Duration::from_secs(1)).unwrap();
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert!(e.to_string().contains("step 4 is not committed") && e.to_string().contains("a follower's answer"), "{e}");
+    }
+
+    #[test]
+    fn a_lost_quorum_is_told_one_election_after_a_leader_said_so_not_at_the_budget() {
+        let mut hunt = Hunt::new(None);
+        hunt.alive = true;
+        hunt.quorum_lost = Some("leader 0 cannot reach a majority".into());
+        hunt.quorum_lost_at = Some(Instant::now());
+        let budget = Duration::from_secs(60);
+        assert!(hunt.give_up("commit", "", &[0, 1, 2], budget).is_none(), "another leader may be elected meanwhile");
+        hunt.quorum_lost_at = Some(Instant::now() - ELECTION - Duration::from_millis(10));
+        let e = hunt.give_up("commit", "", &[0, 1, 2], budget).unwrap();
+        assert!(e.reason() == Some(Reason::LostQuorum) && e.to_string().contains("cannot reach a majority"), "{e}");
     }
 }
