@@ -90,7 +90,20 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             metrics: metrics_addr,
         };
         write_private(&dir.join(format!("server-{}.json", opts.id)), &serde_json::to_vec_pretty(&entry).expect("serializes"))?;
-        tracing::info!(server = opts.id, "listening on {} (memory {} bytes)", entry.addr, opts.memory);
+        tracing::info!(
+            server = opts.id,
+            event = "started",
+            version = env!("CARGO_PKG_VERSION"),
+            cluster = %cairn_proto::auth::cluster_id(&secret),
+            addr = %entry.addr,
+            unix = ?entry.unix,
+            memory = opts.memory,
+            drain = ?opts.drain,
+            metrics = ?entry.metrics,
+            "listening on {} (memory {} bytes)",
+            entry.addr,
+            opts.memory
+        );
         let meta = crate::control::MetaOptions { servers: opts.meta, rejoin, ..Default::default() };
         let state = State::new(opts.id, secret.clone(), opts.cluster.clone(), opts.memory, opts.limits.clone());
         crate::prefault::spawn(std::sync::Arc::downgrade(&state), opts.prefault_bytes());
@@ -120,6 +133,7 @@ pub fn serve(opts: ServeOptions) -> Result<()> {
             }
         };
         run(ctl, Listeners { tcp, unix }, signalled).await;
+        tracing::info!(server = opts.id, event = "stopped", "stopped (a shutdown request or a signal)");
         let _ = std::fs::remove_file(&sock);
         Ok(())
     })

@@ -180,6 +180,19 @@ impl State {
             if next.epoch <= v.as_ref().map_or(current.epoch, |v| v.epoch) {
                 return Ok(None);
             }
+            // Once per view on every server: who is down and which spare took which slot.
+            let newly_down: Vec<u32> = next.down.iter().copied().filter(|s| !current.down.contains(s)).collect();
+            tracing::info!(
+                server = self.id,
+                event = "view_changed",
+                epoch = next.epoch,
+                down = ?next.down,
+                newly_down = ?newly_down,
+                took = ?next.took,
+                slots = ?next.slots,
+                "view {} installed",
+                next.epoch
+            );
             self.epoch.send_replace(next.epoch);
             *v = Some(Arc::new(next));
         }

@@ -27,6 +27,7 @@ pub mod meta;
 pub mod raft;
 pub mod recovery;
 pub mod rehome;
+pub mod story;
 pub mod views;
 pub mod worker;
 
@@ -192,6 +193,7 @@ impl Control {
         };
         gate.set(log.clone());
         tokio::spawn(self.clone().on_leadership(log.clone()));
+        tokio::spawn(story::leadership(state.clone(), log.clone()));
         tokio::spawn(self.views.clone().follow(log.clone()));
         self.detector.start();
         let node = |s: u32| view.server(s).map(|e| MetaNode { server: s, addr: e.addr.clone() });
