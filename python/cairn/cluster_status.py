@@ -5,10 +5,11 @@ targets of its servers. The CLI and the dashboard show it."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from . import cluster
-from .exceptions import CairnError, NotFoundError
+from .exceptions import CairnError
 
 
 def role(row: dict[str, Any]) -> str | None:
@@ -103,17 +104,19 @@ def dataset_names(file: str | os.PathLike[str], rows: list[dict[str, Any]], time
     return sorted(names)
 
 
-def dataset_row(file: str | os.PathLike[str], name: str, drained: dict[str, int] | None = None) -> dict[str, Any]:
+def dataset_row(file: str | os.PathLike[str], name: str, drained: dict[str, int] | None = None,
+                timeout: float = 5.0) -> dict[str, Any]:
     """One dataset as ``status --json`` lists it: ``name``, ``steps_in_memory`` (committed steps
     with a block in the servers' memory), ``newest_step`` (the newest committed, in memory or
     drained; None when none), ``bytes`` (data bytes of its blocks in memory, before redundancy),
     ``drained_to`` (the newest step on disk; None when none) and ``writers`` (the ranks that
-    wrote its newest step). ``drained`` is the drain's ``steps`` (:func:`cluster.drain_status`)."""
-    from .locate import open_reader
+    wrote its newest step). ``drained`` is the drain's ``steps`` (:func:`cluster.drain_status`);
+    each call has ``timeout`` seconds."""
+    from ._api import open as cairn_open
 
     in_memory = size = 0
     writers: set[int] = set()
-    with open_reader(name, file) as r:
+    with cairn_open(name, "r", engine="staging", cluster=os.path.abspath(os.fspath(file)), timeout=timeout) as r:
         steps = r.steps()
         variables = list(r.variables())
         for s in steps:
@@ -139,10 +142,15 @@ def datasets(file: str | os.PathLike[str], rows: list[dict[str, Any]], drain: di
     status (:func:`cluster.status`), ``drain`` the drain's (:func:`cluster.drain_status`)."""
     drained = (drain or {}).get("steps") or {}
     out = []
+    # Each reader call within ``timeout``, and the table within about ``timeout`` too: a hung
+    # server costs the status one deadline, not one per dataset (the rest are left out).
+    deadline = time.monotonic() + timeout
     for n in dataset_names(file, rows, timeout):
+        if time.monotonic() > deadline:
+            break
         try:
-            out.append(dataset_row(file, n, drained))
-        except NotFoundError:  # removed since the servers named it
+            out.append(dataset_row(file, n, drained, timeout))
+        except CairnError:  # removed since the servers named it, or its servers do not answer now
             continue
     return out
 
