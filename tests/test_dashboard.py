@@ -28,6 +28,7 @@ def _browser():
         opts.add_argument(a)
     if os.geteuid() == 0:
         opts.add_argument("--no-sandbox")  # Chromium refuses to run its sandbox as root
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for CSP violations
     service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
     return webdriver.Chrome(options=opts, service=service)
 

@@ -7,7 +7,6 @@ naming another host is answered 421."""
 from __future__ import annotations
 
 import http.client
-import os
 import shutil
 import signal
 import socket
@@ -25,6 +24,8 @@ import pytest
 import cairn
 from cairn import cluster
 from cairn.dashboard import SECURITY_HEADERS, allowed_hosts, host_part, make_server
+
+from .test_dashboard import _browser, _until
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; "
        "form-action 'none'; frame-ancestors 'none'")
@@ -136,27 +137,6 @@ def test_the_html_holds_no_script_handler_or_style() -> None:
     assert not [w for w in low.split() if w.startswith("on") and "=" in w], "no event attribute"
     assert "innerHTML" not in APP_JS and "insertAdjacentHTML" not in APP_JS and "outerHTML" not in APP_JS
     assert "document.write" not in APP_JS and "eval(" not in APP_JS
-
-
-def _browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for a in ("--headless=new", "--disable-gpu", "--window-size=1200,900", "--disable-dev-shm-usage"):
-        opts.add_argument(a)
-    if os.geteuid() == 0:
-        opts.add_argument("--no-sandbox")  # Chromium refuses to run its sandbox as root
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
-    return webdriver.Chrome(options=opts, service=service)
-
-
-def _until(what: str, timeout: float, f):
-    deadline = time.monotonic() + timeout
-    while not (got := f()):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.1)
-    return got
 
 
 #: True when some element has an event attribute, or an <img> or <script> is in the body.
